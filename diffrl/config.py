@@ -1,0 +1,454 @@
+"""One config schema for every command, validated before anything loads.
+
+Recipes are YAML files that fill :class:`Config`; ``key=value`` overrides on the command line
+(``train.lr=3e-4``, ``model.lora.rank=16``) are applied on top. :func:`load_config` reports every
+problem at once: unknown keys (with a "did you mean"), wrong types, impossible batch arithmetic,
+missing files, unknown registry names and algorithm-specific checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from diffrl.registry import RegistryError, did_you_mean
+
+
+class ConfigError(ValueError):
+    """All problems found in a config, one per line."""
+
+    def __init__(self, problems: list[str], source: str = "config"):
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source} is not well-formed, found the following errors:\n{lines}")
+
+
+# --------------------------------------------------------------------------------------------
+# Schema
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunConfig:
+    name: str = "diffrl"
+    output_dir: str | None = None
+    """Where checkpoints, metrics and images go; default ``runs/<name>``."""
+    seed: int = 0
+    device: str = "auto"
+    """``auto`` (cuda if available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``."""
+    log_every: int = 1
+
+    def resolved_output_dir(self) -> Path:
+        return Path(self.output_dir or f"runs/{self.name}")
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] | None = None
+    """``None`` takes the model family's default targets."""
+    init: Literal["gaussian", "default"] = "gaussian"
+
+
+@dataclass
+class ModelConfig:
+    family: str = "tiny"
+    path: str = "base"
+    """``base`` (the family's shipped weights), ``random`` (initialised from the family's
+    built-in config), or a local directory in diffusers layout."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraConfig | None = None
+    """LoRA on the transformer; ``null`` trains all transformer weights."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Family-specific options, validated by the family's ``Options`` dataclass."""
+
+
+@dataclass
+class SamplingConfig:
+    num_steps: int = 10
+    shift: float = 3.0
+    guidance_scale: float = 1.0
+    negative_prompt: str = ""
+    height: int | None = None
+    """``None`` takes the family's default size."""
+    width: int | None = None
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "sft"
+    params: dict[str, Any] = field(default_factory=dict)
+    """Validated by the algorithm's ``Params`` dataclass."""
+
+
+@dataclass
+class DataConfig:
+    prompts: str = "builtin:tiny_text/train.txt"
+    """Prompt set for online algorithms: ``.txt`` (one a line) or ``.jsonl``
+    (``{"prompt": ..., "metadata": {...}}``). ``builtin:`` names a file shipped in diffrl."""
+    dataset: str | None = "synthetic_text"
+    """Offline image dataset for SFT: ``synthetic_text`` or a folder of images + captions."""
+    dataset_size: int | None = None
+    """Synthetic datasets: number of distinct examples (``None``: one per train prompt)."""
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 10
+    batch_size: int = 16
+    """Examples per optimizer step (global)."""
+    micro_batch_size: int = 8
+    """Examples per forward/backward; gradients accumulate over batch_size / micro_batch_size."""
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: int = 0
+    ema_decay: float | None = None
+    """EMA of the trainable weights (used for eval and saved with checkpoints)."""
+    save_every: int = 0
+    """Checkpoint every N iterations (0: only the final one)."""
+    eval_every: int = 0
+    """Evaluate every N iterations (0: only before and after training)."""
+
+
+@dataclass
+class RewardConfig:
+    name: str = "ocr"
+    weight: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvalConfig:
+    prompts: str = "builtin:tiny_text/test.txt"
+    num_prompts: int | None = 64
+    samples_per_prompt: int = 1
+    seed: int = 1234
+    batch_size: int = 32
+    grid_images: int = 32
+    rewards: list[RewardConfig] = field(default_factory=lambda: [RewardConfig()])
+    enabled: bool = True
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    rewards: list[RewardConfig] = field(default_factory=list)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+
+# --------------------------------------------------------------------------------------------
+# Binding plain data to dataclasses, collecting every error
+# --------------------------------------------------------------------------------------------
+
+
+def to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple | list):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _bind_value(tp: Any, value: Any, where: str, errors: list[str]) -> Any:
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = get_args(tp)
+        if value is None:
+            if type(None) in options:
+                return None
+            errors.append(f"{where}: null is not allowed (expected {_type_name(tp)})")
+            return None
+        non_null = [o for o in options if o is not type(None)]
+        if len(non_null) == 1:
+            return _bind_value(non_null[0], value, where, errors)
+        for option in non_null:
+            trial: list[str] = []
+            bound = _bind_value(option, value, where, trial)
+            if not trial:
+                return bound
+        errors.append(f"{where}: {value!r} is not a {_type_name(tp)}")
+        return None
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed:
+            errors.append(f"{where}: {value!r} is not one of {list(allowed)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return bind_dataclass(tp, value, where, errors)
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            errors.append(f"{where}: expected a list, got {value!r}")
+            return value
+        args = get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                errors.append(f"{where}: expected {len(args)} values, got {len(value)}")
+                return tuple(value)
+            return tuple(_bind_value(a, v, f"{where}[{i}]", errors) for i, (a, v) in enumerate(zip(args, value)))
+        item = args[0] if args else Any
+        out = [_bind_value(item, v, f"{where}[{i}]", errors) for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            errors.append(f"{where}: expected a mapping, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            errors.append(f"{where}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            errors.append(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            errors.append(f"{where}: expected a number, got {value!r}")
+            return value
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            errors.append(f"{where}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def bind_dataclass(cls: type, data: Any, where: str, errors: list[str]) -> Any:
+    """Build ``cls`` from a mapping; unknown keys and wrong types are appended to ``errors``."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        errors.append(f"{where or 'config'}: expected a mapping, got {data!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            errors.append(f"unknown key {path!r}.{did_you_mean(str(key), names)} Valid keys here: {', '.join(names)}")
+            continue
+        before = len(errors)
+        bound = _bind_value(hints[key], value, path, errors)
+        # a bad value keeps the default so later checks still run; a section keeps its good keys
+        if len(errors) == before or dataclasses.is_dataclass(bound):
+            kwargs[key] = bound
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:  # a dataclass's own __post_init__ check
+        errors.append(f"{where or 'config'}: {e}")
+        return cls()
+
+
+# --------------------------------------------------------------------------------------------
+# Loading: YAML + overrides + semantic validation
+# --------------------------------------------------------------------------------------------
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["train.lr=1e-4", "model.lora=null"]`` -> nested dict. Values are parsed as YAML."""
+    tree: dict[str, Any] = {}
+    problems = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            problems.append(f"override {item!r} is not of the form key=value (e.g. train.lr=1e-4)")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                problems.append(f"override {item!r} conflicts with another override of {part!r}")
+                break
+        else:
+            node[parts[-1]] = value
+    if problems:
+        raise ConfigError(problems, "command line")
+    return tree
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in update.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        hint = ""
+        shipped = recipes_dir() / path.name
+        if shipped.is_file() and shipped != path:
+            hint = f" A shipped recipe of that name is at {shipped}."
+        raise ConfigError([f"recipe file {str(path)!r} does not exist.{hint} List them with 'diffrl recipes'."], str(path))
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError([f"not valid YAML: {e}"], str(path)) from e
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"the top level must be a mapping of sections, got {type(data).__name__}"], str(path))
+    return data
+
+
+def recipes_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "recipes"
+
+
+def load_config(
+    recipe: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None, check_files: bool = True
+) -> Config:
+    """Recipe (path or dict) + ``key=value`` overrides -> validated :class:`Config`."""
+    source = str(recipe) if isinstance(recipe, str | Path) else "config"
+    data = read_recipe(recipe) if isinstance(recipe, str | Path) else dict(recipe or {})
+    data = deep_merge(data, parse_overrides(overrides or []))
+    errors: list[str] = []
+    config = bind_dataclass(Config, data, "", errors)
+    errors.extend(validate(config, check_files=check_files))
+    if errors:
+        raise ConfigError(errors, source)
+    return config
+
+
+def resolve_data_path(path: str) -> Path:
+    """``builtin:tiny_text/test.txt`` -> the file shipped in diffrl; anything else as given."""
+    if path.startswith("builtin:"):
+        return Path(__file__).resolve().parent / "data" / path.removeprefix("builtin:")
+    return Path(path).expanduser()
+
+
+def validate(config: Config, check_files: bool = True) -> list[str]:
+    """Semantic checks that need more than types. Returns every problem found."""
+    from diffrl.algorithms.registry import build_algorithm
+    from diffrl.models.registry import FAMILIES
+    from diffrl.rewards.registry import REWARDS
+
+    errors: list[str] = []
+    t = config.train
+    for name in ("iterations", "batch_size", "micro_batch_size"):
+        if getattr(t, name) < 1:
+            errors.append(f"train.{name} must be >= 1, got {getattr(t, name)}")
+    if t.batch_size >= 1 and t.micro_batch_size >= 1 and t.batch_size % t.micro_batch_size:
+        errors.append(
+            f"train.batch_size ({t.batch_size}) must be a multiple of train.micro_batch_size "
+            f"({t.micro_batch_size}); e.g. set train.micro_batch_size={_largest_divisor(t.batch_size, t.micro_batch_size)}"
+        )
+    if t.lr <= 0:
+        errors.append(f"train.lr must be > 0, got {t.lr}")
+    if t.ema_decay is not None and not 0.0 < t.ema_decay < 1.0:
+        errors.append(f"train.ema_decay must be in (0, 1) or null, got {t.ema_decay}")
+    if t.grad_clip is not None and t.grad_clip <= 0:
+        errors.append(f"train.grad_clip must be > 0 or null, got {t.grad_clip}")
+    s = config.sampling
+    if s.num_steps < 1:
+        errors.append(f"sampling.num_steps must be >= 1, got {s.num_steps}")
+    if s.shift <= 0:
+        errors.append(f"sampling.shift must be > 0, got {s.shift}")
+    if s.guidance_scale < 1.0:
+        errors.append(f"sampling.guidance_scale must be >= 1 (1 disables CFG), got {s.guidance_scale}")
+    if config.eval.samples_per_prompt < 1 or config.eval.batch_size < 1:
+        errors.append("eval.samples_per_prompt and eval.batch_size must be >= 1")
+    if config.model.lora is not None and config.model.lora.rank < 1:
+        errors.append(f"model.lora.rank must be >= 1, got {config.model.lora.rank}")
+    if config.run.device not in ("auto", "cpu") and not config.run.device.startswith("cuda"):
+        errors.append(f"run.device must be auto, cpu, cuda or cuda:N, got {config.run.device!r}")
+
+    family_cls = None
+    try:
+        family_cls = FAMILIES.resolve(config.model.family)
+    except RegistryError as e:
+        errors.append(f"model.family: {e}")
+    if family_cls is not None:
+        errors.extend(family_cls.validate_config(config, check_files=check_files))
+
+    algorithm = None
+    try:
+        algorithm = build_algorithm(config)
+    except ConfigError as e:
+        errors.extend(e.problems)
+    except RegistryError as e:
+        errors.append(f"algorithm.name: {e}")
+    if algorithm is not None:
+        spec = algorithm.collection_spec()
+        if spec.needs_reward and not config.rewards:
+            errors.append(f"algorithm {algorithm.name!r} needs a reward; add a 'rewards:' list (e.g. - name: ocr)")
+        if not spec.online and not config.data.dataset:
+            errors.append(
+                f"algorithm {algorithm.name!r} trains on an offline dataset; set data.dataset "
+                "(synthetic_text or a folder of images + captions)"
+            )
+        errors.extend(algorithm.validate(config))
+
+    for where, rewards in (("rewards", config.rewards), ("eval.rewards", config.eval.rewards)):
+        for i, r in enumerate(rewards):
+            try:
+                REWARDS.resolve(r.name)
+            except RegistryError as e:
+                errors.append(f"{where}[{i}].name: {e}")
+
+    if check_files:
+        needs_prompts = algorithm is not None and algorithm.collection_spec().online
+        files = [("eval.prompts", config.eval.prompts)] if config.eval.enabled else []
+        if needs_prompts:
+            files.append(("data.prompts", config.data.prompts))
+        for key, value in files:
+            if not resolve_data_path(value).is_file():
+                errors.append(f"{key}: prompt file {value!r} does not exist")
+        ds = config.data.dataset
+        if ds and ds != "synthetic_text" and not Path(ds).is_dir():
+            errors.append(f"data.dataset: {ds!r} is neither 'synthetic_text' nor an existing folder of images")
+    return errors
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
+
+
+def dump_config(config: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -1,0 +1,136 @@
+"""The synthetic text world: prompts such as ``the number "4071"`` rendered into small images.
+
+Strings are 3-4 symbols from digits and upper-case letters (I, O and Q left out: OCR cannot tell
+them from 1 and 0 reliably). Each rendering draws a font (four DejaVu faces shipped with
+matplotlib), a size, a position and text/background colours from a generator keyed by
+(seed, example index), so the same index always gives the same image.
+
+The shipped splits ``data/tiny_text/{train,test}.txt`` are disjoint; rebuild them with
+``python -m diffrl.data.synthetic_text`` (deterministic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from diffrl.seeding import derive_seed
+
+ALPHABET = "0123456789ABCDEFGHJKLMNPRSTUVWXYZ"
+FONT_FILES = ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf")
+SPLITS_DIR = Path(__file__).resolve().parent / "tiny_text"
+
+
+def prompt_for(text: str) -> str:
+    if text.isdigit():
+        return f'the number "{text}"'
+    return f'the text "{text}"'
+
+
+def target_text(prompt: str) -> str:
+    """The string between the first pair of double quotes (as flow_grpo's OCR reward)."""
+    parts = prompt.split('"')
+    if len(parts) < 3:
+        raise ValueError(f'prompt {prompt!r} has no quoted target text (write it as: the text "AB12")')
+    return parts[1]
+
+
+@functools.cache
+def _font(name: str, size: int) -> ImageFont.FreeTypeFont:
+    import matplotlib
+
+    path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / name
+    return ImageFont.truetype(str(path), size)
+
+
+@dataclass(frozen=True)
+class TextStyle:
+    font: str
+    size: int
+    x: int
+    y: int
+    fg: tuple[int, int, int]
+    bg: tuple[int, int, int]
+
+
+def draw_style(text: str, rng: random.Random, height: int, width: int) -> TextStyle:
+    font = rng.choice(FONT_FILES)
+    size = rng.randint(int(height * 0.45), int(height * 0.6))
+    left, top, right, bottom = _font(font, size).getbbox(text)
+    while right - left > width - 4 and size > 8:  # shrink until it fits
+        size -= 1
+        left, top, right, bottom = _font(font, size).getbbox(text)
+    x = rng.randint(0, max(0, width - (right - left) - 2)) - left + 1
+    y = rng.randint(0, max(0, height - (bottom - top) - 2)) - top + 1
+    bg = tuple(rng.randint(170, 255) for _ in range(3))
+    fg = tuple(rng.randint(0, 90) for _ in range(3))
+    return TextStyle(font, size, x, y, fg, bg)  # type: ignore[arg-type]
+
+
+def render(text: str, style: TextStyle, height: int, width: int) -> Image.Image:
+    img = Image.new("RGB", (width, height), style.bg)
+    ImageDraw.Draw(img).text((style.x, style.y), text, font=_font(style.font, style.size), fill=style.fg)
+    return img
+
+
+def to_tensor(img: Image.Image) -> torch.Tensor:
+    """PIL RGB -> ``(3, H, W)`` float in [0, 1]."""
+    return torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1).contiguous()
+
+
+class SyntheticTextDataset:
+    """Example ``i``: prompt ``prompts[i % len(prompts)]`` rendered in the style keyed by (seed, i)."""
+
+    def __init__(self, prompts: list[str], size: int | None, seed: int, height: int, width: int):
+        self.prompts = prompts
+        self.size = size or len(prompts)
+        self.seed = seed
+        self.height, self.width = height, width
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
+        prompt = self.prompts[i % len(self.prompts)]
+        text = target_text(prompt)
+        style = draw_style(text, random.Random(derive_seed(self.seed, "synthetic_text", i)), self.height, self.width)
+        return to_tensor(render(text, style, self.height, self.width)), prompt
+
+
+def make_splits(n_train: int = 4000, n_test: int = 128, seed: int = 2026) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    texts: list[str] = []
+    while len(texts) < n_train + n_test:
+        length = rng.choice((3, 4))
+        alphabet = ALPHABET[:10] if rng.random() < 0.3 else ALPHABET  # a third are plain numbers
+        text = "".join(rng.choice(alphabet) for _ in range(length))
+        if text not in seen:
+            seen.add(text)
+            texts.append(text)
+    prompts = [prompt_for(t) for t in texts]
+    return prompts[n_test:], prompts[:n_test]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Write the train/test prompt splits of the synthetic text world")
+    parser.add_argument("--out", type=Path, default=SPLITS_DIR)
+    parser.add_argument("--n-train", type=int, default=4000)
+    parser.add_argument("--n-test", type=int, default=128)
+    args = parser.parse_args()
+    train, test = make_splits(args.n_train, args.n_test)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "train.txt").write_text("\n".join(train) + "\n")
+    (args.out / "test.txt").write_text("\n".join(test) + "\n")
+    print(f"wrote {len(train)} train and {len(test)} test prompts to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

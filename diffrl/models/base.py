@@ -1,0 +1,211 @@
+"""The model-family adapter: everything model-specific lives behind this interface.
+
+A family (``tiny``, SD3/SD3.5, FLUX.1, Qwen-Image, Wan, ...) is one file implementing
+:class:`ModelFamily` plus a registry entry. The trainer, the samplers and the algorithms only call
+these methods; nothing outside ``models/`` branches on a family's name.
+
+Conventions (as diffusers' flow-matching pipelines):
+- ``x_t = (1 - sigma) * x0 + sigma * noise`` with sigma in [0, 1]; sigma = 1 is pure noise.
+- The transformer predicts the velocity ``v = noise - x0``; an Euler step is
+  ``x_{next} = x_t + (sigma_next - sigma) * v``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from diffrl.config import Config
+
+FAMILY_FILE = "diffrl_model.json"
+
+
+class FamilyMismatchError(ValueError):
+    """Weights or a checkpoint made for one model family given to another."""
+
+
+@dataclass
+class Conditioning:
+    """Encoded prompts: named tensors with the batch on dim 0.
+
+    What the tensors are is the family's business, e.g. for SD3-like models
+    ``{"encoder_hidden_states": (B, L, D), "pooled_projections": (B, P)}``.
+    """
+
+    tensors: dict[str, torch.Tensor]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.tensors.values())))
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> Conditioning:
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return Conditioning({k: v[idx.to(v.device)] for k, v in self.tensors.items()})
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Conditioning:
+        return Conditioning({k: v.to(device=device, dtype=dtype if v.is_floating_point() else None) for k, v in self.tensors.items()})
+
+    @classmethod
+    def cat(cls, parts: Sequence[Conditioning]) -> Conditioning:
+        return cls({k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors})
+
+    def repeat(self, n: int) -> Conditioning:
+        return Conditioning({k: v.expand(n, *v.shape[1:]) for k, v in self.tensors.items()})
+
+
+class ModelFamily(ABC):
+    """Adapter for one model family.
+
+    Holds the trainable ``transformer`` (a diffusers model) and the frozen parts (text encoders,
+    VAE). Subclasses implement the abstract methods; shared behaviour (prompt cache, CFG) lives here.
+    """
+
+    name: ClassVar[str]
+    default_lora_targets: ClassVar[list[str]]
+
+    @dataclass
+    class Options:
+        """Family-specific options (``model.options`` in a recipe)."""
+
+    def __init__(self, transformer: nn.Module, device: torch.device, options: Any):
+        self.transformer = transformer
+        self.device = device
+        self.options = options
+        self._prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
+
+    # ---- construction ------------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options: Any) -> Self:
+        """Build from ``path``: ``base``, ``random`` or a local directory in diffusers layout."""
+
+    @abstractmethod
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        """Write the whole model in diffusers layout (plus :data:`FAMILY_FILE`)."""
+
+    @classmethod
+    def validate_config(cls, config: Config, check_files: bool = True) -> list[str]:
+        """Problems with ``model.*`` / ``sampling.*`` for this family, before anything loads."""
+        from diffrl.config import bind_dataclass
+
+        errors: list[str] = []
+        bind_dataclass(cls.Options, config.model.options, "model.options", errors)
+        path = config.model.path
+        if check_files and path not in ("base", "random"):
+            p = Path(path)
+            if not p.is_dir():
+                errors.append(f"model.path: {path!r} is not a directory (use 'base', 'random' or a local diffusers folder)")
+            else:
+                try:
+                    check_family_dir(p, cls.name)
+                except FamilyMismatchError as e:
+                    errors.append(f"model.path: {e}")
+        return errors
+
+    @classmethod
+    def parse_options(cls, options: dict[str, Any]) -> Any:
+        from diffrl.config import ConfigError, bind_dataclass
+
+        errors: list[str] = []
+        parsed = bind_dataclass(cls.Options, options, "model.options", errors)
+        if errors:
+            raise ConfigError(errors)
+        return parsed
+
+    # ---- geometry ------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def default_size(self) -> tuple[int, int]:
+        """(height, width) in pixels."""
+
+    @abstractmethod
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        """Shape of one sample's latent, e.g. ``(C, H/8, W/8)`` or ``(C, F, H, W)``."""
+
+    # ---- text --------------------------------------------------------------------------------
+    @abstractmethod
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """Run the text encoders: tensors with the batch on dim 0."""
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
+        """Encode with a per-prompt cache (text encoders are frozen)."""
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._prompt_cache))
+        if missing:
+            encoded = self._encode_prompts(missing)
+            for i, p in enumerate(missing):
+                self._prompt_cache[p] = {k: v[i].detach() for k, v in encoded.items()}
+        keys = self._prompt_cache[prompts[0]].keys()
+        return Conditioning({k: torch.stack([self._prompt_cache[p][k] for p in prompts]) for k in keys})
+
+    # ---- the velocity forward ------------------------------------------------------------------
+    @abstractmethod
+    def forward(self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """One transformer call: ``x_t (B, *latent)``, ``sigma (B,)`` -> velocity ``(B, *latent)``."""
+
+    def velocity(
+        self,
+        x_t: torch.Tensor,
+        sigma: torch.Tensor,
+        cond: Conditioning,
+        guidance_scale: float = 1.0,
+        negative: Conditioning | None = None,
+        module: nn.Module | None = None,
+    ) -> torch.Tensor:
+        """Velocity with optional classifier-free guidance (one batched forward of [neg, pos]).
+
+        ``module`` defaults to the trainable transformer; an algorithm passes another (the EMA or
+        the old policy) the same way. Returns ``(B, *latent)`` in float32.
+        """
+        module = module or self.transformer
+        if guidance_scale == 1.0 or negative is None:
+            return self.forward(module, x_t, sigma, cond).float()
+        both = Conditioning.cat([negative, cond])
+        v = self.forward(module, torch.cat([x_t, x_t]), torch.cat([sigma, sigma]), both).float()
+        v_neg, v_pos = v.chunk(2)
+        return v_neg + guidance_scale * (v_pos - v_neg)
+
+    # ---- pixels <-> latents --------------------------------------------------------------------
+    @abstractmethod
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """``images (B, 3, H, W)`` in [0, 1] -> clean latents ``x0 (B, *latent)``."""
+
+    @abstractmethod
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """``latents (B, *latent)`` -> images ``(B, 3, H, W)`` (or ``(B, 3, F, H, W)``) in [0, 1]."""
+
+    # ---- LoRA ----------------------------------------------------------------------------------
+    def lora_targets(self, configured: list[str] | None) -> list[str]:
+        return list(configured) if configured else list(self.default_lora_targets)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.transformer.parameters() if p.requires_grad]
+
+
+def write_family_file(path: Path, family: str, extra: dict[str, Any] | None = None) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / FAMILY_FILE).write_text(json.dumps({"family": family, **(extra or {})}, indent=1))
+
+
+def check_family_dir(path: Path, family: str) -> None:
+    """Refuse a model directory written for another family."""
+    meta_file = path / FAMILY_FILE
+    if meta_file.is_file():
+        found = json.loads(meta_file.read_text()).get("family")
+        if found != family:
+            raise FamilyMismatchError(
+                f"{str(path)!r} holds a {found!r} model but model.family is {family!r}; "
+                f"set model.family={found} or point model.path at a {family!r} model"
+            )
+
+
+def options_dict(options: Any) -> dict[str, Any]:
+    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}

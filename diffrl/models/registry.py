@@ -1,0 +1,25 @@
+"""Model families by short name (or a dotted path to a user's ``ModelFamily`` subclass)."""
+
+from __future__ import annotations
+
+import torch
+
+from diffrl.config import Config
+from diffrl.models.base import ModelFamily
+from diffrl.registry import Registry
+
+FAMILIES = Registry("model family", {"tiny": "diffrl.models.tiny:TinyFamily"})
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_family(config: Config) -> ModelFamily:
+    cls = FAMILIES.resolve(config.model.family)
+    options = cls.parse_options(config.model.options)
+    return cls.load(config.model.path, resolve_device(config.run.device), DTYPES[config.model.dtype], options)

@@ -1,0 +1,177 @@
+"""The built-in ``tiny`` family: a CPU-sized text-to-image flow-matching model.
+
+The transformer is diffusers' ``SD3Transformer2DModel`` (the class of SD3/SD3.5) sized for a CPU;
+the text encoder is transformers' ``CLIPTextModelWithProjection`` over a character-level tokenizer
+(built in code, saved with ``save_pretrained``). It works in pixel space: the "latent" of an RGB
+image in [0, 1] is the image scaled to [-1, 1], shape ``(3, H, W)``; 32 x 64 by default, patch 4,
+so a sample is 8 x 16 = 128 tokens.
+
+On disk it is a diffusers-layout folder (``transformer/``, ``text_encoder/``, ``tokenizer/``) plus
+``diffrl_model.json``; ``path: base`` loads the one shipped in ``models/assets/tiny_base``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+import torch
+from diffusers import SD3Transformer2DModel
+from torch import nn
+from transformers import CLIPTextConfig, CLIPTextModelWithProjection, PreTrainedTokenizerFast
+
+from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+
+BASE_DIR = Path(__file__).resolve().parent / "assets" / "tiny_base"
+MAX_PROMPT_TOKENS = 40
+
+TRANSFORMER_CONFIG = dict(
+    sample_size=32,
+    patch_size=4,
+    in_channels=3,
+    out_channels=3,
+    num_layers=4,
+    attention_head_dim=32,
+    num_attention_heads=4,
+    joint_attention_dim=64,
+    caption_projection_dim=128,
+    pooled_projection_dim=64,
+    pos_embed_max_size=16,
+)
+
+SPECIAL_TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"]
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Character-level tokenizer over printable ASCII (a real HF fast tokenizer)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from tokenizers.processors import TemplateProcessing
+
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    for c in (chr(i) for i in range(32, 127)):
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.post_processor = TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", vocab["<bos>"]), ("<eos>", vocab["<eos>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        model_max_length=MAX_PROMPT_TOKENS,
+    )
+
+
+def text_encoder_config(vocab_size: int) -> CLIPTextConfig:
+    return CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=MAX_PROMPT_TOKENS,
+        projection_dim=64,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
+
+
+class TinyFamily(ModelFamily):
+    name = "tiny"
+    # The SD3 choice of flow_grpo: attention projections incl. the context (add_*) projections.
+    default_lora_targets = [
+        "attn.to_q",
+        "attn.to_k",
+        "attn.to_v",
+        "attn.to_out.0",
+        "attn.add_q_proj",
+        "attn.add_k_proj",
+        "attn.add_v_proj",
+        "attn.to_add_out",
+    ]
+
+    @dataclass
+    class Options:
+        gradient_checkpointing: bool = False
+
+    def __init__(self, transformer, text_encoder, tokenizer, device, options):
+        super().__init__(transformer, device, options)
+        self.text_encoder = text_encoder
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:
+        if path == "random":
+            torch.manual_seed(0)  # a reproducible random init (the seed is part of the recipe's contract)
+            transformer = SD3Transformer2DModel(**TRANSFORMER_CONFIG)
+            tokenizer = build_tokenizer()
+            text_encoder = CLIPTextModelWithProjection(text_encoder_config(len(tokenizer)))
+        else:
+            folder = BASE_DIR if path == "base" else Path(path)
+            if not (folder / "transformer").is_dir():
+                raise FileNotFoundError(
+                    f"{str(folder)!r} is not a tiny model folder (no transformer/ inside); "
+                    "rebuild the base as described in the README or use model.path=random"
+                )
+            check_family_dir(folder, cls.name)
+            transformer = SD3Transformer2DModel.from_pretrained(folder, subfolder="transformer", torch_dtype=torch.float32)
+            text_encoder = CLIPTextModelWithProjection.from_pretrained(folder, subfolder="text_encoder", torch_dtype=torch.float32)
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+        transformer.to(device=device)
+        if dtype != torch.float32:
+            transformer.to(dtype=dtype)
+        text_encoder.to(device=device).eval().requires_grad_(False)
+        if options.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        return cls(transformer, text_encoder, tokenizer, device, options)
+
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        path = Path(path)
+        transformer = self.transformer
+        if dtype is not None:
+            import copy
+
+            transformer = copy.deepcopy(transformer).to(dtype)
+        transformer.save_pretrained(path / "transformer")
+        self.text_encoder.save_pretrained(path / "text_encoder")
+        self.tokenizer.save_pretrained(path / "tokenizer")
+        write_family_file(path, self.name)
+
+    @property
+    def default_size(self) -> tuple[int, int]:
+        return (32, 64)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        patch = TRANSFORMER_CONFIG["patch_size"]
+        if height % patch or width % patch:
+            raise ValueError(f"tiny: height and width must be multiples of {patch}, got {height}x{width}")
+        return (3, height, width)
+
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        ids = self.tokenizer(
+            prompts, padding="max_length", max_length=MAX_PROMPT_TOKENS, truncation=True, return_tensors="pt"
+        ).input_ids.to(self.device)
+        out = self.text_encoder(input_ids=ids)
+        return {"encoder_hidden_states": out.last_hidden_state, "pooled_projections": out.text_embeds}
+
+    def forward(self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        dtype = next(module.parameters()).dtype
+        c = cond.to(x_t.device, dtype)
+        return module(
+            hidden_states=x_t.to(dtype),
+            encoder_hidden_states=c.tensors["encoder_hidden_states"],
+            pooled_projections=c.tensors["pooled_projections"],
+            timestep=(sigma * 1000).to(dtype),  # SD3 convention: timestep = sigma * num_train_timesteps
+            return_dict=False,
+        )[0]
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        return images * 2.0 - 1.0
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return ((latents.float() + 1.0) / 2.0).clamp(0.0, 1.0)

@@ -1,0 +1,67 @@
+"""Registries map short names to classes or functions and also accept a dotted path.
+
+``"sft"`` resolves through the registry; ``"my_pkg.my_mod:MyThing"`` (or ``my_pkg.my_mod.MyThing``)
+imports the user's own object. An unknown name is an error that lists the known ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any
+
+
+class RegistryError(ValueError):
+    """A name that is neither registered nor an importable dotted path."""
+
+
+def import_object(path: str) -> Any:
+    """Import ``pkg.mod:attr`` or ``pkg.mod.attr``; raise ``RegistryError`` naming what failed."""
+    if ":" in path:
+        module_name, _, attr = path.partition(":")
+    else:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise RegistryError(f"{path!r} is not a dotted path; write it as 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RegistryError(f"cannot import module {module_name!r} for {path!r}: {e}") from e
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise RegistryError(f"module {module_name!r} has no attribute {attr!r} (from {path!r})")
+        obj = getattr(obj, part)
+    return obj
+
+
+def did_you_mean(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+class Registry:
+    """Short name -> "module:attr" string, imported lazily so optional parts stay optional."""
+
+    def __init__(self, kind: str, entries: dict[str, str]):
+        self.kind = kind
+        self._entries = dict(entries)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def register(self, name: str, target: str) -> None:
+        self._entries[name] = target
+
+    def is_dotted_path(self, name: str) -> bool:
+        return name not in self._entries and ("." in name or ":" in name)
+
+    def resolve(self, name: str) -> Any:
+        if name in self._entries:
+            return import_object(self._entries[name])
+        if "." in name or ":" in name:
+            return import_object(name)
+        raise RegistryError(
+            f"unknown {self.kind} {name!r}.{did_you_mean(name, self.names())} "
+            f"Known: {', '.join(self.names())}; or give a dotted path 'package.module:Name'."
+        )

@@ -1,0 +1,42 @@
+"""Sampling prompts to images with the family's velocity and a transition kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from diffrl.models.base import Conditioning, ModelFamily
+from diffrl.sampling.kernels import ode_step
+from diffrl.sampling.schedules import flow_sigmas
+from diffrl.seeding import randn_batch
+
+
+def initial_noise(family: ModelFamily, keys: Sequence[tuple], height: int, width: int) -> torch.Tensor:
+    """``(B, *latent)`` noise, one independent draw per identity key (layout-independent)."""
+    return randn_batch(family.latent_shape(height, width), keys).to(family.device)
+
+
+@torch.no_grad()
+def sample_ode(
+    family: ModelFamily,
+    noise: torch.Tensor,
+    cond: Conditioning,
+    num_steps: int,
+    shift: float,
+    guidance_scale: float = 1.0,
+    negative: Conditioning | None = None,
+    module: nn.Module | None = None,
+) -> torch.Tensor:
+    """Deterministic Euler sampling from ``noise (B, *latent)`` to clean latents ``(B, *latent)``."""
+    sigmas = flow_sigmas(num_steps, shift).to(noise.device)
+    x = noise
+    b = noise.shape[0]
+    if negative is not None and len(negative) == 1:
+        negative = negative.repeat(b)
+    for i in range(num_steps):
+        sigma, sigma_next = sigmas[i].expand(b), sigmas[i + 1].expand(b)
+        v = family.velocity(x, sigma, cond, guidance_scale, negative, module=module)
+        x = ode_step(x, v, sigma, sigma_next)
+    return x

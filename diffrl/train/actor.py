@@ -1,0 +1,139 @@
+"""The actor: the trainable policy, its optimizer, and one optimizer step over micro-batches."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+
+import torch
+from torch import nn
+
+from diffrl.algorithms.base import DiffusionAlgorithm, TrainExamples
+from diffrl.config import Config, LoraConfig
+from diffrl.models.base import Conditioning, ModelFamily
+from diffrl.train.ema import EMA
+
+
+class Policy:
+    """What an algorithm's ``compute_loss`` sees: the family and the trainable velocity."""
+
+    def __init__(self, family: ModelFamily):
+        self.family = family
+
+    def velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
+        """``x_t (B, *latent)``, ``sigma (B,)`` -> velocity ``(B, *latent)`` float32, with grad."""
+        return self.family.velocity(x_t, sigma, cond, **kw)
+
+
+def apply_lora(family: ModelFamily, cfg: LoraConfig) -> None:
+    """Add a peft LoRA adapter to the transformer; only the adapter stays trainable."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    transformer = family.transformer
+    transformer.requires_grad_(False)
+    transformer.add_adapter(
+        PeftLoraConfig(
+            r=cfg.rank,
+            lora_alpha=cfg.alpha,
+            lora_dropout=cfg.dropout,
+            init_lora_weights=cfg.init if cfg.init == "gaussian" else True,
+            target_modules=family.lora_targets(cfg.target_modules),
+        )
+    )
+    for name, p in transformer.named_parameters():
+        p.requires_grad_("lora_" in name)
+    # LoRA weights train in float32 even when the base runs in reduced precision
+    for p in family.trainable_parameters():
+        p.data = p.data.float()
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        if schedule == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    return f
+
+
+class Actor:
+    def __init__(self, family: ModelFamily, config: Config):
+        self.family = family
+        self.config = config
+        t = config.train
+        if config.model.lora is not None:
+            apply_lora(family, config.model.lora)
+        else:
+            family.transformer.requires_grad_(True)
+        self.params = family.trainable_parameters()
+        if not self.params:
+            raise ValueError("no trainable parameters: check model.lora.target_modules")
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=t.lr, betas=t.adam_betas, eps=t.adam_eps, weight_decay=t.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, t.iterations))
+        self.ema = EMA(self.params, t.ema_decay) if t.ema_decay else None
+        self.policy = Policy(family)
+        self.step = 0
+
+    @property
+    def module(self) -> nn.Module:
+        return self.family.transformer
+
+    def num_trainable(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def eval_weights(self):
+        """Context in which the live weights are the ones to evaluate (EMA if enabled)."""
+        return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
+
+    def train_step(self, examples: TrainExamples, algorithm: DiffusionAlgorithm) -> dict[str, float]:
+        """One optimizer step over ``examples``, accumulated in micro-batches.
+
+        Each micro-batch loss is weighted by its share of the examples, so the gradient equals
+        that of the mean loss over all of them whatever the micro-batch size. A non-finite loss or
+        gradient skips the step (reported as ``train/skipped_nonfinite``).
+        """
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = len(examples)
+        sums: dict[str, float] = {}
+        loss_sum = 0.0
+        finite = True
+        for mb in examples.micro_batches(self.config.train.micro_batch_size):
+            loss, metrics = algorithm.compute_loss(self.policy, mb)
+            share = len(mb) / total
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            (loss * share).backward()
+            loss_sum += loss.item() * share
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * share
+        grad_norm = float("nan")
+        if finite:
+            clip = self.config.train.grad_clip
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf")))
+            finite = math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+            if self.ema is not None:
+                self.ema.update()
+        else:
+            warnings.warn(f"step {self.step}: non-finite loss or gradient, optimizer step skipped", stacklevel=2)
+            self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {
+            "train/loss": loss_sum if finite else float("nan"),
+            **sums,
+            "train/grad_norm": grad_norm,
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/skipped_nonfinite": 0.0 if finite else 1.0,
+        }

@@ -1,0 +1,131 @@
+"""Checkpoints in safetensors: the trainable weights (LoRA or full transformer), the optimizer
+state, the EMA, and ``checkpoint.json`` naming the family, the base model and the step.
+
+```
+checkpoint.json   {"family", "base_model", "lora", "iteration", "format"}
+config.yaml       the run's config
+trainable.safetensors
+optimizer.safetensors   (tensors; param_groups and step counters in its metadata)
+ema.safetensors         (when train.ema_decay is set)
+```
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from diffrl.config import Config, LoraConfig, dump_config
+from diffrl.models.base import FamilyMismatchError
+
+FORMAT = "diffrl-checkpoint-1"
+
+
+def is_checkpoint(path: str | Path) -> bool:
+    return (Path(path) / "checkpoint.json").is_file()
+
+
+def trainable_state(actor) -> dict[str, torch.Tensor]:
+    module = actor.module
+    if actor.config.model.lora is not None:
+        from peft.utils import get_peft_model_state_dict
+
+        return {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(module).items()}
+    return {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+
+
+def load_trainable_state(family, state: dict[str, torch.Tensor], lora: bool) -> None:
+    module = family.transformer
+    if lora:
+        from peft.utils import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(module, state)
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise ValueError(f"LoRA weights do not fit this model: unexpected keys such as {unexpected[0]!r}")
+    else:
+        module.load_state_dict(state)
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    sd = optimizer.state_dict()
+    tensors = {}
+    for pid, state in sd["state"].items():
+        for k, v in state.items():
+            tensors[f"state.{pid}.{k}"] = v.detach().contiguous().cpu() if isinstance(v, torch.Tensor) else torch.tensor(v)
+    return tensors, {"param_groups": json.dumps(sd["param_groups"])}
+
+
+def save_checkpoint(path: str | Path, actor, config: Config, iteration: int) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(trainable_state(actor), str(path / "trainable.safetensors"))
+    tensors, meta = _optimizer_tensors(actor.optimizer)
+    meta["scheduler"] = json.dumps(actor.scheduler.state_dict())
+    meta["actor_step"] = str(actor.step)
+    save_file(tensors, str(path / "optimizer.safetensors"), metadata=meta)
+    if actor.ema is not None:
+        names = [n for n, p in actor.module.named_parameters() if p.requires_grad]
+        save_file({n: s.contiguous().cpu() for n, s in zip(names, actor.ema.shadow)}, str(path / "ema.safetensors"))
+    dump_config(config, path / "config.yaml")
+    lora = dataclasses.asdict(config.model.lora) if config.model.lora is not None else None
+    info = {"format": FORMAT, "family": config.model.family, "base_model": config.model.path, "lora": lora, "iteration": iteration}
+    (path / "checkpoint.json").write_text(json.dumps(info, indent=1))
+    return path
+
+
+def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not is_checkpoint(path):
+        raise FileNotFoundError(f"{str(path)!r} is not a diffrl checkpoint (no checkpoint.json inside)")
+    return json.loads((path / "checkpoint.json").read_text())
+
+
+def check_checkpoint_family(info: dict[str, Any], family: str, path: str | Path) -> None:
+    if info["family"] != family:
+        raise FamilyMismatchError(
+            f"checkpoint {str(path)!r} was trained on the {info['family']!r} family, not {family!r}; "
+            f"use model.family={info['family']} (and its base model) to load it"
+        )
+
+
+def lora_config_of(info: dict[str, Any]) -> LoraConfig | None:
+    return LoraConfig(**info["lora"]) if info.get("lora") else None
+
+
+def load_weights_into(family, path: str | Path, use_ema: bool = True) -> dict[str, Any]:
+    """Load a checkpoint's trainable weights (EMA ones when present and ``use_ema``) into ``family``
+    whose LoRA adapter (if any) is already in place."""
+    path = Path(path)
+    info = read_checkpoint_info(path)
+    check_checkpoint_family(info, family.name, path)
+    state = load_file(str(path / "trainable.safetensors"))
+    load_trainable_state(family, state, lora=info.get("lora") is not None)
+    ema_file = path / "ema.safetensors"
+    if use_ema and ema_file.is_file():
+        ema = load_file(str(ema_file))
+        params = dict(family.transformer.named_parameters())
+        with torch.no_grad():
+            for n, v in ema.items():
+                params[n].copy_(v)
+    return info
+
+
+def load_optimizer_state(actor, path: str | Path) -> None:
+    from safetensors import safe_open
+
+    file = Path(path) / "optimizer.safetensors"
+    with safe_open(str(file), "pt") as f:
+        meta = f.metadata()
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for key in f.keys():
+            _, pid, name = key.split(".", 2)
+            state.setdefault(int(pid), {})[name] = f.get_tensor(key)
+    actor.optimizer.load_state_dict({"state": state, "param_groups": json.loads(meta["param_groups"])})
+    actor.scheduler.load_state_dict(json.loads(meta["scheduler"]))
+    actor.step = int(meta["actor_step"])

@@ -1,0 +1,118 @@
+from pathlib import Path
+
+import pytest
+
+from diffrl.config import ConfigError, load_config, parse_overrides, recipes_dir
+
+SHIPPED = sorted(recipes_dir().glob("*.yaml"))
+
+
+def test_there_are_shipped_recipes():
+    assert SHIPPED, "no recipes found"
+
+
+@pytest.mark.parametrize("recipe", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_recipe_validates_and_opens_with_its_command(recipe: Path):
+    load_config(recipe)
+    first = recipe.read_text().splitlines()[0]
+    assert first == f"# diffrl train recipes/{recipe.name}"
+
+
+def test_defaults_validate():
+    cfg = load_config({})
+    assert cfg.model.family == "tiny"
+
+
+def test_unknown_key_gets_did_you_mean():
+    with pytest.raises(ConfigError) as e:
+        load_config({"train": {"learning_rate": 1e-4}})
+    assert "unknown key 'train.learning_rate'" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config({}, ["train.itterations=3"])
+    assert "Did you mean 'iterations'" in str(e.value)
+
+
+def test_all_problems_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            {
+                "train": {"batch_size": 10, "micro_batch_size": 4, "lr": "fast"},
+                "model": {"famliy": "tiny"},
+                "sampling": {"num_steps": 0},
+            }
+        )
+    problems = e.value.problems
+    text = str(e.value)
+    assert len(problems) >= 3, problems
+    assert "train.lr: expected a number" in text
+    assert "famliy" in text and "family" in text
+    assert "multiple of train.micro_batch_size" in text and "micro_batch_size=2" in text
+    assert "sampling.num_steps must be >= 1" in text
+
+
+def test_wrong_types_and_literals():
+    with pytest.raises(ConfigError) as e:
+        load_config({"train": {"iterations": 2.5, "lr_schedule": "cosin"}, "model": {"dtype": "fp8"}})
+    text = str(e.value)
+    assert "train.iterations: expected an integer" in text
+    assert "'cosin' is not one of" in text
+    assert "model.dtype" in text
+
+
+def test_overrides_parse_yaml_values():
+    tree = parse_overrides(["train.lr=3e-4", "model.lora=null", "run.name=abc"])
+    assert tree["run"]["name"] == "abc"
+    assert load_config({}, ["train.lr=3e-4"]).train.lr == 3e-4  # YAML 1.1 reads 3e-4 as a string
+    assert tree["model"]["lora"] is None
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["train.lr"])
+    with pytest.raises(ConfigError, match="conflicts"):
+        parse_overrides(["model.lora=null", "model.lora.rank=4"])
+
+
+def test_override_enables_lora():
+    cfg = load_config({}, ["model.lora={rank: 4}"])
+    assert cfg.model.lora.rank == 4 and cfg.model.lora.alpha == 16.0
+
+
+def test_missing_and_malformed_recipe(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(listy)
+
+
+def test_missing_files_unknown_names_and_incompatible_choices(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            {
+                "eval": {"prompts": str(tmp_path / "missing.txt")},
+                "algorithm": {"name": "sftt"},
+                "model": {"family": "tiny", "path": str(tmp_path / "nowhere")},
+                "rewards": [{"name": "no_such_pkg.mod:fn"}],
+            }
+        )
+    text = str(e.value)
+    assert "missing.txt" in text and "does not exist" in text
+    assert "unknown algorithm 'sftt'" in text and "Did you mean 'sft'" in text
+    assert "nowhere" in text and "is not a directory" in text
+    assert "cannot import module 'no_such_pkg.mod'" in text
+
+
+def test_sft_without_dataset_is_refused():
+    with pytest.raises(ConfigError, match="set data.dataset"):
+        load_config({"algorithm": {"name": "sft"}, "data": {"dataset": None}})
+
+
+def test_algorithm_params_are_validated():
+    with pytest.raises(ConfigError) as e:
+        load_config({"data": {"dataset": "synthetic_text"}, "algorithm": {"name": "sft", "params": {"cond_drop": 0.1}}})
+    assert "algorithm.params.cond_drop" in str(e.value) and "cond_dropout" in str(e.value)
+    with pytest.raises(ConfigError, match="cond_dropout must be in"):
+        load_config({"data": {"dataset": "synthetic_text"}, "algorithm": {"params": {"cond_dropout": 1.5}}})

@@ -1,0 +1,73 @@
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from diffrl.algorithms.base import CollectionSpec, DiffusionAlgorithm
+from diffrl.algorithms.registry import ALGORITHMS, build_algorithm
+from diffrl.algorithms.sft import SFT
+from diffrl.config import ConfigError, RewardConfig, load_config
+from diffrl.registry import RegistryError, import_object
+from diffrl.rewards.base import FunctionReward, build_reward
+
+
+class EchoAlgorithm(SFT):
+    """A user's algorithm living outside the package."""
+
+    name = "echo"
+
+    @dataclass
+    class Params(SFT.Params):
+        scale: float = 2.0
+
+
+def constant_reward(images, prompts, metadata, value=0.25):
+    return [value] * len(prompts)
+
+
+def test_builtin_by_name():
+    assert ALGORITHMS.resolve("sft") is SFT
+
+
+def test_dotted_path_with_colon_and_dot():
+    assert import_object("tests.unit.test_registry:EchoAlgorithm") is EchoAlgorithm
+    assert import_object("tests.unit.test_registry.EchoAlgorithm") is EchoAlgorithm
+
+
+def test_user_algorithm_by_dotted_path_gets_its_own_params():
+    cfg = load_config({"algorithm": {"name": "tests.unit.test_registry:EchoAlgorithm", "params": {"scale": 3.0}}})
+    algo = build_algorithm(cfg)
+    assert isinstance(algo, EchoAlgorithm) and algo.params.scale == 3.0
+    with pytest.raises(ConfigError, match="algorithm.params.scael"):
+        load_config({"algorithm": {"name": "tests.unit.test_registry:EchoAlgorithm", "params": {"scael": 3.0}}})
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(RegistryError) as e:
+        ALGORITHMS.resolve("sfft")
+    assert "Did you mean 'sft'" in str(e.value) and "Known: sft" in str(e.value)
+
+
+def test_bad_dotted_paths():
+    with pytest.raises(RegistryError, match="cannot import module"):
+        import_object("not_a_module_xyz:thing")
+    with pytest.raises(RegistryError, match="has no attribute"):
+        import_object("tests.unit.test_registry:Nope")
+
+
+def test_not_an_algorithm_is_refused():
+    with pytest.raises(ConfigError, match="not a DiffusionAlgorithm"):
+        load_config({"algorithm": {"name": "tests.unit.test_registry:constant_reward"}})
+
+
+def test_function_reward_by_dotted_path_with_params():
+    reward = build_reward(RewardConfig(name="tests.unit.test_registry:constant_reward", params={"value": 0.5}))
+    assert isinstance(reward, FunctionReward)
+    assert reward(torch.zeros(3, 3, 8, 8), ["a", "b", "c"], [{}] * 3).tolist() == [0.5] * 3
+
+
+def test_collection_spec_is_a_plain_dataclass():
+    spec = SFT(SFT.Params(), load_config({})).collection_spec()
+    assert spec == CollectionSpec(online=False, needs_reward=False)
+    assert not spec.keep_trajectory and not spec.keep_log_prob
+    assert issubclass(SFT, DiffusionAlgorithm)
