@@ -37,7 +37,12 @@ def _resolve_target(target: str, overrides: list[str]):
 def _load_for_inference(config, checkpoint):
     from diffrl.models.registry import load_family
     from diffrl.train.actor import apply_lora
-    from diffrl.train.checkpoint import check_checkpoint_family, load_weights_into, lora_config_of, read_checkpoint_info
+    from diffrl.train.checkpoint import (
+        check_checkpoint_family,
+        load_weights_into,
+        lora_config_of,
+        read_checkpoint_info,
+    )
 
     if checkpoint is not None:
         info = read_checkpoint_info(checkpoint)
@@ -87,7 +92,9 @@ def cmd_eval(args) -> int:
     out = Path(args.out)
     grid = save_grid(result.images[: config.eval.grid_images], out / "grid.png")
     for name, scores in result.rewards.items():
-        print(f"{name}: mean {scores.mean():.4f}  (n={len(scores)}, exact {(scores == 1).float().mean():.2%})")
+        print(
+            f"{name}: mean {scores.mean():.4f}  (n={len(scores)}, exact {(scores == 1).float().mean():.2%})"
+        )
     print(f"mean reward: {result.total.mean():.4f} over {len(result.prompts)} samples")
     print(f"grid: {grid}")
     return 0
@@ -105,7 +112,10 @@ def cmd_sample(args) -> int:
     else:
         raise SystemExit("error: give --prompt TEXT (repeatable) or --prompts FILE")
     family = _load_for_inference(config, checkpoint)
-    names, images = generate(family, config, prompts, args.samples_per_prompt, args.seed, config.eval.batch_size)
+    index, images = generate(
+        family, config, prompts, args.samples_per_prompt, args.seed, config.eval.batch_size
+    )
+    names = [prompts.prompts[i] for i in index]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for k, img in enumerate(images):
@@ -135,13 +145,17 @@ def cmd_recipes(args) -> int:
 
     for f in sorted(recipes_dir().glob("*.yaml")):
         lines = f.read_text().splitlines()
-        summary = next((ln.lstrip("# ").strip() for ln in lines[1:] if ln.startswith("#") and ln.strip("# ")), "")
+        summary = next(
+            (ln.lstrip("# ").strip() for ln in lines[1:] if ln.startswith("#") and ln.strip("# ")), ""
+        )
         print(f"{f.name:28s} {summary}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="diffrl", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="diffrl", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train from a recipe")
@@ -190,7 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, PromptFileError, DatasetError, FamilyMismatchError, RegistryError, RewardError, FileNotFoundError) as e:
+    except (
+        ConfigError,
+        PromptFileError,
+        DatasetError,
+        FamilyMismatchError,
+        RegistryError,
+        RewardError,
+        FileNotFoundError,
+    ) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -74,7 +74,8 @@ class ModelConfig:
 @dataclass
 class SamplingConfig:
     num_steps: int = 10
-    shift: float = 3.0
+    shift: float | None = None
+    """Schedule shift; ``None`` takes the family's default (SD3: 3.0, tiny: 1.0)."""
     guidance_scale: float = 1.0
     negative_prompt: str = ""
     height: int | None = None
@@ -98,6 +99,21 @@ class DataConfig:
     """Offline image dataset for SFT: ``synthetic_text`` or a folder of images + captions."""
     dataset_size: int | None = None
     """Synthetic datasets: number of distinct examples (``None``: one per train prompt)."""
+
+
+@dataclass
+class RolloutConfig:
+    """Online collection. ``batch_size x n_samples_per_prompt`` samples per rollout must equal
+    ``train.batch_size x num_steps_per_rollout`` (samples per optimizer step x optimizer steps)."""
+
+    batch_size: int = 8
+    """Prompts per rollout (one group of samples each)."""
+    n_samples_per_prompt: int = 4
+    micro_group_size: int | None = None
+    """Samples per sampling forward; ``None`` takes ``train.micro_batch_size`` (then the first
+    replay in training runs the very same forwards as the rollout, bit for bit)."""
+    num_steps_per_rollout: int = 1
+    """Optimizer steps per rollout."""
 
 
 @dataclass
@@ -147,6 +163,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     rewards: list[RewardConfig] = field(default_factory=list)
@@ -216,7 +233,9 @@ def _bind_value(tp: Any, value: Any, where: str, errors: list[str]) -> Any:
             if len(value) != len(args):
                 errors.append(f"{where}: expected {len(args)} values, got {len(value)}")
                 return tuple(value)
-            return tuple(_bind_value(a, v, f"{where}[{i}]", errors) for i, (a, v) in enumerate(zip(args, value)))
+            return tuple(
+                _bind_value(a, v, f"{where}[{i}]", errors) for i, (a, v) in enumerate(zip(args, value))
+            )
         item = args[0] if args else Any
         out = [_bind_value(item, v, f"{where}[{i}]", errors) for i, v in enumerate(value)]
         return tuple(out) if origin is tuple else out
@@ -262,7 +281,9 @@ def bind_dataclass(cls: type, data: Any, where: str, errors: list[str]) -> Any:
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in names:
-            errors.append(f"unknown key {path!r}.{did_you_mean(str(key), names)} Valid keys here: {', '.join(names)}")
+            errors.append(
+                f"unknown key {path!r}.{did_you_mean(str(key), names)} Valid keys here: {', '.join(names)}"
+            )
             continue
         before = len(errors)
         bound = _bind_value(hints[key], value, path, errors)
@@ -302,16 +323,22 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
                 problems.append(f"override {item!r} conflicts with another override of {part!r}")
                 break
         else:
-            node[parts[-1]] = value
+            node[parts[-1]] = _Replace(value) if isinstance(value, dict) else value
     if problems:
         raise ConfigError(problems, "command line")
     return tree
 
 
+class _Replace(dict):
+    """A mapping given whole on the command line: it replaces the recipe's, it is not merged."""
+
+
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in update.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
+        if isinstance(v, _Replace):
+            out[k] = dict(v)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
             out[k] = deep_merge(out[k], v)
         else:
             out[k] = v
@@ -325,7 +352,9 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
         shipped = recipes_dir() / path.name
         if shipped.is_file() and shipped != path:
             hint = f" A shipped recipe of that name is at {shipped}."
-        raise ConfigError([f"recipe file {str(path)!r} does not exist.{hint} List them with 'diffrl recipes'."], str(path))
+        raise ConfigError(
+            [f"recipe file {str(path)!r} does not exist.{hint} List them with 'diffrl recipes'."], str(path)
+        )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -333,7 +362,9 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError([f"the top level must be a mapping of sections, got {type(data).__name__}"], str(path))
+        raise ConfigError(
+            [f"the top level must be a mapping of sections, got {type(data).__name__}"], str(path)
+        )
     return data
 
 
@@ -342,7 +373,9 @@ def recipes_dir() -> Path:
 
 
 def load_config(
-    recipe: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None, check_files: bool = True
+    recipe: str | Path | dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+    check_files: bool = True,
 ) -> Config:
     """Recipe (path or dict) + ``key=value`` overrides -> validated :class:`Config`."""
     source = str(recipe) if isinstance(recipe, str | Path) else "config"
@@ -388,7 +421,7 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
     s = config.sampling
     if s.num_steps < 1:
         errors.append(f"sampling.num_steps must be >= 1, got {s.num_steps}")
-    if s.shift <= 0:
+    if s.shift is not None and s.shift <= 0:
         errors.append(f"sampling.shift must be > 0, got {s.shift}")
     if s.guidance_scale < 1.0:
         errors.append(f"sampling.guidance_scale must be >= 1 (1 disables CFG), got {s.guidance_scale}")
@@ -417,7 +450,11 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
     if algorithm is not None:
         spec = algorithm.collection_spec()
         if spec.needs_reward and not config.rewards:
-            errors.append(f"algorithm {algorithm.name!r} needs a reward; add a 'rewards:' list (e.g. - name: ocr)")
+            errors.append(
+                f"algorithm {algorithm.name!r} needs a reward; add a 'rewards:' list (e.g. - name: ocr)"
+            )
+        if spec.online:
+            errors.extend(_rollout_arithmetic(config))
         if not spec.online and not config.data.dataset:
             errors.append(
                 f"algorithm {algorithm.name!r} trains on an offline dataset; set data.dataset "
@@ -442,7 +479,32 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
                 errors.append(f"{key}: prompt file {value!r} does not exist")
         ds = config.data.dataset
         if ds and ds != "synthetic_text" and not Path(ds).is_dir():
-            errors.append(f"data.dataset: {ds!r} is neither 'synthetic_text' nor an existing folder of images")
+            errors.append(
+                f"data.dataset: {ds!r} is neither 'synthetic_text' nor an existing folder of images"
+            )
+    return errors
+
+
+def _rollout_arithmetic(config: Config) -> list[str]:
+    r, t = config.rollout, config.train
+    errors = []
+    for name in ("batch_size", "n_samples_per_prompt", "num_steps_per_rollout"):
+        if getattr(r, name) < 1:
+            errors.append(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
+    if r.micro_group_size is not None and r.micro_group_size < 1:
+        errors.append(f"rollout.micro_group_size must be >= 1 or null, got {r.micro_group_size}")
+    if errors:
+        return errors
+    samples = r.batch_size * r.n_samples_per_prompt
+    if samples != t.batch_size * r.num_steps_per_rollout:
+        fix = samples // r.num_steps_per_rollout if samples % r.num_steps_per_rollout == 0 else None
+        hint = f"; e.g. set train.batch_size={fix}" if fix else ""
+        errors.append(
+            f"batch arithmetic: rollout.batch_size x rollout.n_samples_per_prompt = {r.batch_size} x "
+            f"{r.n_samples_per_prompt} = {samples} samples per rollout, but train.batch_size x "
+            f"rollout.num_steps_per_rollout = {t.batch_size} x {r.num_steps_per_rollout} = "
+            f"{t.batch_size * r.num_steps_per_rollout}; they must be equal{hint}"
+        )
     return errors
 
 

@@ -27,12 +27,14 @@ class MetricsLogger:
         else:
             self._file = None
 
-    def log(self, step: int, metrics: dict[str, float], keys: list[str] | None = None) -> None:
+    def log(
+        self, step: int, metrics: dict[str, float], keys: list[str] | None = None, echo: bool = True
+    ) -> None:
         row = {"step": step, "time": time.time(), **metrics}
         if self._file:
             self._file.write(json.dumps(row) + "\n")
             self._file.flush()
-        if self.echo:
+        if self.echo and echo:
             shown = {k: metrics[k] for k in (keys or metrics) if k in metrics}
             print(f"[step {step}] " + "  ".join(f"{k}={fmt(v)}" for k, v in shown.items()), flush=True)
 
@@ -57,6 +59,12 @@ class Progress:
         elapsed = now - self.start
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = (self.total - done) / rate if rate > 0 else float("nan")
-        eta_s = "?" if math.isnan(eta) else time.strftime("%M:%S" if eta < 3600 else "%H:%M:%S", time.gmtime(eta))
+        eta_s = (
+            "?" if math.isnan(eta) else time.strftime("%M:%S" if eta < 3600 else "%H:%M:%S", time.gmtime(eta))
+        )
         pct = 100 * done / max(1, self.total)
-        print(f"{self.label} {done}/{self.total} ({pct:.0f}%) {rate:.2f} {self.unit}/s, ETA {eta_s}", file=sys.stderr, flush=True)
+        print(
+            f"{self.label} {done}/{self.total} ({pct:.0f}%) {rate:.2f} {self.unit}/s, ETA {eta_s}",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -33,3 +33,25 @@ def randn_batch(
 ) -> torch.Tensor:
     """Stack one draw of ``shape`` per key: returns ``(len(keys), *shape)``."""
     return torch.stack([randn(shape, *k, dtype=dtype) for k in keys])
+
+
+class EpochStream:
+    """An endless stream of indices into ``n`` items: epoch after epoch, each a permutation keyed
+    by (seed, name, epoch). Position ``p`` always maps to the same index, whatever was read before."""
+
+    def __init__(self, n: int, seed: int, name: str):
+        self.n, self.seed, self.name = n, seed, name
+        self._perms: dict[int, list[int]] = {}
+
+    def __getitem__(self, position: int) -> int:
+        epoch, offset = divmod(position, self.n)
+        if epoch not in self._perms:
+            if len(self._perms) > 2:
+                self._perms.clear()
+            self._perms[epoch] = torch.randperm(
+                self.n, generator=generator(self.seed, self.name, epoch)
+            ).tolist()
+        return self._perms[epoch][offset]
+
+    def take(self, start: int, count: int) -> list[int]:
+        return [self[p] for p in range(start, start + count)]

@@ -13,6 +13,7 @@ decides what the collector produces, so an algorithm never pays for data it does
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -34,13 +35,14 @@ class CollectionSpec:
     """True: sample from the policy; False: read ``data.dataset`` (no sampling, no reward)."""
     needs_reward: bool
     sampler: str = "ode"
-    """Transition kernel for stochastic steps (``ode`` everywhere for forward-process methods)."""
+    """Transition kernel of the stochastic steps: ``sde`` or ``cps``; ``ode``: every step is Euler."""
     noise_level: float = 0.0
+    step_strategy: Callable[[int, int, int], list[int]] | None = None
+    """``(num_steps, rollout_id, seed) -> stochastic step indices``; None: no stochastic step."""
     keep_trajectory: bool = False
-    """Record (x_t, x_{t+Δ}) of the trained steps (reverse-process policy gradients only)."""
+    """Record (x_t, x_{t+Δ}) of the stochastic steps (reverse-process policy gradients only)."""
     keep_log_prob: bool = False
-    decode_images: bool = False
-    """Decode x0 to images (rewards need them)."""
+    """Record the log-prob of each recorded transition under the sampling policy."""
 
 
 @dataclass
@@ -48,8 +50,13 @@ class RolloutBatch(Batch):
     """What the collector produced: one row per sample.
 
     ``x0``: clean latents ``(B, *latent)``; ``cond``: the prompts' conditioning;
-    ``images``: decoded ``(B, 3, H, W)`` in [0, 1] when the spec asked for them.
-    ``group_id``: samples of the same prompt share a group (group-relative advantages).
+    ``images``: decoded ``(B, 3, H, W)`` in [0, 1] (online rollouts);
+    ``group_id``: samples of the same prompt share a group (group-relative advantages);
+    ``micro_group``: which sampling forward batch the sample was in;
+    ``rewards``: ``(B,)`` weighted reward (online rollouts).
+    Trajectory, only when the spec keeps it, for the K stochastic steps:
+    ``traj_x, traj_next: (B, K, *latent)``; ``traj_step (B, K)`` step indices;
+    ``traj_sigma, traj_sigma_next (B, K)``; ``traj_log_prob (B, K)`` when the spec keeps log-probs.
     """
 
     prompts: list[str]
@@ -57,9 +64,17 @@ class RolloutBatch(Batch):
     prompt_index: torch.Tensor
     sample_index: torch.Tensor
     group_id: torch.Tensor
+    micro_group: torch.Tensor
     x0: torch.Tensor
     cond: Conditioning
     images: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    traj_x: torch.Tensor | None = None
+    traj_next: torch.Tensor | None = None
+    traj_step: torch.Tensor | None = None
+    traj_sigma: torch.Tensor | None = None
+    traj_sigma_next: torch.Tensor | None = None
+    traj_log_prob: torch.Tensor | None = None
 
 
 @dataclass
@@ -71,13 +86,24 @@ class TrainSignals(Batch):
     def __len__(self) -> int:
         return len(next(iter(self.values.values()))) if self.values else 0
 
-    def select(self, index):
+    def select(self, index) -> TrainSignals:
         idx = torch.as_tensor(index, dtype=torch.long)
         return TrainSignals({k: v[idx] for k, v in self.values.items()})
 
+    @classmethod
+    def cat(cls, parts) -> TrainSignals:
+        keys = parts[0].values.keys() if parts else ()
+        return cls({k: torch.cat([p.values[k] for p in parts]) for k in keys})
+
 
 class TrainExamples(Batch):
-    """Base for an algorithm's own example dataclass (its fields are per-example)."""
+    """Base for an algorithm's own example dataclass (its fields are per-example).
+
+    Subclasses must have a ``sample_id (N,)`` field: the row of the :class:`RolloutBatch` each
+    example came from, so the loop can split a rollout into optimizer steps by whole samples.
+    """
+
+    sample_id: torch.Tensor
 
 
 class DiffusionAlgorithm(ABC):
@@ -90,6 +116,9 @@ class DiffusionAlgorithm(ABC):
     def __init__(self, params: Any, config: Config):
         self.params = params
         self.config = config
+
+    needs_reference: bool = False
+    """True when ``compute_loss`` calls ``policy.reference_velocity`` (a KL to the base model)."""
 
     def validate(self, config: Config) -> list[str]:
         """Algorithm-specific config problems (reported with all others before anything loads)."""

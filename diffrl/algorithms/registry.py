@@ -6,7 +6,13 @@ from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config, ConfigError, bind_dataclass
 from diffrl.registry import Registry, RegistryError
 
-ALGORITHMS = Registry("algorithm", {"sft": "diffrl.algorithms.sft:SFT"})
+ALGORITHMS = Registry(
+    "algorithm",
+    {
+        "sft": "diffrl.algorithms.sft:SFT",
+        "flow_grpo": "diffrl.algorithms.flow_grpo:FlowGRPO",
+    },
+)
 
 
 def build_algorithm(config: Config) -> DiffusionAlgorithm:

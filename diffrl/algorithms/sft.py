@@ -24,19 +24,20 @@ from diffrl.algorithms.base import (
     TrainExamples,
     TrainSignals,
 )
-from diffrl.models.base import Conditioning
 from diffrl.seeding import generator
 
 
 @dataclass
 class SFTExamples(TrainExamples):
-    """``x0, noise: (B, *latent)``; ``sigma: (B,)``; ``drop_prompt: (B,)`` bool (CFG dropout)."""
+    """``x0, noise: (B, *latent)``; ``sigma: (B,)``; ``prompts``: the captions, "" where dropped
+    for CFG. Prompts are encoded in ``compute_loss`` (cached, or with gradients when the family
+    trains its text encoder)."""
 
+    sample_id: torch.Tensor
     x0: torch.Tensor
-    cond: Conditioning
+    prompts: list[str]
     noise: torch.Tensor
     sigma: torch.Tensor
-    drop_prompt: torch.Tensor
 
 
 def flow_matching_loss(velocity: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -44,7 +45,9 @@ def flow_matching_loss(velocity: torch.Tensor, x0: torch.Tensor, noise: torch.Te
     return (velocity.float() - (noise - x0).float()).square().flatten(1).mean(1)
 
 
-def draw_timestep(gen: torch.Generator, scheme: str, logit_mean: float, logit_std: float, shift: float) -> float:
+def draw_timestep(
+    gen: torch.Generator, scheme: str, logit_mean: float, logit_std: float, shift: float
+) -> float:
     """One t in (0, 1): logit-normal ``sigmoid(N(mean, std))`` or uniform, then ``shift``ed."""
     if scheme == "logit_normal":
         t = torch.sigmoid(logit_mean + logit_std * torch.randn((), generator=gen)).item()
@@ -90,21 +93,15 @@ class SFT(DiffusionAlgorithm):
             sigma.append(draw_timestep(gen, p.timestep_sampling, p.logit_mean, p.logit_std, p.timestep_shift))
             drop.append(torch.rand((), generator=gen).item() < p.cond_dropout)
         return SFTExamples(
+            sample_id=torch.arange(len(batch)),
             x0=batch.x0,
-            cond=batch.cond,
+            prompts=["" if d else prompt for d, prompt in zip(drop, batch.prompts)],
             noise=torch.stack(noise).to(batch.x0.device),
             sigma=torch.tensor(sigma, device=batch.x0.device),
-            drop_prompt=torch.tensor(drop, device=batch.x0.device),
         )
 
     def compute_loss(self, policy, examples: SFTExamples) -> tuple[torch.Tensor, dict[str, float]]:
-        cond = examples.cond
-        if examples.drop_prompt.any():
-            empty = policy.family.encode_prompts([""]).repeat(len(examples)).to(cond.tensors[next(iter(cond.tensors))].device)
-            keep = ~examples.drop_prompt
-            cond = Conditioning(
-                {k: torch.where(keep.view(-1, *[1] * (v.ndim - 1)), v, empty.tensors[k]) for k, v in cond.tensors.items()}
-            )
+        cond = policy.family.encode_prompts(examples.prompts)
         s = examples.sigma.view(-1, *[1] * (examples.x0.ndim - 1))
         x_t = (1 - s) * examples.x0 + s * examples.noise
         v = policy.velocity(x_t, examples.sigma, cond)

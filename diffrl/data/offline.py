@@ -47,7 +47,9 @@ class ImageFolderDataset:
                     row = json.loads(line)
                     captions[row["file_name"]] = row.get("text", row.get("prompt"))
                 except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise DatasetError(f"{meta}: line {n} is not {{'file_name': ..., 'text': ...}} ({e})") from e
+                    raise DatasetError(
+                        f"{meta}: line {n} is not {{'file_name': ..., 'text': ...}} ({e})"
+                    ) from e
         self.items: list[tuple[Path, str]] = []
         missing = []
         for f in sorted(self.folder.iterdir()):
@@ -63,10 +65,12 @@ class ImageFolderDataset:
         if missing:
             raise DatasetError(
                 f"{len(missing)} image(s) in {str(folder)!r} have no caption (e.g. {missing[0]}); add NAME.txt "
-                "beside each image or a metadata.jsonl row {\"file_name\": ..., \"text\": ...}"
+                'beside each image or a metadata.jsonl row {"file_name": ..., "text": ...}'
             )
         if not self.items:
-            raise DatasetError(f"dataset folder {str(folder)!r} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+            raise DatasetError(
+                f"dataset folder {str(folder)!r} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})"
+            )
 
     def __len__(self) -> int:
         return len(self.items)
@@ -85,7 +89,9 @@ class ImageFolderDataset:
 
 def _resize_center_crop(img: Image.Image, height: int, width: int) -> Image.Image:
     scale = max(width / img.width, height / img.height)
-    img = img.resize((max(width, round(img.width * scale)), max(height, round(img.height * scale))), Image.BICUBIC)
+    img = img.resize(
+        (max(width, round(img.width * scale)), max(height, round(img.height * scale))), Image.BICUBIC
+    )
     left, top = (img.width - width) // 2, (img.height - height) // 2
     return img.crop((left, top, left + width, top + height))
 

@@ -54,8 +54,14 @@ def load_prompts(path: str | Path) -> PromptSet:
             except json.JSONDecodeError as e:
                 problems.append(f"line {n}: not valid JSON ({e.msg})")
                 continue
-            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-                problems.append(f'line {n}: expected {{"prompt": "...", "metadata": {{...}}}} with a non-empty prompt')
+            if (
+                not isinstance(row, dict)
+                or not isinstance(row.get("prompt"), str)
+                or not row["prompt"].strip()
+            ):
+                problems.append(
+                    f'line {n}: expected {{"prompt": "...", "metadata": {{...}}}} with a non-empty prompt'
+                )
                 continue
             meta = row.get("metadata", {})
             if not isinstance(meta, dict):

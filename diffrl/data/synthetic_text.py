@@ -1,9 +1,9 @@
 """The synthetic text world: prompts such as ``the number "4071"`` rendered into small images.
 
-Strings are 3-4 symbols from digits and upper-case letters (I, O and Q left out: OCR cannot tell
-them from 1 and 0 reliably). Each rendering draws a font (four DejaVu faces shipped with
-matplotlib), a size, a position and text/background colours from a generator keyed by
-(seed, example index), so the same index always gives the same image.
+Strings are 2-4 digits. Each rendering draws a font (three DejaVu faces shipped with matplotlib),
+a size, a position and text/background colours from a generator keyed by
+(seed, example index), so the same index always gives the same image. Text is left-aligned with a
+few pixels of jitter (see :func:`draw_style`).
 
 The shipped splits ``data/tiny_text/{train,test}.txt`` are disjoint; rebuild them with
 ``python -m diffrl.data.synthetic_text`` (deterministic).
@@ -23,15 +23,14 @@ from PIL import Image, ImageDraw, ImageFont
 
 from diffrl.seeding import derive_seed
 
-ALPHABET = "0123456789ABCDEFGHJKLMNPRSTUVWXYZ"
-FONT_FILES = ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSerif.ttf", "DejaVuSansMono.ttf")
+ALPHABET = "0123456789"
+FONT_FILES = ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSansMono.ttf")
 SPLITS_DIR = Path(__file__).resolve().parent / "tiny_text"
 
 
 def prompt_for(text: str) -> str:
-    if text.isdigit():
-        return f'the number "{text}"'
-    return f'the text "{text}"'
+    # one template, so the quoted characters sit at the same token positions in every prompt
+    return f'the number "{text}"'
 
 
 def target_text(prompt: str) -> str:
@@ -61,14 +60,20 @@ class TextStyle:
 
 
 def draw_style(text: str, rng: random.Random, height: int, width: int) -> TextStyle:
+    """Font, size, a left-aligned position with a few pixels of jitter, and colours.
+
+    Text starts near the left edge, so character k sits at roughly the same place in every image:
+    with the start anywhere in the image a 2M-parameter model did not learn to read the prompt in
+    ~1000 steps (measured; see the README), which leaves RL nothing to improve.
+    """
     font = rng.choice(FONT_FILES)
-    size = rng.randint(int(height * 0.45), int(height * 0.6))
+    size = rng.randint(int(height * 0.5), int(height * 0.56))
     left, top, right, bottom = _font(font, size).getbbox(text)
-    while right - left > width - 4 and size > 8:  # shrink until it fits
+    while right - left > width - 8 and size > 8:  # shrink until it fits
         size -= 1
         left, top, right, bottom = _font(font, size).getbbox(text)
-    x = rng.randint(0, max(0, width - (right - left) - 2)) - left + 1
-    y = rng.randint(0, max(0, height - (bottom - top) - 2)) - top + 1
+    x = 2 + rng.randint(0, 4) - left
+    y = (height - (bottom - top)) // 2 + rng.randint(-2, 2) - top
     bg = tuple(rng.randint(170, 255) for _ in range(3))
     fg = tuple(rng.randint(0, 90) for _ in range(3))
     return TextStyle(font, size, x, y, fg, bg)  # type: ignore[arg-type]
@@ -100,18 +105,19 @@ class SyntheticTextDataset:
     def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
         prompt = self.prompts[i % len(self.prompts)]
         text = target_text(prompt)
-        style = draw_style(text, random.Random(derive_seed(self.seed, "synthetic_text", i)), self.height, self.width)
+        style = draw_style(
+            text, random.Random(derive_seed(self.seed, "synthetic_text", i)), self.height, self.width
+        )
         return to_tensor(render(text, style, self.height, self.width)), prompt
 
 
-def make_splits(n_train: int = 4000, n_test: int = 128, seed: int = 2026) -> tuple[list[str], list[str]]:
+def make_splits(n_train: int = 3000, n_test: int = 128, seed: int = 2026) -> tuple[list[str], list[str]]:
     rng = random.Random(seed)
     seen: set[str] = set()
     texts: list[str] = []
     while len(texts) < n_train + n_test:
-        length = rng.choice((3, 4))
-        alphabet = ALPHABET[:10] if rng.random() < 0.3 else ALPHABET  # a third are plain numbers
-        text = "".join(rng.choice(alphabet) for _ in range(length))
+        length = rng.choice((2, 3, 4))
+        text = "".join(rng.choice(ALPHABET) for _ in range(length))
         if text not in seen:
             seen.add(text)
             texts.append(text)
@@ -120,9 +126,11 @@ def make_splits(n_train: int = 4000, n_test: int = 128, seed: int = 2026) -> tup
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Write the train/test prompt splits of the synthetic text world")
+    parser = argparse.ArgumentParser(
+        description="Write the train/test prompt splits of the synthetic text world"
+    )
     parser.add_argument("--out", type=Path, default=SPLITS_DIR)
-    parser.add_argument("--n-train", type=int, default=4000)
+    parser.add_argument("--n-train", type=int, default=3000)
     parser.add_argument("--n-test", type=int, default=128)
     args = parser.parse_args()
     train, test = make_splits(args.n_train, args.n_test)

@@ -51,7 +51,12 @@ class Conditioning:
         return Conditioning({k: v[idx.to(v.device)] for k, v in self.tensors.items()})
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Conditioning:
-        return Conditioning({k: v.to(device=device, dtype=dtype if v.is_floating_point() else None) for k, v in self.tensors.items()})
+        return Conditioning(
+            {
+                k: v.to(device=device, dtype=dtype if v.is_floating_point() else None)
+                for k, v in self.tensors.items()
+            }
+        )
 
     @classmethod
     def cat(cls, parts: Sequence[Conditioning]) -> Conditioning:
@@ -70,6 +75,8 @@ class ModelFamily(ABC):
 
     name: ClassVar[str]
     default_lora_targets: ClassVar[list[str]]
+    default_shift: ClassVar[float] = 3.0
+    """Sigma-schedule shift used when ``sampling.shift`` is not set."""
 
     @dataclass
     class Options:
@@ -80,6 +87,15 @@ class ModelFamily(ABC):
         self.device = device
         self.options = options
         self._prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
+
+    @property
+    def text_encoder_trainable(self) -> bool:
+        """True when the text encoder trains with the transformer (then prompts are not cached)."""
+        return False
+
+    def trainable_module(self) -> nn.Module:
+        """The module a full fine-tune optimises (its ``state_dict`` is what checkpoints hold)."""
+        return self.transformer
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod
@@ -102,7 +118,9 @@ class ModelFamily(ABC):
         if check_files and path not in ("base", "random"):
             p = Path(path)
             if not p.is_dir():
-                errors.append(f"model.path: {path!r} is not a directory (use 'base', 'random' or a local diffusers folder)")
+                errors.append(
+                    f"model.path: {path!r} is not a directory (use 'base', 'random' or a local diffusers folder)"
+                )
             else:
                 try:
                     check_family_dir(p, cls.name)
@@ -135,9 +153,15 @@ class ModelFamily(ABC):
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """Run the text encoders: tensors with the batch on dim 0."""
 
-    @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
-        """Encode with a per-prompt cache (text encoders are frozen)."""
+        """Encode with a per-prompt cache while the text encoders are frozen; with gradients and no
+        cache while they train."""
+        if self.text_encoder_trainable:
+            return Conditioning(self._encode_prompts(list(prompts)))
+        with torch.no_grad():
+            return self._encode_cached(prompts)
+
+    def _encode_cached(self, prompts: Sequence[str]) -> Conditioning:
         missing = list(dict.fromkeys(p for p in prompts if p not in self._prompt_cache))
         if missing:
             encoded = self._encode_prompts(missing)
@@ -148,7 +172,9 @@ class ModelFamily(ABC):
 
     # ---- the velocity forward ------------------------------------------------------------------
     @abstractmethod
-    def forward(self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def forward(
+        self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+    ) -> torch.Tensor:
         """One transformer call: ``x_t (B, *latent)``, ``sigma (B,)`` -> velocity ``(B, *latent)``."""
 
     def velocity(
@@ -187,7 +213,7 @@ class ModelFamily(ABC):
         return list(configured) if configured else list(self.default_lora_targets)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.transformer.parameters() if p.requires_grad]
+        return [p for p in self.trainable_module().parameters() if p.requires_grad]
 
 
 def write_family_file(path: Path, family: str, extra: dict[str, Any] | None = None) -> None:

@@ -83,6 +83,7 @@ def text_encoder_config(vocab_size: int) -> CLIPTextConfig:
 
 class TinyFamily(ModelFamily):
     name = "tiny"
+    default_shift = 1.0  # small pixel-space images need no shift towards high noise
     # The SD3 choice of flow_grpo: attention projections incl. the context (add_*) projections.
     default_lora_targets = [
         "attn.to_q",
@@ -98,11 +99,29 @@ class TinyFamily(ModelFamily):
     @dataclass
     class Options:
         gradient_checkpointing: bool = False
+        train_text_encoder: bool = False
+        """Train the text encoder with the transformer (full fine-tunes from scratch, e.g. building
+        the base): a random frozen encoder leaves the transformer too weak a handle on the characters."""
+
+    @classmethod
+    def validate_config(cls, config, check_files: bool = True) -> list[str]:
+        errors = super().validate_config(config, check_files)
+        if config.model.options.get("train_text_encoder") and config.model.lora is not None:
+            errors.append("model.options.train_text_encoder needs a full fine-tune (model.lora: null)")
+        return errors
 
     def __init__(self, transformer, text_encoder, tokenizer, device, options):
         super().__init__(transformer, device, options)
         self.text_encoder = text_encoder
         self.tokenizer = tokenizer
+        self._both = nn.ModuleDict({"transformer": transformer, "text_encoder": text_encoder})
+
+    @property
+    def text_encoder_trainable(self) -> bool:
+        return self.options.train_text_encoder
+
+    def trainable_module(self) -> nn.Module:
+        return self._both if self.options.train_text_encoder else self.transformer
 
     @classmethod
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:
@@ -111,6 +130,13 @@ class TinyFamily(ModelFamily):
             transformer = SD3Transformer2DModel(**TRANSFORMER_CONFIG)
             tokenizer = build_tokenizer()
             text_encoder = CLIPTextModelWithProjection(text_encoder_config(len(tokenizer)))
+            # The text encoder stays frozen: give its random init embeddings that keep each character
+            # and its position distinct after the layer norms (CLIP's std 0.02 init buries them in
+            # components shared by every prompt, and the transformer then never learns to read them).
+            emb = text_encoder.text_model.embeddings
+            with torch.no_grad():
+                emb.token_embedding.weight.normal_(std=1.0)
+                emb.position_embedding.weight.normal_(std=0.5)
         else:
             folder = BASE_DIR if path == "base" else Path(path)
             if not (folder / "transformer").is_dir():
@@ -119,13 +145,17 @@ class TinyFamily(ModelFamily):
                     "rebuild the base as described in the README or use model.path=random"
                 )
             check_family_dir(folder, cls.name)
-            transformer = SD3Transformer2DModel.from_pretrained(folder, subfolder="transformer", torch_dtype=torch.float32)
-            text_encoder = CLIPTextModelWithProjection.from_pretrained(folder, subfolder="text_encoder", torch_dtype=torch.float32)
+            transformer = SD3Transformer2DModel.from_pretrained(
+                folder, subfolder="transformer", torch_dtype=torch.float32
+            )
+            text_encoder = CLIPTextModelWithProjection.from_pretrained(
+                folder, subfolder="text_encoder", torch_dtype=torch.float32
+            )
             tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
         transformer.to(device=device)
         if dtype != torch.float32:
             transformer.to(dtype=dtype)
-        text_encoder.to(device=device).eval().requires_grad_(False)
+        text_encoder.to(device=device).eval().requires_grad_(options.train_text_encoder)
         if options.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
         return cls(transformer, text_encoder, tokenizer, device, options)
@@ -159,7 +189,9 @@ class TinyFamily(ModelFamily):
         out = self.text_encoder(input_ids=ids)
         return {"encoder_hidden_states": out.last_hidden_state, "pooled_projections": out.text_embeds}
 
-    def forward(self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    def forward(
+        self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+    ) -> torch.Tensor:
         dtype = next(module.parameters()).dtype
         c = cond.to(x_t.device, dtype)
         return module(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,14 +24,42 @@ class RewardError(RuntimeError):
     """A reward raised or returned something unusable."""
 
 
+class Pending:
+    """A score being computed: ``result()`` returns ``(B,)`` scores or raises what scoring raised."""
+
+    def __init__(self, finish: Callable[[], Any]):
+        self._finish = finish
+
+    def result(self) -> torch.Tensor:
+        return torch.as_tensor(self._finish(), dtype=torch.float32)
+
+
 class Reward(ABC):
     name: str = "reward"
 
     @abstractmethod
-    def __call__(self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]) -> torch.Tensor:
+    def __call__(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]
+    ) -> torch.Tensor:
         """``images (B, 3, H, W)`` in [0, 1] -> scores ``(B,)`` float32."""
 
-    def close(self) -> None:
+    def submit(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]
+    ) -> Pending:
+        """Start scoring and return at once where the reward runs elsewhere (worker processes,
+        a remote server); by default it scores now."""
+        try:
+            scores = self(images, prompts, metadata)
+        except Exception as e:  # re-raised by result(), where the caller decides what a failure costs
+            error = e
+
+            def fail():
+                raise error
+
+            return Pending(fail)
+        return Pending(lambda: scores)
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release worker processes or remote sessions."""
 
 
@@ -42,15 +70,22 @@ class FunctionReward(Reward):
         self.fn, self.name, self.params = fn, name, params
 
     def __call__(self, images, prompts, metadata):
-        return torch.as_tensor(self.fn(images, list(prompts), list(metadata), **self.params), dtype=torch.float32)
+        return torch.as_tensor(
+            self.fn(images, list(prompts), list(metadata), **self.params), dtype=torch.float32
+        )
 
 
 @dataclass
 class RewardOutput:
-    """``total (B,)``: weighted sum; ``per_reward``: each reward's raw ``(B,)`` scores."""
+    """``total (B,)``: weighted sum; ``per_reward``: each reward's raw ``(B,)`` scores.
+
+    A sample whose score could not be had (the reward raised, or returned NaN) has a NaN total;
+    ``errors`` says why.
+    """
 
     total: torch.Tensor
     per_reward: dict[str, torch.Tensor]
+    errors: list[str] = field(default_factory=list)
 
 
 def build_reward(cfg: RewardConfig) -> Reward:
@@ -62,10 +97,14 @@ def build_reward(cfg: RewardConfig) -> Reward:
             return obj(**cfg.params)
         except TypeError as e:
             params = ", ".join(p for p in inspect.signature(obj.__init__).parameters if p != "self")
-            raise RegistryError(f"reward {cfg.name!r}: bad params {cfg.params} ({e}); it takes: {params}") from e
+            raise RegistryError(
+                f"reward {cfg.name!r}: bad params {cfg.params} ({e}); it takes: {params}"
+            ) from e
     if callable(obj):
         return FunctionReward(obj, cfg.name, **cfg.params)
-    raise RegistryError(f"reward {cfg.name!r} resolves to {obj!r}, which is neither a Reward class nor a function")
+    raise RegistryError(
+        f"reward {cfg.name!r} resolves to {obj!r}, which is neither a Reward class nor a function"
+    )
 
 
 class RewardSet:
@@ -75,20 +114,46 @@ class RewardSet:
         self.configs = list(configs)
         self.rewards = [build_reward(c) for c in self.configs]
 
-    def __call__(self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> RewardOutput:
-        per: dict[str, torch.Tensor] = {}
-        total = torch.zeros(len(prompts))
-        for cfg, reward in zip(self.configs, self.rewards):
-            try:
-                scores = reward(images.detach().float().cpu(), prompts, metadata).float().cpu()
-            except Exception as e:
-                raise RewardError(f"reward {cfg.name!r} raised {type(e).__name__}: {e}") from e
-            if scores.shape != (len(prompts),):
-                raise RewardError(f"reward {cfg.name!r} returned shape {tuple(scores.shape)}, expected ({len(prompts)},)")
-            per[cfg.name] = scores
-            total = total + cfg.weight * scores
-        return RewardOutput(total, per)
+    def submit(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
+    ) -> PendingRewards:
+        images = images.detach().float().cpu()
+        return PendingRewards(self, len(prompts), [r.submit(images, prompts, metadata) for r in self.rewards])
+
+    def __call__(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
+    ) -> RewardOutput:
+        """Score now; raise :class:`RewardError` if any reward fails or returns NaN."""
+        out = self.submit(images, prompts, metadata).result()
+        if out.errors:
+            raise RewardError("; ".join(out.errors))
+        return out
 
     def close(self) -> None:
         for r in self.rewards:
             r.close()
+
+
+class PendingRewards:
+    def __init__(self, owner: RewardSet, n: int, pending: list[Pending]):
+        self.owner, self.n, self.pending = owner, n, pending
+
+    def result(self) -> RewardOutput:
+        """Gather every reward; failures become NaN totals with a message, never an exception."""
+        per: dict[str, torch.Tensor] = {}
+        total = torch.zeros(self.n)
+        errors = []
+        for cfg, pending in zip(self.owner.configs, self.pending):
+            try:
+                scores = pending.result().float().cpu()
+                if scores.shape != (self.n,):
+                    raise ValueError(f"returned shape {tuple(scores.shape)}, expected ({self.n},)")
+            except Exception as e:
+                errors.append(f"reward {cfg.name!r} raised {type(e).__name__}: {e}")
+                scores = torch.full((self.n,), float("nan"))
+            bad = ~torch.isfinite(scores)
+            if bad.any() and not errors:
+                errors.append(f"reward {cfg.name!r} returned {int(bad.sum())} non-finite score(s)")
+            per[cfg.name] = scores
+            total = total + cfg.weight * scores
+        return RewardOutput(total, per, errors)

@@ -14,12 +14,12 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
-from diffrl.rewards.base import Reward
+from diffrl.rewards.base import Pending, Reward
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -82,24 +82,37 @@ class OCRReward(Reward):
 
     def _get_pool(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = cf.ProcessPoolExecutor(self.num_workers, mp.get_context("spawn"), initializer=_worker_init)
+            self._pool = cf.ProcessPoolExecutor(
+                self.num_workers, mp.get_context("spawn"), initializer=_worker_init
+            )
         return self._pool
 
-    def recognize(self, images: torch.Tensor) -> list[str]:
+    def _start(self, images: torch.Tensor) -> Callable[[], list[str]]:
+        """Start recognition; returns a function that waits for the texts."""
         arrays = [(img.permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8) for img in images]
         if self.num_workers <= 1 or len(arrays) < 2:
-            return recognize(arrays)
+            texts = recognize(arrays)
+            return lambda: texts
         n = min(self.num_workers, len(arrays))
-        chunks = [arrays[i::n] for i in range(n)]
-        results = list(self._get_pool().map(recognize, chunks))
-        out = [""] * len(arrays)
-        for i, texts in enumerate(results):
-            out[i::n] = texts
-        return out
+        futures = [self._get_pool().submit(recognize, arrays[i::n]) for i in range(n)]
+
+        def wait() -> list[str]:
+            out = [""] * len(arrays)
+            for i, f in enumerate(futures):
+                out[i::n] = f.result()
+            return out
+
+        return wait
+
+    def recognize(self, images: torch.Tensor) -> list[str]:
+        return self._start(images)()
 
     def __call__(self, images: torch.Tensor, prompts: Sequence[str], metadata) -> torch.Tensor:
-        texts = self.recognize(images)
-        return torch.tensor([ocr_reward_from_text(t, p) for t, p in zip(texts, prompts)], dtype=torch.float32)
+        return self.submit(images, prompts, metadata).result()
+
+    def submit(self, images: torch.Tensor, prompts: Sequence[str], metadata) -> Pending:
+        wait = self._start(images)
+        return Pending(lambda: [ocr_reward_from_text(t, p) for t, p in zip(wait(), prompts)])
 
     def close(self) -> None:
         if self._pool is not None:

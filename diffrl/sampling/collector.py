@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-import torch
+import time
+from dataclasses import dataclass, field
 
-from diffrl.algorithms.base import RolloutBatch
+import torch
+from torch import nn
+
+from diffrl.algorithms.base import CollectionSpec, RolloutBatch
+from diffrl.config import Config
 from diffrl.data.offline import OfflineDataset
+from diffrl.data.prompts import PromptSet
 from diffrl.models.base import ModelFamily
-from diffrl.seeding import generator
+from diffrl.rewards.base import RewardSet
+from diffrl.sampling.kernels import ode_step, stochastic_kernel
+from diffrl.sampling.sampler import image_size, initial_noise, sampling_shift
+from diffrl.sampling.schedules import flow_sigmas
+from diffrl.seeding import EpochStream, randn_batch
+
+
+@dataclass
+class RolloutStats:
+    reward_failed: int = 0
+    errors: list[str] = field(default_factory=list)
+    sampling_time: float = 0.0
+    reward_wait_time: float = 0.0
 
 
 class OfflineCollector:
@@ -18,19 +36,13 @@ class OfflineCollector:
     """
 
     def __init__(self, dataset: OfflineDataset, family: ModelFamily, batch_size: int, seed: int):
-        self.dataset, self.family, self.batch_size, self.seed = dataset, family, batch_size, seed
-        self._perms: dict[int, list[int]] = {}
+        self.dataset, self.family, self.batch_size = dataset, family, batch_size
+        self.stream = EpochStream(len(dataset), seed, "epoch")
 
-    def _index(self, position: int) -> int:
-        n = len(self.dataset)
-        epoch, offset = divmod(position, n)
-        if epoch not in self._perms:
-            self._perms = {epoch: torch.randperm(n, generator=generator(self.seed, "epoch", epoch)).tolist()}
-        return self._perms[epoch][offset]
-
-    def collect(self, iteration: int) -> RolloutBatch:
+    def collect(self, iteration: int) -> tuple[RolloutBatch, RolloutStats]:
+        t0 = time.time()
         start = iteration * self.batch_size
-        indices = [self._index(p) for p in range(start, start + self.batch_size)]
+        indices = self.stream.take(start, self.batch_size)
         images, prompts = zip(*(self.dataset[i] for i in indices))
         x0 = self.family.encode_images(torch.stack(images).to(self.family.device))
         idx = torch.tensor(indices)
@@ -40,6 +52,132 @@ class OfflineCollector:
             prompt_index=idx,
             sample_index=torch.arange(start, start + self.batch_size),  # stream position: unique per draw
             group_id=idx,
+            micro_group=torch.zeros_like(idx),
             x0=x0,
             cond=self.family.encode_prompts(list(prompts)),
+        ), RolloutStats(sampling_time=time.time() - t0)
+
+
+class OnlineCollector:
+    """Samples ``rollout.batch_size`` prompts x ``rollout.n_samples_per_prompt`` from the policy.
+
+    Driven by the algorithm's :class:`CollectionSpec`: stochastic steps (chosen per rollout by the
+    step strategy) use the spec's kernel, the others are Euler ODE steps; the trajectory and log-probs
+    of the stochastic steps are recorded only when the spec asks for them. Samples are drawn in
+    micro-groups; each micro-group's images go to the rewards at once, so scoring in other processes
+    overlaps the sampling of the next one.
+
+    Every draw is keyed by (seed, rollout id, prompt index, sample index[, step]), so the result does
+    not depend on the micro-group size.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        family: ModelFamily,
+        spec: CollectionSpec,
+        prompts: PromptSet,
+        rewards: RewardSet | None,
+    ):
+        self.config, self.family, self.spec, self.prompts, self.rewards = (
+            config,
+            family,
+            spec,
+            prompts,
+            rewards,
         )
+        r = config.rollout
+        self.n_prompts, self.n_samples = r.batch_size, r.n_samples_per_prompt
+        self.micro_group_size = r.micro_group_size or config.train.micro_batch_size
+        self.seed = config.run.seed
+        self.stream = EpochStream(len(prompts), self.seed, "prompts")
+        s = config.sampling
+        self.num_steps, self.guidance = s.num_steps, s.guidance_scale
+        self.sigmas = flow_sigmas(s.num_steps, sampling_shift(config, family)).to(family.device)
+        self.height, self.width = image_size(config, family)
+        self.kernel = stochastic_kernel(spec.sampler) if spec.sampler != "ode" else None
+
+    def stochastic_steps(self, rollout_id: int) -> list[int]:
+        if self.kernel is None or self.spec.step_strategy is None:
+            return []
+        return list(self.spec.step_strategy(self.num_steps, rollout_id, self.seed))
+
+    @torch.no_grad()
+    def collect(self, rollout_id: int, module: nn.Module | None = None) -> tuple[RolloutBatch, RolloutStats]:
+        start = time.time()
+        prompt_ids = self.stream.take(rollout_id * self.n_prompts, self.n_prompts)
+        jobs = [(p, j) for p in prompt_ids for j in range(self.n_samples)]
+        steps = self.stochastic_steps(rollout_id)
+        negative = (
+            self.family.encode_prompts([self.config.sampling.negative_prompt])
+            if self.guidance > 1.0
+            else None
+        )
+        parts, pending = [], []
+        stats = RolloutStats()
+        for g, first in enumerate(range(0, len(jobs), self.micro_group_size)):
+            chunk = jobs[first : first + self.micro_group_size]
+            part = self._sample(chunk, g, rollout_id, steps, negative, module)
+            if self.rewards is not None:
+                pending.append(self.rewards.submit(part.images, part.prompts, part.metadata))
+            parts.append(part)
+        stats.sampling_time = time.time() - start
+        batch = RolloutBatch.cat(parts)
+        if self.rewards is not None:
+            t0 = time.time()
+            outs = [p.result() for p in pending]
+            stats.reward_wait_time = time.time() - t0
+            batch.rewards = torch.cat([o.total for o in outs])
+            stats.errors = [e for o in outs for e in o.errors]
+            stats.reward_failed = int((~torch.isfinite(batch.rewards)).sum())
+        return batch, stats
+
+    def _sample(self, chunk, micro_group, rollout_id, steps, negative, module) -> RolloutBatch:
+        family, b = self.family, len(chunk)
+        prompts = [self.prompts.prompts[p] for p, _ in chunk]
+        cond = family.encode_prompts(prompts)
+        neg = negative.repeat(b) if negative is not None else None
+        x = initial_noise(
+            family, [(self.seed, "init", rollout_id, p, j) for p, j in chunk], self.height, self.width
+        )
+        keep = self.spec.keep_trajectory
+        traj_x, traj_next, traj_lp = [], [], []
+        sigma_max = self.sigmas[1].item()
+        for i in range(self.num_steps):
+            sigma, sigma_next = self.sigmas[i].expand(b), self.sigmas[i + 1].expand(b)
+            v = family.velocity(x, sigma, cond, self.guidance, neg, module=module)
+            if i in steps:
+                noise = randn_batch(
+                    x.shape[1:], [(self.seed, "sde", rollout_id, p, j, i) for p, j in chunk]
+                ).to(x.device)
+                out = self.kernel(x, v, sigma, sigma_next, self.spec.noise_level, sigma_max, noise=noise)
+                if keep:
+                    traj_x.append(x)
+                    traj_next.append(out.prev_sample)
+                    traj_lp.append(out.log_prob)
+                x = out.prev_sample
+            else:
+                x = ode_step(x, v, sigma, sigma_next)
+        ids = torch.tensor([p for p, _ in chunk])
+        k = len(steps)
+        step_idx = torch.tensor(steps, dtype=torch.long).expand(b, k)
+        batch = RolloutBatch(
+            prompts=prompts,
+            metadata=[self.prompts.metadata[p] for p, _ in chunk],
+            prompt_index=ids,
+            sample_index=torch.tensor([j for _, j in chunk]),
+            group_id=ids,
+            micro_group=torch.full((b,), micro_group),
+            x0=x,
+            cond=cond,
+            images=family.decode(x).cpu(),
+        )
+        if keep and k:
+            batch.traj_x = torch.stack(traj_x, 1)
+            batch.traj_next = torch.stack(traj_next, 1)
+            batch.traj_step = step_idx.clone()
+            batch.traj_sigma = self.sigmas[step_idx]
+            batch.traj_sigma_next = self.sigmas[step_idx + 1]
+            if self.spec.keep_log_prob:
+                batch.traj_log_prob = torch.stack(traj_lp, 1)
+        return batch

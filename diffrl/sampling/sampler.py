@@ -7,10 +7,20 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from diffrl.config import Config
 from diffrl.models.base import Conditioning, ModelFamily
 from diffrl.sampling.kernels import ode_step
 from diffrl.sampling.schedules import flow_sigmas
 from diffrl.seeding import randn_batch
+
+
+def image_size(config: Config, family: ModelFamily) -> tuple[int, int]:
+    h, w = family.default_size
+    return config.sampling.height or h, config.sampling.width or w
+
+
+def sampling_shift(config: Config, family: ModelFamily) -> float:
+    return config.sampling.shift if config.sampling.shift is not None else family.default_shift
 
 
 def initial_noise(family: ModelFamily, keys: Sequence[tuple], height: int, width: int) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import warnings
 
@@ -12,18 +13,46 @@ from torch import nn
 from diffrl.algorithms.base import DiffusionAlgorithm, TrainExamples
 from diffrl.config import Config, LoraConfig
 from diffrl.models.base import Conditioning, ModelFamily
+from diffrl.sampling.sampler import sampling_shift
 from diffrl.train.ema import EMA
 
 
 class Policy:
-    """What an algorithm's ``compute_loss`` sees: the family and the trainable velocity."""
+    """What an algorithm's ``compute_loss`` sees: the trainable velocity, the reference velocity
+    (the base model: LoRA disabled, or a frozen copy for full fine-tunes) and sampling settings."""
 
-    def __init__(self, family: ModelFamily):
+    def __init__(self, family: ModelFamily, config: Config, reference: nn.Module | None = None):
         self.family = family
+        self.shift = sampling_shift(config, family)
+        self.guidance_scale = config.sampling.guidance_scale
+        self.negative_prompt = config.sampling.negative_prompt
+        self.lora = config.model.lora is not None
+        self._reference = reference
 
     def velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
         """``x_t (B, *latent)``, ``sigma (B,)`` -> velocity ``(B, *latent)`` float32, with grad."""
         return self.family.velocity(x_t, sigma, cond, **kw)
+
+    @torch.no_grad()
+    def reference_velocity(
+        self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw
+    ) -> torch.Tensor:
+        if self.lora:
+            module = self.family.transformer
+            module.disable_adapters()
+            try:
+                return self.family.velocity(x_t, sigma, cond, **kw)
+            finally:
+                module.enable_adapters()
+        if self._reference is None:
+            raise RuntimeError("this algorithm asked for a reference policy but the actor keeps none")
+        return self.family.velocity(x_t, sigma, cond, module=self._reference, **kw)
+
+    def negative(self, n: int) -> Conditioning | None:
+        """The negative-prompt conditioning for CFG, ``n`` rows (None when CFG is off)."""
+        if self.guidance_scale <= 1.0:
+            return None
+        return self.family.encode_prompts([self.negative_prompt]).repeat(n)
 
 
 def apply_lora(family: ModelFamily, cfg: LoraConfig) -> None:
@@ -63,28 +92,33 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 
 
 class Actor:
-    def __init__(self, family: ModelFamily, config: Config):
+    def __init__(self, family: ModelFamily, config: Config, keep_reference: bool = False):
         self.family = family
         self.config = config
         t = config.train
+        reference = None
         if config.model.lora is not None:
             apply_lora(family, config.model.lora)
         else:
-            family.transformer.requires_grad_(True)
+            if keep_reference:  # a frozen copy of the starting weights (LoRA just disables its adapter)
+                reference = copy.deepcopy(family.transformer).requires_grad_(False).eval()
+            family.trainable_module().requires_grad_(True)
         self.params = family.trainable_parameters()
         if not self.params:
             raise ValueError("no trainable parameters: check model.lora.target_modules")
         self.optimizer = torch.optim.AdamW(
             self.params, lr=t.lr, betas=t.adam_betas, eps=t.adam_eps, weight_decay=t.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, t.iterations))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, t.iterations)
+        )
         self.ema = EMA(self.params, t.ema_decay) if t.ema_decay else None
-        self.policy = Policy(family)
+        self.policy = Policy(family, config, reference)
         self.step = 0
 
     @property
     def module(self) -> nn.Module:
-        return self.family.transformer
+        return self.family.trainable_module()
 
     def num_trainable(self) -> int:
         return sum(p.numel() for p in self.params)
@@ -127,7 +161,9 @@ class Actor:
             if self.ema is not None:
                 self.ema.update()
         else:
-            warnings.warn(f"step {self.step}: non-finite loss or gradient, optimizer step skipped", stacklevel=2)
+            warnings.warn(
+                f"step {self.step}: non-finite loss or gradient, optimizer step skipped", stacklevel=2
+            )
             self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return {

@@ -40,7 +40,7 @@ def trainable_state(actor) -> dict[str, torch.Tensor]:
 
 
 def load_trainable_state(family, state: dict[str, torch.Tensor], lora: bool) -> None:
-    module = family.transformer
+    module = family.trainable_module()
     if lora:
         from peft.utils import set_peft_model_state_dict
 
@@ -57,7 +57,9 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     tensors = {}
     for pid, state in sd["state"].items():
         for k, v in state.items():
-            tensors[f"state.{pid}.{k}"] = v.detach().contiguous().cpu() if isinstance(v, torch.Tensor) else torch.tensor(v)
+            tensors[f"state.{pid}.{k}"] = (
+                v.detach().contiguous().cpu() if isinstance(v, torch.Tensor) else torch.tensor(v)
+            )
     return tensors, {"param_groups": json.dumps(sd["param_groups"])}
 
 
@@ -71,10 +73,18 @@ def save_checkpoint(path: str | Path, actor, config: Config, iteration: int) -> 
     save_file(tensors, str(path / "optimizer.safetensors"), metadata=meta)
     if actor.ema is not None:
         names = [n for n, p in actor.module.named_parameters() if p.requires_grad]
-        save_file({n: s.contiguous().cpu() for n, s in zip(names, actor.ema.shadow)}, str(path / "ema.safetensors"))
+        save_file(
+            {n: s.contiguous().cpu() for n, s in zip(names, actor.ema.shadow)}, str(path / "ema.safetensors")
+        )
     dump_config(config, path / "config.yaml")
     lora = dataclasses.asdict(config.model.lora) if config.model.lora is not None else None
-    info = {"format": FORMAT, "family": config.model.family, "base_model": config.model.path, "lora": lora, "iteration": iteration}
+    info = {
+        "format": FORMAT,
+        "family": config.model.family,
+        "base_model": config.model.path,
+        "lora": lora,
+        "iteration": iteration,
+    }
     (path / "checkpoint.json").write_text(json.dumps(info, indent=1))
     return path
 
@@ -109,7 +119,7 @@ def load_weights_into(family, path: str | Path, use_ema: bool = True) -> dict[st
     ema_file = path / "ema.safetensors"
     if use_ema and ema_file.is_file():
         ema = load_file(str(ema_file))
-        params = dict(family.transformer.named_parameters())
+        params = dict(family.trainable_module().named_parameters())
         with torch.no_grad():
             for n, v in ema.items():
                 params[n].copy_(v)

@@ -14,7 +14,7 @@ from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.logging import Progress
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardSet
-from diffrl.sampling.sampler import initial_noise, sample_ode
+from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampling_shift
 
 
 @dataclass
@@ -35,11 +35,6 @@ class EvalResult:
         return out
 
 
-def image_size(config: Config, family: ModelFamily) -> tuple[int, int]:
-    h, w = family.default_size
-    return config.sampling.height or h, config.sampling.width or w
-
-
 def generate(
     family: ModelFamily,
     config: Config,
@@ -48,34 +43,39 @@ def generate(
     seed: int,
     batch_size: int,
     label: str = "sampling",
-) -> tuple[list[str], torch.Tensor]:
-    """ODE-sample ``samples_per_prompt`` images per prompt; noise keyed by (seed, prompt, sample)."""
+) -> tuple[list[int], torch.Tensor]:
+    """ODE-sample ``samples_per_prompt`` images per prompt; noise keyed by (seed, prompt, sample).
+
+    Returns the prompt index of each image and the images ``(N, 3, H, W)`` in [0, 1].
+    """
     s = config.sampling
     height, width = image_size(config, family)
     jobs = [(i, j) for i in range(len(prompts)) for j in range(samples_per_prompt)]
     negative = family.encode_prompts([s.negative_prompt]) if s.guidance_scale > 1.0 else None
-    out, names = [], []
+    shift = sampling_shift(config, family)
+    out = []
     progress = Progress(label, len(jobs), "img")
     family.transformer.eval()
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start : start + batch_size]
         texts = [prompts.prompts[i] for i, _ in chunk]
         noise = initial_noise(family, [(seed, "eval", i, j) for i, j in chunk], height, width)
-        x0 = sample_ode(family, noise, family.encode_prompts(texts), s.num_steps, s.shift, s.guidance_scale, negative)
+        x0 = sample_ode(
+            family, noise, family.encode_prompts(texts), s.num_steps, shift, s.guidance_scale, negative
+        )
         out.append(family.decode(x0).cpu())
-        names.extend(texts)
         progress.update(start + len(chunk))
-    return names, torch.cat(out)
+    return [i for i, _ in jobs], torch.cat(out)
 
 
 def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> EvalResult:
     e = config.eval
     prompts = load_prompts(e.prompts).head(e.num_prompts)
-    names, images = generate(family, config, prompts, e.samples_per_prompt, e.seed, e.batch_size, "eval")
+    index, images = generate(family, config, prompts, e.samples_per_prompt, e.seed, e.batch_size, "eval")
+    names = [prompts.prompts[i] for i in index]
     result = EvalResult(names, images)
     if rewards is not None:
-        meta = [prompts.metadata[prompts.prompts.index(p)] for p in names]
-        out = rewards(images, names, meta)
+        out = rewards(images, names, [prompts.metadata[i] for i in index])
         result.rewards, result.total = out.per_reward, out.total
     return result
 

@@ -3,9 +3,10 @@
 import json
 
 import pytest
+import torch
 from PIL import Image
 
-from diffrl.cli import main
+from diffrl.cli import _load_for_inference, _resolve_target, main
 from diffrl.config import load_config
 from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
@@ -13,7 +14,7 @@ from tests.conftest import tiny_overrides
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_sft_two_iterations_then_eval_and_sample(tmp_path, capsys, lora):
-    extra = {"model.lora": "{rank: 4}", "train.ema_decay": 0.9} if lora else {}
+    extra = {"model.lora": "{rank: 4}", "model.options": "{}", "train.ema_decay": 0.9} if lora else {}
     cfg = load_config("recipes/tiny_sft.yaml", tiny_overrides(tmp_path, **extra))
     result = train(cfg)
 
@@ -34,18 +35,47 @@ def test_sft_two_iterations_then_eval_and_sample(tmp_path, capsys, lora):
     assert Image.open(out / "grid.png").size[0] > 0
 
     samples = tmp_path / "samples"
-    assert main(["sample", str(result.checkpoint), "--prompt", 'the text "AB3"', "--prompt", 'the number "42"', "--out", str(samples)]) == 0
+    assert (
+        main(
+            [
+                "sample",
+                str(result.checkpoint),
+                "--prompt",
+                'the text "AB3"',
+                "--prompt",
+                'the number "42"',
+                "--out",
+                str(samples),
+            ]
+        )
+        == 0
+    )
     assert Image.open(samples / "0001.png").size == (64, 32)
     assert (samples / "prompts.txt").read_text().splitlines() == ['the text "AB3"', 'the number "42"']
 
+    # export writes a diffusers-layout model (LoRA merged) with the checkpoint's velocity
+    exported = tmp_path / "exported"
+    assert main(["export", str(result.checkpoint), str(exported)]) == 0
+    config, ckpt = _resolve_target(str(result.checkpoint), [])
+    trained = _load_for_inference(config, ckpt)
+    plain = _load_for_inference(*_resolve_target(str(exported), []))
+    x, s = torch.randn(2, 3, 32, 64), torch.tensor([0.9, 0.4])
+    cond = trained.encode_prompts(['the text "AB3"', ""])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            plain.velocity(x, s, cond), trained.velocity(x, s, cond), atol=1e-5, rtol=1e-4
+        )
+
     if lora:  # a checkpoint given to another family is refused with a clear error
-        code = main(["eval", str(result.checkpoint), "model.family=tests.unit.test_models_and_checkpoints:OtherFamily"])
+        code = main(
+            [
+                "eval",
+                str(result.checkpoint),
+                "model.family=tests.unit.test_models_and_checkpoints:OtherFamily",
+            ]
+        )
         assert code == 2
         assert "trained on the 'tiny' family" in capsys.readouterr().err
-    else:  # export writes a diffusers-layout model that loads back through model.path
-        exported = tmp_path / "exported"
-        assert main(["export", str(result.checkpoint), str(exported)]) == 0
-        assert main(["eval", str(exported), "--num-prompts", "1", "--out", str(tmp_path / "e2")]) == 0
 
 
 def test_cli_reports_bad_input_clearly(tmp_path, capsys):

@@ -112,7 +112,12 @@ def test_sft_without_dataset_is_refused():
 
 def test_algorithm_params_are_validated():
     with pytest.raises(ConfigError) as e:
-        load_config({"data": {"dataset": "synthetic_text"}, "algorithm": {"name": "sft", "params": {"cond_drop": 0.1}}})
+        load_config(
+            {
+                "data": {"dataset": "synthetic_text"},
+                "algorithm": {"name": "sft", "params": {"cond_drop": 0.1}},
+            }
+        )
     assert "algorithm.params.cond_drop" in str(e.value) and "cond_dropout" in str(e.value)
     with pytest.raises(ConfigError, match="cond_dropout must be in"):
         load_config({"data": {"dataset": "synthetic_text"}, "algorithm": {"params": {"cond_dropout": 1.5}}})

@@ -83,7 +83,9 @@ def test_sampling_does_not_depend_on_batch_layout():
     keys = [(5, "eval", i, 0) for i in range(3)]
     noise = initial_noise(family, keys, 32, 64)
     full = sample_ode(family, noise, family.encode_prompts(prompts), 3, 1.0)
-    one = sample_ode(family, initial_noise(family, keys[1:2], 32, 64), family.encode_prompts(prompts[1:2]), 3, 1.0)
+    one = sample_ode(
+        family, initial_noise(family, keys[1:2], 32, 64), family.encode_prompts(prompts[1:2]), 3, 1.0
+    )
     torch.testing.assert_close(one, full[1:2], atol=1e-5, rtol=1e-5)
 
 
@@ -119,3 +121,29 @@ def test_lora_checkpoint_roundtrip_and_family_check(tmp_path):
 def test_conditioning_select_and_cat():
     c = Conditioning({"a": torch.arange(6).view(3, 2)})
     assert Conditioning.cat([c.select([2]), c.select([0])]).tensors["a"].tolist() == [[4, 5], [0, 1]]
+
+
+def test_training_the_text_encoder_with_the_transformer(tmp_path):
+    cfg = load_config({"model": {"path": "random", "options": {"train_text_encoder": True}}})
+    family = load_family(cfg)
+    actor = Actor(family, cfg)
+    names = {n.split(".")[0] for n, p in actor.module.named_parameters() if p.requires_grad}
+    assert names == {"transformer", "text_encoder"}
+    cond = family.encode_prompts(['the text "AB"'])
+    assert cond.tensors["pooled_projections"].requires_grad and not family._prompt_cache
+    ckpt = save_checkpoint(tmp_path / "c", actor, cfg, iteration=0)
+    fresh = load_family(cfg)
+    with torch.no_grad():
+        for p in family.text_encoder.parameters():
+            p.add_(0.1)
+    load_weights_into(fresh, ckpt)  # text encoder weights travel with the checkpoint...
+    family.save_pretrained(tmp_path / "m")  # ...and with an exported model
+    reloaded = load_family(load_config({"model": {"path": str(tmp_path / "m")}}))
+    torch.testing.assert_close(
+        reloaded.encode_prompts(["x"]).tensors["pooled_projections"],
+        family.encode_prompts(["x"]).tensors["pooled_projections"].detach(),
+    )
+    with pytest.raises(Exception, match="train_text_encoder needs a full fine-tune"):
+        load_config(
+            {"model": {"path": "random", "lora": {"rank": 4}, "options": {"train_text_encoder": True}}}
+        )

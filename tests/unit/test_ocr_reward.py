@@ -11,7 +11,9 @@ from diffrl.rewards.ocr import OCRReward, levenshtein, ocr_reward_from_text
 def test_formula_matches_reference(reference_dir):
     rows = json.loads((reference_dir / "ocr_reward.json").read_text())
     for row in rows:
-        assert ocr_reward_from_text(row["recognized"], row["prompt"]) == pytest.approx(row["reward"], abs=1e-12), row
+        assert ocr_reward_from_text(row["recognized"], row["prompt"]) == pytest.approx(
+            row["reward"], abs=1e-12
+        ), row
 
 
 def test_levenshtein():

@@ -35,17 +35,21 @@ def test_dotted_path_with_colon_and_dot():
 
 
 def test_user_algorithm_by_dotted_path_gets_its_own_params():
-    cfg = load_config({"algorithm": {"name": "tests.unit.test_registry:EchoAlgorithm", "params": {"scale": 3.0}}})
+    cfg = load_config(
+        {"algorithm": {"name": "tests.unit.test_registry:EchoAlgorithm", "params": {"scale": 3.0}}}
+    )
     algo = build_algorithm(cfg)
     assert isinstance(algo, EchoAlgorithm) and algo.params.scale == 3.0
     with pytest.raises(ConfigError, match="algorithm.params.scael"):
-        load_config({"algorithm": {"name": "tests.unit.test_registry:EchoAlgorithm", "params": {"scael": 3.0}}})
+        load_config(
+            {"algorithm": {"name": "tests.unit.test_registry:EchoAlgorithm", "params": {"scael": 3.0}}}
+        )
 
 
 def test_unknown_name_lists_known_ones():
     with pytest.raises(RegistryError) as e:
         ALGORITHMS.resolve("sfft")
-    assert "Did you mean 'sft'" in str(e.value) and "Known: sft" in str(e.value)
+    assert "Did you mean 'sft'" in str(e.value) and "Known: flow_grpo, sft" in str(e.value)
 
 
 def test_bad_dotted_paths():
@@ -61,7 +65,9 @@ def test_not_an_algorithm_is_refused():
 
 
 def test_function_reward_by_dotted_path_with_params():
-    reward = build_reward(RewardConfig(name="tests.unit.test_registry:constant_reward", params={"value": 0.5}))
+    reward = build_reward(
+        RewardConfig(name="tests.unit.test_registry:constant_reward", params={"value": 0.5})
+    )
     assert isinstance(reward, FunctionReward)
     assert reward(torch.zeros(3, 3, 8, 8), ["a", "b", "c"], [{}] * 3).tolist() == [0.5] * 3
 
@@ -71,3 +77,17 @@ def test_collection_spec_is_a_plain_dataclass():
     assert spec == CollectionSpec(online=False, needs_reward=False)
     assert not spec.keep_trajectory and not spec.keep_log_prob
     assert issubclass(SFT, DiffusionAlgorithm)
+
+
+def broken_reward(images, prompts, metadata):
+    raise RuntimeError("scorer offline")
+
+
+def test_reward_set_reports_failures():
+    from diffrl.rewards.base import RewardError, RewardSet
+
+    rs = RewardSet([RewardConfig(name="tests.unit.test_registry:broken_reward")])
+    out = rs.submit(torch.zeros(2, 3, 4, 4), ["a", "b"], [{}, {}]).result()
+    assert torch.isnan(out.total).all() and "scorer offline" in out.errors[0]
+    with pytest.raises(RewardError, match="broken_reward.*scorer offline"):
+        rs(torch.zeros(2, 3, 4, 4), ["a", "b"], [{}, {}])

@@ -9,12 +9,17 @@ from diffrl.sampling.kernels import ode_step
 from diffrl.sampling.schedules import flow_sigmas
 
 
+class FakeFamily:
+    def encode_prompts(self, prompts):
+        return Conditioning({"h": torch.zeros(len(prompts), 2, 3)})
+
+
 class LinearPolicy:
     """A policy whose velocity is a known linear function, to check the loss by hand."""
 
     def __init__(self):
         self.w = torch.nn.Parameter(torch.tensor(0.5))
-        self.family = None
+        self.family = FakeFamily()
 
     def velocity(self, x_t, sigma, cond, **kw):
         return self.w * x_t + sigma.view(-1, 1, 1, 1)
@@ -25,8 +30,7 @@ def _examples(n=4):
     x0 = torch.randn(n, 3, 4, 8, generator=g)
     noise = torch.randn(n, 3, 4, 8, generator=g)
     sigma = torch.rand(n, generator=g)
-    cond = Conditioning({"h": torch.zeros(n, 2, 3)})
-    return SFTExamples(x0=x0, cond=cond, noise=noise, sigma=sigma, drop_prompt=torch.zeros(n, dtype=torch.bool))
+    return SFTExamples(sample_id=torch.arange(n), x0=x0, prompts=["p"] * n, noise=noise, sigma=sigma)
 
 
 def test_flow_matching_loss_by_hand():
@@ -67,11 +71,12 @@ def test_train_data_draws_depend_on_identity_not_batch_layout():
     algo = SFT(SFT.Params(cond_dropout=0.5), load_config({}))
     n = 6
     batch = RolloutBatch(
-        prompts=["p"] * n,
+        prompts=[f"p{i}" for i in range(n)],
         metadata=[{}] * n,
         prompt_index=torch.arange(n) * 7,
         sample_index=torch.arange(n),
         group_id=torch.arange(n),
+        micro_group=torch.zeros(n, dtype=torch.long),
         x0=torch.zeros(n, 3, 4, 8),
         cond=Conditioning({"h": torch.zeros(n, 2, 3)}),
     )
@@ -79,6 +84,8 @@ def test_train_data_draws_depend_on_identity_not_batch_layout():
     part = algo.build_train_data(batch.select([4, 1]), algo.postprocess_rewards(batch, None), iteration=3)
     torch.testing.assert_close(part.noise, full.noise[[4, 1]])
     torch.testing.assert_close(part.sigma, full.sigma[[4, 1]])
+    assert part.prompts == [full.prompts[4], full.prompts[1]]
+    assert 0 < full.prompts.count("") < n  # about half the prompts dropped for CFG
     other_iter = algo.build_train_data(batch, algo.postprocess_rewards(batch, None), iteration=4)
     assert not torch.equal(other_iter.noise, full.noise)
     assert 0 < full.sigma.min() and full.sigma.max() < 1

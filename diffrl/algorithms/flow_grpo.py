@@ -1,0 +1,234 @@
+"""Flow-GRPO: reverse-process policy gradient on SDE transitions (Liu et al. 2025, arXiv 2505.05470).
+
+The objective is PPO's clipped surrogate (Schulman et al. 2017, Eq. 7) on the ratio of the
+transition log-probs, with group-relative advantages, as flow_grpo ``scripts/train_sd3.py``:
+
+    A = clamp(A, ±adv_clip_max);  ratio = exp(logπ − logπ_old)
+    policy_loss = mean(max(−A·ratio, −A·clamp(ratio, 1 − ε, 1 + ε)))
+    kl_loss = mean(‖μ_θ − μ_ref‖² / (2·std²))   (per-sample mean over elements)
+    approx_kl = ½·mean((logπ − logπ_old)²);  clipfrac = mean(|ratio − 1| > ε)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from diffrl.algorithms.advantages import group_advantages
+from diffrl.algorithms.base import (
+    CollectionSpec,
+    DiffusionAlgorithm,
+    RolloutBatch,
+    TrainExamples,
+    TrainSignals,
+)
+from diffrl.models.base import Conditioning
+from diffrl.sampling.kernels import stochastic_kernel
+from diffrl.sampling.schedules import flow_sigmas
+from diffrl.sampling.step_strategies import build_step_strategy
+
+
+@dataclass
+class PPOTerms:
+    """Scalars of the clipped objective for one micro-batch."""
+
+    policy_loss: torch.Tensor
+    approx_kl: torch.Tensor
+    clipfrac: torch.Tensor
+    ratio: torch.Tensor
+
+
+def ppo_clip_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float,
+    adv_clip_max: float,
+) -> PPOTerms:
+    """``log_prob, old_log_prob, advantages: (B,)`` -> the clipped surrogate and its diagnostics."""
+    adv = advantages.clamp(-adv_clip_max, adv_clip_max)
+    ratio = torch.exp(log_prob - old_log_prob)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
+    return PPOTerms(
+        policy_loss=torch.maximum(unclipped, clipped).mean(),
+        approx_kl=0.5 * ((log_prob - old_log_prob) ** 2).mean().detach(),
+        clipfrac=((ratio - 1.0).abs() > clip_range).float().mean().detach(),
+        ratio=ratio.detach(),
+    )
+
+
+def mean_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """KL between the Gaussian transitions of the policy and the reference (same std):
+    ``mean, ref_mean: (B, *latent)``, ``std: (B,)`` -> scalar."""
+    per_sample = (mean - ref_mean).pow(2).flatten(1).mean(1) / (2 * std.pow(2))
+    return per_sample.mean()
+
+
+@dataclass
+class GRPOExamples(TrainExamples):
+    """One recorded transition per row (N = kept samples x stochastic steps).
+
+    ``x_t, x_next: (N, *latent)``; ``sigma, sigma_next, old_log_prob, advantages: (N,)``;
+    ``sample_id, step: (N,)`` the rollout row and the step index each transition came from.
+    """
+
+    sample_id: torch.Tensor
+    step: torch.Tensor
+    x_t: torch.Tensor
+    x_next: torch.Tensor
+    sigma: torch.Tensor
+    sigma_next: torch.Tensor
+    old_log_prob: torch.Tensor
+    advantages: torch.Tensor
+    cond: Conditioning
+
+
+class FlowGRPO(DiffusionAlgorithm):
+    name = "flow_grpo"
+
+    @dataclass
+    class Params:
+        sampler: str = "sde"
+        """Kernel of the stochastic steps: ``sde`` (Flow-GRPO) or ``cps`` (coefficients-preserving)."""
+        noise_level: float = 0.7
+        step_strategy: dict[str, Any] = field(default_factory=lambda: {"name": "all"})
+        """``{name: all | sde_window | epoch_global_random_choice | dotted.path, **params}``."""
+        clip_range: float = 1e-4
+        adv_clip_max: float = 5.0
+        kl_beta: float = 0.0
+        """Weight of the KL to the reference policy (the base model: LoRA disabled)."""
+        global_std: bool = False
+        """Divide advantages by the std of the whole batch instead of the prompt group."""
+        scale_by_std: bool = True
+        """False: Dr.GRPO (no division by the std)."""
+        drop_zero_std_groups: bool = False
+        """Drop groups whose samples all scored the same (their advantages are all 0)."""
+        allow_single_sample: bool = False
+        """Allow ``rollout.n_samples_per_prompt = 1`` (every advantage is then 0 unless global_std)."""
+
+    def __init__(self, params, config):
+        super().__init__(params, config)
+        self.step_strategy, self._strategy_errors = build_step_strategy(
+            params.step_strategy, config.sampling.num_steps, "algorithm.params.step_strategy"
+        )
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.params.kl_beta > 0
+
+    def validate(self, config) -> list[str]:
+        p = self.params
+        errors = list(self._strategy_errors)
+        if p.sampler not in ("sde", "cps"):
+            errors.append(
+                f"algorithm.params.sampler={p.sampler!r}: Flow-GRPO needs a stochastic sampler to have "
+                "log-probs to optimise; use sde or cps (ode has none)"
+            )
+        if p.noise_level <= 0:
+            errors.append(f"algorithm.params.noise_level must be > 0 for Flow-GRPO, got {p.noise_level}")
+        if config.rollout.n_samples_per_prompt < 2 and not p.allow_single_sample:
+            errors.append(
+                "rollout.n_samples_per_prompt must be >= 2 for group-relative advantages "
+                "(set algorithm.params.allow_single_sample=true to override)"
+            )
+        if p.clip_range <= 0 or p.adv_clip_max <= 0 or p.kl_beta < 0:
+            errors.append("algorithm.params: clip_range and adv_clip_max must be > 0, kl_beta >= 0")
+        return errors
+
+    def collection_spec(self) -> CollectionSpec:
+        return CollectionSpec(
+            online=True,
+            needs_reward=True,
+            sampler=self.params.sampler,
+            noise_level=self.params.noise_level,
+            step_strategy=self.step_strategy,
+            keep_trajectory=True,
+            keep_log_prob=True,
+        )
+
+    def postprocess_rewards(self, batch: RolloutBatch, rewards: torch.Tensor | None) -> TrainSignals:
+        p = self.params
+        adv = group_advantages(rewards.double(), batch.group_id, p.global_std, p.scale_by_std)
+        keep = ~adv.zero_std if p.drop_zero_std_groups else torch.ones_like(adv.zero_std)
+        return TrainSignals({"advantages": adv.advantages.float(), "keep": keep, "zero_std": adv.zero_std})
+
+    def build_train_data(self, batch: RolloutBatch, signals: TrainSignals, iteration: int) -> GRPOExamples:
+        if batch.traj_x is None or batch.traj_log_prob is None:
+            raise ValueError("Flow-GRPO needs the recorded trajectory and log-probs; the rollout has none")
+        rows = torch.nonzero(signals.values["keep"]).flatten()
+        # order (micro-group, step, sample): a training micro-batch then holds the very samples
+        # one rollout forward held, so the first replay reproduces the recorded log-probs exactly
+        order = sorted(
+            ((batch.micro_group[r].item(), k, r.item()) for r in rows for k in range(batch.traj_x.shape[1])),
+        )
+        r_idx = torch.tensor([r for _, _, r in order], dtype=torch.long)
+        k_idx = torch.tensor([k for _, k, _ in order], dtype=torch.long)
+        return GRPOExamples(
+            sample_id=r_idx,
+            step=batch.traj_step[r_idx, k_idx],
+            x_t=batch.traj_x[r_idx, k_idx],
+            x_next=batch.traj_next[r_idx, k_idx],
+            sigma=batch.traj_sigma[r_idx, k_idx],
+            sigma_next=batch.traj_sigma_next[r_idx, k_idx],
+            old_log_prob=batch.traj_log_prob[r_idx, k_idx],
+            advantages=signals.values["advantages"][r_idx],
+            cond=batch.cond.select(r_idx),
+        )
+
+    def compute_loss(self, policy, examples: GRPOExamples) -> tuple[torch.Tensor, dict[str, float]]:
+        p = self.params
+        s = self.config.sampling
+        kernel = stochastic_kernel(p.sampler)
+        sigma_max = flow_sigmas(s.num_steps, policy.shift)[1].item()
+        negative = policy.negative(len(examples))
+        v = policy.velocity(
+            examples.x_t, examples.sigma, examples.cond, guidance_scale=s.guidance_scale, negative=negative
+        )
+        out = kernel(
+            examples.x_t,
+            v,
+            examples.sigma,
+            examples.sigma_next,
+            p.noise_level,
+            sigma_max,
+            prev_sample=examples.x_next,
+        )
+        terms = ppo_clip_loss(
+            out.log_prob, examples.old_log_prob, examples.advantages, p.clip_range, p.adv_clip_max
+        )
+        loss = terms.policy_loss
+        kl = torch.zeros(())
+        if p.kl_beta > 0:
+            with torch.no_grad():
+                v_ref = policy.reference_velocity(
+                    examples.x_t,
+                    examples.sigma,
+                    examples.cond,
+                    guidance_scale=s.guidance_scale,
+                    negative=negative,
+                )
+                ref = kernel(
+                    examples.x_t,
+                    v_ref,
+                    examples.sigma,
+                    examples.sigma_next,
+                    p.noise_level,
+                    sigma_max,
+                    prev_sample=examples.x_next,
+                )
+            kl = mean_kl(out.mean, ref.mean, out.std)
+            loss = loss + p.kl_beta * kl
+        return loss, {
+            "train/policy_loss": terms.policy_loss.item(),
+            "train/kl_loss": kl.item(),
+            "train/approx_kl": terms.approx_kl.item(),
+            "train/clipfrac": terms.clipfrac.item(),
+            "train/ratio_abs_minus_1": (terms.ratio - 1).abs().mean().item(),
+            "train/log_prob_mean_abs_diff": (out.log_prob.detach() - examples.old_log_prob)
+            .abs()
+            .mean()
+            .item(),
+        }

@@ -1,0 +1,125 @@
+"""Step strategies: which denoising steps of a rollout are stochastic (and recorded and trained).
+
+The other steps are deterministic ODE steps. The choice is keyed by (seed, rollout id), so every
+sample of a rollout, and so every sample of one prompt group, shares it, and it does not depend on
+how the rollout is split into micro-groups or workers.
+
+- ``all``: every step (Flow-GRPO's original setting).
+- ``sde_window``: a random contiguous window of ``size`` steps whose start lies in
+  ``[range[0], range[1] - size]`` (flow_grpo's ``sde_window_size`` / ``sde_window_range``, the
+  "Flow-GRPO-Fast" setting; MixGRPO uses the same idea).
+- ``epoch_global_random_choice``: ``k`` steps drawn without replacement from ``candidates``
+  (default: all steps), a new draw per rollout (miles' step_strategy_hub).
+- a dotted path to ``def my_strategy(num_steps: int, rollout_id: int, seed: int, **params) -> list[int]``.
+
+In a recipe: ``algorithm.params.step_strategy: {name: sde_window, size: 2, range: [0, 6]}``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from diffrl.seeding import derive_seed
+
+
+@dataclass
+class AllSteps:
+    def __call__(self, num_steps: int, rollout_id: int, seed: int) -> list[int]:
+        return list(range(num_steps))
+
+    def check(self, num_steps: int) -> list[str]:
+        return []
+
+
+@dataclass
+class SdeWindow:
+    size: int = 2
+    range: list[int] | None = None
+    """``[lo, hi)``: the window lies inside these steps; default all steps."""
+
+    def bounds(self, num_steps: int) -> tuple[int, int]:
+        lo, hi = self.range if self.range is not None else (0, num_steps)
+        return lo, hi
+
+    def __call__(self, num_steps: int, rollout_id: int, seed: int) -> list[int]:
+        lo, hi = self.bounds(num_steps)
+        start = random.Random(derive_seed(seed, "sde_window", rollout_id)).randint(lo, hi - self.size)
+        return list(range(start, start + self.size))
+
+    def check(self, num_steps: int) -> list[str]:
+        lo, hi = self.bounds(num_steps)
+        if self.range is not None and len(self.range) != 2:
+            return [f"sde_window range must be [lo, hi), got {self.range}"]
+        if self.size < 1 or not (0 <= lo < hi <= num_steps) or hi - lo < self.size:
+            return [
+                f"sde_window of size {self.size} in range [{lo}, {hi}) does not fit a schedule of "
+                f"{num_steps} steps (need 1 <= size <= hi - lo and 0 <= lo < hi <= {num_steps})"
+            ]
+        return []
+
+
+@dataclass
+class EpochGlobalRandomChoice:
+    k: int = 2
+    candidates: list[int] | None = None
+
+    def __call__(self, num_steps: int, rollout_id: int, seed: int) -> list[int]:
+        pool = self.candidates if self.candidates is not None else list(range(num_steps))
+        rng = random.Random(derive_seed(seed, "step_choice", rollout_id))
+        return sorted(rng.sample(pool, self.k))
+
+    def check(self, num_steps: int) -> list[str]:
+        pool = self.candidates if self.candidates is not None else list(range(num_steps))
+        errors = []
+        if any(not 0 <= c < num_steps for c in pool):
+            errors.append(f"epoch_global_random_choice candidates {pool} must lie in [0, {num_steps})")
+        if not 1 <= self.k <= len(set(pool)):
+            errors.append(f"epoch_global_random_choice k={self.k} must be in [1, {len(set(pool))}]")
+        return errors
+
+
+@dataclass
+class FunctionStrategy:
+    fn: Callable[..., list[int]]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, num_steps: int, rollout_id: int, seed: int) -> list[int]:
+        steps = sorted(set(int(s) for s in self.fn(num_steps, rollout_id, seed, **self.params)))
+        if not steps or steps[0] < 0 or steps[-1] >= num_steps:
+            raise ValueError(
+                f"step strategy {self.fn.__name__} returned {steps}; expected indices in [0, {num_steps})"
+            )
+        return steps
+
+    def check(self, num_steps: int) -> list[str]:
+        return []
+
+
+BUILTIN = {"all": AllSteps, "sde_window": SdeWindow, "epoch_global_random_choice": EpochGlobalRandomChoice}
+
+
+def build_step_strategy(spec: dict[str, Any], num_steps: int, where: str = "step_strategy"):
+    """``{name: ..., **params}`` -> (strategy, problems). Problems name the key and the fix."""
+    from diffrl.config import bind_dataclass
+    from diffrl.registry import RegistryError, did_you_mean, import_object
+
+    params = dict(spec)
+    name = params.pop("name", "all")
+    errors: list[str] = []
+    if name in BUILTIN:
+        strategy = bind_dataclass(BUILTIN[name], params, where, errors)
+    elif "." in str(name) or ":" in str(name):
+        try:
+            strategy = FunctionStrategy(import_object(name), params)
+        except RegistryError as e:
+            return None, [f"{where}.name: {e}"]
+    else:
+        return None, [
+            f"{where}.name: unknown step strategy {name!r}.{did_you_mean(str(name), list(BUILTIN))} Known: {', '.join(BUILTIN)}"
+        ]
+    if not errors:
+        errors = [f"{where}: {e}" for e in strategy.check(num_steps)]
+    return strategy, errors
