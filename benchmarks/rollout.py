@@ -106,9 +106,9 @@ def run_pipeline(pipe, family, collector, rollout_id: int) -> None:
         )
 
 
-def timed(fn) -> float:
+def timed(fn, *args) -> float:
     t0 = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - t0
 
 
@@ -166,9 +166,9 @@ def main() -> None:
     run_pipeline(pipe, family, collector, 0)
     times = {"bare": [], "collector": [], "pipeline": []}
     for r in range(1, args.repeats + 1):
-        times["collector"].append(timed(lambda: collector.collect(r)))
-        times["bare"].append(timed(lambda: bare_forwards(family, collector, r)))
-        times["pipeline"].append(timed(lambda: run_pipeline(pipe, family, collector, r)))
+        times["collector"].append(timed(collector.collect, r))
+        times["bare"].append(timed(bare_forwards, family, collector, r))
+        times["pipeline"].append(timed(run_pipeline, pipe, family, collector, r))
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"median seconds per rollout of {n} samples: " + ", ".join(f"{k} {v:.3f}" for k, v in med.items()))
     print(
