@@ -1,6 +1,6 @@
 """The synthetic text world: prompts such as ``the number "4071"`` rendered into small images.
 
-Strings are 2-4 digits. Each rendering draws a font (three DejaVu faces shipped with matplotlib),
+Strings are 2-3 digits. Each rendering draws a font (two DejaVu faces shipped with matplotlib),
 a size, a position and text/background colours from a generator keyed by
 (seed, example index), so the same index always gives the same image. Text is left-aligned with a
 few pixels of jitter (see :func:`draw_style`).
@@ -24,7 +24,7 @@ from PIL import Image, ImageDraw, ImageFont
 from diffrl.seeding import derive_seed
 
 ALPHABET = "0123456789"
-FONT_FILES = ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSansMono.ttf")
+FONT_FILES = ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf")
 SPLITS_DIR = Path(__file__).resolve().parent / "tiny_text"
 
 
@@ -111,12 +111,12 @@ class SyntheticTextDataset:
         return to_tensor(render(text, style, self.height, self.width)), prompt
 
 
-def make_splits(n_train: int = 3000, n_test: int = 128, seed: int = 2026) -> tuple[list[str], list[str]]:
+def make_splits(n_train: int = 900, n_test: int = 100, seed: int = 2026) -> tuple[list[str], list[str]]:
     rng = random.Random(seed)
     seen: set[str] = set()
     texts: list[str] = []
     while len(texts) < n_train + n_test:
-        length = rng.choice((2, 3, 4))
+        length = rng.choice((2, 3))
         text = "".join(rng.choice(ALPHABET) for _ in range(length))
         if text not in seen:
             seen.add(text)
@@ -130,8 +130,8 @@ def main() -> None:
         description="Write the train/test prompt splits of the synthetic text world"
     )
     parser.add_argument("--out", type=Path, default=SPLITS_DIR)
-    parser.add_argument("--n-train", type=int, default=3000)
-    parser.add_argument("--n-test", type=int, default=128)
+    parser.add_argument("--n-train", type=int, default=900)
+    parser.add_argument("--n-test", type=int, default=100)
     args = parser.parse_args()
     train, test = make_splits(args.n_train, args.n_test)
     args.out.mkdir(parents=True, exist_ok=True)

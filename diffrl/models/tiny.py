@@ -83,7 +83,6 @@ def text_encoder_config(vocab_size: int) -> CLIPTextConfig:
 
 class TinyFamily(ModelFamily):
     name = "tiny"
-    default_shift = 1.0  # small pixel-space images need no shift towards high noise
     # The SD3 choice of flow_grpo: attention projections incl. the context (add_*) projections.
     default_lora_targets = [
         "attn.to_q",

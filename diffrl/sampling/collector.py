@@ -67,8 +67,9 @@ class OnlineCollector:
     micro-groups; each micro-group's images go to the rewards at once, so scoring in other processes
     overlaps the sampling of the next one.
 
-    Every draw is keyed by (seed, rollout id, prompt index, sample index[, step]), so the result does
-    not depend on the micro-group size.
+    Every draw is keyed by (seed, prompt slot, sample index[, step]), where the slot
+    ``rollout_id * rollout.batch_size + q`` is the q-th prompt of the rollout: the result does not
+    depend on the micro-group size or on how the rollout is split between workers.
     """
 
     def __init__(
@@ -105,8 +106,11 @@ class OnlineCollector:
     @torch.no_grad()
     def collect(self, rollout_id: int, module: nn.Module | None = None) -> tuple[RolloutBatch, RolloutStats]:
         start = time.time()
-        prompt_ids = self.stream.take(rollout_id * self.n_prompts, self.n_prompts)
-        jobs = [(p, j) for p in prompt_ids for j in range(self.n_samples)]
+        first_slot = rollout_id * self.n_prompts
+        prompt_ids = self.stream.take(first_slot, self.n_prompts)
+        # (slot, prompt, sample): the slot is the prompt's position in the endless prompt stream,
+        # unique even when an epoch boundary brings a prompt twice into one rollout
+        jobs = [(first_slot + q, p, j) for q, p in enumerate(prompt_ids) for j in range(self.n_samples)]
         steps = self.stochastic_steps(rollout_id)
         negative = (
             self.family.encode_prompts([self.config.sampling.negative_prompt])
@@ -134,12 +138,10 @@ class OnlineCollector:
 
     def _sample(self, chunk, micro_group, rollout_id, steps, negative, module) -> RolloutBatch:
         family, b = self.family, len(chunk)
-        prompts = [self.prompts.prompts[p] for p, _ in chunk]
+        prompts = [self.prompts.prompts[p] for _, p, _ in chunk]
         cond = family.encode_prompts(prompts)
         neg = negative.repeat(b) if negative is not None else None
-        x = initial_noise(
-            family, [(self.seed, "init", rollout_id, p, j) for p, j in chunk], self.height, self.width
-        )
+        x = initial_noise(family, [(self.seed, "init", q, j) for q, _, j in chunk], self.height, self.width)
         keep = self.spec.keep_trajectory
         traj_x, traj_next, traj_lp = [], [], []
         sigma_max = self.sigmas[1].item()
@@ -147,9 +149,9 @@ class OnlineCollector:
             sigma, sigma_next = self.sigmas[i].expand(b), self.sigmas[i + 1].expand(b)
             v = family.velocity(x, sigma, cond, self.guidance, neg, module=module)
             if i in steps:
-                noise = randn_batch(
-                    x.shape[1:], [(self.seed, "sde", rollout_id, p, j, i) for p, j in chunk]
-                ).to(x.device)
+                noise = randn_batch(x.shape[1:], [(self.seed, "sde", q, j, i) for q, _, j in chunk]).to(
+                    x.device
+                )
                 out = self.kernel(x, v, sigma, sigma_next, self.spec.noise_level, sigma_max, noise=noise)
                 if keep:
                     traj_x.append(x)
@@ -158,15 +160,14 @@ class OnlineCollector:
                 x = out.prev_sample
             else:
                 x = ode_step(x, v, sigma, sigma_next)
-        ids = torch.tensor([p for p, _ in chunk])
         k = len(steps)
         step_idx = torch.tensor(steps, dtype=torch.long).expand(b, k)
         batch = RolloutBatch(
             prompts=prompts,
-            metadata=[self.prompts.metadata[p] for p, _ in chunk],
-            prompt_index=ids,
-            sample_index=torch.tensor([j for _, j in chunk]),
-            group_id=ids,
+            metadata=[self.prompts.metadata[p] for _, p, _ in chunk],
+            prompt_index=torch.tensor([p for _, p, _ in chunk]),
+            sample_index=torch.tensor([j for _, _, j in chunk]),
+            group_id=torch.tensor([q for q, _, _ in chunk]),
             micro_group=torch.full((b,), micro_group),
             x0=x,
             cond=cond,

@@ -17,63 +17,43 @@ def _load(reference_dir, name):
     return load_file(str(path)), meta
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_kernel_matches_reference(reference_dir, name):
+def _step(reference_dir, name, **given):
+    """Run the case's kernel on its inputs; ``given``: ``prev_sample=`` to score or ``noise=`` to sample."""
     ref, meta = _load(reference_dir, name)
-    kernel = stochastic_kernel(meta["sde_type"])
     sigmas = ref["sigmas"].float()
     idx = ref["step_index"]
-    sigma, sigma_next = sigmas[idx], sigmas[idx + 1]
-    eta = float(meta["noise_level"])
+    kernel = stochastic_kernel(meta["sde_type"])
     out = kernel(
         ref["sample"],
         ref["model_output"],
-        sigma,
-        sigma_next,
-        eta,
+        sigmas[idx],
+        sigmas[idx + 1],
+        float(meta["noise_level"]),
         sigmas[1].item(),
-        prev_sample=ref["prev_sample"],
+        **given,
     )
+    return ref, meta, out
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_kernel_matches_reference(reference_dir, name):
+    ref, _, out = _step(reference_dir, name, prev_sample=_load(reference_dir, name)[0]["prev_sample"])
     torch.testing.assert_close(out.mean, ref["prev_sample_mean"])
     torch.testing.assert_close(out.std, ref["std_dev_t"])
     torch.testing.assert_close(out.log_prob, ref["log_prob"])
-    perturbed = kernel(
-        ref["sample"],
-        ref["model_output"],
-        sigma,
-        sigma_next,
-        eta,
-        sigmas[1].item(),
-        prev_sample=ref["prev_sample_perturbed"],
-    )
+    _, _, perturbed = _step(reference_dir, name, prev_sample=ref["prev_sample_perturbed"])
     torch.testing.assert_close(perturbed.log_prob, ref["log_prob_perturbed"])
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_sampling_with_the_recovered_noise_reproduces_prev_sample(reference_dir, name):
-    ref, meta = _load(reference_dir, name)
-    sigmas = ref["sigmas"].float()
-    idx = ref["step_index"]
-    sigma, sigma_next = sigmas[idx], sigmas[idx + 1]
-    kernel = stochastic_kernel(meta["sde_type"])
-    eta = float(meta["noise_level"])
-    scored = kernel(
-        ref["sample"],
-        ref["model_output"],
-        sigma,
-        sigma_next,
-        eta,
-        sigmas[1].item(),
-        prev_sample=ref["prev_sample"],
-    )
+    ref, meta, scored = _step(reference_dir, name, prev_sample=_load(reference_dir, name)[0]["prev_sample"])
+    sigmas, idx = ref["sigmas"].float(), ref["step_index"]
     shape = [-1] + [1] * (ref["sample"].ndim - 1)
-    scale = scored.std.view(shape) * (
-        torch.sqrt(sigma - sigma_next).view(shape) if meta["sde_type"] == "sde" else 1
-    )
+    dt = (sigmas[idx] - sigmas[idx + 1]).view(shape)
+    scale = scored.std.view(shape) * (torch.sqrt(dt) if meta["sde_type"] == "sde" else 1)
     noise = (ref["prev_sample"] - scored.mean) / scale
-    sampled = kernel(
-        ref["sample"], ref["model_output"], sigma, sigma_next, eta, sigmas[1].item(), noise=noise
-    )
+    _, _, sampled = _step(reference_dir, name, noise=noise)
     torch.testing.assert_close(sampled.prev_sample, ref["prev_sample"], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(sampled.log_prob, scored.log_prob, atol=1e-3, rtol=1e-4)
 
