@@ -30,10 +30,6 @@ class Batch:
         values = {f.name: _select(getattr(self, f.name), idx) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
         return type(self)(**values)
 
-    def to(self, device: torch.device | str) -> Self:
-        values = {f.name: _to(getattr(self, f.name), device) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-        return type(self)(**values)
-
     @classmethod
     def cat(cls, parts: Sequence[Self]) -> Self:
         values = {}
@@ -55,12 +51,6 @@ def _select(v: Any, idx: torch.Tensor) -> Any:
         return [v[i] for i in idx.tolist()]
     if hasattr(v, "select"):
         return v.select(idx)
-    return v
-
-
-def _to(v: Any, device: torch.device | str) -> Any:
-    if isinstance(v, torch.Tensor) or hasattr(v, "to") and not isinstance(v, list | str):
-        return v.to(device)
     return v
 
 

@@ -50,12 +50,6 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._entries)
 
-    def register(self, name: str, target: str) -> None:
-        self._entries[name] = target
-
-    def is_dotted_path(self, name: str) -> bool:
-        return name not in self._entries and ("." in name or ":" in name)
-
     def resolve(self, name: str) -> Any:
         if name in self._entries:
             return import_object(self._entries[name])

@@ -12,7 +12,6 @@ Conventions (as diffusers' flow-matching pipelines):
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -231,7 +230,3 @@ def check_family_dir(path: Path, family: str) -> None:
                 f"{str(path)!r} holds a {found!r} model but model.family is {family!r}; "
                 f"set model.family={found} or point model.path at a {family!r} model"
             )
-
-
-def options_dict(options: Any) -> dict[str, Any]:
-    return dataclasses.asdict(options) if dataclasses.is_dataclass(options) else {}

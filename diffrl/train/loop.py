@@ -175,6 +175,7 @@ def train(config: Config) -> TrainResult:
                 metrics.update(mean_metrics([actor.train_step(chunk, algorithm) for chunk in chunks]))
             # single process: the collector samples with the actor's own module, nothing to sync
             metrics["perf/rollout_time"] = stats.sampling_time
+            metrics["perf/reward_wait_time"] = stats.reward_wait_time
             metrics["perf/iteration_time"] = time.time() - t0
             step = it + 1
             result.history.append({"step": step, **metrics})
