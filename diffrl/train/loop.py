@@ -84,9 +84,12 @@ def build_collector(config: Config, family: ModelFamily, spec: CollectionSpec, r
 def rollout_metrics(batch: RolloutBatch, failed: int) -> dict[str, float]:
     if batch.rewards is None:
         return {}
-    r = batch.rewards
-    groups = batch.group_id.unique()
-    zero = sum(bool((r[batch.group_id == g] == r[batch.group_id == g][0]).all()) for g in groups)
+    ok = torch.isfinite(batch.rewards)  # failed samples are counted, not averaged
+    if not ok.any():
+        return {"rollout/reward_failed": float(failed)}
+    r, group_id = batch.rewards[ok], batch.group_id[ok]
+    groups = group_id.unique()
+    zero = sum(bool((r[group_id == g] == r[group_id == g][0]).all()) for g in groups)
     return {
         "rollout/reward/raw_mean": r.mean().item(),
         "rollout/reward/raw_std": r.std(unbiased=False).item(),

@@ -113,6 +113,7 @@ def test_reward_nan_drops_samples_and_is_counted(tmp_path):
         result = train(cfg)
     m = result.history[0]
     assert m["rollout/reward_failed"] == 4  # one per micro-group of 4
+    assert m["rollout/reward/raw_mean"] == m["rollout/reward/raw_mean"]  # not NaN: failures are not averaged
     assert m["train/skipped_nonfinite"] == 0 and m["train/grad_norm"] > 0
 
 
