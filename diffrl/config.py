@@ -460,6 +460,13 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
                 f"algorithm {algorithm.name!r} trains on an offline dataset; set data.dataset "
                 "(synthetic_text or a folder of images + captions)"
             )
+        missing = sorted(set(algorithm.requires) - spec.provides())
+        if missing:
+            errors.append(
+                f"algorithm {algorithm.name!r} trains on {', '.join(missing)}, which its collection_spec() "
+                "does not collect; have the spec keep it (keep_trajectory / keep_log_prob with a "
+                "stochastic sampler and step strategy) or do not require it"
+            )
         errors.extend(algorithm.validate(config))
 
     for where, rewards in (("rewards", config.rewards), ("eval.rewards", config.eval.rewards)):

@@ -44,6 +44,17 @@ class CollectionSpec:
     keep_log_prob: bool = False
     """Record the log-prob of each recorded transition under the sampling policy."""
 
+    def provides(self) -> frozenset[str]:
+        """The optional :class:`RolloutBatch` fields a collector following this spec fills."""
+        fields = set()
+        if self.online:
+            fields |= {"images"} | ({"rewards"} if self.needs_reward else set())
+        if self.online and self.keep_trajectory and self.step_strategy is not None:
+            fields |= {"traj_x", "traj_next", "traj_step", "traj_sigma", "traj_sigma_next"}
+            if self.keep_log_prob:
+                fields.add("traj_log_prob")
+        return frozenset(fields)
+
 
 @dataclass
 class RolloutBatch(Batch):
@@ -120,9 +131,27 @@ class DiffusionAlgorithm(ABC):
     needs_reference: bool = False
     """True when ``compute_loss`` calls ``policy.reference_velocity`` (a KL to the base model)."""
 
+    keeps_old_policy: bool = False
+    """True: the actor keeps a trailing copy of the weights (``policy.old_velocity``), rollouts
+    sample from it, and after each iteration it moves towards the live weights by
+    :meth:`old_policy_decay`."""
+
+    requires: ClassVar[frozenset[str]] = frozenset()
+    """Optional :class:`RolloutBatch` fields ``build_train_data`` reads (e.g. ``traj_log_prob``);
+    checked against :meth:`CollectionSpec.provides` before anything loads."""
+
     def validate(self, config: Config) -> list[str]:
         """Algorithm-specific config problems (reported with all others before anything loads)."""
         return []
+
+    def old_policy_decay(self, optimizer_step: int) -> float:
+        """``d`` in ``θ_old ← d·θ_old + (1 − d)·θ``, applied after each iteration."""
+        return 0.0
+
+    def before_update(self, policy: Policy, examples: TrainExamples) -> TrainExamples:
+        """Called once per iteration, before its optimizer steps, without gradients: fill in what
+        needs the weights at the start of the update (e.g. AWM's old log-likelihoods)."""
+        return examples
 
     @abstractmethod
     def collection_spec(self) -> CollectionSpec: ...

@@ -88,6 +88,7 @@ class GRPOExamples(TrainExamples):
 
 class FlowGRPO(DiffusionAlgorithm):
     name = "flow_grpo"
+    requires = frozenset({"traj_x", "traj_next", "traj_step", "traj_log_prob"})
 
     @dataclass
     class Params:

@@ -11,6 +11,8 @@ ALGORITHMS = Registry(
     {
         "sft": "diffrl.algorithms.sft:SFT",
         "flow_grpo": "diffrl.algorithms.flow_grpo:FlowGRPO",
+        "diffusion_nft": "diffrl.algorithms.diffusion_nft:DiffusionNFT",
+        "awm": "diffrl.algorithms.awm:AWM",
     },
 )
 

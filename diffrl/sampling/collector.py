@@ -15,7 +15,7 @@ from diffrl.data.prompts import PromptSet
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardSet
 from diffrl.sampling.kernels import ode_step, stochastic_kernel
-from diffrl.sampling.sampler import image_size, initial_noise, sampling_shift
+from diffrl.sampling.sampler import DETERMINISTIC, heun_step, image_size, initial_noise, sampling_shift
 from diffrl.sampling.schedules import flow_sigmas
 from diffrl.seeding import EpochStream, randn_batch
 
@@ -39,7 +39,7 @@ class OfflineCollector:
         self.dataset, self.family, self.batch_size = dataset, family, batch_size
         self.stream = EpochStream(len(dataset), seed, "epoch")
 
-    def collect(self, iteration: int) -> tuple[RolloutBatch, RolloutStats]:
+    def collect(self, iteration: int, module: nn.Module | None = None) -> tuple[RolloutBatch, RolloutStats]:
         t0 = time.time()
         start = iteration * self.batch_size
         indices = self.stream.take(start, self.batch_size)
@@ -96,7 +96,8 @@ class OnlineCollector:
         self.num_steps, self.guidance = s.num_steps, s.guidance_scale
         self.sigmas = flow_sigmas(s.num_steps, sampling_shift(config, family)).to(family.device)
         self.height, self.width = image_size(config, family)
-        self.kernel = stochastic_kernel(spec.sampler) if spec.sampler != "ode" else None
+        self.kernel = stochastic_kernel(spec.sampler) if spec.sampler not in DETERMINISTIC else None
+        self.heun = spec.sampler == "heun"
 
     def stochastic_steps(self, rollout_id: int) -> list[int]:
         if self.kernel is None or self.spec.step_strategy is None:
@@ -158,6 +159,8 @@ class OnlineCollector:
                     traj_next.append(out.prev_sample)
                     traj_lp.append(out.log_prob)
                 x = out.prev_sample
+            elif self.heun:
+                x = heun_step(family, x, v, sigma, sigma_next, cond, self.guidance, neg, module)
             else:
                 x = ode_step(x, v, sigma, sigma_next)
         k = len(steps)

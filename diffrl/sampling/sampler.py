@@ -23,6 +23,40 @@ def sampling_shift(config: Config, family: ModelFamily) -> float:
     return config.sampling.shift if config.sampling.shift is not None else family.default_shift
 
 
+DETERMINISTIC = ("ode", "heun")
+"""Samplers without a stochastic kernel: Euler and Heun (2nd order)."""
+
+
+def heun_step(
+    family: ModelFamily,
+    x: torch.Tensor,
+    v: torch.Tensor,
+    sigma: torch.Tensor,
+    sigma_next: torch.Tensor,
+    cond: Conditioning,
+    guidance_scale: float = 1.0,
+    negative: Conditioning | None = None,
+    module: nn.Module | None = None,
+) -> torch.Tensor:
+    """Heun's 2nd-order step (Karras et al. 2022, Alg. 1): Euler, then the trapezoid of the two
+    velocities; the last step to sigma = 0 stays Euler. ``x, v: (B, *latent)``, ``sigma: (B,)``."""
+    x_euler = ode_step(x, v, sigma, sigma_next)
+    if bool((sigma_next == 0).all()):
+        return x_euler
+    v2 = family.velocity(x_euler, sigma_next, cond, guidance_scale, negative, module=module)
+    dt = (sigma_next - sigma).view(-1, *[1] * (x.ndim - 1))
+    return x + dt * 0.5 * (v + v2)
+
+
+def configured_shift(config: Config) -> float:
+    """The sampling shift before the family is loaded (``sampling.shift`` or the family's default)."""
+    if config.sampling.shift is not None:
+        return config.sampling.shift
+    from diffrl.models.registry import FAMILIES
+
+    return FAMILIES.resolve(config.model.family).default_shift
+
+
 def initial_noise(family: ModelFamily, keys: Sequence[tuple], height: int, width: int) -> torch.Tensor:
     """``(B, *latent)`` noise, one independent draw per identity key (layout-independent)."""
     return randn_batch(family.latent_shape(height, width), keys).to(family.device)

@@ -16,18 +16,98 @@ from diffrl.models.base import Conditioning, ModelFamily
 from diffrl.sampling.sampler import sampling_shift
 from diffrl.train.ema import EMA
 
+OLD_ADAPTER = "old"
+
+
+class OldPolicy:
+    """A second copy of the trainable weights that trails the live ones (DiffusionNFT's sampling
+    policy): ``θ_old ← d·θ_old + (1 − d)·θ`` after each rollout.
+
+    With LoRA it is a second peft adapter (``"old"``) on the same transformer, switched in with
+    ``set_adapter``; for a full fine-tune it is a frozen copy of the transformer (a trainable text
+    encoder is shared, not copied).
+    """
+
+    def __init__(self, family: ModelFamily, lora: LoraConfig | None):
+        self.family = family
+        self.lora = lora is not None
+        transformer = family.transformer
+        if self.lora:
+            with warnings.catch_warnings():  # peft warns about a second adapter: here it is the point
+                warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+                transformer.add_adapter(_peft_config(family, lora), adapter_name=OLD_ADAPTER)
+            transformer.set_adapter("default")  # add_adapter activated the new one
+            params = dict(transformer.named_parameters())
+            self.pairs = [
+                (p, params[n.replace(".default.", f".{OLD_ADAPTER}.")])
+                for n, p in params.items()
+                if "lora_" in n and ".default." in n
+            ]
+            for live, old in self.pairs:
+                old.data = live.detach().clone()
+            self.module = None
+        else:
+            self.module = copy.deepcopy(transformer).requires_grad_(False).eval()
+            self.pairs = list(zip(transformer.parameters(), self.module.parameters()))
+
+    @contextlib.contextmanager
+    def weights(self):
+        """Context yielding the module to pass as ``module=`` for a forward with the old weights."""
+        if not self.lora:
+            yield self.module
+            return
+        transformer = self.family.transformer
+        transformer.set_adapter(OLD_ADAPTER)
+        try:
+            yield transformer
+        finally:
+            transformer.set_adapter("default")
+
+    @torch.no_grad()
+    def update(self, decay: float) -> None:
+        """``θ_old ← decay·θ_old + (1 − decay)·θ``."""
+        for live, old in self.pairs:
+            old.lerp_(live.detach().to(old.dtype), 1.0 - decay)
+
+    @torch.no_grad()
+    def deviation(self) -> float:
+        """Mean squared difference between the old and the live weights."""
+        total = sum((o.float() - p.float()).square().sum().item() for p, o in self.pairs)
+        return total / max(1, sum(p.numel() for p, _ in self.pairs))
+
 
 class Policy:
     """What an algorithm's ``compute_loss`` sees: the trainable velocity, the reference velocity
-    (the base model: LoRA disabled, or a frozen copy for full fine-tunes) and sampling settings."""
+    (the base model: LoRA disabled, or a frozen copy for full fine-tunes), the old (sampling)
+    policy when the algorithm keeps one, and sampling settings."""
 
-    def __init__(self, family: ModelFamily, config: Config, reference: nn.Module | None = None):
+    def __init__(
+        self,
+        family: ModelFamily,
+        config: Config,
+        reference: nn.Module | None = None,
+        old: OldPolicy | None = None,
+    ):
         self.family = family
         self.shift = sampling_shift(config, family)
         self.guidance_scale = config.sampling.guidance_scale
         self.negative_prompt = config.sampling.negative_prompt
         self.lora = config.model.lora is not None
         self._reference = reference
+        self.old = old
+
+    @torch.no_grad()
+    def old_velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
+        """The velocity of the old (sampling) policy, no gradient."""
+        if self.old is None:
+            raise RuntimeError("this algorithm asked for the old policy but the actor keeps none")
+        with self.old.weights() as module:
+            return self.family.velocity(x_t, sigma, cond, module=module, **kw)
+
+    def sampling_weights(self):
+        """Context yielding the ``module`` rollouts sample with: the old policy when kept, else
+        None (the live weights)."""
+        return self.old.weights() if self.old is not None else contextlib.nullcontext(None)
 
     def velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
         """``x_t (B, *latent)``, ``sigma (B,)`` -> velocity ``(B, *latent)`` float32, with grad."""
@@ -55,21 +135,23 @@ class Policy:
         return self.family.encode_prompts([self.negative_prompt]).repeat(n)
 
 
-def apply_lora(family: ModelFamily, cfg: LoraConfig) -> None:
-    """Add a peft LoRA adapter to the transformer; only the adapter stays trainable."""
+def _peft_config(family: ModelFamily, cfg: LoraConfig):
     from peft import LoraConfig as PeftLoraConfig
 
+    return PeftLoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        init_lora_weights=cfg.init if cfg.init == "gaussian" else True,
+        target_modules=family.lora_targets(cfg.target_modules),
+    )
+
+
+def apply_lora(family: ModelFamily, cfg: LoraConfig) -> None:
+    """Add a peft LoRA adapter to the transformer; only the adapter stays trainable."""
     transformer = family.transformer
     transformer.requires_grad_(False)
-    transformer.add_adapter(
-        PeftLoraConfig(
-            r=cfg.rank,
-            lora_alpha=cfg.alpha,
-            lora_dropout=cfg.dropout,
-            init_lora_weights=cfg.init if cfg.init == "gaussian" else True,
-            target_modules=family.lora_targets(cfg.target_modules),
-        )
-    )
+    transformer.add_adapter(_peft_config(family, cfg))
     for name, p in transformer.named_parameters():
         p.requires_grad_("lora_" in name)
     # LoRA weights train in float32 even when the base runs in reduced precision
@@ -92,7 +174,9 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 
 
 class Actor:
-    def __init__(self, family: ModelFamily, config: Config, keep_reference: bool = False):
+    def __init__(
+        self, family: ModelFamily, config: Config, keep_reference: bool = False, keep_old: bool = False
+    ):
         self.family = family
         self.config = config
         t = config.train
@@ -113,7 +197,8 @@ class Actor:
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, t.iterations)
         )
         self.ema = EMA(self.params, t.ema_decay) if t.ema_decay else None
-        self.policy = Policy(family, config, reference)
+        old = OldPolicy(family, config.model.lora) if keep_old else None
+        self.policy = Policy(family, config, reference, old)
         self.step = 0
 
     @property
@@ -126,6 +211,12 @@ class Actor:
     def eval_weights(self):
         """Context in which the live weights are the ones to evaluate (EMA if enabled)."""
         return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
+
+    @torch.no_grad()
+    def before_update(self, examples: TrainExamples, algorithm: DiffusionAlgorithm) -> TrainExamples:
+        """The algorithm's pre-update pass, with the weights and mode the update starts from."""
+        self.module.train()
+        return algorithm.before_update(self.policy, examples)
 
     def train_step(self, examples: TrainExamples, algorithm: DiffusionAlgorithm) -> dict[str, float]:
         """One optimizer step over ``examples``, accumulated in micro-batches.

@@ -145,7 +145,9 @@ def train(config: Config) -> TrainResult:
     algorithm = build_algorithm(config)
     spec = algorithm.collection_spec()
     family = load_family(config)
-    actor = Actor(family, config, keep_reference=algorithm.needs_reference)
+    actor = Actor(
+        family, config, keep_reference=algorithm.needs_reference, keep_old=algorithm.keeps_old_policy
+    )
     train_rewards = RewardSet(config.rewards) if spec.needs_reward else None
     eval_rewards = RewardSet(config.eval.rewards) if config.eval.enabled else None
     collector = build_collector(config, family, spec, train_rewards)
@@ -162,7 +164,8 @@ def train(config: Config) -> TrainResult:
         for it in range(t.iterations):
             t0 = time.time()
             family.transformer.eval()
-            batch, stats = collector.collect(it)
+            with actor.policy.sampling_weights() as module:  # the old policy when the algorithm keeps one
+                batch, stats = collector.collect(it, module)
             metrics = rollout_metrics(batch, stats.reward_failed)
             if stats.errors:
                 warnings.warn(
@@ -175,7 +178,12 @@ def train(config: Config) -> TrainResult:
                 signals = algorithm.postprocess_rewards(batch, batch.rewards)
                 examples = algorithm.build_train_data(batch, signals, it)
                 chunks = optimizer_steps(batch, examples, n_steps, config.run.seed, it)
+                chunks = [actor.before_update(chunk, algorithm) for chunk in chunks]
                 metrics.update(mean_metrics([actor.train_step(chunk, algorithm) for chunk in chunks]))
+            if actor.policy.old is not None:
+                decay = algorithm.old_policy_decay(actor.step)
+                actor.policy.old.update(decay)
+                metrics["train/old_policy_decay"] = decay
             # single process: the collector samples with the actor's own module, nothing to sync
             metrics["perf/rollout_time"] = stats.sampling_time
             metrics["perf/reward_wait_time"] = stats.reward_wait_time

@@ -1,0 +1,255 @@
+"""Advantage Weighted Matching (Xue et al. 2025, arXiv 2509.25050; scxue/advantage_weighted_matching
+``scripts/train_sd3_awm.py``).
+
+AWM replaces the sampler's transition log-prob of Flow-GRPO by the flow-matching likelihood
+surrogate of the clean sample, so it needs no trajectory: for fresh ``x_t = (1 − t)·x0 + t·ε``,
+
+    mse   = mean((v_θ(x_t, t) − (ε − x0))²)                        (over all non-batch dims)
+    log p = −mse  (``uniform``),  −t·mse  (``t``),  −t·((mse + δ)^p − δ^p)/p  (``ghuber``, δ = 1e-10)
+
+and optimises PPO's clipped surrogate of ``exp(log p − log p_old)`` with the group advantage,
+``log p_old`` taken with the weights at the start of the update (ratio = 1 on-policy, where the
+gradient is the advantage-weighted flow-matching gradient), plus an optional velocity-space KL
+``kl_beta·mean((v_θ − v_ref)²)`` to the reference (LoRA disabled). Timesteps are stratified: one per
+stratum of a logit-normal (shifted), a uniform (shifted) or the sampler's own grid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from diffrl.algorithms.advantages import group_advantages
+from diffrl.algorithms.base import (
+    CollectionSpec,
+    DiffusionAlgorithm,
+    RolloutBatch,
+    TrainExamples,
+    TrainSignals,
+)
+from diffrl.algorithms.flow_grpo import ppo_clip_loss
+from diffrl.models.base import Conditioning
+from diffrl.sampling.sampler import configured_shift
+from diffrl.sampling.schedules import flow_sigmas
+from diffrl.sampling.step_strategies import AllSteps
+from diffrl.seeding import generator
+
+GHUBER_DELTA = 1e-10
+
+
+def awm_log_prob(
+    v: torch.Tensor,
+    x0: torch.Tensor,
+    noise: torch.Tensor,
+    t: torch.Tensor,
+    weighting: str = "uniform",
+    power: float = 0.25,
+) -> torch.Tensor:
+    """The flow-matching likelihood surrogate ``(B,)`` (float64) of ``v, x0, noise: (B, *latent)``
+    at ``t: (B,)``."""
+    mse = (v.double() - (noise - x0).double()).square().flatten(1).mean(1)
+    t = t.double()
+    if weighting == "uniform":
+        return -mse
+    if weighting == "t":
+        return -t * mse
+    return -t * ((mse + GHUBER_DELTA) ** power - GHUBER_DELTA**power) / power
+
+
+def stratified_timesteps(
+    gen: torch.Generator,
+    k: int,
+    scheme: str,
+    shift: float,
+    logit_mean: float = 0.0,
+    logit_std: float = 1.0,
+    grid: torch.Tensor | None = None,
+) -> list[float]:
+    """``k`` timesteps in (0, 1], one per stratum of the scheme's distribution.
+
+    ``logit_normal``: ``sigmoid(mean + std·Φ⁻¹(u))``; ``uniform``: ``u``; both then shifted like the
+    sampler (``shift·t / (1 + (shift − 1)·t)``) and kept >= 0.01. ``discrete``: a grid index drawn
+    in each of ``k`` equal index bins of ``grid``."""
+    u = (torch.arange(k, dtype=torch.float64) + torch.rand(k, generator=gen, dtype=torch.float64)) / k
+    if scheme == "discrete":
+        edges = torch.linspace(0, len(grid), k + 1).long()
+        idx = [int(lo + (u[i] * k - i) * (hi - lo)) for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]
+        return [grid[min(j, len(grid) - 1)].item() for j in idx]
+    if scheme == "logit_normal":
+        z = torch.special.ndtri(u.clamp(1e-6, 1 - 1e-6))
+        t = torch.sigmoid(logit_mean + logit_std * z)
+    else:
+        t = u
+    t = shift * t / (1 + (shift - 1) * t)
+    return t.clamp(min=0.01).tolist()
+
+
+@dataclass
+class AWMExamples(TrainExamples):
+    """One (sample, timestep) pair per row: ``x0, noise (N, *latent)``; ``t, advantages (N,)``;
+    ``old_log_prob (N,)`` float64, NaN until :meth:`AWM.before_update` fills it."""
+
+    sample_id: torch.Tensor
+    x0: torch.Tensor
+    noise: torch.Tensor
+    t: torch.Tensor
+    advantages: torch.Tensor
+    old_log_prob: torch.Tensor
+    cond: Conditioning
+
+
+class AWM(DiffusionAlgorithm):
+    name = "awm"
+
+    @dataclass
+    class Params:
+        timestep_sampling: Literal["logit_normal", "uniform", "discrete"] = "logit_normal"
+        num_timesteps: int = 4
+        """Timesteps per sample (one per stratum)."""
+        time_shift: float = 3.0
+        """Shift of ``logit_normal`` / ``uniform`` timesteps (as the sampler's schedule)."""
+        logit_mean: float = 0.0
+        logit_std: float = 1.0
+        timestep_fraction: float = 0.9
+        """``discrete``: draw from the first fraction of the sampler's grid, its first step excluded."""
+        weighting: Literal["uniform", "t", "ghuber"] = "uniform"
+        ghuber_power: float = 0.25
+        clip_range: float = 1.0
+        adv_clip_max: float = 5.0
+        kl_beta: float = 0.0
+        """Weight of the velocity-space KL to the reference (the base model: LoRA disabled)."""
+        global_std: bool = True
+        """Divide advantages by the std of the whole batch (the reference's OCR setting)."""
+        sampler: Literal["ode", "heun", "sde", "cps"] = "ode"
+        """How rollouts are drawn: any sampler works, AWM needs only x0."""
+        noise_level: float = 0.7
+        """For ``sde`` / ``cps`` collection only."""
+
+    def validate(self, config) -> list[str]:
+        p = self.params
+        errors = []
+        if p.num_timesteps < 1:
+            errors.append(f"algorithm.params.num_timesteps must be >= 1, got {p.num_timesteps}")
+        if p.clip_range <= 0 or p.adv_clip_max <= 0 or p.kl_beta < 0 or p.time_shift <= 0:
+            errors.append(
+                "algorithm.params: clip_range, adv_clip_max and time_shift must be > 0, kl_beta >= 0"
+            )
+        if p.timestep_sampling == "discrete":
+            usable = int(config.sampling.num_steps * p.timestep_fraction) - 1
+            if usable < p.num_timesteps:
+                errors.append(
+                    f"algorithm.params: discrete timesteps use {usable} grid step(s) (sampling.num_steps="
+                    f"{config.sampling.num_steps} x timestep_fraction={p.timestep_fraction}, first excluded) "
+                    f"but num_timesteps={p.num_timesteps}; lower num_timesteps or raise timestep_fraction"
+                )
+        if config.rollout.n_samples_per_prompt < 2 and not p.global_std:
+            errors.append("rollout.n_samples_per_prompt must be >= 2 for group-relative advantages")
+        return errors
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.params.kl_beta > 0
+
+    def collection_spec(self) -> CollectionSpec:
+        p = self.params
+        stochastic = p.sampler in ("sde", "cps")
+        return CollectionSpec(
+            online=True,
+            needs_reward=True,
+            sampler=p.sampler,
+            noise_level=p.noise_level if stochastic else 0.0,
+            step_strategy=AllSteps() if stochastic else None,
+        )
+
+    def postprocess_rewards(self, batch: RolloutBatch, rewards: torch.Tensor | None) -> TrainSignals:
+        adv = group_advantages(rewards.double(), batch.group_id, self.params.global_std)
+        return TrainSignals({"advantages": adv.advantages.float()})
+
+    def build_train_data(self, batch: RolloutBatch, signals: TrainSignals, iteration: int) -> AWMExamples:
+        p, s = self.params, self.config.sampling
+        seed = self.config.run.seed
+        grid = None
+        if p.timestep_sampling == "discrete":
+            grid = flow_sigmas(s.num_steps, configured_shift(self.config))[
+                1 : int(s.num_steps * p.timestep_fraction)
+            ]
+        rows, ts, noise = [], [], []
+        for i, (slot, j) in enumerate(zip(batch.group_id.tolist(), batch.sample_index.tolist())):
+            times = stratified_timesteps(
+                generator(seed, "awm_t", slot, j),
+                p.num_timesteps,
+                p.timestep_sampling,
+                p.time_shift,
+                p.logit_mean,
+                p.logit_std,
+                grid,
+            )
+            for n, t in enumerate(times):
+                rows.append(i)
+                ts.append(t)
+                noise.append(
+                    torch.randn(batch.x0.shape[1:], generator=generator(seed, "awm_eps", slot, j, n))
+                )
+        idx = torch.tensor(rows, dtype=torch.long)
+        device = batch.x0.device
+        return AWMExamples(
+            sample_id=idx,
+            x0=batch.x0[idx],
+            noise=torch.stack(noise).to(device),
+            t=torch.tensor(ts, device=device),
+            advantages=signals.values["advantages"][idx].to(device),
+            old_log_prob=torch.full((len(idx),), math.nan, dtype=torch.float64, device=device),
+            cond=batch.cond.select(idx),
+        )
+
+    def _velocity(self, policy, examples: AWMExamples, reference: bool = False) -> torch.Tensor:
+        t_ = examples.t.view(-1, *[1] * (examples.x0.ndim - 1))
+        x_t = (1 - t_) * examples.x0 + t_ * examples.noise
+        forward = policy.reference_velocity if reference else policy.velocity
+        return forward(
+            x_t,
+            examples.t,
+            examples.cond,
+            guidance_scale=self.config.sampling.guidance_scale,
+            negative=policy.negative(len(examples)),
+        )
+
+    def _log_prob(self, v: torch.Tensor, examples: AWMExamples) -> torch.Tensor:
+        p = self.params
+        return awm_log_prob(v, examples.x0, examples.noise, examples.t, p.weighting, p.ghuber_power)
+
+    def before_update(self, policy, examples: AWMExamples) -> AWMExamples:
+        # same micro-batches as the update that follows, so the first ratio is exactly 1
+        parts = [
+            self._log_prob(self._velocity(policy, mb), mb)
+            for mb in examples.micro_batches(self.config.train.micro_batch_size)
+        ]
+        examples.old_log_prob = torch.cat(parts)
+        return examples
+
+    def compute_loss(self, policy, examples: AWMExamples) -> tuple[torch.Tensor, dict[str, float]]:
+        p = self.params
+        if torch.isnan(examples.old_log_prob).any():
+            raise RuntimeError("AWM: old log-likelihoods missing; the loop must call before_update first")
+        v = self._velocity(policy, examples)
+        log_prob = self._log_prob(v, examples)
+        terms = ppo_clip_loss(
+            log_prob, examples.old_log_prob, examples.advantages.double(), p.clip_range, p.adv_clip_max
+        )
+        loss = terms.policy_loss
+        kl = torch.zeros((), dtype=loss.dtype)
+        if p.kl_beta > 0:
+            v_ref = self._velocity(policy, examples, reference=True)
+            kl = (v - v_ref).pow(2).flatten(1).mean(1).mean().double()
+            loss = loss + p.kl_beta * kl
+        return loss, {
+            "train/policy_loss": terms.policy_loss.item(),
+            "train/kl_loss": kl.item(),
+            "train/approx_kl": terms.approx_kl.item(),
+            "train/clipfrac": terms.clipfrac.item(),
+            "train/ratio_abs_minus_1": (terms.ratio - 1).abs().mean().item(),
+            "train/awm_log_prob": log_prob.detach().mean().item(),
+        }
