@@ -65,11 +65,15 @@ def cmd_train(args) -> int:
     result = train(config)
     print(f"\ncheckpoint: {result.checkpoint}")
     if result.evals:
+        from diffrl.train.evaluate import eval_table
+
         first, last = result.evals[0], result.evals[-1]
         key = next((k for k in last if k.endswith("reward_mean")), None)
         if key:
+            print(eval_table(result.evals, key))
             print(f"{key}: {first[key]:.4f} (step {first['step']}) -> {last[key]:.4f} (step {last['step']})")
-        print(f"eval grids: {result.output_dir / 'eval'}")
+        print(f"eval grids (same prompts and seeds at every eval): {result.output_dir / 'eval'}")
+        print(f"eval curve: {result.output_dir / 'eval_curve.png'}")
     return 0
 
 
@@ -201,7 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     from diffrl.registry import RegistryError
     from diffrl.rewards.base import RewardError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # key=value overrides may also come after options (``eval base --num-prompts 8 sampling.num_steps=4``)
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if "=" not in a or a.startswith("-")]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return args.func(args)
     except (

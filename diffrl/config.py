@@ -75,8 +75,9 @@ class ModelConfig:
 class SamplingConfig:
     num_steps: int = 10
     shift: float | None = None
-    """Schedule shift; ``None`` takes the family's default (SD3: 3.0, tiny: 1.0)."""
-    guidance_scale: float = 1.0
+    """Schedule shift; ``None`` takes the family's default (3.0 for SD3 and tiny)."""
+    guidance_scale: float | None = None
+    """CFG scale (1 disables CFG); ``None`` takes the family's default (tiny: see its README line)."""
     negative_prompt: str = ""
     height: int | None = None
     """``None`` takes the family's default size."""
@@ -136,6 +137,9 @@ class TrainConfig:
     """Checkpoint every N iterations (0: only the final one)."""
     eval_every: int = 0
     """Evaluate every N iterations (0: only before and after training)."""
+    time_budget_minutes: float | None = None
+    """Stop after the iteration that passes this much training time (evals not counted), then
+    evaluate and save as at the end of ``iterations``."""
 
 
 @dataclass
@@ -386,6 +390,10 @@ def load_config(
     errors.extend(validate(config, check_files=check_files))
     if errors:
         raise ConfigError(errors, source)
+    if config.sampling.guidance_scale is None:  # resolved once: everything downstream sees a number
+        from diffrl.models.registry import FAMILIES
+
+        config.sampling.guidance_scale = float(FAMILIES.resolve(config.model.family).default_guidance)
     return config
 
 
@@ -414,6 +422,10 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
         )
     if t.lr <= 0:
         errors.append(f"train.lr must be > 0, got {t.lr}")
+    if t.time_budget_minutes is not None and t.time_budget_minutes <= 0:
+        errors.append(
+            f"train.time_budget_minutes must be > 0 (or null for none), got {t.time_budget_minutes}"
+        )
     if t.ema_decay is not None and not 0.0 < t.ema_decay < 1.0:
         errors.append(f"train.ema_decay must be in (0, 1) or null, got {t.ema_decay}")
     if t.grad_clip is not None and t.grad_clip <= 0:
@@ -423,7 +435,7 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
         errors.append(f"sampling.num_steps must be >= 1, got {s.num_steps}")
     if s.shift is not None and s.shift <= 0:
         errors.append(f"sampling.shift must be > 0, got {s.shift}")
-    if s.guidance_scale < 1.0:
+    if s.guidance_scale is not None and s.guidance_scale < 1.0:
         errors.append(f"sampling.guidance_scale must be >= 1 (1 disables CFG), got {s.guidance_scale}")
     if config.eval.samples_per_prompt < 1 or config.eval.batch_size < 1:
         errors.append("eval.samples_per_prompt and eval.batch_size must be >= 1")

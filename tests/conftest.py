@@ -26,6 +26,7 @@ def tiny_overrides(tmp_path: Path, **extra) -> list[str]:
         "train.batch_size": 4,
         "train.micro_batch_size": 2,
         "sampling.num_steps": 2,
+        "sampling.guidance_scale": 1.0,  # tests that exercise CFG set it themselves
         "eval.num_prompts": 2,
         "eval.batch_size": 2,
         "eval.rewards": "[{name: ocr, params: {num_workers: 0}}]",

@@ -76,6 +76,8 @@ class ModelFamily(ABC):
     default_lora_targets: ClassVar[list[str]]
     default_shift: ClassVar[float] = 3.0
     """Sigma-schedule shift used when ``sampling.shift`` is not set."""
+    default_guidance: ClassVar[float] = 1.0
+    """CFG scale used when ``sampling.guidance_scale`` is not set (1: no CFG)."""
 
     @dataclass
     class Options:

@@ -102,3 +102,33 @@ def save_grid(images: torch.Tensor, path: Path, columns: int = 8, scale: int = 2
     path.parent.mkdir(parents=True, exist_ok=True)
     img.save(path)
     return path
+
+
+def plot_eval_curve(evals: list[dict[str, float]], path: Path, key: str = "eval/reward_mean") -> None:
+    """The eval reward against the iteration (and training time), saved as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [e for e in evals if key in e]
+    if not points:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot([e["step"] for e in points], [e[key] for e in points], marker="o")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def eval_table(evals: list[dict[str, float]], key: str = "eval/reward_mean") -> str:
+    """A plain-text table of the eval reward at each eval point."""
+    lines = [f"{'iteration':>9}  {'train time':>10}  {key}"]
+    for e in evals:
+        if key in e:
+            lines.append(f"{e['step']:>9}  {e.get('train_time_s', 0.0) / 60:>8.1f} m  {e[key]:.4f}")
+    return "\n".join(lines)

@@ -24,7 +24,7 @@ from diffrl.sampling.sampler import image_size
 from diffrl.seeding import generator
 from diffrl.train.actor import Actor
 from diffrl.train.checkpoint import save_checkpoint
-from diffrl.train.evaluate import evaluate, save_grid
+from diffrl.train.evaluate import evaluate, plot_eval_curve, save_grid
 
 SHOWN = [
     "rollout/reward/raw_mean",
@@ -125,14 +125,20 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 def run_eval(
-    step: int, actor: Actor, config: Config, rewards: RewardSet | None, out: Path, logger: MetricsLogger
+    step: int,
+    actor: Actor,
+    config: Config,
+    rewards: RewardSet | None,
+    out: Path,
+    logger: MetricsLogger,
+    train_time: float,
 ):
     with actor.eval_weights():
         result = evaluate(actor.family, config, rewards)
     save_grid(result.images[: config.eval.grid_images], out / "eval" / f"step_{step:05d}.png")
     metrics = result.metrics()
     logger.log(step, metrics)
-    return {"step": step, **metrics}
+    return {"step": step, "train_time_s": round(train_time, 2), **metrics}
 
 
 def train(config: Config) -> TrainResult:
@@ -159,8 +165,11 @@ def train(config: Config) -> TrainResult:
     t = config.train
     try:
         if eval_rewards is not None:
-            result.evals.append(run_eval(0, actor, config, eval_rewards, out, logger))
+            result.evals.append(run_eval(0, actor, config, eval_rewards, out, logger, 0.0))
         progress = Progress("train", t.iterations, "iter")
+        budget = t.time_budget_minutes * 60 if t.time_budget_minutes else float("inf")
+        train_time = 0.0
+        step = 0
         for it in range(t.iterations):
             t0 = time.time()
             family.transformer.eval()
@@ -188,19 +197,28 @@ def train(config: Config) -> TrainResult:
             metrics["perf/rollout_time"] = stats.sampling_time
             metrics["perf/reward_wait_time"] = stats.reward_wait_time
             metrics["perf/iteration_time"] = time.time() - t0
+            train_time += metrics["perf/iteration_time"]
             step = it + 1
             result.history.append({"step": step, **metrics})
             logger.log(
                 step, metrics, keys=SHOWN, echo=step % config.run.log_every == 0 or step == t.iterations
             )
             progress.update(step)
-            if t.save_every and step % t.save_every == 0 and step < t.iterations:
+            last = step == t.iterations or train_time >= budget
+            if t.save_every and step % t.save_every == 0 and not last:
                 save_checkpoint(out / "checkpoints" / f"step_{step:05d}", actor, config, step)
-            if eval_rewards is not None and t.eval_every and step % t.eval_every == 0 and step < t.iterations:
-                result.evals.append(run_eval(step, actor, config, eval_rewards, out, logger))
-        save_checkpoint(result.checkpoint, actor, config, t.iterations)
+            if eval_rewards is not None and t.eval_every and step % t.eval_every == 0 and not last:
+                result.evals.append(run_eval(step, actor, config, eval_rewards, out, logger, train_time))
+            if last:
+                if step < t.iterations:
+                    print(
+                        f"time budget of {t.time_budget_minutes} min reached after {step} iterations",
+                        flush=True,
+                    )
+                break
+        save_checkpoint(result.checkpoint, actor, config, step)
         if eval_rewards is not None:
-            result.evals.append(run_eval(t.iterations, actor, config, eval_rewards, out, logger))
+            result.evals.append(run_eval(step, actor, config, eval_rewards, out, logger, train_time))
     finally:
         for r in (train_rewards, eval_rewards):
             if r is not None:
@@ -208,4 +226,5 @@ def train(config: Config) -> TrainResult:
         logger.close()
     if result.evals:
         (out / "eval_curve.json").write_text(json.dumps(result.evals, indent=1))
+        plot_eval_curve(result.evals, out / "eval_curve.png")
     return result

@@ -43,8 +43,9 @@ def grpo(tmp_path, **extra):
     return load_config("recipes/tiny_grpo_ocr.yaml", tiny_overrides(tmp_path, **base))
 
 
-def test_first_replay_reproduces_the_recorded_log_probs_exactly(tmp_path):
-    result = train(grpo(tmp_path))
+@pytest.mark.parametrize("guidance", [1.0, 3.0], ids=["no_cfg", "cfg"])
+def test_first_replay_reproduces_the_recorded_log_probs_exactly(tmp_path, guidance):
+    result = train(grpo(tmp_path, **{"sampling.guidance_scale": guidance}))
     m = result.history[0]
     assert m["train/log_prob_mean_abs_diff"] == 0.0
     assert m["train/ratio_abs_minus_1"] == 0.0 and m["train/clipfrac"] == 0.0 and m["train/approx_kl"] == 0.0

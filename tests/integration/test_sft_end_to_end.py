@@ -89,3 +89,15 @@ def test_cli_reports_bad_input_clearly(tmp_path, capsys):
 def test_recipes_command_lists_each_with_a_line(capsys):
     assert main(["recipes"]) == 0
     assert "tiny_sft.yaml" in capsys.readouterr().out
+
+
+def test_time_budget_stops_early_then_evaluates_and_saves(tmp_path):
+    cfg = load_config(
+        "recipes/tiny_sft.yaml",
+        tiny_overrides(tmp_path, **{"train.iterations": 50, "train.time_budget_minutes": 1e-6}),
+    )
+    result = train(cfg)
+    assert [h["step"] for h in result.history] == [1]
+    assert [e["step"] for e in result.evals] == [0, 1]
+    assert result.evals[-1]["train_time_s"] > 0
+    assert json.loads((result.checkpoint / "checkpoint.json").read_text())["iteration"] == 1

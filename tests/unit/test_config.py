@@ -121,3 +121,10 @@ def test_algorithm_params_are_validated():
     assert "algorithm.params.cond_drop" in str(e.value) and "cond_dropout" in str(e.value)
     with pytest.raises(ConfigError, match="cond_dropout must be in"):
         load_config({"data": {"dataset": "synthetic_text"}, "algorithm": {"params": {"cond_dropout": 1.5}}})
+
+
+def test_guidance_defaults_to_the_familys_and_an_explicit_value_wins():
+    from diffrl.models.tiny import TinyFamily
+
+    assert load_config({}).sampling.guidance_scale == TinyFamily.default_guidance
+    assert load_config({}, ["sampling.guidance_scale=1"]).sampling.guidance_scale == 1.0
