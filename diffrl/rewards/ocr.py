@@ -53,7 +53,15 @@ def _engine():
     if _ENGINE is None:
         from rapidocr_onnxruntime import RapidOCR
 
-        _ENGINE = RapidOCR(intra_op_num_threads=1, inter_op_num_threads=1)
+        # Detection sized as PaddleOCR's defaults (what flow_grpo's reward runs): the longest side
+        # capped at 960, never upscaled. RapidOCR's own default scales the *shortest* side up to
+        # 736, i.e. a 32 x 64 image to 736 x 1472: 16x slower here, for the same mean reward.
+        _ENGINE = RapidOCR(
+            intra_op_num_threads=1,
+            inter_op_num_threads=1,
+            det_limit_side_len=960,
+            det_limit_type="max",
+        )
     return _ENGINE
 
 
