@@ -127,6 +127,9 @@ class AWM(DiffusionAlgorithm):
         """How rollouts are drawn: any sampler works, AWM needs only x0."""
         noise_level: float = 0.7
         """For ``sde`` / ``cps`` collection only."""
+        train_cfg: bool = False
+        """Use the CFG-combined velocity (``sampling.guidance_scale``) in the likelihood surrogate
+        instead of the conditional one (the reference's ``train.cfg``, off by default)."""
 
     def validate(self, config) -> list[str]:
         p = self.params
@@ -209,6 +212,8 @@ class AWM(DiffusionAlgorithm):
         t_ = examples.t.view(-1, *[1] * (examples.x0.ndim - 1))
         x_t = (1 - t_) * examples.x0 + t_ * examples.noise
         forward = policy.reference_velocity if reference else policy.velocity
+        if not self.params.train_cfg:
+            return forward(x_t, examples.t, examples.cond)
         return forward(
             x_t,
             examples.t,

@@ -144,6 +144,10 @@ class DiffusionNFT(DiffusionAlgorithm):
         """How rollouts are drawn: any sampler works, NFT needs only x0."""
         noise_level: float = 0.7
         """For ``sde`` / ``cps`` collection only."""
+        train_cfg: bool = False
+        """Train the CFG-combined velocity (``sampling.guidance_scale``) instead of the conditional
+        one. Off, as the reference: NFT trains the conditional model (CFG-free), from samples
+        drawn with whatever guidance the recipe sets."""
 
     def validate(self, config) -> list[str]:
         p = self.params
@@ -219,8 +223,8 @@ class DiffusionNFT(DiffusionAlgorithm):
         p = self.params
         t_ = examples.t.view(-1, *[1] * (examples.x0.ndim - 1))
         x_t = (1 - t_) * examples.x0 + t_ * examples.noise
-        guidance = self.config.sampling.guidance_scale
-        negative = policy.negative(len(examples))
+        guidance = self.config.sampling.guidance_scale if p.train_cfg else 1.0
+        negative = policy.negative(len(examples)) if p.train_cfg else None
         v_old = policy.old_velocity(
             x_t, examples.t, examples.cond, guidance_scale=guidance, negative=negative
         )

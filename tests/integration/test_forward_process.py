@@ -204,3 +204,19 @@ class NeedsLogProbs(SFT):
 def test_bad_forward_process_recipes(tmp_path, recipe, extra, message):
     with pytest.raises(ConfigError, match=message):
         forward_process(tmp_path, recipe, **extra)
+
+
+@pytest.mark.parametrize("recipe", ["tiny_nft_ocr", "tiny_awm_ocr"])
+def test_cfg_rollouts_with_and_without_cfg_in_training(tmp_path, recipe):
+    for train_cfg in (False, True):
+        cfg = forward_process(
+            tmp_path / str(train_cfg),
+            recipe,
+            **{
+                "sampling.guidance_scale": 3.0,
+                "train.iterations": 1,
+                "algorithm.params": f"{{train_cfg: {str(train_cfg).lower()}}}",
+            },
+        )
+        m = train(cfg).history[0]
+        assert m["train/grad_norm"] > 0 and m["train/skipped_nonfinite"] == 0

@@ -49,7 +49,9 @@ def test_user_algorithm_by_dotted_path_gets_its_own_params():
 def test_unknown_name_lists_known_ones():
     with pytest.raises(RegistryError) as e:
         ALGORITHMS.resolve("sfft")
-    assert "Did you mean 'sft'" in str(e.value) and "Known: awm, diffusion_nft, flow_grpo, sft" in str(e.value)
+    assert "Did you mean 'sft'" in str(e.value) and "Known: awm, diffusion_nft, flow_grpo, sft" in str(
+        e.value
+    )
 
 
 def test_bad_dotted_paths():
