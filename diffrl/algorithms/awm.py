@@ -29,12 +29,12 @@ from diffrl.algorithms.base import (
     RolloutBatch,
     TrainExamples,
     TrainSignals,
+    x0_only_spec,
 )
 from diffrl.algorithms.flow_grpo import ppo_clip_loss
 from diffrl.models.base import Conditioning
 from diffrl.sampling.sampler import configured_shift
 from diffrl.sampling.schedules import flow_sigmas
-from diffrl.sampling.step_strategies import AllSteps
 from diffrl.seeding import generator
 
 GHUBER_DELTA = 1e-10
@@ -157,15 +157,7 @@ class AWM(DiffusionAlgorithm):
         return self.params.kl_beta > 0
 
     def collection_spec(self) -> CollectionSpec:
-        p = self.params
-        stochastic = p.sampler in ("sde", "cps")
-        return CollectionSpec(
-            online=True,
-            needs_reward=True,
-            sampler=p.sampler,
-            noise_level=p.noise_level if stochastic else 0.0,
-            step_strategy=AllSteps() if stochastic else None,
-        )
+        return x0_only_spec(self.params.sampler, self.params.noise_level)
 
     def postprocess_rewards(self, batch: RolloutBatch, rewards: torch.Tensor | None) -> TrainSignals:
         adv = group_advantages(rewards.double(), batch.group_id, self.params.global_std)

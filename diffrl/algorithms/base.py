@@ -56,6 +56,22 @@ class CollectionSpec:
         return frozenset(fields)
 
 
+def x0_only_spec(sampler: str, noise_level: float) -> CollectionSpec:
+    """Online collection for forward-process algorithms (DiffusionNFT, AWM): any sampler — ``ode``,
+    ``heun``, or ``sde``/``cps`` on every step — and nothing kept but x0, the conditioning and the
+    sample identity (memory per sample independent of the number of steps)."""
+    from diffrl.sampling.step_strategies import AllSteps
+
+    stochastic = sampler in ("sde", "cps")
+    return CollectionSpec(
+        online=True,
+        needs_reward=True,
+        sampler=sampler,
+        noise_level=noise_level if stochastic else 0.0,
+        step_strategy=AllSteps() if stochastic else None,
+    )
+
+
 @dataclass
 class RolloutBatch(Batch):
     """What the collector produced: one row per sample.

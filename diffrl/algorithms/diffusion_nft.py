@@ -29,11 +29,11 @@ from diffrl.algorithms.base import (
     RolloutBatch,
     TrainExamples,
     TrainSignals,
+    x0_only_spec,
 )
 from diffrl.models.base import Conditioning
 from diffrl.sampling.sampler import configured_shift
 from diffrl.sampling.schedules import flow_sigmas
-from diffrl.sampling.step_strategies import AllSteps
 from diffrl.seeding import generator
 
 DECAY_SCHEDULES = ("none", "ramp", "flat_ramp")
@@ -177,15 +177,7 @@ class DiffusionNFT(DiffusionAlgorithm):
         return old_policy_decay(self.params.decay_schedule, optimizer_step)
 
     def collection_spec(self) -> CollectionSpec:
-        p = self.params
-        stochastic = p.sampler in ("sde", "cps")
-        return CollectionSpec(
-            online=True,
-            needs_reward=True,
-            sampler=p.sampler,
-            noise_level=p.noise_level if stochastic else 0.0,
-            step_strategy=AllSteps() if stochastic else None,
-        )
+        return x0_only_spec(self.params.sampler, self.params.noise_level)
 
     def postprocess_rewards(self, batch: RolloutBatch, rewards: torch.Tensor | None) -> TrainSignals:
         adv = group_advantages(rewards.double(), batch.group_id, self.params.global_std)
