@@ -32,10 +32,10 @@ from diffrl.algorithms.base import (
     x0_only_spec,
 )
 from diffrl.algorithms.flow_grpo import ppo_clip_loss
+from diffrl.algorithms.forward_process import expand_timesteps, noised
 from diffrl.models.base import Conditioning
 from diffrl.sampling.sampler import configured_shift
 from diffrl.sampling.schedules import flow_sigmas
-from diffrl.seeding import generator
 
 GHUBER_DELTA = 1e-10
 
@@ -171,38 +171,27 @@ class AWM(DiffusionAlgorithm):
             grid = flow_sigmas(s.num_steps, configured_shift(self.config))[
                 1 : int(s.num_steps * p.timestep_fraction)
             ]
-        rows, ts, noise = [], [], []
-        for i, (slot, j) in enumerate(zip(batch.group_id.tolist(), batch.sample_index.tolist())):
-            times = stratified_timesteps(
-                generator(seed, "awm_t", slot, j),
-                p.num_timesteps,
-                p.timestep_sampling,
-                p.time_shift,
-                p.logit_mean,
-                p.logit_std,
-                grid,
-            )
-            for n, t in enumerate(times):
-                rows.append(i)
-                ts.append(t)
-                noise.append(
-                    torch.randn(batch.x0.shape[1:], generator=generator(seed, "awm_eps", slot, j, n))
-                )
-        idx = torch.tensor(rows, dtype=torch.long)
-        device = batch.x0.device
+        rows = expand_timesteps(
+            batch,
+            seed,
+            "awm",
+            lambda gen: stratified_timesteps(
+                gen, p.num_timesteps, p.timestep_sampling, p.time_shift, p.logit_mean, p.logit_std, grid
+            ),
+        )
+        idx, device = rows.idx, batch.x0.device
         return AWMExamples(
             sample_id=idx,
             x0=batch.x0[idx],
-            noise=torch.stack(noise).to(device),
-            t=torch.tensor(ts, device=device),
+            noise=rows.noise,
+            t=rows.t,
             advantages=signals.values["advantages"][idx].to(device),
             old_log_prob=torch.full((len(idx),), math.nan, dtype=torch.float64, device=device),
             cond=batch.cond.select(idx),
         )
 
     def _velocity(self, policy, examples: AWMExamples, reference: bool = False) -> torch.Tensor:
-        t_ = examples.t.view(-1, *[1] * (examples.x0.ndim - 1))
-        x_t = (1 - t_) * examples.x0 + t_ * examples.noise
+        x_t = noised(examples.x0, examples.noise, examples.t)
         forward = policy.reference_velocity if reference else policy.velocity
         if not self.params.train_cfg:
             return forward(x_t, examples.t, examples.cond)
@@ -243,10 +232,6 @@ class AWM(DiffusionAlgorithm):
             kl = (v - v_ref).pow(2).flatten(1).mean(1).mean().double()
             loss = loss + p.kl_beta * kl
         return loss, {
-            "train/policy_loss": terms.policy_loss.item(),
-            "train/kl_loss": kl.item(),
-            "train/approx_kl": terms.approx_kl.item(),
-            "train/clipfrac": terms.clipfrac.item(),
-            "train/ratio_abs_minus_1": (terms.ratio - 1).abs().mean().item(),
+            **terms.metrics(kl),
             "train/awm_log_prob": log_prob.detach().mean().item(),
         }

@@ -31,10 +31,10 @@ from diffrl.algorithms.base import (
     TrainSignals,
     x0_only_spec,
 )
+from diffrl.algorithms.forward_process import expand_timesteps, noised
 from diffrl.models.base import Conditioning
 from diffrl.sampling.sampler import configured_shift
 from diffrl.sampling.schedules import flow_sigmas
-from diffrl.seeding import generator
 
 DECAY_SCHEDULES = ("none", "ramp", "flat_ramp")
 ADV_MODES = ("all", "positive_only", "negative_only", "binary")
@@ -191,30 +191,25 @@ class DiffusionNFT(DiffusionAlgorithm):
             :-1
         ]  # the sampler's timesteps, t = 1 first
         k = int(s.num_steps * self.params.timestep_fraction)
-        rows, ts, noise = [], [], []
-        for i, (slot, j) in enumerate(zip(batch.group_id.tolist(), batch.sample_index.tolist())):
-            perm = torch.randperm(len(grid), generator=generator(seed, "nft_t", slot, j))[:k]
-            for n, step in enumerate(perm.tolist()):
-                rows.append(i)
-                ts.append(grid[step].item())
-                noise.append(
-                    torch.randn(batch.x0.shape[1:], generator=generator(seed, "nft_eps", slot, j, n))
-                )
-        idx = torch.tensor(rows, dtype=torch.long)
-        device = batch.x0.device
+        rows = expand_timesteps(
+            batch,
+            seed,
+            "nft",
+            lambda gen: grid[torch.randperm(len(grid), generator=gen)[:k]].tolist(),
+        )
+        idx = rows.idx
         return NFTExamples(
             sample_id=idx,
             x0=batch.x0[idx],
-            noise=torch.stack(noise).to(device),
-            t=torch.tensor(ts, device=device),
-            r=signals.values["r"][idx].to(device),
+            noise=rows.noise,
+            t=rows.t,
+            r=signals.values["r"][idx].to(batch.x0.device),
             cond=batch.cond.select(idx),
         )
 
     def compute_loss(self, policy, examples: NFTExamples) -> tuple[torch.Tensor, dict[str, float]]:
         p = self.params
-        t_ = examples.t.view(-1, *[1] * (examples.x0.ndim - 1))
-        x_t = (1 - t_) * examples.x0 + t_ * examples.noise
+        x_t = noised(examples.x0, examples.noise, examples.t)
         guidance = self.config.sampling.guidance_scale if p.train_cfg else 1.0
         negative = policy.negative(len(examples)) if p.train_cfg else None
         v_old = policy.old_velocity(

@@ -39,6 +39,15 @@ class PPOTerms:
     clipfrac: torch.Tensor
     ratio: torch.Tensor
 
+    def metrics(self, kl_loss: torch.Tensor) -> dict[str, float]:
+        return {
+            "train/policy_loss": self.policy_loss.item(),
+            "train/kl_loss": kl_loss.item(),
+            "train/approx_kl": self.approx_kl.item(),
+            "train/clipfrac": self.clipfrac.item(),
+            "train/ratio_abs_minus_1": (self.ratio - 1).abs().mean().item(),
+        }
+
 
 def ppo_clip_loss(
     log_prob: torch.Tensor,
@@ -223,11 +232,7 @@ class FlowGRPO(DiffusionAlgorithm):
             kl = mean_kl(out.mean, ref.mean, out.std)
             loss = loss + p.kl_beta * kl
         return loss, {
-            "train/policy_loss": terms.policy_loss.item(),
-            "train/kl_loss": kl.item(),
-            "train/approx_kl": terms.approx_kl.item(),
-            "train/clipfrac": terms.clipfrac.item(),
-            "train/ratio_abs_minus_1": (terms.ratio - 1).abs().mean().item(),
+            **terms.metrics(kl),
             "train/log_prob_mean_abs_diff": (out.log_prob.detach() - examples.old_log_prob)
             .abs()
             .mean()
