@@ -44,13 +44,15 @@ def build(model: str, overrides: list[str]):
 def bare_forwards(family, collector, rollout_id: int) -> None:
     """Only the transformer calls the collector makes: same micro-groups, steps and CFG."""
     cfg = collector.config
-    prompt_ids = collector.stream.take(rollout_id * collector.n_prompts, collector.n_prompts)
-    prompts = [collector.prompts.prompts[p] for p in prompt_ids for _ in range(collector.n_samples)]
+    prompt_ids = collector.planner.stream.take(
+        rollout_id * collector.planner.n_prompts, collector.planner.n_prompts
+    )
+    prompts = [collector.prompts.prompts[p] for p in prompt_ids for _ in range(collector.planner.n_samples)]
     neg = family.encode_prompts([cfg.sampling.negative_prompt]) if cfg.sampling.guidance_scale > 1 else None
     h, w = collector.height, collector.width
     with torch.no_grad():
-        for start in range(0, len(prompts), collector.micro_group_size):
-            chunk = prompts[start : start + collector.micro_group_size]
+        for start in range(0, len(prompts), collector.planner.micro_group_size):
+            chunk = prompts[start : start + collector.planner.micro_group_size]
             cond = family.encode_prompts(chunk)
             x = torch.randn(len(chunk), *family.latent_shape(h, w))
             negative = neg.repeat(len(chunk)) if neg is not None else None
@@ -83,12 +85,14 @@ def diffusers_pipeline(family, collector):
 
 def run_pipeline(pipe, family, collector, rollout_id: int) -> None:
     cfg = collector.config
-    prompt_ids = collector.stream.take(rollout_id * collector.n_prompts, collector.n_prompts)
-    prompts = [collector.prompts.prompts[p] for p in prompt_ids for _ in range(collector.n_samples)]
+    prompt_ids = collector.planner.stream.take(
+        rollout_id * collector.planner.n_prompts, collector.planner.n_prompts
+    )
+    prompts = [collector.prompts.prompts[p] for p in prompt_ids for _ in range(collector.planner.n_samples)]
     g = cfg.sampling.guidance_scale
     h, w = collector.height, collector.width
-    for start in range(0, len(prompts), collector.micro_group_size):
-        chunk = prompts[start : start + collector.micro_group_size]
+    for start in range(0, len(prompts), collector.planner.micro_group_size):
+        chunk = prompts[start : start + collector.planner.micro_group_size]
         cond = family.encode_prompts(chunk)
         neg = family.encode_prompts([cfg.sampling.negative_prompt] * len(chunk))
         pipe(
@@ -155,10 +159,10 @@ def main() -> None:
     overrides = [f"sampling.guidance_scale={args.guidance}"]
     cfg, family, collector = build(args.model, overrides)
     pipe = diffusers_pipeline(family, collector)
-    n = collector.n_prompts * collector.n_samples
+    n = collector.planner.n_prompts * collector.planner.n_samples
     print(
-        f"tiny {args.model}: {collector.n_prompts} prompts x {collector.n_samples} samples, micro-groups of "
-        f"{collector.micro_group_size}, {cfg.sampling.num_steps} steps, CFG {args.guidance}, "
+        f"tiny {args.model}: {collector.planner.n_prompts} prompts x {collector.planner.n_samples} samples, micro-groups of "
+        f"{collector.planner.micro_group_size}, {cfg.sampling.num_steps} steps, CFG {args.guidance}, "
         f"torch threads {torch.get_num_threads()}"
     )
     collector.collect(0)  # warm-up: prompt cache, allocator

@@ -38,6 +38,11 @@ class Batch:
             values[f.name] = _cat(items)
         return cls(**values)
 
+    def to(self, device: torch.device | str) -> Self:
+        """The same examples with every tensor on ``device`` (lists and ``None`` unchanged)."""
+        values = {f.name: _to(getattr(self, f.name), device) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return type(self)(**values)
+
     def micro_batches(self, size: int) -> list[Self]:
         return [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
 
@@ -51,6 +56,12 @@ def _select(v: Any, idx: torch.Tensor) -> Any:
         return [v[i] for i in idx.tolist()]
     if hasattr(v, "select"):
         return v.select(idx)
+    return v
+
+
+def _to(v: Any, device: torch.device | str) -> Any:
+    if isinstance(v, torch.Tensor) or (hasattr(v, "to") and hasattr(v, "select")):
+        return v.to(device)
     return v
 
 

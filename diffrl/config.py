@@ -115,6 +115,9 @@ class RolloutConfig:
     replay in training runs the very same forwards as the rollout, bit for bit)."""
     num_steps_per_rollout: int = 1
     """Optimizer steps per rollout."""
+    same_latent: bool = False
+    """Samples of one prompt group start from the same initial noise (flow_grpo's
+    ``sample.same_latent``): their rewards then differ only through the stochastic steps."""
 
 
 @dataclass
@@ -162,7 +165,30 @@ class EvalConfig:
 
 
 @dataclass
+class RayConfig:
+    """``runner: ray``: rollout engines, reward workers and FSDP2 trainer ranks as Ray actors."""
+
+    address: str | None = None
+    """``null``: start a local Ray cluster for this run; ``auto``: join the cluster started with
+    ``ray start`` on this node; or ``host:port`` of a cluster's head."""
+    num_engines: int = 1
+    """Rollout engines; the micro-groups of a rollout are shared out among them."""
+    num_reward_workers: int = 1
+    """Actors per reward type, fed per micro-group as rollouts finish."""
+    num_trainer_ranks: int = 1
+    """FSDP2 ranks (one Ray actor each, in one placement group)."""
+    colocate: bool = True
+    """Engine i shares rank i's device (GPU runs); false: engines get devices of their own."""
+    backend: str | None = None
+    """torch.distributed backend; ``null``: nccl on GPU, gloo on CPU."""
+    cpus_per_actor: float = 1.0
+
+
+@dataclass
 class Config:
+    runner: Literal["local", "ray"] = "local"
+    """``local``: one process; ``ray``: actors on a Ray cluster (see :class:`RayConfig`)."""
+    ray: RayConfig = field(default_factory=RayConfig)
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -410,7 +436,7 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
     from diffrl.models.registry import FAMILIES
     from diffrl.rewards.registry import REWARDS
 
-    errors: list[str] = []
+    errors: list[str] = _ray_checks(config)
     t = config.train
     for name in ("iterations", "batch_size", "micro_batch_size"):
         if getattr(t, name) < 1:
@@ -523,6 +549,30 @@ def _rollout_arithmetic(config: Config) -> list[str]:
             f"{r.n_samples_per_prompt} = {samples} samples per rollout, but train.batch_size x "
             f"rollout.num_steps_per_rollout = {t.batch_size} x {r.num_steps_per_rollout} = "
             f"{t.batch_size * r.num_steps_per_rollout}; they must be equal{hint}"
+        )
+    return errors
+
+
+def _ray_checks(config: Config) -> list[str]:
+    import importlib.util
+
+    r, errors = config.ray, []
+    if config.runner != "ray":
+        return errors
+    if importlib.util.find_spec("ray") is None:
+        errors.append("runner=ray needs the ray package: pip install 'ray>=2.40'")
+    for name in ("num_engines", "num_reward_workers", "num_trainer_ranks"):
+        if getattr(r, name) < 1:
+            errors.append(f"ray.{name} must be >= 1, got {getattr(r, name)}")
+    if r.cpus_per_actor < 0:
+        errors.append(f"ray.cpus_per_actor must be >= 0, got {r.cpus_per_actor}")
+    if r.backend not in (None, "gloo", "nccl"):
+        errors.append(f"ray.backend must be gloo, nccl or null, got {r.backend!r}")
+    ranks, per_step = r.num_trainer_ranks, config.train.batch_size
+    if ranks >= 1 and per_step % ranks:
+        errors.append(
+            f"batch arithmetic: train.batch_size={per_step} samples per optimizer step do not split "
+            f"evenly over ray.num_trainer_ranks={ranks} (ranks take whole samples)"
         )
     return errors
 

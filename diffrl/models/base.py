@@ -98,6 +98,12 @@ class ModelFamily(ABC):
         """The module a full fine-tune optimises (its ``state_dict`` is what checkpoints hold)."""
         return self.transformer
 
+    def fsdp_blocks(self, module: nn.Module) -> list[nn.Module]:
+        """The units FSDP2 shards one by one inside ``module`` (a transformer): its blocks, under
+        the names diffusers gives them; the rest of ``module`` becomes the root unit."""
+        names = ("transformer_blocks", "single_transformer_blocks", "blocks")
+        return [block for name in names for block in getattr(module, name, None) or []]
+
     # ---- construction ------------------------------------------------------------------------
     @classmethod
     @abstractmethod

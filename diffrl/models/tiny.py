@@ -110,6 +110,8 @@ class TinyFamily(ModelFamily):
         errors = super().validate_config(config, check_files)
         if config.model.options.get("train_text_encoder") and config.model.lora is not None:
             errors.append("model.options.train_text_encoder needs a full fine-tune (model.lora: null)")
+        if config.model.options.get("train_text_encoder") and config.runner != "local":
+            errors.append("model.options.train_text_encoder runs in one process only (runner: local)")
         return errors
 
     def __init__(self, transformer, text_encoder, tokenizer, device, options):

@@ -59,6 +59,9 @@ class Reward(ABC):
             return Pending(fail)
         return Pending(lambda: scores)
 
+    def use_in_process(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Score in the calling process (a Ray reward worker is already a process of its own)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release worker processes or remote sessions."""
 
@@ -87,6 +90,24 @@ class RewardOutput:
     per_reward: dict[str, torch.Tensor]
     errors: list[str] = field(default_factory=list)
 
+    @classmethod
+    def cat(cls, parts: Sequence[RewardOutput]) -> RewardOutput:
+        """Concatenate the outputs of consecutive chunks of samples."""
+        return cls(
+            torch.cat([p.total for p in parts]),
+            {k: torch.cat([p.per_reward[k] for p in parts]) for k in parts[0].per_reward},
+            [e for p in parts for e in p.errors],
+        )
+
+    @classmethod
+    def combine(cls, outs: Sequence[RewardOutput]) -> RewardOutput:
+        """Sum the outputs of several reward sets on the same samples (their totals are weighted)."""
+        return cls(
+            sum((o.total for o in outs[1:]), outs[0].total.clone()),
+            {k: v for o in outs for k, v in o.per_reward.items()},
+            [e for o in outs for e in o.errors],
+        )
+
 
 def build_reward(cfg: RewardConfig) -> Reward:
     from diffrl.rewards.registry import REWARDS
@@ -110,9 +131,12 @@ def build_reward(cfg: RewardConfig) -> Reward:
 class RewardSet:
     """All rewards of a run, combined as a weighted sum."""
 
-    def __init__(self, configs: Sequence[RewardConfig]):
+    def __init__(self, configs: Sequence[RewardConfig], in_process: bool = False):
         self.configs = list(configs)
         self.rewards = [build_reward(c) for c in self.configs]
+        if in_process:
+            for r in self.rewards:
+                r.use_in_process()
 
     def submit(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]

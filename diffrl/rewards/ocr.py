@@ -88,6 +88,9 @@ class OCRReward(Reward):
         self.num_workers = min(2, os.cpu_count() or 1) if num_workers is None else num_workers
         self._pool: cf.ProcessPoolExecutor | None = None
 
+    def use_in_process(self) -> None:
+        self.num_workers = 1
+
     def _get_pool(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
             self._pool = cf.ProcessPoolExecutor(

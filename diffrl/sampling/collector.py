@@ -13,7 +13,7 @@ from diffrl.config import Config
 from diffrl.data.offline import OfflineDataset
 from diffrl.data.prompts import PromptSet
 from diffrl.models.base import ModelFamily
-from diffrl.rewards.base import RewardSet
+from diffrl.rewards.base import RewardOutput, RewardSet
 from diffrl.sampling.kernels import ode_step, stochastic_kernel
 from diffrl.sampling.sampler import DETERMINISTIC, heun_step, image_size, initial_noise, sampling_shift
 from diffrl.sampling.schedules import flow_sigmas
@@ -26,6 +26,53 @@ class RolloutStats:
     errors: list[str] = field(default_factory=list)
     sampling_time: float = 0.0
     reward_wait_time: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Runner-specific rollout metrics (e.g. ``rollout/reissued``)."""
+
+
+@dataclass
+class RolloutPlan:
+    """``micro_groups[g]``: the ``(slot, prompt, sample)`` jobs sampled together in micro-group g."""
+
+    rollout_id: int
+    micro_groups: list[list[tuple[int, int, int]]]
+    steps: list[int]
+
+
+class RolloutPlanner:
+    """Which prompts and samples a rollout holds, split into micro-groups, and which of its steps
+    are stochastic; needs no model (a Ray driver plans, its engines sample)."""
+
+    def __init__(self, config: Config, spec: CollectionSpec, num_prompts: int):
+        r = config.rollout
+        self.n_prompts, self.n_samples = r.batch_size, r.n_samples_per_prompt
+        self.micro_group_size = r.micro_group_size or config.train.micro_batch_size
+        self.seed, self.num_steps = config.run.seed, config.sampling.num_steps
+        self.stream = EpochStream(num_prompts, self.seed, "prompts")
+        self.spec = spec
+
+    def stochastic_steps(self, rollout_id: int) -> list[int]:
+        if self.spec.sampler in DETERMINISTIC or self.spec.step_strategy is None:
+            return []
+        return list(self.spec.step_strategy(self.num_steps, rollout_id, self.seed))
+
+    def plan(self, rollout_id: int) -> RolloutPlan:
+        """The rollout's micro-groups of ``(slot, prompt, sample)`` jobs and its stochastic steps."""
+        first_slot = rollout_id * self.n_prompts
+        prompt_ids = self.stream.take(first_slot, self.n_prompts)
+        # the slot is the prompt's position in the endless prompt stream, unique even when an
+        # epoch boundary brings a prompt twice into one rollout
+        jobs = [(first_slot + q, p, j) for q, p in enumerate(prompt_ids) for j in range(self.n_samples)]
+        m = self.micro_group_size
+        return RolloutPlan(
+            rollout_id, [jobs[i : i + m] for i in range(0, len(jobs), m)], self.stochastic_steps(rollout_id)
+        )
+
+
+def attach_rewards(batch: RolloutBatch, out: RewardOutput, stats: RolloutStats) -> None:
+    batch.rewards = out.total
+    stats.errors = list(out.errors)
+    stats.reward_failed = int((~torch.isfinite(out.total)).sum())
 
 
 class OfflineCollector:
@@ -87,11 +134,8 @@ class OnlineCollector:
             prompts,
             rewards,
         )
-        r = config.rollout
-        self.n_prompts, self.n_samples = r.batch_size, r.n_samples_per_prompt
-        self.micro_group_size = r.micro_group_size or config.train.micro_batch_size
+        self.planner = RolloutPlanner(config, spec, len(prompts))
         self.seed = config.run.seed
-        self.stream = EpochStream(len(prompts), self.seed, "prompts")
         s = config.sampling
         self.num_steps, self.guidance = s.num_steps, s.guidance_scale
         self.sigmas = flow_sigmas(s.num_steps, sampling_shift(config, family)).to(family.device)
@@ -99,30 +143,31 @@ class OnlineCollector:
         self.kernel = stochastic_kernel(spec.sampler) if spec.sampler not in DETERMINISTIC else None
         self.heun = spec.sampler == "heun"
 
-    def stochastic_steps(self, rollout_id: int) -> list[int]:
-        if self.kernel is None or self.spec.step_strategy is None:
-            return []
-        return list(self.spec.step_strategy(self.num_steps, rollout_id, self.seed))
+    def plan(self, rollout_id: int) -> RolloutPlan:
+        return self.planner.plan(rollout_id)
+
+    def negative(self):
+        """The negative-prompt conditioning for CFG (None when CFG is off)."""
+        if self.guidance <= 1.0:
+            return None
+        return self.family.encode_prompts([self.config.sampling.negative_prompt])
+
+    @torch.no_grad()
+    def sample(self, plan: RolloutPlan, micro_group: int, module: nn.Module | None = None) -> RolloutBatch:
+        """Sample one micro-group of ``plan`` (what a rollout engine does for its share)."""
+        return self._sample(
+            plan.micro_groups[micro_group], micro_group, plan.rollout_id, plan.steps, self.negative(), module
+        )
 
     @torch.no_grad()
     def collect(self, rollout_id: int, module: nn.Module | None = None) -> tuple[RolloutBatch, RolloutStats]:
         start = time.time()
-        first_slot = rollout_id * self.n_prompts
-        prompt_ids = self.stream.take(first_slot, self.n_prompts)
-        # (slot, prompt, sample): the slot is the prompt's position in the endless prompt stream,
-        # unique even when an epoch boundary brings a prompt twice into one rollout
-        jobs = [(first_slot + q, p, j) for q, p in enumerate(prompt_ids) for j in range(self.n_samples)]
-        steps = self.stochastic_steps(rollout_id)
-        negative = (
-            self.family.encode_prompts([self.config.sampling.negative_prompt])
-            if self.guidance > 1.0
-            else None
-        )
+        plan = self.plan(rollout_id)
+        negative = self.negative()
         parts, pending = [], []
         stats = RolloutStats()
-        for g, first in enumerate(range(0, len(jobs), self.micro_group_size)):
-            chunk = jobs[first : first + self.micro_group_size]
-            part = self._sample(chunk, g, rollout_id, steps, negative, module)
+        for g, chunk in enumerate(plan.micro_groups):
+            part = self._sample(chunk, g, rollout_id, plan.steps, negative, module)
             if self.rewards is not None:
                 pending.append(self.rewards.submit(part.images, part.prompts, part.metadata))
             parts.append(part)
@@ -130,11 +175,9 @@ class OnlineCollector:
         batch = RolloutBatch.cat(parts)
         if self.rewards is not None:
             t0 = time.time()
-            outs = [p.result() for p in pending]
+            out = RewardOutput.cat([p.result() for p in pending])
             stats.reward_wait_time = time.time() - t0
-            batch.rewards = torch.cat([o.total for o in outs])
-            stats.errors = [e for o in outs for e in o.errors]
-            stats.reward_failed = int((~torch.isfinite(batch.rewards)).sum())
+            attach_rewards(batch, out, stats)
         return batch, stats
 
     def _sample(self, chunk, micro_group, rollout_id, steps, negative, module) -> RolloutBatch:
@@ -142,7 +185,9 @@ class OnlineCollector:
         prompts = [self.prompts.prompts[p] for _, p, _ in chunk]
         cond = family.encode_prompts(prompts)
         neg = negative.repeat(b) if negative is not None else None
-        x = initial_noise(family, [(self.seed, "init", q, j) for q, _, j in chunk], self.height, self.width)
+        same = self.config.rollout.same_latent
+        keys = [(self.seed, "init", q, 0 if same else j) for q, _, j in chunk]
+        x = initial_noise(family, keys, self.height, self.width)
         keep = self.spec.keep_trajectory
         traj_x, traj_next, traj_lp = [], [], []
         sigma_max = self.sigmas[1].item()

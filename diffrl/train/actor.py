@@ -12,6 +12,7 @@ from torch import nn
 
 from diffrl.algorithms.base import DiffusionAlgorithm, TrainExamples
 from diffrl.config import Config, LoraConfig
+from diffrl.distributed.fsdp import DistContext, full_tensor
 from diffrl.models.base import Conditioning, ModelFamily
 from diffrl.sampling.sampler import sampling_shift
 from diffrl.train.ema import EMA
@@ -37,17 +38,25 @@ class OldPolicy:
                 warnings.filterwarnings("ignore", message="Already found a `peft_config`")
                 transformer.add_adapter(_peft_config(family, lora), adapter_name=OLD_ADAPTER)
             transformer.set_adapter("default")  # add_adapter activated the new one
+            self.module = None
+            self.bind()
+            for live, old in self.pairs:
+                old.data = live.detach().clone()
+        else:
+            self.module = copy.deepcopy(transformer).requires_grad_(False).eval()
+            self.bind()
+
+    def bind(self) -> None:
+        """Pair each live parameter with its old copy (again after FSDP replaced the parameters)."""
+        transformer = self.family.transformer
+        if self.lora:
             params = dict(transformer.named_parameters())
             self.pairs = [
                 (p, params[n.replace(".default.", f".{OLD_ADAPTER}.")])
                 for n, p in params.items()
                 if "lora_" in n and ".default." in n
             ]
-            for live, old in self.pairs:
-                old.data = live.detach().clone()
-            self.module = None
         else:
-            self.module = copy.deepcopy(transformer).requires_grad_(False).eval()
             self.pairs = list(zip(transformer.parameters(), self.module.parameters()))
 
     @contextlib.contextmanager
@@ -174,11 +183,24 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 
 
 class Actor:
+    """The trainable policy and its optimizer; one process, or one FSDP2 rank of several.
+
+    With ``dist`` (a trainer rank), the transformer (and the frozen copies an algorithm keeps) is
+    sharded with FSDP2 after the adapters are in place and before the optimizer sees the
+    parameters; :meth:`train_step` then takes this rank's share of a step's examples.
+    """
+
     def __init__(
-        self, family: ModelFamily, config: Config, keep_reference: bool = False, keep_old: bool = False
+        self,
+        family: ModelFamily,
+        config: Config,
+        keep_reference: bool = False,
+        keep_old: bool = False,
+        dist: DistContext | None = None,
     ):
         self.family = family
         self.config = config
+        self.dist = dist
         t = config.train
         reference = None
         if config.model.lora is not None:
@@ -187,6 +209,15 @@ class Actor:
             if keep_reference:  # a frozen copy of the starting weights (LoRA just disables its adapter)
                 reference = copy.deepcopy(family.transformer).requires_grad_(False).eval()
             family.trainable_module().requires_grad_(True)
+        old = OldPolicy(family, config.model.lora) if keep_old else None
+        if dist is not None:
+            from diffrl.distributed.fsdp import shard_module
+
+            for module in (family.transformer, reference, old.module if old is not None else None):
+                if module is not None:
+                    shard_module(module, family.fsdp_blocks(module))
+            if old is not None:
+                old.bind()
         self.params = family.trainable_parameters()
         if not self.params:
             raise ValueError("no trainable parameters: check model.lora.target_modules")
@@ -197,7 +228,6 @@ class Actor:
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, t.iterations)
         )
         self.ema = EMA(self.params, t.ema_decay) if t.ema_decay else None
-        old = OldPolicy(family, config.model.lora) if keep_old else None
         self.policy = Policy(family, config, reference, old)
         self.step = 0
 
@@ -216,35 +246,50 @@ class Actor:
     def before_update(self, examples: TrainExamples, algorithm: DiffusionAlgorithm) -> TrainExamples:
         """The algorithm's pre-update pass, with the weights and mode the update starts from."""
         self.module.train()
-        return algorithm.before_update(self.policy, examples)
+        return algorithm.before_update(self.policy, examples.to(self.family.device))
 
-    def train_step(self, examples: TrainExamples, algorithm: DiffusionAlgorithm) -> dict[str, float]:
+    def train_step(
+        self, examples: TrainExamples, algorithm: DiffusionAlgorithm, total: int | None = None
+    ) -> dict[str, float]:
         """One optimizer step over ``examples``, accumulated in micro-batches.
 
-        Each micro-batch loss is weighted by its share of the examples, so the gradient equals
-        that of the mean loss over all of them whatever the micro-batch size. A non-finite loss or
-        gradient skips the step (reported as ``train/skipped_nonfinite``).
+        Each micro-batch loss is weighted by its share of the step's ``total`` examples (default:
+        ``len(examples)``; on a trainer rank, the count over all ranks), so the gradient equals
+        that of the mean loss over all of them whatever the micro-batch size or the number of
+        ranks. A non-finite loss or gradient skips the step (``train/skipped_nonfinite``).
         """
         self.module.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total = len(examples)
+        total = total or len(examples)
+        world = self.dist.world_size if self.dist is not None else 1
         sums: dict[str, float] = {}
         loss_sum = 0.0
         finite = True
         for mb in examples.micro_batches(self.config.train.micro_batch_size):
+            mb = mb.to(self.family.device)
             loss, metrics = algorithm.compute_loss(self.policy, mb)
             share = len(mb) / total
             if not torch.isfinite(loss):
                 finite = False
-                break
-            (loss * share).backward()
+                if self.dist is None:
+                    break
+                # every rank must run the same backward passes (FSDP collectives); the NaN
+                # gradient then skips the step on all of them
+            # FSDP averages gradients over ranks: scale back up to the sum of the shares
+            (loss * share * world).backward()
             loss_sum += loss.item() * share
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + v * share
+        if self.dist is not None:
+            keys = sorted(sums)
+            reduced = self.dist.sum([loss_sum, *(sums[k] for k in keys)])
+            loss_sum, sums = reduced[0], dict(zip(keys, reduced[1:]))
+            finite = self.dist.all(finite)
         grad_norm = float("nan")
         if finite:
             clip = self.config.train.grad_clip
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf")))
+            norm = torch.nn.utils.clip_grad_norm_(self.params, clip if clip else float("inf"))
+            grad_norm = float(full_tensor(norm))
             finite = math.isfinite(grad_norm)
         if finite:
             self.optimizer.step()

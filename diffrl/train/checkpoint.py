@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from diffrl.config import Config, LoraConfig, dump_config
+from diffrl.distributed.fsdp import full_tensor
 from diffrl.models.base import FamilyMismatchError
 
 FORMAT = "diffrl-checkpoint-1"
@@ -30,13 +31,19 @@ def is_checkpoint(path: str | Path) -> bool:
     return (Path(path) / "checkpoint.json").is_file()
 
 
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of the whole tensor (gathered from the ranks when FSDP2 shards it)."""
+    return full_tensor(t.detach()).contiguous().cpu()
+
+
 def trainable_state(actor) -> dict[str, torch.Tensor]:
+    """The trainable weights by name. On FSDP2 ranks a collective: every rank must call it."""
     module = actor.module
     if actor.config.model.lora is not None:
         from peft.utils import get_peft_model_state_dict
 
-        return {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(module).items()}
-    return {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+        return {k: _whole(v) for k, v in get_peft_model_state_dict(module).items()}
+    return {k: _whole(v) for k, v in module.state_dict().items()}
 
 
 def load_trainable_state(family, state: dict[str, torch.Tensor], lora: bool) -> None:
@@ -57,25 +64,29 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     tensors = {}
     for pid, state in sd["state"].items():
         for k, v in state.items():
-            tensors[f"state.{pid}.{k}"] = (
-                v.detach().contiguous().cpu() if isinstance(v, torch.Tensor) else torch.tensor(v)
-            )
+            tensors[f"state.{pid}.{k}"] = _whole(v) if isinstance(v, torch.Tensor) else torch.tensor(v)
     return tensors, {"param_groups": json.dumps(sd["param_groups"])}
 
 
-def save_checkpoint(path: str | Path, actor, config: Config, iteration: int) -> Path:
+def save_checkpoint(path: str | Path, actor, config: Config, iteration: int, write: bool = True) -> Path:
+    """Write the checkpoint. On FSDP2 ranks every rank calls it (the shards are gathered) and only
+    the one with ``write`` writes."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(trainable_state(actor), str(path / "trainable.safetensors"))
+    trainable = trainable_state(actor)
     tensors, meta = _optimizer_tensors(actor.optimizer)
+    ema = None
+    if actor.ema is not None:
+        names = [n for n, p in actor.module.named_parameters() if p.requires_grad]
+        ema = {n: _whole(s) for n, s in zip(names, actor.ema.shadow)}
+    if not write:
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(trainable, str(path / "trainable.safetensors"))
     meta["scheduler"] = json.dumps(actor.scheduler.state_dict())
     meta["actor_step"] = str(actor.step)
     save_file(tensors, str(path / "optimizer.safetensors"), metadata=meta)
-    if actor.ema is not None:
-        names = [n for n, p in actor.module.named_parameters() if p.requires_grad]
-        save_file(
-            {n: s.contiguous().cpu() for n, s in zip(names, actor.ema.shadow)}, str(path / "ema.safetensors")
-        )
+    if ema is not None:
+        save_file(ema, str(path / "ema.safetensors"))
     dump_config(config, path / "config.yaml")
     lora = dataclasses.asdict(config.model.lora) if config.model.lora is not None else None
     info = {

@@ -13,18 +13,10 @@ import torch
 from diffrl.algorithms.base import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config, dump_config
-from diffrl.data.offline import build_offline_dataset
-from diffrl.data.prompts import load_prompts
 from diffrl.logging import MetricsLogger, Progress
-from diffrl.models.base import ModelFamily
-from diffrl.models.registry import load_family
-from diffrl.rewards.base import RewardSet
-from diffrl.sampling.collector import OfflineCollector, OnlineCollector
-from diffrl.sampling.sampler import image_size
 from diffrl.seeding import generator
-from diffrl.train.actor import Actor
-from diffrl.train.checkpoint import save_checkpoint
-from diffrl.train.evaluate import evaluate, plot_eval_curve, save_grid
+from diffrl.train.evaluate import plot_eval_curve, save_grid
+from diffrl.train.runner import Runner, build_runner
 
 SHOWN = [
     "rollout/reward/raw_mean",
@@ -43,10 +35,10 @@ class TrainResult:
     evals: list[dict[str, float]] = field(default_factory=list)
 
 
-def describe_batches(config: Config, spec: CollectionSpec, actor: Actor) -> str:
+def describe_batches(config: Config, spec: CollectionSpec, runner: Runner) -> str:
     t, r = config.train, config.rollout
     lines = [
-        f"{actor.num_trainable():,} trainable parameters ({'LoRA r=' + str(config.model.lora.rank) if config.model.lora else 'full transformer'}); {t.iterations} iterations"
+        f"{runner.describe()} ({'LoRA r=' + str(config.model.lora.rank) if config.model.lora else 'full transformer'}); {t.iterations} iterations"
     ]
     if spec.online:
         k = (
@@ -70,15 +62,6 @@ def describe_batches(config: Config, spec: CollectionSpec, actor: Actor) -> str:
             f"optimizer: 1 step per iteration of {t.batch_size} examples, in micro-batches of {t.micro_batch_size}"
         )
     return "batch arithmetic:\n  " + "\n  ".join(lines)
-
-
-def build_collector(config: Config, family: ModelFamily, spec: CollectionSpec, rewards: RewardSet | None):
-    if spec.online:
-        return OnlineCollector(config, family, spec, load_prompts(config.data.prompts), rewards)
-    height, width = image_size(config, family)
-    return OfflineCollector(
-        build_offline_dataset(config, height, width), family, config.train.batch_size, config.run.seed
-    )
 
 
 def rollout_metrics(batch: RolloutBatch, failed: int) -> dict[str, float]:
@@ -124,17 +107,10 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]} if rows else {}
 
 
-def run_eval(
-    step: int,
-    actor: Actor,
-    config: Config,
-    rewards: RewardSet | None,
-    out: Path,
-    logger: MetricsLogger,
-    train_time: float,
-):
-    with actor.eval_weights():
-        result = evaluate(actor.family, config, rewards)
+def run_eval(step: int, runner: Runner, config: Config, out: Path, logger: MetricsLogger, train_time: float):
+    result = runner.evaluate()
+    if result is None:
+        return None
     save_grid(result.images[: config.eval.grid_images], out / "eval" / f"step_{step:05d}.png")
     metrics = result.metrics()
     logger.log(step, metrics)
@@ -150,32 +126,30 @@ def train(config: Config) -> TrainResult:
 
     algorithm = build_algorithm(config)
     spec = algorithm.collection_spec()
-    family = load_family(config)
-    actor = Actor(
-        family, config, keep_reference=algorithm.needs_reference, keep_old=algorithm.keeps_old_policy
-    )
-    train_rewards = RewardSet(config.rewards) if spec.needs_reward else None
-    eval_rewards = RewardSet(config.eval.rewards) if config.eval.enabled else None
-    collector = build_collector(config, family, spec, train_rewards)
+    runner = build_runner(config, algorithm, spec)
     n_steps = config.rollout.num_steps_per_rollout if spec.online else 1
-    print(f"diffrl: {algorithm.name} on {family.name} ({config.model.path}) -> {out}", flush=True)
-    print(describe_batches(config, spec, actor), flush=True)
+    print(f"diffrl: {algorithm.name} on {config.model.family} ({config.model.path}) -> {out}", flush=True)
+    print(describe_batches(config, spec, runner), flush=True)
 
     result = TrainResult(out, out / "checkpoints" / "final")
     t = config.train
+
+    def evaluate(step: int, train_time: float) -> None:
+        point = run_eval(step, runner, config, out, logger, train_time)
+        if point is not None:
+            result.evals.append(point)
+
     try:
-        if eval_rewards is not None:
-            result.evals.append(run_eval(0, actor, config, eval_rewards, out, logger, 0.0))
+        evaluate(0, 0.0)
         progress = Progress("train", t.iterations, "iter")
         budget = t.time_budget_minutes * 60 if t.time_budget_minutes else float("inf")
         train_time = 0.0
         step = 0
         for it in range(t.iterations):
             t0 = time.time()
-            family.transformer.eval()
-            with actor.policy.sampling_weights() as module:  # the old policy when the algorithm keeps one
-                batch, stats = collector.collect(it, module)
+            batch, stats = runner.collect(it)
             metrics = rollout_metrics(batch, stats.reward_failed)
+            metrics.update(stats.metrics)
             if stats.errors:
                 warnings.warn(
                     f"iteration {it}: {stats.reward_failed} sample(s) dropped: {stats.errors[0]}",
@@ -187,13 +161,8 @@ def train(config: Config) -> TrainResult:
                 signals = algorithm.postprocess_rewards(batch, batch.rewards)
                 examples = algorithm.build_train_data(batch, signals, it)
                 chunks = optimizer_steps(batch, examples, n_steps, config.run.seed, it)
-                chunks = [actor.before_update(chunk, algorithm) for chunk in chunks]
-                metrics.update(mean_metrics([actor.train_step(chunk, algorithm) for chunk in chunks]))
-            if actor.policy.old is not None:
-                decay = algorithm.old_policy_decay(actor.step)
-                actor.policy.old.update(decay)
-                metrics["train/old_policy_decay"] = decay
-            # single process: the collector samples with the actor's own module, nothing to sync
+                metrics.update(mean_metrics(runner.optimize(chunks)))
+            metrics.update(runner.end_iteration())  # old policy update, weight sync
             metrics["perf/rollout_time"] = stats.sampling_time
             metrics["perf/reward_wait_time"] = stats.reward_wait_time
             metrics["perf/iteration_time"] = time.time() - t0
@@ -206,9 +175,9 @@ def train(config: Config) -> TrainResult:
             progress.update(step)
             last = step == t.iterations or train_time >= budget
             if t.save_every and step % t.save_every == 0 and not last:
-                save_checkpoint(out / "checkpoints" / f"step_{step:05d}", actor, config, step)
-            if eval_rewards is not None and t.eval_every and step % t.eval_every == 0 and not last:
-                result.evals.append(run_eval(step, actor, config, eval_rewards, out, logger, train_time))
+                runner.save(out / "checkpoints" / f"step_{step:05d}", step)
+            if t.eval_every and step % t.eval_every == 0 and not last:
+                evaluate(step, train_time)
             if last:
                 if step < t.iterations:
                     print(
@@ -216,13 +185,10 @@ def train(config: Config) -> TrainResult:
                         flush=True,
                     )
                 break
-        save_checkpoint(result.checkpoint, actor, config, step)
-        if eval_rewards is not None:
-            result.evals.append(run_eval(step, actor, config, eval_rewards, out, logger, train_time))
+        runner.save(result.checkpoint, step)
+        evaluate(step, train_time)
     finally:
-        for r in (train_rewards, eval_rewards):
-            if r is not None:
-                r.close()
+        runner.close()
         logger.close()
     if result.evals:
         (out / "eval_curve.json").write_text(json.dumps(result.evals, indent=1))

@@ -1,0 +1,1 @@
+"""Scale-out: Ray actors for rollout engines, reward workers and FSDP2 trainer ranks."""

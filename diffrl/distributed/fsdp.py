@@ -1,0 +1,87 @@
+"""FSDP2 for trainer ranks: ``torch.distributed`` set-up, ``fully_shard`` per transformer block,
+and the few collectives the actor needs (sums and maxima of plain numbers).
+
+Following PyTorch's FSDP2 guide (``torch.distributed.fsdp.fully_shard``): each block is its own
+FSDP unit (one all-gather per block in forward and backward), then the root module. Parameters
+become ``DTensor`` shards on dim 0; frozen and trainable parameters (a peft LoRA on a frozen base)
+may share a unit. Gradients are reduce-scattered as the mean over ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass
+class DistContext:
+    """This process's place in the trainer group."""
+
+    rank: int
+    world_size: int
+    device: torch.device = torch.device("cpu")
+    """Where the small collectives' tensors live (cuda under NCCL)."""
+
+    def sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
+
+    def max(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def all(self, flag: bool) -> bool:
+        t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+
+def init_distributed(
+    rank: int, world_size: int, address: str, port: int, backend: str | None, device: torch.device
+) -> DistContext:
+    """Join the trainer group (gloo on CPU, NCCL on GPU unless ``backend`` says otherwise)."""
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        # under Ray each rank sees its own GPU(s) from index 0
+        device = torch.device("cuda", device.index or 0)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    return DistContext(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
+
+
+def shard_module(module: nn.Module, blocks: list[nn.Module]) -> None:
+    """``fully_shard`` each block, then the root (its remaining parameters form one unit)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(module)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor from a ``DTensor`` shard (a collective: every rank must call it), or ``t``."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a ``DTensor``, or ``t``."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,451 @@
+"""``runner: ray``: rollout engines, reward workers and FSDP2 trainer ranks as Ray actors.
+
+```
+driver (this process: plans rollouts, runs the algorithm's postprocess/build_train_data)
+  ├─ RolloutEngine x ray.num_engines      base model + sampling weights; samples micro-groups
+  ├─ RewardWorker  x ray.num_reward_workers per reward type; scores micro-groups as they finish
+  └─ TrainerRank   x ray.num_trainer_ranks in one placement group; torch.distributed (gloo on
+                   CPU, NCCL on GPU), FSDP2 fully_shard per transformer block, peft LoRA
+```
+
+Every random draw of a rollout is keyed by (seed, prompt slot, sample, step), so the engines'
+union is the single-process rollout whatever engine samples which micro-group. Each optimizer
+step's examples are split over the ranks by whole samples; each rank weights its loss by its
+share of the global count, so the reduced gradient is the single-process one. After each update
+only the trainable tensors (LoRA A/B pairs) go to the engines, with a checksum.
+
+Faults: an engine or reward worker that dies is replaced (the new engine first takes the current
+weights) and its unfinished micro-group re-issued (``rollout/reissued``); a trainer rank that dies
+stops the run with an error naming the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from diffrl.algorithms.base import CollectionSpec, DiffusionAlgorithm, RolloutBatch, TrainExamples
+from diffrl.config import Config, RewardConfig
+from diffrl.data.prompts import load_prompts
+from diffrl.rewards.base import RewardOutput
+from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, RolloutStats, attach_rewards
+from diffrl.train.evaluate import EvalResult
+
+
+class TrainerRankDied(RuntimeError):
+    pass
+
+
+# ------------------------------------------------------------------------------------------------
+# The actors (plain classes; ray.remote wraps them in RayRunner)
+# ------------------------------------------------------------------------------------------------
+
+
+class RolloutEngine:
+    """Holds the base model with the sampling weights; samples micro-groups of a plan."""
+
+    def __init__(self, config: Config, threads: int):
+        from diffrl.algorithms.registry import build_algorithm
+        from diffrl.models.registry import load_family
+        from diffrl.train.actor import apply_lora
+        from diffrl.train.runner import build_collector
+
+        torch.set_num_threads(threads)
+        self.config = config
+        self.family = load_family(config)
+        if config.model.lora is not None:
+            apply_lora(self.family, config.model.lora)
+        self.family.transformer.requires_grad_(False).eval()
+        spec = build_algorithm(config).collection_spec()
+        self.collector = build_collector(config, self.family, spec, None)
+        self.state: dict[str, torch.Tensor] = {}
+        self.eval_rewards = None
+
+    def sample(self, plan: RolloutPlan, micro_group: int) -> RolloutBatch:
+        return self.collector.sample(plan, micro_group).to("cpu")
+
+    def collect(self, iteration: int) -> tuple[RolloutBatch, RolloutStats]:
+        batch, stats = self.collector.collect(iteration)
+        return batch.to("cpu"), stats
+
+    def load(self, state: dict[str, torch.Tensor]) -> str:
+        """Take the trainer's sampling weights; returns the checksum of what this engine now holds."""
+        from diffrl.distributed.weight_sync import checksum, load_state, module_state
+
+        load_state(self.family.transformer, state)
+        self.state = state
+        return checksum(module_state(self.family.transformer, list(state)))
+
+    def evaluate(self, state: dict[str, torch.Tensor]) -> EvalResult:
+        """Eval with ``state`` (the live weights), then back to the sampling weights."""
+        from diffrl.distributed.weight_sync import load_state
+        from diffrl.rewards.base import RewardSet
+        from diffrl.train.evaluate import evaluate
+
+        if self.eval_rewards is None:
+            self.eval_rewards = RewardSet(self.config.eval.rewards, in_process=True)
+        load_state(self.family.transformer, state)
+        try:
+            return evaluate(self.family, self.config, self.eval_rewards)
+        finally:
+            load_state(self.family.transformer, self.state)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RewardWorker:
+    """Scores images with one reward type, in this process."""
+
+    def __init__(self, reward: RewardConfig, threads: int):
+        from diffrl.rewards.base import RewardSet
+
+        torch.set_num_threads(threads)
+        self.rewards = RewardSet([reward], in_process=True)
+
+    def score(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        return self.rewards.submit(images, prompts, metadata).result()
+
+
+class TrainerRank:
+    """One FSDP2 rank: the actor (policy + optimizer) on this rank's shard of the weights."""
+
+    def __init__(self, config: Config, rank: int, world_size: int, threads: int):
+        torch.set_num_threads(threads)
+        self.config, self.rank, self.world_size = config, rank, world_size
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        from diffrl.distributed.fsdp import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, host: str, port: int) -> int:
+        from diffrl.algorithms.registry import build_algorithm
+        from diffrl.distributed.fsdp import init_distributed
+        from diffrl.models.registry import load_family, resolve_device
+        from diffrl.train.actor import Actor
+
+        config = self.config
+        ctx = init_distributed(
+            self.rank, self.world_size, host, port, config.ray.backend, resolve_device(config.run.device)
+        )
+        torch.manual_seed(config.run.seed)  # the same LoRA init on every rank as in one process
+        self.algorithm = build_algorithm(config)
+        family = load_family(config)
+        self.actor = Actor(
+            family,
+            config,
+            keep_reference=self.algorithm.needs_reference,
+            keep_old=self.algorithm.keeps_old_policy,
+            dist=ctx,
+        )
+        return self.actor.num_trainable()
+
+    def optimize(self, parts: list[tuple[TrainExamples, int]]) -> list[dict[str, float]]:
+        """``parts``: this rank's share of each optimizer step and the step's global count."""
+        chunks = [self.actor.before_update(examples, self.algorithm) for examples, _ in parts]
+        return [
+            self.actor.train_step(chunk, self.algorithm, total) for chunk, (_, total) in zip(chunks, parts)
+        ]
+
+    def end_iteration(self) -> dict[str, float]:
+        old = self.actor.policy.old
+        if old is None:
+            return {}
+        decay = self.algorithm.old_policy_decay(self.actor.step)
+        old.update(decay)
+        return {"train/old_policy_decay": decay}
+
+    def sampling_state(self) -> dict[str, torch.Tensor] | None:
+        from diffrl.distributed.weight_sync import sampling_state
+
+        state = sampling_state(self.actor)  # every rank gathers; rank 0 sends
+        return state if self.rank == 0 else None
+
+    def live_state(self) -> dict[str, torch.Tensor] | None:
+        from diffrl.distributed.weight_sync import live_state
+
+        state = live_state(self.actor)
+        return state if self.rank == 0 else None
+
+    def save(self, path: str, iteration: int) -> str:
+        from diffrl.train.checkpoint import save_checkpoint
+
+        save_checkpoint(path, self.actor, self.config, iteration, write=self.rank == 0)
+        return path
+
+
+# ------------------------------------------------------------------------------------------------
+# The driver side
+# ------------------------------------------------------------------------------------------------
+
+
+class _Pool:
+    """Replaceable actors of one kind; ``call`` retries on a fresh actor when one dies."""
+
+    def __init__(self, make: Callable[[int], object], n: int):
+        self.make = make
+        self.actors = [make(i) for i in range(n)]
+        self.reissued = 0
+
+    def replace(self, i: int) -> None:
+        import ray
+
+        try:
+            ray.kill(self.actors[i], no_restart=True)
+        except Exception:  # already gone
+            pass
+        self.actors[i] = self.make(i)
+        self.reissued += 1
+
+
+def split_by_samples(examples: TrainExamples, world_size: int) -> tuple[list[TrainExamples], int]:
+    """Split one optimizer step's examples over ``world_size`` ranks by whole samples, keeping
+    their order (so a rank's micro-batches are the rollout's micro-groups). Every rank must run
+    the same number of forwards (FSDP collectives), so the sample count is cut to a multiple of
+    ``world_size``; returns the parts and how many samples were left out (0 when it divides)."""
+    ids = list(dict.fromkeys(examples.sample_id.tolist()))
+    keep = len(ids) - len(ids) % world_size
+    per = keep // world_size
+    parts = []
+    for r in range(world_size):
+        mine = torch.tensor(ids[r * per : (r + 1) * per], dtype=torch.long)
+        parts.append(examples.select(torch.nonzero(torch.isin(examples.sample_id, mine)).flatten()))
+    return parts, len(ids) - keep
+
+
+class RayRunner:
+    def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.config, self.algorithm, self.spec = config, algorithm, spec
+        self.last_checkpoint: str | None = None
+        r = config.ray
+        self.on_dispatch: Callable[[int, int], None] | None = None
+        """Test hook: called with (engine index, micro-group) right after a micro-group is sent."""
+        n_ranks, n_engines = r.num_trainer_ranks, r.num_engines
+        n_rewards = r.num_reward_workers * len(config.rewards) if spec.needs_reward else 0
+        cpus = r.cpus_per_actor
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            if r.address:
+                ray.init(address=r.address, log_to_driver=True)
+            else:  # a local cluster with room for every actor (CPU counts are scheduling units)
+                need = int(cpus * (n_ranks + n_engines + n_rewards)) + 1
+                ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False, log_to_driver=True)
+        gpu = config.run.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
+        if config.run.device.startswith("cuda") and not gpu:
+            raise RuntimeError(f"run.device={config.run.device} but the Ray cluster has no GPU")
+        threads = max(1, (os.cpu_count() or 1) // max(n_ranks, n_engines))
+        # colocated: engine i shares rank i's bundle (and GPU); else engines get their own GPU
+        share = 0.5 if (gpu and r.colocate) else (1.0 if gpu else 0.0)
+        bundle = {"CPU": cpus * (2 if r.colocate else 1), **({"GPU": 1.0} if gpu else {})}
+        self.pg = placement_group([dict(bundle) for _ in range(n_ranks)], strategy="PACK")
+        ray.get(self.pg.ready())
+
+        def in_bundle(i: int):
+            return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=i)
+
+        rank_cls = ray.remote(TrainerRank)
+        self.ranks = [
+            rank_cls.options(num_cpus=cpus, num_gpus=share, scheduling_strategy=in_bundle(i)).remote(
+                config, i, n_ranks, threads
+            )
+            for i in range(n_ranks)
+        ]
+        host, port = ray.get(self.ranks[0].address.remote())
+        self.trainable = self._ranks_call("setup", host, port)[0]
+        engine_cls = ray.remote(RolloutEngine)
+
+        def make_engine(i: int):
+            opts = {"num_cpus": cpus, "num_gpus": share if gpu else 0}
+            if r.colocate:
+                opts["scheduling_strategy"] = in_bundle(i % n_ranks)
+            return engine_cls.options(**opts).remote(config, threads)
+
+        self.engines = _Pool(make_engine, n_engines)
+        worker_cls = ray.remote(RewardWorker)
+        self.reward_pools = [
+            _Pool(lambda i, c=c: worker_cls.options(num_cpus=cpus).remote(c, 1), r.num_reward_workers)
+            for c in (config.rewards if spec.needs_reward else [])
+        ]
+        self.planner = (
+            RolloutPlanner(config, spec, len(load_prompts(config.data.prompts))) if spec.online else None
+        )
+        self._state_ref = None
+        self.sync()
+
+    # ---- calls on the ranks ----------------------------------------------------------------------
+    def _ranks_call(self, method: str, *args, per_rank: list | None = None) -> list:
+        import ray
+
+        refs = [
+            getattr(rank, method).remote(*(per_rank[i] if per_rank is not None else args))
+            for i, rank in enumerate(self.ranks)
+        ]
+        pending = list(refs)
+        try:
+            while pending:  # fail at the first dead rank: the others may wait in a collective
+                ready, pending = ray.wait(pending, num_returns=1)
+                ray.get(ready)
+        except ray.exceptions.RayActorError as e:
+            where = self.last_checkpoint or "none yet (no checkpoint was written)"
+            raise TrainerRankDied(
+                f"a trainer rank died during {method!r}; the run stops. Last checkpoint: {where}. ({e})"
+            ) from e
+        return ray.get(refs)
+
+    def describe(self) -> str:
+        r = self.config.ray
+        return (
+            f"{self.trainable:,} trainable parameters; Ray: {r.num_engines} engine(s), "
+            f"{r.num_trainer_ranks} FSDP2 rank(s), {r.num_reward_workers} reward worker(s) per reward"
+        )
+
+    # ---- rollouts ----------------------------------------------------------------------------------
+    def collect(self, iteration: int) -> tuple[RolloutBatch, RolloutStats]:
+        import ray
+
+        start = time.time()
+        if self.planner is None:  # offline data (SFT): one engine reads it
+            return ray.get(self.engines.actors[0].collect.remote(iteration))
+        plan = self.planner.plan(iteration)
+        plan_ref = ray.put(plan)
+        queue = deque(range(len(plan.micro_groups)))
+        free = deque(range(len(self.engines.actors)))
+        inflight: dict = {}
+        parts: dict[int, RolloutBatch] = {}
+        scores: dict[int, list] = {}
+        reissued_before = self.engines.reissued + sum(p.reissued for p in self.reward_pools)
+        while queue or inflight:
+            while queue and free:
+                i, g = free.popleft(), queue.popleft()
+                inflight[self.engines.actors[i].sample.remote(plan_ref, g)] = (i, g)
+                if self.on_dispatch is not None:
+                    self.on_dispatch(i, g)
+            [ref], _ = ray.wait(list(inflight), num_returns=1)
+            i, g = inflight.pop(ref)
+            try:
+                part = ray.get(ref)
+            except ray.exceptions.RayActorError:
+                self._replace_engine(i)
+                queue.appendleft(g)
+                free.append(i)
+                continue
+            free.append(i)
+            parts[g] = part
+            scores[g] = [self._score(pool, k, part) for k, pool in enumerate(self.reward_pools)]
+        stats = RolloutStats(sampling_time=time.time() - start)
+        batch = RolloutBatch.cat([parts[g] for g in sorted(parts)])
+        if self.reward_pools:
+            t0 = time.time()
+            outs = [self._score_result(g, parts[g], scores[g]) for g in sorted(parts)]
+            stats.reward_wait_time = time.time() - t0
+            attach_rewards(batch, RewardOutput.cat(outs), stats)
+        reissued = self.engines.reissued + sum(p.reissued for p in self.reward_pools) - reissued_before
+        stats.metrics["rollout/reissued"] = float(reissued)
+        return batch, stats
+
+    def _replace_engine(self, i: int) -> None:
+        import ray
+
+        self.engines.replace(i)
+        if self._state_ref is not None:  # the new engine first takes the current weights
+            ray.get(self.engines.actors[i].load.remote(self._state_ref))
+
+    def _score(self, pool: _Pool, k: int, part: RolloutBatch):
+        g = part.micro_group[0].item()
+        w = g % len(pool.actors)
+        return (w, pool.actors[w].score.remote(part.images, part.prompts, part.metadata))
+
+    def _score_result(self, g: int, part: RolloutBatch, jobs: list) -> RewardOutput:
+        import ray
+
+        outs = []
+        for pool, (w, ref) in zip(self.reward_pools, jobs):
+            while True:
+                try:
+                    outs.append(ray.get(ref))
+                    break
+                except ray.exceptions.RayActorError:
+                    pool.replace(w)
+                    ref = pool.actors[w].score.remote(part.images, part.prompts, part.metadata)
+        return RewardOutput.combine(outs)
+
+    # ---- training ----------------------------------------------------------------------------------
+    def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
+        n = len(self.ranks)
+        per_rank: list[list] = [[] for _ in range(n)]
+        left_out = 0
+        for chunk in chunks:
+            parts, dropped = split_by_samples(chunk, n)
+            left_out += dropped
+            total = sum(len(p) for p in parts)
+            for r in range(n):
+                per_rank[r].append((parts[r], total))
+        results = self._ranks_call("optimize", per_rank=[[p] for p in per_rank])[0]
+        for m in results:
+            m["train/samples_left_out_for_ranks"] = float(left_out)
+        return results
+
+    def end_iteration(self) -> dict[str, float]:
+        metrics = self._ranks_call("end_iteration")[0]
+        return {**metrics, **self.sync()}
+
+    def sync(self) -> dict[str, float]:
+        """Send the sampling weights to every engine and check that they hold them exactly."""
+        import ray
+
+        from diffrl.distributed.weight_sync import checksum, state_bytes
+
+        t0 = time.time()
+        state = self._ranks_call("sampling_state")[0]
+        self._state_ref = ray.put(state)
+        sums = ray.get([e.load.remote(self._state_ref) for e in self.engines.actors])
+        match = all(s == checksum(state) for s in sums)
+        if not match:
+            raise RuntimeError("weight sync: an engine's weights differ from the trainer's after the sync")
+        return {
+            "perf/weight_sync_time": time.time() - t0,
+            "sync/checksum_match": float(match),
+            "sync/bytes": float(state_bytes(state)),
+        }
+
+    # ---- eval, checkpoints -------------------------------------------------------------------------
+    def evaluate(self) -> EvalResult | None:
+        import ray
+
+        if not self.config.eval.enabled:
+            return None
+        state = self._ranks_call("live_state")[0]
+        return ray.get(self.engines.actors[0].evaluate.remote(state))
+
+    def save(self, path: Path, iteration: int) -> Path:
+        self._ranks_call("save", str(Path(path).resolve()), iteration)
+        self.last_checkpoint = str(path)
+        return Path(path)
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in [*self.ranks, *self.engines.actors, *(a for p in self.reward_pools for a in p.actors)]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        try:
+            remove_placement_group(self.pg)
+        except Exception:
+            pass
+        if self._owns_ray:
+            ray.shutdown()

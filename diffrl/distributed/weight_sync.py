@@ -1,0 +1,82 @@
+"""Weight sync from the trainer ranks to the rollout engines: only the trainable tensors.
+
+With LoRA that is the adapter's A/B pairs (the engines hold the base model already); for a full
+fine-tune, the transformer's parameters. The tensors are gathered from the FSDP2 shards (every
+rank takes part), sent once through Ray's object store and copied into each engine's module by
+name. A SHA-256 over names and bytes, computed on each side from the tensors it holds, proves
+that the engines sample with exactly the trainer's weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+
+from diffrl.distributed.fsdp import full_tensor
+from diffrl.train.actor import OLD_ADAPTER
+
+LIVE_ADAPTER = "default"
+
+
+def _gather(named: list[tuple[str, torch.Tensor]], rename: tuple[str, str] | None = None):
+    out = {}
+    for name, p in named:
+        key = name.replace(*rename) if rename else name
+        out[key] = full_tensor(p.detach()).contiguous().cpu()
+    return out
+
+
+def sampling_state(actor) -> dict[str, torch.Tensor]:
+    """The weights rollouts sample with (the old policy when the algorithm keeps one), named as
+    an engine's module names them (one LoRA adapter, ``default``). A collective on FSDP2 ranks."""
+    old = actor.policy.old
+    module = actor.family.transformer
+    if actor.config.model.lora is not None:
+        adapter = OLD_ADAPTER if old is not None else LIVE_ADAPTER
+        named = [(n, p) for n, p in module.named_parameters() if "lora_" in n and f".{adapter}." in n]
+        return _gather(named, (f".{adapter}.", f".{LIVE_ADAPTER}."))
+    source = old.module if old is not None else module
+    return _gather(list(source.named_parameters()))
+
+
+def live_state(actor) -> dict[str, torch.Tensor]:
+    """The live trainable weights (EMA swapped in if enabled), engine naming; for eval."""
+    module = actor.family.transformer
+    with actor.eval_weights():
+        if actor.config.model.lora is not None:
+            named = [
+                (n, p) for n, p in module.named_parameters() if "lora_" in n and f".{LIVE_ADAPTER}." in n
+            ]
+        else:
+            named = list(module.named_parameters())
+        return _gather(named)
+
+
+@torch.no_grad()
+def load_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy ``state`` into ``module``'s parameters by name; every name must exist."""
+    params = dict(module.named_parameters())
+    missing = [k for k in state if k not in params]
+    if missing:
+        raise KeyError(f"weight sync: the engine's module has no parameter {missing[0]!r}")
+    for k, v in state.items():
+        params[k].copy_(v.to(params[k].device, params[k].dtype))
+
+
+def module_state(module: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
+    params = dict(module.named_parameters())
+    return {k: params[k].detach().cpu() for k in names}
+
+
+def checksum(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(state[k].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
