@@ -4,7 +4,7 @@
 
 Prints, side by side: the time per iteration of ``runner: local`` and of ``runner: ray`` with 1
 rollout engine, 1 FSDP2 trainer rank and 1 OCR worker (the first iteration is warm-up and not
-counted), the Ray overhead (target <= 15%), and the weight sync per update: time and bytes sent
+counted; medians), the Ray overhead (target <= 15%), and the weight sync per update: time and bytes sent
 for a LoRA run and for a full fine-tune (a Ray run with ``model.lora: null``). Writes
 ``docs/results/scale.json``.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -40,15 +41,15 @@ def run(recipe: str, out: Path, name: str, iterations: int, **overrides) -> list
     return history
 
 
-def mean(rows: list[dict], key: str, skip: int = 1) -> float:
-    values = [r[key] for r in rows[skip:] if key in r]
-    return sum(values) / len(values)
+def median(rows: list[dict], key: str, skip: int = 1) -> float:
+    """The median over the iterations after ``skip`` warm-up ones (robust to a noisy neighbour)."""
+    return statistics.median(r[key] for r in rows[skip:] if key in r)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--recipe", default="recipes/tiny_grpo_ocr.yaml")
-    ap.add_argument("--iterations", type=int, default=6)
+    ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--out", default="runs/bench_scale")
     args = ap.parse_args()
     out = Path(args.out)
@@ -57,17 +58,17 @@ def main() -> None:
     ray_lora = run(args.recipe, out, "ray_lora", args.iterations, runner="ray")
     ray_full = run(args.recipe, out, "ray_full", 2, runner="ray", **{"model.lora": "null", "train.lr": 1e-6})
 
-    t_local, t_ray = mean(local, "perf/iteration_time"), mean(ray_lora, "perf/iteration_time")
+    t_local, t_ray = median(local, "perf/iteration_time"), median(ray_lora, "perf/iteration_time")
     result = {
         "iterations_counted": args.iterations - 1,
         "local_iteration_s": t_local,
         "ray_iteration_s": t_ray,
         "ray_overhead": t_ray / t_local - 1.0,
-        "local_rollout_s": mean(local, "perf/rollout_time"),
-        "ray_rollout_s": mean(ray_lora, "perf/rollout_time"),
-        "lora_sync_s": mean(ray_lora, "perf/weight_sync_time", skip=0),
+        "local_rollout_s": median(local, "perf/rollout_time"),
+        "ray_rollout_s": median(ray_lora, "perf/rollout_time"),
+        "lora_sync_s": median(ray_lora, "perf/weight_sync_time", skip=0),
         "lora_sync_bytes": ray_lora[0]["sync/bytes"],
-        "full_sync_s": mean(ray_full, "perf/weight_sync_time", skip=0),
+        "full_sync_s": median(ray_full, "perf/weight_sync_time", skip=0),
         "full_sync_bytes": ray_full[0]["sync/bytes"],
         "checksum_match": min(r["sync/checksum_match"] for r in ray_lora + ray_full),
     }

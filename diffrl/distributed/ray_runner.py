@@ -193,7 +193,6 @@ class _Pool:
     def __init__(self, make: Callable[[int], object], n: int):
         self.make = make
         self.actors = [make(i) for i in range(n)]
-        self.reissued = 0
 
     def replace(self, i: int) -> None:
         import ray
@@ -203,7 +202,6 @@ class _Pool:
         except Exception:  # already gone
             pass
         self.actors[i] = self.make(i)
-        self.reissued += 1
 
 
 def split_by_samples(examples: TrainExamples, world_size: int) -> tuple[list[TrainExamples], int]:
@@ -241,7 +239,12 @@ class RayRunner:
                 ray.init(address=r.address, log_to_driver=True)
             else:  # a local cluster with room for every actor (CPU counts are scheduling units)
                 need = int(cpus * (n_ranks + n_engines + n_rewards)) + 1
-                ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False, log_to_driver=True)
+                ray.init(
+                    num_cpus=max(os.cpu_count() or 1, need),
+                    include_dashboard=False,
+                    # Ray lowers its workers' priority by default (niceness 15); here they are the work
+                    _system_config={"worker_niceness": 0},
+                )
         gpu = config.run.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
         if config.run.device.startswith("cuda") and not gpu:
             raise RuntimeError(f"run.device={config.run.device} but the Ray cluster has no GPU")
@@ -321,24 +324,28 @@ class RayRunner:
         plan = self.planner.plan(iteration)
         plan_ref = ray.put(plan)
         queue = deque(range(len(plan.micro_groups)))
-        free = deque(range(len(self.engines.actors)))
+        # two micro-groups queued per engine: it starts the next while the driver takes the last
+        free = deque(i for _ in range(2) for i in range(len(self.engines.actors)))
         inflight: dict = {}
         parts: dict[int, RolloutBatch] = {}
         scores: dict[int, list] = {}
-        reissued_before = self.engines.reissued + sum(p.reissued for p in self.reward_pools)
+        reissued = 0
         while queue or inflight:
             while queue and free:
                 i, g = free.popleft(), queue.popleft()
-                inflight[self.engines.actors[i].sample.remote(plan_ref, g)] = (i, g)
+                engine = self.engines.actors[i]
+                inflight[engine.sample.remote(plan_ref, g)] = (i, g, engine)
                 if self.on_dispatch is not None:
                     self.on_dispatch(i, g)
             [ref], _ = ray.wait(list(inflight), num_returns=1)
-            i, g = inflight.pop(ref)
+            i, g, engine = inflight.pop(ref)
             try:
                 part = ray.get(ref)
             except ray.exceptions.RayActorError:
-                self._replace_engine(i)
+                if self.engines.actors[i] is engine:  # its other queued micro-group fails too: replace once
+                    self._replace_engine(i)
                 queue.appendleft(g)
+                reissued += 1
                 free.append(i)
                 continue
             free.append(i)
@@ -348,10 +355,13 @@ class RayRunner:
         batch = RolloutBatch.cat([parts[g] for g in sorted(parts)])
         if self.reward_pools:
             t0 = time.time()
-            outs = [self._score_result(g, parts[g], scores[g]) for g in sorted(parts)]
+            outs = []
+            for g in sorted(parts):
+                out, retries = self._score_result(parts[g], scores[g])
+                outs.append(out)
+                reissued += retries
             stats.reward_wait_time = time.time() - t0
             attach_rewards(batch, RewardOutput.cat(outs), stats)
-        reissued = self.engines.reissued + sum(p.reissued for p in self.reward_pools) - reissued_before
         stats.metrics["rollout/reissued"] = float(reissued)
         return batch, stats
 
@@ -363,23 +373,27 @@ class RayRunner:
             ray.get(self.engines.actors[i].load.remote(self._state_ref))
 
     def _score(self, pool: _Pool, k: int, part: RolloutBatch):
-        g = part.micro_group[0].item()
-        w = g % len(pool.actors)
-        return (w, pool.actors[w].score.remote(part.images, part.prompts, part.metadata))
+        w = part.micro_group[0].item() % len(pool.actors)
+        worker = pool.actors[w]
+        return (w, worker, worker.score.remote(part.images, part.prompts, part.metadata))
 
-    def _score_result(self, g: int, part: RolloutBatch, jobs: list) -> RewardOutput:
+    def _score_result(self, part: RolloutBatch, jobs: list) -> tuple[RewardOutput, int]:
+        """Wait for a micro-group's scores; a dead worker is replaced and the micro-group re-sent."""
         import ray
 
-        outs = []
-        for pool, (w, ref) in zip(self.reward_pools, jobs):
+        outs, retries = [], 0
+        for pool, (w, worker, ref) in zip(self.reward_pools, jobs):
             while True:
                 try:
                     outs.append(ray.get(ref))
                     break
                 except ray.exceptions.RayActorError:
-                    pool.replace(w)
-                    ref = pool.actors[w].score.remote(part.images, part.prompts, part.metadata)
-        return RewardOutput.combine(outs)
+                    if pool.actors[w] is worker:
+                        pool.replace(w)
+                    worker = pool.actors[w]
+                    ref = worker.score.remote(part.images, part.prompts, part.metadata)
+                    retries += 1
+        return RewardOutput.combine(outs), retries
 
     # ---- training ----------------------------------------------------------------------------------
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:

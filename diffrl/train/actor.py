@@ -210,7 +210,7 @@ class Actor:
                 reference = copy.deepcopy(family.transformer).requires_grad_(False).eval()
             family.trainable_module().requires_grad_(True)
         old = OldPolicy(family, config.model.lora) if keep_old else None
-        if dist is not None:
+        if dist is not None and dist.world_size > 1:  # one rank holds everything: nothing to shard
             from diffrl.distributed.fsdp import shard_module
 
             for module in (family.transformer, reference, old.module if old is not None else None):
