@@ -46,6 +46,12 @@ class Batch:
     def micro_batches(self, size: int) -> list[Self]:
         return [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
 
+    def split(self, count: int) -> list[Self]:
+        """``count`` contiguous parts whose sizes differ by at most one (``count <= len(self)``)."""
+        n = len(self)
+        bounds = [n * k // count for k in range(count + 1)]
+        return [self.select(range(bounds[k], bounds[k + 1])) for k in range(count)]
+
 
 def _select(v: Any, idx: torch.Tensor) -> Any:
     if v is None:

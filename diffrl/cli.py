@@ -136,6 +136,9 @@ def cmd_export(args) -> int:
     if checkpoint is None:
         raise SystemExit(f"error: {args.checkpoint!r} is not a diffrl checkpoint")
     family = _load_for_inference(config, checkpoint)
+    if config.model.lora is not None and not args.merge and family.save_lora(args.out_dir):
+        print(f"wrote the LoRA adapter to {args.out_dir} (diffusers: pipeline.load_lora_weights(OUT_DIR))")
+        return 0
     if config.model.lora is not None:  # merge the adapter into the base weights, then drop it
         family.transformer.fuse_lora()
         family.transformer.unload_lora()
@@ -186,7 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="runs/samples")
     s.set_defaults(func=cmd_sample)
 
-    x = sub.add_parser("export", help="write a checkpoint as a diffusers-layout model folder")
+    x = sub.add_parser(
+        "export",
+        help="a LoRA checkpoint -> the adapter as diffusers loads it (families with a diffusers "
+        "pipeline), else a diffusers-layout model folder",
+    )
+    x.add_argument("--merge", action="store_true", help="merge a LoRA into a full model folder instead")
     x.add_argument("checkpoint")
     x.add_argument("out_dir")
     x.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])

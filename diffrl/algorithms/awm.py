@@ -209,10 +209,7 @@ class AWM(DiffusionAlgorithm):
 
     def before_update(self, policy, examples: AWMExamples) -> AWMExamples:
         # same micro-batches as the update that follows, so the first ratio is exactly 1
-        parts = [
-            self._log_prob(self._velocity(policy, mb), mb)
-            for mb in examples.micro_batches(self.config.train.micro_batch_size)
-        ]
+        parts = [self._log_prob(self._velocity(policy, mb), mb) for mb in policy.micro_batches(examples)]
         examples.old_log_prob = torch.cat(parts)
         return examples
 

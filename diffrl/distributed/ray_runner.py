@@ -21,9 +21,11 @@ stops the run with an error naming the last checkpoint.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
-from collections import deque
+import warnings
+from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +37,9 @@ from diffrl.data.prompts import load_prompts
 from diffrl.rewards.base import RewardOutput
 from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, RolloutStats, attach_rewards
 from diffrl.train.evaluate import EvalResult
+
+MAX_REISSUES = 3
+"""How often one micro-group (or call) may be re-sent after the actor running it died."""
 
 
 class TrainerRankDied(RuntimeError):
@@ -77,9 +82,15 @@ class RolloutEngine:
         """Take the trainer's sampling weights; returns the checksum of what this engine now holds."""
         from diffrl.distributed.weight_sync import checksum, load_state, module_state
 
-        load_state(self.family.transformer, state)
+        module = self.family.transformer
+        lora = self.config.model.lora is not None
+        held = [n for n, _ in module.named_parameters() if not lora or "lora_" in n]
+        if sorted(held) != sorted(state):
+            odd = sorted(set(held) ^ set(state))[:1]
+            raise KeyError(f"weight sync: the engine's trainable tensors and the sent ones differ ({odd})")
+        load_state(module, state)
         self.state = state
-        return checksum(module_state(self.family.transformer, list(state)))
+        return checksum(module_state(module, held))
 
     def evaluate(self, state: dict[str, torch.Tensor]) -> EvalResult:
         """Eval with ``state`` (the live weights), then back to the sampling weights."""
@@ -148,12 +159,21 @@ class TrainerRank:
         )
         return self.actor.num_trainable()
 
-    def optimize(self, parts: list[tuple[TrainExamples, int]]) -> list[dict[str, float]]:
-        """``parts``: this rank's share of each optimizer step and the step's global count."""
-        chunks = [self.actor.before_update(examples, self.algorithm) for examples, _ in parts]
-        return [
-            self.actor.train_step(chunk, self.algorithm, total) for chunk, (_, total) in zip(chunks, parts)
-        ]
+    def optimize(self, parts: list[tuple[TrainExamples, int, int]]) -> list[dict[str, float]]:
+        """``parts``: per optimizer step, this rank's share, the step's global example count and
+        the number of micro-batches every rank runs."""
+        policy, out = self.actor.policy, []
+        try:
+            chunks = []
+            for examples, _, count in parts:
+                policy.micro_batch_count = count
+                chunks.append(self.actor.before_update(examples, self.algorithm))
+            for chunk, (_, total, count) in zip(chunks, parts):
+                policy.micro_batch_count = count
+                out.append(self.actor.train_step(chunk, self.algorithm, total))
+        finally:
+            policy.micro_batch_count = None
+        return out
 
     def end_iteration(self) -> dict[str, float]:
         old = self.actor.policy.old
@@ -204,39 +224,45 @@ class _Pool:
         self.actors[i] = self.make(i)
 
 
-def split_by_samples(examples: TrainExamples, world_size: int) -> tuple[list[TrainExamples], int]:
-    """Split one optimizer step's examples over ``world_size`` ranks by whole samples, keeping
-    their order (so a rank's micro-batches are the rollout's micro-groups). Every rank must run
-    the same number of forwards (FSDP collectives), so the sample count is cut to a multiple of
-    ``world_size``; returns the parts and how many samples were left out (0 when it divides)."""
+def split_by_samples(examples: TrainExamples, world_size: int) -> list[TrainExamples]:
+    """Split one optimizer step's examples over ``world_size`` ranks by whole samples, as evenly
+    as they go (counts differ by at most one sample), keeping their order: with even counts a
+    rank's micro-batches are the rollout's micro-groups."""
     ids = list(dict.fromkeys(examples.sample_id.tolist()))
-    keep = len(ids) - len(ids) % world_size
-    per = keep // world_size
+    bounds = [len(ids) * r // world_size for r in range(world_size + 1)]
     parts = []
     for r in range(world_size):
-        mine = torch.tensor(ids[r * per : (r + 1) * per], dtype=torch.long)
+        mine = torch.tensor(ids[bounds[r] : bounds[r + 1]], dtype=torch.long)
         parts.append(examples.select(torch.nonzero(torch.isin(examples.sample_id, mine)).flatten()))
-    return parts, len(ids) - keep
+    return parts
+
+
+def micro_batch_count(sizes: list[int], micro_batch_size: int) -> int:
+    """How many micro-batches every rank splits its share into: enough for the largest share at
+    ``micro_batch_size``, but no more than the smallest share has examples."""
+    return max(1, min(max(-(-n // micro_batch_size) for n in sizes), min(sizes)))
 
 
 class RayRunner:
     def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):
         import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.config, self.algorithm, self.spec = config, algorithm, spec
         self.last_checkpoint: str | None = None
-        r = config.ray
         self.on_dispatch: Callable[[int, int], None] | None = None
         """Test hook: called with (engine index, micro-group) right after a micro-group is sent."""
-        n_ranks, n_engines = r.num_trainer_ranks, r.num_engines
+        self._state_ref = None
+        self.ranks: list = []
+        self.pg = None
+        self.engines = _Pool(lambda i: None, 0)
+        self.reward_pools: list[_Pool] = []
+        r = config.ray
+        n_ranks, n_engines, cpus = r.num_trainer_ranks, r.num_engines, r.cpus_per_actor
         n_rewards = r.num_reward_workers * len(config.rewards) if spec.needs_reward else 0
-        cpus = r.cpus_per_actor
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             if r.address:
-                ray.init(address=r.address, log_to_driver=True)
+                ray.init(address=r.address)
             else:  # a local cluster with room for every actor (CPU counts are scheduling units)
                 need = int(cpus * (n_ranks + n_engines + n_rewards)) + 1
                 ray.init(
@@ -245,15 +271,39 @@ class RayRunner:
                     # Ray lowers its workers' priority by default (niceness 15); here they are the work
                     _system_config={"worker_niceness": 0},
                 )
+        try:
+            self._start(config, spec)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, config: Config, spec: CollectionSpec) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        r = config.ray
+        n_ranks, n_engines, cpus = r.num_trainer_ranks, r.num_engines, r.cpus_per_actor
         gpu = config.run.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
         if config.run.device.startswith("cuda") and not gpu:
             raise RuntimeError(f"run.device={config.run.device} but the Ray cluster has no GPU")
+        if config.run.device.startswith("cuda:"):  # under Ray each actor sees its own GPU(s) from 0
+            config = copy.deepcopy(config)
+            config.run.device = "cuda"
         threads = max(1, (os.cpu_count() or 1) // max(n_ranks, n_engines))
-        # colocated: engine i shares rank i's bundle (and GPU); else engines get their own GPU
-        share = 0.5 if (gpu and r.colocate) else (1.0 if gpu else 0.0)
-        bundle = {"CPU": cpus * (2 if r.colocate else 1), **({"GPU": 1.0} if gpu else {})}
+        # colocated: rank i's bundle also holds engines i, i + ranks, ...; its GPU is shared evenly
+        per_bundle = 1 + (-(-n_engines // n_ranks) if r.colocate else 0)
+        share = (1.0 / per_bundle) if gpu else 0.0
+        bundle = {"CPU": cpus * per_bundle, **({"GPU": 1.0} if gpu else {})}
         self.pg = placement_group([dict(bundle) for _ in range(n_ranks)], strategy="PACK")
-        ray.get(self.pg.ready())
+        try:
+            ray.get(self.pg.ready(), timeout=300)
+        except ray.exceptions.GetTimeoutError as e:
+            raise RuntimeError(
+                f"the Ray cluster cannot place {n_ranks} trainer-rank bundle(s) of {bundle} within 5 "
+                f"minutes (cluster: {ray.cluster_resources()}); lower ray.num_trainer_ranks or "
+                "ray.cpus_per_actor, or add nodes"
+            ) from e
 
         def in_bundle(i: int):
             return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=i)
@@ -270,9 +320,10 @@ class RayRunner:
         engine_cls = ray.remote(RolloutEngine)
 
         def make_engine(i: int):
-            opts = {"num_cpus": cpus, "num_gpus": share if gpu else 0}
             if r.colocate:
-                opts["scheduling_strategy"] = in_bundle(i % n_ranks)
+                opts = {"num_cpus": cpus, "num_gpus": share, "scheduling_strategy": in_bundle(i % n_ranks)}
+            else:
+                opts = {"num_cpus": cpus, "num_gpus": 1.0 if gpu else 0}
             return engine_cls.options(**opts).remote(config, threads)
 
         self.engines = _Pool(make_engine, n_engines)
@@ -284,7 +335,6 @@ class RayRunner:
         self.planner = (
             RolloutPlanner(config, spec, len(load_prompts(config.data.prompts))) if spec.online else None
         )
-        self._state_ref = None
         self.sync()
 
     # ---- calls on the ranks ----------------------------------------------------------------------
@@ -300,10 +350,11 @@ class RayRunner:
             while pending:  # fail at the first dead rank: the others may wait in a collective
                 ready, pending = ray.wait(pending, num_returns=1)
                 ray.get(ready)
-        except ray.exceptions.RayActorError as e:
+        except ray.exceptions.RayError as e:  # a dead rank, or a rank whose collective broke with it
             where = self.last_checkpoint or "none yet (no checkpoint was written)"
             raise TrainerRankDied(
-                f"a trainer rank died during {method!r}; the run stops. Last checkpoint: {where}. ({e})"
+                f"a trainer rank died or failed during {method!r}; the run stops (resume is not "
+                f"supported yet). Last checkpoint: {where}. Cause: {type(e).__name__}: {e}"
             ) from e
         return ray.get(refs)
 
@@ -320,7 +371,7 @@ class RayRunner:
 
         start = time.time()
         if self.planner is None:  # offline data (SFT): one engine reads it
-            return ray.get(self.engines.actors[0].collect.remote(iteration))
+            return self._engine_call(0, "collect", iteration)
         plan = self.planner.plan(iteration)
         plan_ref = ray.put(plan)
         queue = deque(range(len(plan.micro_groups)))
@@ -330,6 +381,7 @@ class RayRunner:
         parts: dict[int, RolloutBatch] = {}
         scores: dict[int, list] = {}
         reissued = 0
+        attempts: Counter[int] = Counter()
         while queue or inflight:
             while queue and free:
                 i, g = free.popleft(), queue.popleft()
@@ -341,9 +393,13 @@ class RayRunner:
             i, g, engine = inflight.pop(ref)
             try:
                 part = ray.get(ref)
-            except ray.exceptions.RayActorError:
-                if self.engines.actors[i] is engine:  # its other queued micro-group fails too: replace once
-                    self._replace_engine(i)
+            except ray.exceptions.RayActorError as e:
+                attempts[g] += 1
+                if attempts[g] > MAX_REISSUES:
+                    raise RuntimeError(
+                        f"micro-group {g} killed {attempts[g]} engines in a row; giving up"
+                    ) from e
+                self._replace_engine(i, engine)  # once: its other queued micro-group fails too
                 queue.appendleft(g)
                 reissued += 1
                 free.append(i)
@@ -365,12 +421,33 @@ class RayRunner:
         stats.metrics["rollout/reissued"] = float(reissued)
         return batch, stats
 
-    def _replace_engine(self, i: int) -> None:
+    def _replace_engine(self, i: int, dead) -> None:
+        """Replace engine ``i`` (unless ``dead`` was replaced already); the new one first takes
+        the current weights, and its checksum must match."""
         import ray
 
+        from diffrl.distributed.weight_sync import checksum
+
+        if self.engines.actors[i] is not dead:
+            return
         self.engines.replace(i)
-        if self._state_ref is not None:  # the new engine first takes the current weights
-            ray.get(self.engines.actors[i].load.remote(self._state_ref))
+        if self._state_ref is not None:
+            held = ray.get(self.engines.actors[i].load.remote(self._state_ref))
+            if held != checksum(ray.get(self._state_ref)):
+                raise RuntimeError(f"weight sync: replacement engine {i} does not hold the trainer's weights")
+
+    def _engine_call(self, i: int, method: str, *args):
+        """Call engine ``i``; if it died, replace it and call the new one (a few times at most)."""
+        import ray
+
+        for attempt in range(MAX_REISSUES + 1):
+            engine = self.engines.actors[i]
+            try:
+                return ray.get(getattr(engine, method).remote(*args))
+            except ray.exceptions.RayActorError as e:
+                if attempt == MAX_REISSUES:
+                    raise RuntimeError(f"engine {i} died {attempt + 1} times during {method!r}") from e
+                self._replace_engine(i, engine)
 
     def _score(self, pool: _Pool, k: int, part: RolloutBatch):
         w = part.micro_group[0].item() % len(pool.actors)
@@ -387,29 +464,39 @@ class RayRunner:
                 try:
                     outs.append(ray.get(ref))
                     break
-                except ray.exceptions.RayActorError:
+                except ray.exceptions.RayActorError as e:
+                    retries += 1
+                    if retries > MAX_REISSUES:
+                        raise RuntimeError(
+                            "a micro-group killed its reward worker repeatedly; giving up"
+                        ) from e
                     if pool.actors[w] is worker:
                         pool.replace(w)
                     worker = pool.actors[w]
                     ref = worker.score.remote(part.images, part.prompts, part.metadata)
-                    retries += 1
         return RewardOutput.combine(outs), retries
 
     # ---- training ----------------------------------------------------------------------------------
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
         n = len(self.ranks)
         per_rank: list[list] = [[] for _ in range(n)]
-        left_out = 0
+        skipped = 0
         for chunk in chunks:
-            parts, dropped = split_by_samples(chunk, n)
-            left_out += dropped
-            total = sum(len(p) for p in parts)
+            parts = split_by_samples(chunk, n)
+            sizes = [len(p) for p in parts]
+            if min(sizes) == 0:  # fewer samples left (failed rewards, dropped groups) than ranks
+                skipped += 1
+                continue
+            count = micro_batch_count(sizes, self.config.train.micro_batch_size)
             for r in range(n):
-                per_rank[r].append((parts[r], total))
-        results = self._ranks_call("optimize", per_rank=[[p] for p in per_rank])[0]
-        for m in results:
-            m["train/samples_left_out_for_ranks"] = float(left_out)
-        return results
+                per_rank[r].append((parts[r], sum(sizes), count))
+        if skipped:
+            warnings.warn(
+                f"{skipped} optimizer step(s) skipped: fewer samples than trainer ranks", stacklevel=2
+            )
+        if not per_rank[0]:
+            return []
+        return self._ranks_call("optimize", per_rank=[[p] for p in per_rank])[0]
 
     def end_iteration(self) -> dict[str, float]:
         metrics = self._ranks_call("end_iteration")[0]
@@ -423,9 +510,15 @@ class RayRunner:
 
         t0 = time.time()
         state = self._ranks_call("sampling_state")[0]
+        expected = checksum(state)
         self._state_ref = ray.put(state)
-        sums = ray.get([e.load.remote(self._state_ref) for e in self.engines.actors])
-        match = all(s == checksum(state) for s in sums)
+        sent = [(i, e, e.load.remote(self._state_ref)) for i, e in enumerate(self.engines.actors)]
+        match = True
+        for i, engine, ref in sent:
+            try:
+                match &= ray.get(ref) == expected
+            except ray.exceptions.RayActorError:
+                self._replace_engine(i, engine)  # the replacement loads the state and is checked
         if not match:
             raise RuntimeError("weight sync: an engine's weights differ from the trainer's after the sync")
         return {
@@ -436,12 +529,10 @@ class RayRunner:
 
     # ---- eval, checkpoints -------------------------------------------------------------------------
     def evaluate(self) -> EvalResult | None:
-        import ray
 
         if not self.config.eval.enabled:
             return None
-        state = self._ranks_call("live_state")[0]
-        return ray.get(self.engines.actors[0].evaluate.remote(state))
+        return self._engine_call(0, "evaluate", self._ranks_call("live_state")[0])
 
     def save(self, path: Path, iteration: int) -> Path:
         self._ranks_call("save", str(Path(path).resolve()), iteration)

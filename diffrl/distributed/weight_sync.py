@@ -10,6 +10,7 @@ that the engines sample with exactly the trainer's weights.
 from __future__ import annotations
 
 import hashlib
+import re
 
 import torch
 from torch import nn
@@ -20,12 +21,19 @@ from diffrl.train.actor import OLD_ADAPTER
 LIVE_ADAPTER = "default"
 
 
-def _gather(named: list[tuple[str, torch.Tensor]], rename: tuple[str, str] | None = None):
-    out = {}
-    for name, p in named:
-        key = name.replace(*rename) if rename else name
-        out[key] = full_tensor(p.detach()).contiguous().cpu()
-    return out
+def _adapter_params(module: nn.Module, adapter: str) -> list[tuple[str, torch.Tensor]]:
+    """The LoRA tensors of one peft adapter: ``...lora_A.<adapter>.weight`` (linear layers) or
+    ``...lora_embedding_A.<adapter>`` (embeddings)."""
+    pattern = re.compile(rf"\.{re.escape(adapter)}(\.|$)")
+    return [(n, p) for n, p in module.named_parameters() if "lora_" in n and pattern.search(n)]
+
+
+def _rename(name: str, adapter: str) -> str:
+    return re.sub(rf"\.{re.escape(adapter)}(?=\.|$)", f".{LIVE_ADAPTER}", name)
+
+
+def _gather(named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {name: full_tensor(p.detach()).contiguous().cpu() for name, p in named}
 
 
 def sampling_state(actor) -> dict[str, torch.Tensor]:
@@ -35,8 +43,8 @@ def sampling_state(actor) -> dict[str, torch.Tensor]:
     module = actor.family.transformer
     if actor.config.model.lora is not None:
         adapter = OLD_ADAPTER if old is not None else LIVE_ADAPTER
-        named = [(n, p) for n, p in module.named_parameters() if "lora_" in n and f".{adapter}." in n]
-        return _gather(named, (f".{adapter}.", f".{LIVE_ADAPTER}."))
+        named = _adapter_params(module, adapter)
+        return {_rename(n, adapter): t for n, t in _gather(named).items()}
     source = old.module if old is not None else module
     return _gather(list(source.named_parameters()))
 
@@ -46,9 +54,7 @@ def live_state(actor) -> dict[str, torch.Tensor]:
     module = actor.family.transformer
     with actor.eval_weights():
         if actor.config.model.lora is not None:
-            named = [
-                (n, p) for n, p in module.named_parameters() if "lora_" in n and f".{LIVE_ADAPTER}." in n
-            ]
+            named = _adapter_params(module, LIVE_ADAPTER)
         else:
             named = list(module.named_parameters())
         return _gather(named)
@@ -74,7 +80,7 @@ def checksum(state: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for k in sorted(state):
         h.update(k.encode())
-        h.update(state[k].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(state[k].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

@@ -8,7 +8,9 @@ from diffrl.config import Config
 from diffrl.models.base import ModelFamily
 from diffrl.registry import Registry
 
-FAMILIES = Registry("model family", {"tiny": "diffrl.models.tiny:TinyFamily"})
+FAMILIES = Registry(
+    "model family", {"tiny": "diffrl.models.tiny:TinyFamily", "sd3": "diffrl.models.sd3:SD3Family"}
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

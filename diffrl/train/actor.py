@@ -104,6 +104,16 @@ class Policy:
         self.lora = config.model.lora is not None
         self._reference = reference
         self.old = old
+        self.micro_batch_size = config.train.micro_batch_size
+        self.micro_batch_count: int | None = None
+        """Set on FSDP2 ranks: every rank splits its share into this many micro-batches, so all
+        run the same forwards and backwards (the collectives pair up) whatever their share."""
+
+    def micro_batches(self, examples: TrainExamples) -> list[TrainExamples]:
+        """The micro-batches an update runs (``before_update`` passes use the very same)."""
+        if self.micro_batch_count is not None:
+            return examples.split(self.micro_batch_count)
+        return examples.micro_batches(self.micro_batch_size)
 
     @torch.no_grad()
     def old_velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
@@ -249,7 +259,10 @@ class Actor:
         return algorithm.before_update(self.policy, examples.to(self.family.device))
 
     def train_step(
-        self, examples: TrainExamples, algorithm: DiffusionAlgorithm, total: int | None = None
+        self,
+        examples: TrainExamples,
+        algorithm: DiffusionAlgorithm,
+        total: int | None = None,
     ) -> dict[str, float]:
         """One optimizer step over ``examples``, accumulated in micro-batches.
 
@@ -265,7 +278,7 @@ class Actor:
         sums: dict[str, float] = {}
         loss_sum = 0.0
         finite = True
-        for mb in examples.micro_batches(self.config.train.micro_batch_size):
+        for mb in self.policy.micro_batches(examples):
             mb = mb.to(self.family.device)
             loss, metrics = algorithm.compute_loss(self.policy, mb)
             share = len(mb) / total

@@ -126,7 +126,11 @@ def train(config: Config) -> TrainResult:
 
     algorithm = build_algorithm(config)
     spec = algorithm.collection_spec()
-    runner = build_runner(config, algorithm, spec)
+    try:
+        runner = build_runner(config, algorithm, spec)  # a runner that fails to start cleans up itself
+    except BaseException:
+        logger.close()
+        raise
     n_steps = config.rollout.num_steps_per_rollout if spec.online else 1
     print(f"diffrl: {algorithm.name} on {config.model.family} ({config.model.path}) -> {out}", flush=True)
     print(describe_batches(config, spec, runner), flush=True)

@@ -1,0 +1,217 @@
+"""``sd3``: Stable Diffusion 3 / 3.5 from a local diffusers folder (``StableDiffusion3Pipeline`` layout).
+
+Parts, loaded as diffusers' pipeline would: ``SD3Transformer2DModel`` (trained), ``AutoencoderKL``
+(16 latent channels; latents are ``(z - shift_factor) * scaling_factor``), two CLIP text encoders
+(``CLIPTextModelWithProjection``: penultimate hidden states + pooled projections) and T5
+(``T5EncoderModel``, optional: zeros when the folder has none, as the pipeline does). The prompt
+embedding is the pipeline's: ``[CLIP-L | CLIP-G]`` zero-padded to T5's width, then T5's tokens after
+them on the sequence axis; the pooled vector is ``[CLIP-L pooled | CLIP-G pooled]``. Timesteps are
+``sigma * 1000``; the sigma shift is the scheduler's (3.0 for SD3/SD3.5).
+
+A user's checkpoint: ``model: {family: sd3, path: /models/stable-diffusion-3.5-medium}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+import torch
+from torch import nn
+
+from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+
+CLIP_MAX_TOKENS = 77
+
+
+class SD3Family(ModelFamily):
+    name = "sd3"
+    default_guidance = 4.5
+    """flow_grpo's SD3.5 setting (diffusers' pipeline defaults to 7.0)."""
+    # flow_grpo's SD3 choice: the attention projections incl. the context (add_*) projections
+    default_lora_targets = [
+        "attn.to_q",
+        "attn.to_k",
+        "attn.to_v",
+        "attn.to_out.0",
+        "attn.add_q_proj",
+        "attn.add_k_proj",
+        "attn.add_v_proj",
+        "attn.to_add_out",
+    ]
+
+    @dataclass
+    class Options:
+        max_sequence_length: int = 256
+        """T5 tokens (the pipeline's default)."""
+        gradient_checkpointing: bool = False
+        text_encoder_dtype: str = "float32"
+        """dtype of the frozen text encoders and VAE (``bfloat16`` / ``float16`` save memory)."""
+
+    def __init__(self, transformer, vae, encoders, tokenizers, scheduler_config, device, options):
+        super().__init__(transformer, device, options)
+        self.vae = vae
+        self.text_encoder, self.text_encoder_2, self.text_encoder_3 = encoders
+        self.tokenizer, self.tokenizer_2, self.tokenizer_3 = tokenizers
+        self.scheduler_config = dict(scheduler_config)
+        self.default_shift = float(self.scheduler_config.get("shift", 3.0))
+        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:
+        from diffusers import AutoencoderKL, SD3Transformer2DModel
+        from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
+
+        from diffrl.models.registry import DTYPES
+
+        folder = Path(path)
+        if path in ("base", "random") or not (folder / "model_index.json").is_file():
+            raise FileNotFoundError(
+                f"sd3: model.path must be a local diffusers folder of StableDiffusion3Pipeline "
+                f"(with model_index.json), got {path!r}"
+            )
+        check_family_dir(folder, cls.name)
+        frozen = DTYPES[options.text_encoder_dtype]
+        transformer = SD3Transformer2DModel.from_pretrained(
+            folder, subfolder="transformer", torch_dtype=dtype
+        )
+        vae = AutoencoderKL.from_pretrained(folder, subfolder="vae", torch_dtype=frozen)
+        encoders = [
+            CLIPTextModelWithProjection.from_pretrained(folder, subfolder=sub, torch_dtype=frozen)
+            for sub in ("text_encoder", "text_encoder_2")
+        ]
+        tokenizers = [
+            AutoTokenizer.from_pretrained(folder, subfolder=sub) for sub in ("tokenizer", "tokenizer_2")
+        ]
+        if (folder / "text_encoder_3").is_dir():
+            encoders.append(
+                T5EncoderModel.from_pretrained(folder, subfolder="text_encoder_3", torch_dtype=frozen)
+            )
+            tokenizers.append(AutoTokenizer.from_pretrained(folder, subfolder="tokenizer_3"))
+        else:
+            encoders.append(None)
+            tokenizers.append(None)
+        scheduler = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+        transformer.to(device)
+        for m in (vae, *encoders):
+            if m is not None:
+                m.to(device).eval().requires_grad_(False)
+        if options.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        return cls(transformer, vae, encoders, tokenizers, scheduler, device, options)
+
+    def pipeline(self):
+        """The diffusers ``StableDiffusion3Pipeline`` over these very modules."""
+        from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
+
+        return StableDiffusion3Pipeline(
+            transformer=self.transformer,
+            scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
+            vae=self.vae,
+            text_encoder=self.text_encoder,
+            tokenizer=self.tokenizer,
+            text_encoder_2=self.text_encoder_2,
+            tokenizer_2=self.tokenizer_2,
+            text_encoder_3=self.text_encoder_3,
+            tokenizer_3=self.tokenizer_3,
+        )
+
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        path = Path(path)
+        pipe = self.pipeline()
+        if dtype is not None:
+            import copy
+
+            pipe.transformer = copy.deepcopy(self.transformer).to(dtype)
+        pipe.save_pretrained(path)
+        write_family_file(path, self.name)
+
+    def save_lora(self, out_dir: str | Path) -> bool:
+        from diffusers import StableDiffusion3Pipeline
+        from peft.utils import get_peft_model_state_dict
+
+        adapter = self.transformer.peft_config["default"]
+        StableDiffusion3Pipeline.save_lora_weights(
+            out_dir,
+            transformer_lora_layers=get_peft_model_state_dict(self.transformer),
+            transformer_lora_adapter_metadata=adapter.to_dict(),
+        )
+        return True
+
+    # ---- geometry ------------------------------------------------------------------------------
+    @property
+    def default_size(self) -> tuple[int, int]:
+        side = self.transformer.config.sample_size * self.vae_scale_factor
+        return (side, side)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        step = self.vae_scale_factor * self.transformer.config.patch_size
+        if height % step or width % step:
+            raise ValueError(f"sd3: height and width must be multiples of {step}, got {height}x{width}")
+        return (
+            self.transformer.config.in_channels,
+            height // self.vae_scale_factor,
+            width // self.vae_scale_factor,
+        )
+
+    # ---- text ----------------------------------------------------------------------------------
+    def _clip(self, encoder, tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        max_length = getattr(tokenizer, "model_max_length", CLIP_MAX_TOKENS)
+        ids = tokenizer(
+            prompts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt"
+        ).input_ids.to(self.device)
+        out = encoder(ids, output_hidden_states=True)
+        return out.hidden_states[-2], out[0]  # penultimate layer (the pipeline's clip_skip=None)
+
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        h1, p1 = self._clip(self.text_encoder, self.tokenizer, prompts)
+        h2, p2 = self._clip(self.text_encoder_2, self.tokenizer_2, prompts)
+        clip = torch.cat([h1, h2], dim=-1)
+        n = self.options.max_sequence_length
+        if self.text_encoder_3 is None:
+            t5 = torch.zeros(len(prompts), n, self.transformer.config.joint_attention_dim, device=self.device)
+        else:
+            ids = self.tokenizer_3(
+                prompts,
+                padding="max_length",
+                max_length=n,
+                truncation=True,
+                add_special_tokens=True,
+                return_tensors="pt",
+            ).input_ids.to(self.device)
+            t5 = self.text_encoder_3(ids)[0]
+        clip = nn.functional.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
+        return {
+            "encoder_hidden_states": torch.cat([clip.to(t5.dtype), t5], dim=-2),
+            "pooled_projections": torch.cat([p1, p2], dim=-1),
+        }
+
+    # ---- the velocity forward ------------------------------------------------------------------
+    def forward(
+        self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+    ) -> torch.Tensor:
+        dtype = next(module.parameters()).dtype
+        c = cond.to(x_t.device, dtype)
+        return module(
+            hidden_states=x_t.to(dtype),
+            encoder_hidden_states=c.tensors["encoder_hidden_states"],
+            pooled_projections=c.tensors["pooled_projections"],
+            timestep=(sigma * 1000).to(dtype),  # the scheduler's timesteps: sigma * num_train_timesteps
+            return_dict=False,
+        )[0]
+
+    # ---- pixels <-> latents --------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        cfg = self.vae.config
+        z = self.vae.encode((images * 2.0 - 1.0).to(self.device, self.vae.dtype)).latent_dist.mode()
+        return ((z - cfg.shift_factor) * cfg.scaling_factor).float()
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        cfg = self.vae.config
+        z = latents.to(self.vae.dtype) / cfg.scaling_factor + cfg.shift_factor
+        return ((self.vae.decode(z, return_dict=False)[0].float() + 1.0) / 2.0).clamp(0.0, 1.0)
