@@ -104,7 +104,7 @@ class Policy:
         self.lora = config.model.lora is not None
         self._reference = reference
         self.old = old
-        self.micro_batch_size = config.train.micro_batch_size
+        self.train_config = config.train
         self.micro_batch_count: int | None = None
         """Set on FSDP2 ranks: every rank splits its share into this many micro-batches, so all
         run the same forwards and backwards (the collectives pair up) whatever their share."""
@@ -113,7 +113,7 @@ class Policy:
         """The micro-batches an update runs (``before_update`` passes use the very same)."""
         if self.micro_batch_count is not None:
             return examples.split(self.micro_batch_count)
-        return examples.micro_batches(self.micro_batch_size)
+        return examples.micro_batches(self.train_config.micro_batch_size)
 
     @torch.no_grad()
     def old_velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:

@@ -21,7 +21,7 @@ from tests.conftest import ROOT
 
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
 
-LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5
+LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5  # losses also to 1e-7 absolute: Flow-GRPO's first loss is -mean(A) ~ 0
 TRAINABLE = 31_744  # LoRA r=4 on the tiny transformer's attention projections
 
 
@@ -76,7 +76,7 @@ def test_ray_run_equals_local_run(tmp_path, ray_cluster, algorithm):
         assert a["rollout/reward/raw_mean"] == b["rollout/reward/raw_mean"]
         assert a["rollout/reward/raw_std"] == b["rollout/reward/raw_std"]
         assert b["rollout/reward/raw_std"] > 0  # the advantages, and so the gradients, are not all 0
-        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=LOSS_RTOL, abs=1e-9)
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=LOSS_RTOL, abs=1e-7)
         assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=LOSS_RTOL)
         assert b["sync/checksum_match"] == 1.0 and b["rollout/reissued"] == 0
         assert b["sync/bytes"] == 4 * TRAINABLE  # only the LoRA tensors travel (float32)
@@ -128,7 +128,7 @@ def test_uneven_shares_after_dropped_samples_still_match_the_local_run(tmp_path,
     local = train(config(tmp_path, "flow_grpo", "local", **extra)).history[0]
     distributed = train(config(tmp_path, "flow_grpo", "ray", **extra)).history[0]
     assert local["rollout/reward_failed"] == distributed["rollout/reward_failed"] == 3
-    assert distributed["train/loss"] == pytest.approx(local["train/loss"], rel=LOSS_RTOL, abs=1e-9)
+    assert distributed["train/loss"] == pytest.approx(local["train/loss"], rel=LOSS_RTOL, abs=1e-7)
     assert distributed["train/grad_norm"] == pytest.approx(local["train/grad_norm"], rel=LOSS_RTOL)
 
 

@@ -13,7 +13,11 @@ def test_there_are_shipped_recipes():
 
 @pytest.mark.parametrize("recipe", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_every_shipped_recipe_validates_and_opens_with_its_command(recipe: Path):
-    load_config(recipe)
+    import yaml
+
+    # real-scale recipes name a model folder a user has and this machine does not
+    local = yaml.safe_load(recipe.read_text()).get("model", {}).get("path", "base") in ("base", "random")
+    load_config(recipe, check_files=local)
     first = recipe.read_text().splitlines()[0]
     assert first == f"# diffrl train recipes/{recipe.name}"
 
