@@ -176,12 +176,7 @@ class TrainerRank:
         return out
 
     def end_iteration(self) -> dict[str, float]:
-        old = self.actor.policy.old
-        if old is None:
-            return {}
-        decay = self.algorithm.old_policy_decay(self.actor.step)
-        old.update(decay)
-        return {"train/old_policy_decay": decay}
+        return self.actor.update_old_policy(self.algorithm)
 
     def sampling_state(self) -> dict[str, torch.Tensor] | None:
         from diffrl.distributed.weight_sync import sampling_state

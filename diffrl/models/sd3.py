@@ -25,22 +25,39 @@ from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, writ
 
 CLIP_MAX_TOKENS = 77
 
+# flow_grpo's SD3 choice: the attention projections incl. the context (add_*) projections
+SD3_LORA_TARGETS = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+]
+
+
+def sd3_forward(
+    module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+) -> torch.Tensor:
+    """One ``SD3Transformer2DModel`` call: ``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity."""
+    dtype = next(module.parameters()).dtype
+    c = cond.to(x_t.device, dtype)
+    return module(
+        hidden_states=x_t.to(dtype),
+        encoder_hidden_states=c.tensors["encoder_hidden_states"],
+        pooled_projections=c.tensors["pooled_projections"],
+        timestep=(sigma * 1000).to(dtype),  # the scheduler's timesteps: sigma * num_train_timesteps
+        return_dict=False,
+    )[0]
+
 
 class SD3Family(ModelFamily):
     name = "sd3"
     default_guidance = 4.5
     """flow_grpo's SD3.5 setting (diffusers' pipeline defaults to 7.0)."""
-    # flow_grpo's SD3 choice: the attention projections incl. the context (add_*) projections
-    default_lora_targets = [
-        "attn.to_q",
-        "attn.to_k",
-        "attn.to_v",
-        "attn.to_out.0",
-        "attn.add_q_proj",
-        "attn.add_k_proj",
-        "attn.add_v_proj",
-        "attn.to_add_out",
-    ]
+    default_lora_targets = SD3_LORA_TARGETS
 
     @dataclass
     class Options:
@@ -193,15 +210,7 @@ class SD3Family(ModelFamily):
     def forward(
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
-        dtype = next(module.parameters()).dtype
-        c = cond.to(x_t.device, dtype)
-        return module(
-            hidden_states=x_t.to(dtype),
-            encoder_hidden_states=c.tensors["encoder_hidden_states"],
-            pooled_projections=c.tensors["pooled_projections"],
-            timestep=(sigma * 1000).to(dtype),  # the scheduler's timesteps: sigma * num_train_timesteps
-            return_dict=False,
-        )[0]
+        return sd3_forward(module, x_t, sigma, cond)
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     @torch.no_grad()

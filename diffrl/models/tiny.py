@@ -22,6 +22,7 @@ from torch import nn
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, PreTrainedTokenizerFast
 
 from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+from diffrl.models.sd3 import SD3_LORA_TARGETS, sd3_forward
 
 BASE_DIR = Path(__file__).resolve().parent / "assets" / "tiny_base"
 MAX_PROMPT_TOKENS = 40
@@ -86,17 +87,7 @@ class TinyFamily(ModelFamily):
     default_guidance = 4.5
     """The shipped base is trained with 10% prompt dropout for CFG; 4.5 (flow_grpo's SD3 value)
     reads best of those measured (see the README)."""
-    # The SD3 choice of flow_grpo: attention projections incl. the context (add_*) projections.
-    default_lora_targets = [
-        "attn.to_q",
-        "attn.to_k",
-        "attn.to_v",
-        "attn.to_out.0",
-        "attn.add_q_proj",
-        "attn.add_k_proj",
-        "attn.add_v_proj",
-        "attn.to_add_out",
-    ]
+    default_lora_targets = SD3_LORA_TARGETS  # the transformer is SD3's
 
     @dataclass
     class Options:
@@ -196,15 +187,7 @@ class TinyFamily(ModelFamily):
     def forward(
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
-        dtype = next(module.parameters()).dtype
-        c = cond.to(x_t.device, dtype)
-        return module(
-            hidden_states=x_t.to(dtype),
-            encoder_hidden_states=c.tensors["encoder_hidden_states"],
-            pooled_projections=c.tensors["pooled_projections"],
-            timestep=(sigma * 1000).to(dtype),  # SD3 convention: timestep = sigma * num_train_timesteps
-            return_dict=False,
-        )[0]
+        return sd3_forward(module, x_t, sigma, cond)
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         return images * 2.0 - 1.0

@@ -252,6 +252,14 @@ class Actor:
         """Context in which the live weights are the ones to evaluate (EMA if enabled)."""
         return self.ema.swapped_in() if self.ema is not None else contextlib.nullcontext()
 
+    def update_old_policy(self, algorithm: DiffusionAlgorithm) -> dict[str, float]:
+        """After an iteration: move the old (sampling) policy towards the live one, if kept."""
+        if self.policy.old is None:
+            return {}
+        decay = algorithm.old_policy_decay(self.step)
+        self.policy.old.update(decay)
+        return {"train/old_policy_decay": decay}
+
     @torch.no_grad()
     def before_update(self, examples: TrainExamples, algorithm: DiffusionAlgorithm) -> TrainExamples:
         """The algorithm's pre-update pass, with the weights and mode the update starts from."""

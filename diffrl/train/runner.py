@@ -96,12 +96,7 @@ class LocalRunner:
 
     def end_iteration(self) -> dict[str, float]:
         # the collector samples with the actor's own module: nothing to sync
-        old = self.actor.policy.old
-        if old is None:
-            return {}
-        decay = self.algorithm.old_policy_decay(self.actor.step)
-        old.update(decay)
-        return {"train/old_policy_decay": decay}
+        return self.actor.update_old_policy(self.algorithm)
 
     def evaluate(self) -> EvalResult | None:
         if self.eval_rewards is None:
