@@ -75,6 +75,25 @@ def test_rollout_does_not_depend_on_micro_group_size_and_records_only_chosen_ste
     assert a.group_id.unique().numel() == 2
 
 
+@pytest.mark.parametrize("same_latent", [True, False])
+def test_same_latent_shares_a_groups_start_until_the_window(tmp_path, same_latent):
+    """With ``rollout.same_latent`` a group's samples share the initial noise, so they are equal
+    up to the first stochastic step (ODE steps before it) and differ after the window."""
+    cfg = grpo(
+        tmp_path,
+        **{
+            "algorithm.params": "{step_strategy: {name: sde_window, size: 1, range: [1, 2]}}",
+            "rollout.same_latent": str(same_latent).lower(),
+        },
+    )
+    batch = _collect(cfg, 8)
+    for g in batch.group_id.unique():
+        rows = torch.nonzero(batch.group_id == g).flatten()
+        start, final = batch.traj_x[rows, 0], batch.x0[rows]
+        assert torch.equal(start, start[:1].expand_as(start)) == same_latent
+        assert not torch.allclose(final[0], final[1])
+
+
 def test_update_does_not_depend_on_micro_batch_size(tmp_path):
     weights = []
     for micro in (4, 2):
