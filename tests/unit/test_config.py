@@ -132,3 +132,18 @@ def test_guidance_defaults_to_the_familys_and_an_explicit_value_wins():
 
     assert load_config({}).sampling.guidance_scale == TinyFamily.default_guidance
     assert load_config({}, ["sampling.guidance_scale=1"]).sampling.guidance_scale == 1.0
+
+
+def test_ray_settings_are_checked_before_anything_starts():
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            "recipes/tiny_grpo_ocr.yaml",
+            ["runner=ray", "ray.num_trainer_ranks=3", "ray.num_engines=0", "ray.backend=mpi"],
+        )
+    msg = str(e.value)
+    assert "do not split evenly over ray.num_trainer_ranks=3" in msg
+    assert "ray.num_engines must be >= 1" in msg and "ray.backend must be gloo, nccl or null" in msg
+    with pytest.raises(ConfigError, match="unknown key 'ray.num_engine'"):
+        load_config("recipes/tiny_grpo_ocr.yaml", ["runner=ray", "ray.num_engine=2"])
+    with pytest.raises(ConfigError, match="runner"):
+        load_config("recipes/tiny_grpo_ocr.yaml", ["runner=slurm"])
