@@ -72,13 +72,6 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a ``DTensor``, or ``t``."""
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def free_port() -> int:
     import socket
 

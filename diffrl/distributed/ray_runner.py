@@ -401,7 +401,7 @@ class RayRunner:
                 continue
             free.append(i)
             parts[g] = part
-            scores[g] = [self._score(pool, k, part) for k, pool in enumerate(self.reward_pools)]
+            scores[g] = [self._score(pool, part) for pool in self.reward_pools]
         stats = RolloutStats(sampling_time=time.time() - start)
         batch = RolloutBatch.cat([parts[g] for g in sorted(parts)])
         if self.reward_pools:
@@ -444,7 +444,7 @@ class RayRunner:
                     raise RuntimeError(f"engine {i} died {attempt + 1} times during {method!r}") from e
                 self._replace_engine(i, engine)
 
-    def _score(self, pool: _Pool, k: int, part: RolloutBatch):
+    def _score(self, pool: _Pool, part: RolloutBatch):
         w = part.micro_group[0].item() % len(pool.actors)
         worker = pool.actors[w]
         return (w, worker, worker.score.remote(part.images, part.prompts, part.metadata))
