@@ -34,8 +34,6 @@ from diffrl.algorithms.base import (
 from diffrl.algorithms.flow_grpo import ppo_clip_loss
 from diffrl.algorithms.forward_process import expand_timesteps, noised
 from diffrl.models.base import Conditioning
-from diffrl.sampling.sampler import configured_shift
-from diffrl.sampling.schedules import flow_sigmas
 
 GHUBER_DELTA = 1e-10
 
@@ -103,6 +101,7 @@ class AWMExamples(TrainExamples):
 
 class AWM(DiffusionAlgorithm):
     name = "awm"
+    requires = frozenset({"sigmas"})
 
     @dataclass
     class Params:
@@ -168,9 +167,7 @@ class AWM(DiffusionAlgorithm):
         seed = self.config.run.seed
         grid = None
         if p.timestep_sampling == "discrete":
-            grid = flow_sigmas(s.num_steps, configured_shift(self.config))[
-                1 : int(s.num_steps * p.timestep_fraction)
-            ]
+            grid = batch.sigmas[0, 1 : int(s.num_steps * p.timestep_fraction)].cpu()
         rows = expand_timesteps(
             batch,
             seed,

@@ -48,7 +48,7 @@ class CollectionSpec:
         """The optional :class:`RolloutBatch` fields a collector following this spec fills."""
         fields = set()
         if self.online:
-            fields |= {"images"} | ({"rewards"} if self.needs_reward else set())
+            fields |= {"images", "sigmas"} | ({"rewards"} if self.needs_reward else set())
         if self.online and self.keep_trajectory and self.step_strategy is not None:
             fields |= {"traj_x", "traj_next", "traj_step", "traj_sigma", "traj_sigma_next"}
             if self.keep_log_prob:
@@ -80,7 +80,8 @@ class RolloutBatch(Batch):
     ``images``: decoded ``(B, 3, H, W)`` in [0, 1] (online rollouts);
     ``group_id``: samples of the same prompt share a group (group-relative advantages);
     ``micro_group``: which sampling forward batch the sample was in;
-    ``rewards``: ``(B,)`` weighted reward (online rollouts).
+    ``rewards``: ``(B,)`` weighted reward (online rollouts);
+    ``sigmas``: ``(B, num_steps + 1)`` the sigma schedule the sample was drawn with (online rollouts).
     Trajectory, only when the spec keeps it, for the K stochastic steps:
     ``traj_x, traj_next: (B, K, *latent)``; ``traj_step (B, K)`` step indices;
     ``traj_sigma, traj_sigma_next (B, K)``; ``traj_log_prob (B, K)`` when the spec keeps log-probs.
@@ -96,6 +97,7 @@ class RolloutBatch(Batch):
     cond: Conditioning
     images: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
+    sigmas: torch.Tensor | None = None
     traj_x: torch.Tensor | None = None
     traj_next: torch.Tensor | None = None
     traj_step: torch.Tensor | None = None

@@ -33,8 +33,6 @@ from diffrl.algorithms.base import (
 )
 from diffrl.algorithms.forward_process import expand_timesteps, noised
 from diffrl.models.base import Conditioning
-from diffrl.sampling.sampler import configured_shift
-from diffrl.sampling.schedules import flow_sigmas
 
 DECAY_SCHEDULES = ("none", "ramp", "flat_ramp")
 ADV_MODES = ("all", "positive_only", "negative_only", "binary")
@@ -123,6 +121,7 @@ class NFTExamples(TrainExamples):
 
 class DiffusionNFT(DiffusionAlgorithm):
     name = "diffusion_nft"
+    requires = frozenset({"sigmas"})
     keeps_old_policy = True
 
     @dataclass
@@ -187,9 +186,7 @@ class DiffusionNFT(DiffusionAlgorithm):
     def build_train_data(self, batch: RolloutBatch, signals: TrainSignals, iteration: int) -> NFTExamples:
         s = self.config.sampling
         seed = self.config.run.seed
-        grid = flow_sigmas(s.num_steps, configured_shift(self.config))[
-            :-1
-        ]  # the sampler's timesteps, t = 1 first
+        grid = batch.sigmas[0, :-1].cpu()  # the sampler's timesteps, t = 1 first
         k = int(s.num_steps * self.params.timestep_fraction)
         rows = expand_timesteps(
             batch,

@@ -26,7 +26,6 @@ from diffrl.algorithms.base import (
 )
 from diffrl.models.base import Conditioning
 from diffrl.sampling.kernels import stochastic_kernel
-from diffrl.sampling.schedules import flow_sigmas
 from diffrl.sampling.step_strategies import build_step_strategy
 
 
@@ -192,7 +191,7 @@ class FlowGRPO(DiffusionAlgorithm):
         p = self.params
         s = self.config.sampling
         kernel = stochastic_kernel(p.sampler)
-        sigma_max = flow_sigmas(s.num_steps, policy.shift)[1].item()
+        sigma_max = policy.sigmas[1].item()
         negative = policy.negative(len(examples))
         v = policy.velocity(
             examples.x_t, examples.sigma, examples.cond, guidance_scale=s.guidance_scale, negative=negative

@@ -75,9 +75,10 @@ class ModelFamily(ABC):
     name: ClassVar[str]
     default_lora_targets: ClassVar[list[str]]
     default_shift: ClassVar[float] = 3.0
-    """Sigma-schedule shift used when ``sampling.shift`` is not set."""
+    """Sigma-schedule shift used when ``sampling.shift`` is not set (families whose pipeline shifts
+    by image size override :meth:`sigmas` instead)."""
     default_guidance: ClassVar[float] = 1.0
-    """CFG scale used when ``sampling.guidance_scale`` is not set (1: no CFG)."""
+    """``sampling.guidance_scale`` when the recipe does not set it (1: no guidance)."""
 
     @dataclass
     class Options:
@@ -183,6 +184,17 @@ class ModelFamily(ABC):
         keys = self._prompt_cache[prompts[0]].keys()
         return Conditioning({k: torch.stack([self._prompt_cache[p][k] for p in prompts]) for k in keys})
 
+    # ---- the sigma schedule --------------------------------------------------------------------
+    def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
+        """``(num_steps + 1,)`` float32 sigmas from 1 down to 0 for sampling at ``height x width``.
+
+        ``shift`` (``sampling.shift``) None: the schedule this family's diffusers pipeline uses;
+        a number: ``FlowMatchEulerDiscreteScheduler(shift=shift)``'s (SD3's static shift).
+        """
+        from diffrl.sampling.schedules import flow_sigmas
+
+        return flow_sigmas(num_steps, self.default_shift if shift is None else shift)
+
     # ---- the velocity forward ------------------------------------------------------------------
     @abstractmethod
     def forward(
@@ -210,7 +222,18 @@ class ModelFamily(ABC):
         both = Conditioning.cat([negative, cond])
         v = self.forward(module, torch.cat([x_t, x_t]), torch.cat([sigma, sigma]), both).float()
         v_neg, v_pos = v.chunk(2)
-        return v_neg + guidance_scale * (v_pos - v_neg)
+        return self.guide(v_neg, v_pos, guidance_scale)
+
+    def guide(self, v_neg: torch.Tensor, v_pos: torch.Tensor, scale: float) -> torch.Tensor:
+        """Classifier-free guidance of two velocities ``(B, *latent)`` as this family's pipeline does."""
+        return v_neg + scale * (v_pos - v_neg)
+
+    def negative(self, prompt: str, guidance_scale: float) -> Conditioning | None:
+        """The one-row conditioning of the negative prompt when ``guidance_scale`` means CFG here
+        (None when it is <= 1, or when the family takes the scale as a model input instead)."""
+        if guidance_scale <= 1.0:
+            return None
+        return self.encode_prompts([prompt])
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     @abstractmethod

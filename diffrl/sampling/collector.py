@@ -15,8 +15,7 @@ from diffrl.data.prompts import PromptSet
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardOutput, RewardSet
 from diffrl.sampling.kernels import ode_step, stochastic_kernel
-from diffrl.sampling.sampler import DETERMINISTIC, heun_step, image_size, initial_noise, sampling_shift
-from diffrl.sampling.schedules import flow_sigmas
+from diffrl.sampling.sampler import DETERMINISTIC, heun_step, image_size, initial_noise, sampling_sigmas
 from diffrl.seeding import EpochStream, randn_batch
 
 
@@ -138,7 +137,7 @@ class OnlineCollector:
         self.seed = config.run.seed
         s = config.sampling
         self.num_steps, self.guidance = s.num_steps, s.guidance_scale
-        self.sigmas = flow_sigmas(s.num_steps, sampling_shift(config, family)).to(family.device)
+        self.sigmas = sampling_sigmas(config, family)
         self.height, self.width = image_size(config, family)
         self.kernel = stochastic_kernel(spec.sampler) if spec.sampler not in DETERMINISTIC else None
         self.heun = spec.sampler == "heun"
@@ -148,9 +147,7 @@ class OnlineCollector:
 
     def negative(self):
         """The negative-prompt conditioning for CFG (None when CFG is off)."""
-        if self.guidance <= 1.0:
-            return None
-        return self.family.encode_prompts([self.config.sampling.negative_prompt])
+        return self.family.negative(self.config.sampling.negative_prompt, self.guidance)
 
     @torch.no_grad()
     def sample(self, plan: RolloutPlan, micro_group: int, module: nn.Module | None = None) -> RolloutBatch:
@@ -220,6 +217,7 @@ class OnlineCollector:
             x0=x,
             cond=cond,
             images=family.decode(x).cpu(),
+            sigmas=self.sigmas.expand(b, -1),
         )
         if keep and k:
             batch.traj_x = torch.stack(traj_x, 1)

@@ -10,7 +10,6 @@ from torch import nn
 from diffrl.config import Config
 from diffrl.models.base import Conditioning, ModelFamily
 from diffrl.sampling.kernels import ode_step
-from diffrl.sampling.schedules import flow_sigmas
 from diffrl.seeding import randn_batch
 
 
@@ -19,8 +18,10 @@ def image_size(config: Config, family: ModelFamily) -> tuple[int, int]:
     return config.sampling.height or h, config.sampling.width or w
 
 
-def sampling_shift(config: Config, family: ModelFamily) -> float:
-    return config.sampling.shift if config.sampling.shift is not None else family.default_shift
+def sampling_sigmas(config: Config, family: ModelFamily) -> torch.Tensor:
+    """The ``(num_steps + 1,)`` sigma schedule of this run's sampling (on the family's device)."""
+    s = config.sampling
+    return family.sigmas(s.num_steps, s.shift, *image_size(config, family)).to(family.device)
 
 
 DETERMINISTIC = ("ode", "heun")
@@ -48,15 +49,6 @@ def heun_step(
     return x + dt * 0.5 * (v + v2)
 
 
-def configured_shift(config: Config) -> float:
-    """The sampling shift before the family is loaded (``sampling.shift`` or the family's default)."""
-    if config.sampling.shift is not None:
-        return config.sampling.shift
-    from diffrl.models.registry import FAMILIES
-
-    return FAMILIES.resolve(config.model.family).default_shift
-
-
 def initial_noise(family: ModelFamily, keys: Sequence[tuple], height: int, width: int) -> torch.Tensor:
     """``(B, *latent)`` noise, one independent draw per identity key (layout-independent)."""
     return randn_batch(family.latent_shape(height, width), keys).to(family.device)
@@ -67,14 +59,15 @@ def sample_ode(
     family: ModelFamily,
     noise: torch.Tensor,
     cond: Conditioning,
-    num_steps: int,
-    shift: float,
+    sigmas: torch.Tensor,
     guidance_scale: float = 1.0,
     negative: Conditioning | None = None,
     module: nn.Module | None = None,
 ) -> torch.Tensor:
-    """Deterministic Euler sampling from ``noise (B, *latent)`` to clean latents ``(B, *latent)``."""
-    sigmas = flow_sigmas(num_steps, shift).to(noise.device)
+    """Deterministic Euler sampling from ``noise (B, *latent)`` to clean latents ``(B, *latent)``
+    along ``sigmas (num_steps + 1,)``."""
+    sigmas = sigmas.to(noise.device)
+    num_steps = len(sigmas) - 1
     x = noise
     b = noise.shape[0]
     if negative is not None and len(negative) == 1:

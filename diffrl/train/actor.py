@@ -14,7 +14,7 @@ from diffrl.algorithms.base import DiffusionAlgorithm, TrainExamples
 from diffrl.config import Config, LoraConfig
 from diffrl.distributed.fsdp import DistContext, full_tensor
 from diffrl.models.base import Conditioning, ModelFamily
-from diffrl.sampling.sampler import sampling_shift
+from diffrl.sampling.sampler import sampling_sigmas
 from diffrl.train.ema import EMA
 
 OLD_ADAPTER = "old"
@@ -98,7 +98,8 @@ class Policy:
         old: OldPolicy | None = None,
     ):
         self.family = family
-        self.shift = sampling_shift(config, family)
+        self.sigmas = sampling_sigmas(config, family)
+        """The ``(num_steps + 1,)`` sampling schedule."""
         self.guidance_scale = config.sampling.guidance_scale
         self.negative_prompt = config.sampling.negative_prompt
         self.lora = config.model.lora is not None
@@ -149,9 +150,8 @@ class Policy:
 
     def negative(self, n: int) -> Conditioning | None:
         """The negative-prompt conditioning for CFG, ``n`` rows (None when CFG is off)."""
-        if self.guidance_scale <= 1.0:
-            return None
-        return self.family.encode_prompts([self.negative_prompt]).repeat(n)
+        negative = self.family.negative(self.negative_prompt, self.guidance_scale)
+        return None if negative is None else negative.repeat(n)
 
 
 def _peft_config(family: ModelFamily, cfg: LoraConfig):

@@ -14,7 +14,7 @@ from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.logging import Progress
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardSet
-from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampling_shift
+from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampling_sigmas
 
 
 @dataclass
@@ -51,8 +51,8 @@ def generate(
     s = config.sampling
     height, width = image_size(config, family)
     jobs = [(i, j) for i in range(len(prompts)) for j in range(samples_per_prompt)]
-    negative = family.encode_prompts([s.negative_prompt]) if s.guidance_scale > 1.0 else None
-    shift = sampling_shift(config, family)
+    negative = family.negative(s.negative_prompt, s.guidance_scale)
+    sigmas = sampling_sigmas(config, family)
     out = []
     progress = Progress(label, len(jobs), "img")
     family.transformer.eval()
@@ -60,9 +60,7 @@ def generate(
         chunk = jobs[start : start + batch_size]
         texts = [prompts.prompts[i] for i, _ in chunk]
         noise = initial_noise(family, [(seed, "eval", i, j) for i, j in chunk], height, width)
-        x0 = sample_ode(
-            family, noise, family.encode_prompts(texts), s.num_steps, shift, s.guidance_scale, negative
-        )
+        x0 = sample_ode(family, noise, family.encode_prompts(texts), sigmas, s.guidance_scale, negative)
         out.append(family.decode(x0).cpu())
         progress.update(start + len(chunk))
     return [i for i, _ in jobs], torch.cat(out)

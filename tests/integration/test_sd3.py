@@ -148,7 +148,7 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, sd3_dir):
     noise = initial_noise(family, [(0, "test", i) for i in range(2)], SIZE, SIZE)
     cond = family.encode_prompts(prompts)
     negative = family.encode_prompts([""]).repeat(2)
-    ours = sample_ode(family, noise, cond, 4, family.default_shift, 4.5, negative)
+    ours = sample_ode(family, noise, cond, family.sigmas(4, None, SIZE, SIZE), 4.5, negative)
     pipe = family.pipeline()
     theirs = pipe(
         prompt=prompts,

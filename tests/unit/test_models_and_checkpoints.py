@@ -6,6 +6,7 @@ from diffrl.models.base import Conditioning, FamilyMismatchError, write_family_f
 from diffrl.models.registry import load_family
 from diffrl.models.tiny import TinyFamily
 from diffrl.sampling.sampler import initial_noise, sample_ode
+from diffrl.sampling.schedules import flow_sigmas
 from diffrl.train.actor import Actor, apply_lora
 from diffrl.train.checkpoint import load_optimizer_state, load_weights_into, save_checkpoint
 
@@ -82,9 +83,12 @@ def test_sampling_does_not_depend_on_batch_layout():
     prompts = ['the text "A"', 'the text "B"', 'the text "C"']
     keys = [(5, "eval", i, 0) for i in range(3)]
     noise = initial_noise(family, keys, 32, 64)
-    full = sample_ode(family, noise, family.encode_prompts(prompts), 3, 1.0)
+    full = sample_ode(family, noise, family.encode_prompts(prompts), flow_sigmas(3, 1.0))
     one = sample_ode(
-        family, initial_noise(family, keys[1:2], 32, 64), family.encode_prompts(prompts[1:2]), 3, 1.0
+        family,
+        initial_noise(family, keys[1:2], 32, 64),
+        family.encode_prompts(prompts[1:2]),
+        flow_sigmas(3, 1.0),
     )
     torch.testing.assert_close(one, full[1:2], atol=1e-5, rtol=1e-5)
 
