@@ -9,7 +9,14 @@ from diffrl.models.base import ModelFamily
 from diffrl.registry import Registry
 
 FAMILIES = Registry(
-    "model family", {"tiny": "diffrl.models.tiny:TinyFamily", "sd3": "diffrl.models.sd3:SD3Family"}
+    "model family",
+    {
+        "tiny": "diffrl.models.tiny:TinyFamily",
+        "sd3": "diffrl.models.sd3:SD3Family",
+        "flux": "diffrl.models.flux:FluxFamily",
+        "qwen_image": "diffrl.models.qwen_image:QwenImageFamily",
+        "wan": "diffrl.models.wan:WanFamily",
+    },
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
