@@ -53,6 +53,24 @@ def sd3_forward(
     )[0]
 
 
+@torch.no_grad()
+def vae_encode(vae: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """``images (B, 3, H, W)`` in [0, 1] -> latents ``(z - shift_factor) * scaling_factor`` (float32),
+    the mode of an ``AutoencoderKL``'s posterior."""
+    cfg = vae.config
+    z = vae.encode((images * 2.0 - 1.0).to(vae.dtype)).latent_dist.mode()
+    return ((z - (cfg.shift_factor or 0.0)) * cfg.scaling_factor).float()
+
+
+@torch.no_grad()
+def vae_decode(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
+    """Latents ``(B, C, h, w)`` -> images ``(B, 3, H, W)`` in [0, 1] (the inverse scaling of
+    :func:`vae_encode`, as the SD3 and FLUX pipelines decode)."""
+    cfg = vae.config
+    z = latents.to(vae.dtype) / cfg.scaling_factor + (cfg.shift_factor or 0.0)
+    return ((vae.decode(z, return_dict=False)[0].float() + 1.0) / 2.0).clamp(0.0, 1.0)
+
+
 class SD3Family(ModelFamily):
     name = "sd3"
     default_guidance = 4.5
@@ -213,14 +231,8 @@ class SD3Family(ModelFamily):
         return sd3_forward(module, x_t, sigma, cond)
 
     # ---- pixels <-> latents --------------------------------------------------------------------
-    @torch.no_grad()
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        cfg = self.vae.config
-        z = self.vae.encode((images * 2.0 - 1.0).to(self.device, self.vae.dtype)).latent_dist.mode()
-        return ((z - cfg.shift_factor) * cfg.scaling_factor).float()
+        return vae_encode(self.vae, images.to(self.device))
 
-    @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        cfg = self.vae.config
-        z = latents.to(self.vae.dtype) / cfg.scaling_factor + cfg.shift_factor
-        return ((self.vae.decode(z, return_dict=False)[0].float() + 1.0) / 2.0).clamp(0.0, 1.0)
+        return vae_decode(self.vae, latents)

@@ -1,0 +1,252 @@
+"""``flux``: FLUX.1 [dev] / [schnell] from a local diffusers folder (``FluxPipeline`` layout).
+
+Parts, loaded as diffusers' pipeline would: ``FluxTransformer2DModel`` (trained), ``AutoencoderKL``
+(16 latent channels, ``(z - shift_factor) * scaling_factor``), CLIP-L (``CLIPTextModel``: only its
+pooled output) and T5 (``T5EncoderModel``: the token embeddings, ``max_sequence_length`` tokens).
+
+diffrl keeps a sample's latent unpacked, ``(C, H/8, W/8)``; :meth:`FluxFamily.forward` packs 2 x 2
+patches into ``(B, H/16 * W/16, 4C)`` tokens with their image ids (row, column) and text ids (zeros),
+as ``FluxPipeline`` does, and unpacks the velocity. The transformer takes ``timestep = sigma``
+(it multiplies by 1000 itself).
+
+Guidance: FLUX.1 [dev] is guidance-distilled (``guidance_embeds``): ``sampling.guidance_scale`` is
+the embedded guidance (the pipeline's ``guidance_scale``, 3.5 by default) and there is one forward
+per step, no negative prompt. A model without guidance embeddings ([schnell]) uses it as true CFG
+with ``sampling.negative_prompt`` (the pipeline's ``true_cfg_scale``; set ``guidance_scale: 1`` for
+schnell's usual unguided sampling). Sigmas are the pipeline's: ``linspace(1, 1/N, N)`` shifted by
+``mu`` computed from the number of image tokens (``sampling.shift`` replaces that with a static shift).
+
+A user's checkpoint: ``model: {family: flux, path: /models/FLUX.1-dev}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+import torch
+from torch import nn
+
+from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
+from diffrl.sampling.schedules import resolution_shifted_sigmas
+
+
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    """``(B, C, H, W)`` -> ``(B, H/2 * W/2, 4C)``: 2 x 2 patches as tokens (``FluxPipeline._pack_latents``)."""
+    b, c, h, w = latents.shape
+    x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return x.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """``(B, H/2 * W/2, 4C)`` -> ``(B, C, H, W)`` (``FluxPipeline._unpack_latents``)."""
+    b, _, d = tokens.shape
+    x = tokens.view(b, h // 2, w // 2, d // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(b, d // 4, h, w)
+
+
+def image_ids(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``(H/2 * W/2, 3)`` position ids of the packed tokens: (0, row, column)."""
+    ids = torch.zeros(h // 2, w // 2, 3)
+    ids[..., 1] = torch.arange(h // 2)[:, None]
+    ids[..., 2] = torch.arange(w // 2)[None, :]
+    return ids.reshape(-1, 3).to(device=device, dtype=dtype)
+
+
+class FluxFamily(ModelFamily):
+    name = "flux"
+    default_guidance = 3.5
+    """``FluxPipeline``'s guidance_scale (the distilled guidance of FLUX.1 [dev])."""
+    default_lora_targets = SD3_LORA_TARGETS
+    """The attention projections of the double-stream blocks incl. the text stream's ``add_*``
+    (``to_q/k/v`` also match the single-stream blocks' attention), as for SD3."""
+
+    @dataclass
+    class Options:
+        max_sequence_length: int = 512
+        """T5 tokens (the pipeline's default)."""
+        gradient_checkpointing: bool = False
+        text_encoder_dtype: str = "float32"
+        """dtype of the frozen text encoders and VAE (``bfloat16`` saves memory)."""
+
+    def __init__(self, transformer, vae, encoders, tokenizers, scheduler_config, device, options):
+        super().__init__(transformer, device, options)
+        self.vae = vae
+        self.text_encoder, self.text_encoder_2 = encoders
+        self.tokenizer, self.tokenizer_2 = tokenizers
+        self.scheduler_config = dict(scheduler_config)
+        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
+
+    @property
+    def distilled_guidance(self) -> bool:
+        """True when the transformer takes the guidance scale as an input (FLUX.1 [dev])."""
+        return bool(self.transformer.config.guidance_embeds)
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:
+        from diffusers import AutoencoderKL, FluxTransformer2DModel
+        from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
+
+        from diffrl.models.registry import DTYPES
+
+        folder = Path(path)
+        if path in ("base", "random") or not (folder / "model_index.json").is_file():
+            raise FileNotFoundError(
+                f"flux: model.path must be a local diffusers folder of FluxPipeline "
+                f"(with model_index.json), got {path!r}"
+            )
+        check_family_dir(folder, cls.name)
+        frozen = DTYPES[options.text_encoder_dtype]
+        transformer = FluxTransformer2DModel.from_pretrained(
+            folder, subfolder="transformer", torch_dtype=dtype
+        )
+        vae = AutoencoderKL.from_pretrained(folder, subfolder="vae", torch_dtype=frozen)
+        encoders = [
+            CLIPTextModel.from_pretrained(folder, subfolder="text_encoder", torch_dtype=frozen),
+            T5EncoderModel.from_pretrained(folder, subfolder="text_encoder_2", torch_dtype=frozen),
+        ]
+        tokenizers = [
+            AutoTokenizer.from_pretrained(folder, subfolder=sub) for sub in ("tokenizer", "tokenizer_2")
+        ]
+        scheduler = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+        transformer.to(device)
+        for m in (vae, *encoders):
+            m.to(device).eval().requires_grad_(False)
+        if options.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        return cls(transformer, vae, encoders, tokenizers, scheduler, device, options)
+
+    def pipeline(self):
+        """The diffusers ``FluxPipeline`` over these very modules."""
+        from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+        return FluxPipeline(
+            transformer=self.transformer,
+            scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
+            vae=self.vae,
+            text_encoder=self.text_encoder,
+            tokenizer=self.tokenizer,
+            text_encoder_2=self.text_encoder_2,
+            tokenizer_2=self.tokenizer_2,
+        )
+
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        path = Path(path)
+        pipe = self.pipeline()
+        if dtype is not None:
+            import copy
+
+            pipe.transformer = copy.deepcopy(self.transformer).to(dtype)
+        pipe.save_pretrained(path)
+        write_family_file(path, self.name)
+
+    def save_lora(self, out_dir: str | Path) -> bool:
+        from diffusers import FluxPipeline
+        from peft.utils import get_peft_model_state_dict
+
+        FluxPipeline.save_lora_weights(
+            out_dir,
+            transformer_lora_layers=get_peft_model_state_dict(self.transformer),
+            transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict(),
+        )
+        return True
+
+    # ---- geometry ------------------------------------------------------------------------------
+    @property
+    def default_size(self) -> tuple[int, int]:
+        side = 128 * self.vae_scale_factor  # the pipeline's default_sample_size
+        return (side, side)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        step = self.vae_scale_factor * 2  # the VAE's downsampling, then 2 x 2 packing
+        if height % step or width % step:
+            raise ValueError(f"flux: height and width must be multiples of {step}, got {height}x{width}")
+        channels = self.transformer.config.in_channels // 4
+        return (channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
+
+    def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
+        if shift is not None:
+            return super().sigmas(num_steps, shift, height, width)
+        _, h, w = self.latent_shape(height, width)
+        return resolution_shifted_sigmas(self.scheduler_config, num_steps, (h // 2) * (w // 2))
+
+    # ---- text ----------------------------------------------------------------------------------
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        ids = self.tokenizer(
+            prompts,
+            padding="max_length",
+            max_length=self.tokenizer.model_max_length,
+            truncation=True,
+            return_tensors="pt",
+        ).input_ids.to(self.device)
+        pooled = self.text_encoder(ids, output_hidden_states=False).pooler_output
+        ids = self.tokenizer_2(
+            prompts,
+            padding="max_length",
+            max_length=self.options.max_sequence_length,
+            truncation=True,
+            return_tensors="pt",
+        ).input_ids.to(self.device)
+        return {
+            "encoder_hidden_states": self.text_encoder_2(ids, output_hidden_states=False)[0],
+            "pooled_projections": pooled,
+        }
+
+    # ---- guidance and the velocity forward ---------------------------------------------------------
+    def negative(self, prompt: str, guidance_scale: float) -> Conditioning | None:
+        return None if self.distilled_guidance else super().negative(prompt, guidance_scale)
+
+    def velocity(
+        self,
+        x_t: torch.Tensor,
+        sigma: torch.Tensor,
+        cond: Conditioning,
+        guidance_scale: float = 1.0,
+        negative: Conditioning | None = None,
+        module: nn.Module | None = None,
+    ) -> torch.Tensor:
+        if self.distilled_guidance:  # one forward that takes the scale as an input
+            return self.forward(module or self.transformer, x_t, sigma, cond, guidance_scale).float()
+        return super().velocity(x_t, sigma, cond, guidance_scale, negative, module)
+
+    def forward(
+        self,
+        module: nn.Module,
+        x_t: torch.Tensor,
+        sigma: torch.Tensor,
+        cond: Conditioning,
+        guidance_scale: float | None = None,
+    ) -> torch.Tensor:
+        """One ``FluxTransformer2DModel`` call: ``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity
+        ``(B, C, H, W)``; ``guidance_scale`` is required by guidance-distilled models."""
+        dtype = next(module.parameters()).dtype
+        b, _, h, w = x_t.shape
+        c = cond.to(x_t.device, dtype)
+        guidance = None
+        if self.distilled_guidance:
+            if guidance_scale is None:
+                raise ValueError("flux: this transformer is guidance-distilled; pass guidance_scale")
+            guidance = torch.full((b,), float(guidance_scale), device=x_t.device, dtype=torch.float32)
+        text = c.tensors["encoder_hidden_states"]
+        out = module(
+            hidden_states=pack(x_t.to(dtype)),
+            timestep=sigma.to(dtype),  # the pipeline's t / 1000
+            guidance=guidance,
+            pooled_projections=c.tensors["pooled_projections"],
+            encoder_hidden_states=text,
+            txt_ids=torch.zeros(text.shape[1], 3, device=x_t.device, dtype=dtype),
+            img_ids=image_ids(h, w, x_t.device, dtype),
+            return_dict=False,
+        )[0]
+        return unpack(out, h, w)
+
+    # ---- pixels <-> latents --------------------------------------------------------------------
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        return vae_encode(self.vae, images.to(self.device))
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return vae_decode(self.vae, latents)
