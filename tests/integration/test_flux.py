@@ -249,3 +249,12 @@ def _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, flux_dir, checkpo
         v_ours = ours.velocity(x, sigma, cond, 3.5)
     torch.testing.assert_close(v_diffusers, v_ours, rtol=0, atol=1e-5)
     assert (v_plain - v_ours).abs().max() > 1e-3  # the adapter changes the velocity: it was applied
+    # --merge writes a whole FluxPipeline folder with the adapter fused into the transformer
+    merged = tmp_path / "merged"
+    assert main(["export", str(checkpoint), str(merged), "--merge"]) == 0
+    from diffusers import FluxPipeline
+
+    pipe = FluxPipeline.from_pretrained(merged)
+    with torch.no_grad():
+        v_merged = base.velocity(x, sigma, cond, 3.5, module=pipe.transformer)
+    torch.testing.assert_close(v_merged, v_ours, rtol=0, atol=1e-5)
