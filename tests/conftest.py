@@ -33,3 +33,26 @@ def tiny_overrides(tmp_path: Path, **extra) -> list[str]:
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A checkpoint of the ``tiny`` family (one SFT step from a random init): what the real
+    families' tests hand to another family to see it refused."""
+    from diffrl.config import load_config
+    from diffrl.train.loop import train
+
+    out = tmp_path_factory.mktemp("tiny_checkpoint")
+    config = load_config(
+        str(ROOT / "recipes" / "tiny_sft.yaml"),
+        [
+            f"run.output_dir={out}",
+            "model.path=random",
+            "train.iterations=1",
+            "train.batch_size=2",
+            "train.micro_batch_size=2",
+            "eval.enabled=false",
+            "data.dataset_size=4",
+        ],
+    )
+    return train(config).checkpoint

@@ -198,25 +198,12 @@ def test_flow_grpo_iteration_replays_exactly_and_nft_iteration_runs(tmp_path, fl
     assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
 
 
-def test_a_tiny_checkpoint_is_refused_by_the_flux_family(tmp_path, flux_dir):
+def test_a_tiny_checkpoint_is_refused_by_the_flux_family(tmp_path, flux_dir, tiny_checkpoint):
     from diffrl.train.checkpoint import load_weights_into
 
-    tiny = load_config(
-        str(ROOT / "recipes" / "tiny_sft.yaml"),
-        [
-            f"run.output_dir={tmp_path / 'tiny'}",
-            "model.path=random",
-            "train.iterations=1",
-            "train.batch_size=2",
-            "train.micro_batch_size=2",
-            "eval.enabled=false",
-            "data.dataset_size=4",
-        ],
-    )
-    checkpoint = train(tiny).checkpoint
     family = load_family(flux_config(tmp_path, flux_dir))
     with pytest.raises(FamilyMismatchError, match="tiny"):
-        load_weights_into(family, checkpoint)
+        load_weights_into(family, tiny_checkpoint)
 
 
 def _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, flux_dir, checkpoint):
