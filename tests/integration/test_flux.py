@@ -11,49 +11,23 @@ import torch
 from diffrl.config import load_config
 from diffrl.models.base import FamilyMismatchError
 from diffrl.models.registry import load_family
-from diffrl.models.tiny import build_tokenizer
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from diffrl.train.loop import train
 from tests.conftest import ROOT
+from tests.integration import tiny_parts
 
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
 
 
 def write_tiny_flux(path, guidance_embeds: bool = True) -> None:
     """A random FLUX.1 with every part of the real one, sized for a CPU, saved by the pipeline."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5EncoderModel
 
     torch.manual_seed(0)
-    tokenizer = build_tokenizer()
-    tokenizer.model_max_length = 77
-    clip = CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=77,
-            pad_token_id=0,
-            bos_token_id=2,
-            eos_token_id=3,
-        )
-    )
-    t5 = T5EncoderModel(
-        T5Config(
-            vocab_size=len(tokenizer),
-            d_model=32,
-            d_kv=8,
-            d_ff=64,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=0,
-            eos_token_id=3,
-            decoder_start_token_id=0,
-        )
-    )
+    tok = tiny_parts.tokenizer()
+    clip = CLIPTextModel(tiny_parts.clip_config(len(tok)))
+    t5 = T5EncoderModel(tiny_parts.t5_config(len(tok), d_model=32))
     transformer = FluxTransformer2DModel(
         patch_size=1,
         in_channels=16,  # 4 latent channels x a 2 x 2 patch
@@ -66,21 +40,7 @@ def write_tiny_flux(path, guidance_embeds: bool = True) -> None:
         guidance_embeds=guidance_embeds,
         axes_dims_rope=(4, 6, 6),
     )
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=["DownEncoderBlock2D"] * 2,
-        up_block_types=["UpDecoderBlock2D"] * 2,
-        block_out_channels=[8, 8],
-        layers_per_block=1,
-        norm_num_groups=4,
-        latent_channels=4,
-        sample_size=SIZE,
-        scaling_factor=0.3611,
-        shift_factor=0.1159,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-    )
+    vae = tiny_parts.autoencoder_kl(4, scaling_factor=0.3611, shift_factor=0.1159, size=SIZE)
     scheduler = FlowMatchEulerDiscreteScheduler(  # FLUX.1-dev's scheduler config
         shift=3.0,
         use_dynamic_shifting=True,
@@ -94,9 +54,9 @@ def write_tiny_flux(path, guidance_embeds: bool = True) -> None:
         scheduler=scheduler,
         vae=vae,
         text_encoder=clip,
-        tokenizer=tokenizer,
+        tokenizer=tok,
         text_encoder_2=t5,
-        tokenizer_2=tokenizer,
+        tokenizer_2=tok,
     ).save_pretrained(path)
 
 

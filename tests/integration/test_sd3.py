@@ -10,58 +10,21 @@ import torch
 from diffrl.config import load_config
 from diffrl.models.base import FamilyMismatchError
 from diffrl.models.registry import load_family
-from diffrl.models.tiny import build_tokenizer
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from diffrl.train.loop import train
 from tests.conftest import ROOT
+from tests.integration import tiny_parts
 
 SIZE = 16  # pixels: the tiny VAE halves them, patch 2 -> 4 x 4 tokens
 
 
 def write_tiny_sd3(path) -> None:
     """A random SD3 with every part of the real one, sized for a CPU, saved by the pipeline."""
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        SD3Transformer2DModel,
-        StableDiffusion3Pipeline,
-    )
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
     torch.manual_seed(0)
-    tokenizer = build_tokenizer()
-    tokenizer.model_max_length = 77
-
-    def clip():
-        return CLIPTextModelWithProjection(
-            CLIPTextConfig(
-                vocab_size=len(tokenizer),
-                hidden_size=32,
-                intermediate_size=37,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                max_position_embeddings=77,
-                projection_dim=32,
-                pad_token_id=0,
-                bos_token_id=2,
-                eos_token_id=3,
-            )
-        )
-
-    t5 = T5EncoderModel(
-        T5Config(
-            vocab_size=len(tokenizer),
-            d_model=64,
-            d_kv=8,
-            d_ff=64,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=0,
-            eos_token_id=3,
-            decoder_start_token_id=0,
-        )
-    )
+    tok = tiny_parts.tokenizer()
     transformer = SD3Transformer2DModel(
         sample_size=8,
         patch_size=2,
@@ -75,31 +38,16 @@ def write_tiny_sd3(path) -> None:
         pooled_projection_dim=64,
         pos_embed_max_size=16,
     )
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=["DownEncoderBlock2D"] * 2,
-        up_block_types=["UpDecoderBlock2D"] * 2,
-        block_out_channels=[8, 8],
-        layers_per_block=1,
-        norm_num_groups=4,
-        latent_channels=16,
-        sample_size=SIZE,
-        scaling_factor=1.5305,
-        shift_factor=0.0609,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-    )
     StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=vae,
-        text_encoder=clip(),
-        tokenizer=tokenizer,
-        text_encoder_2=clip(),
-        tokenizer_2=tokenizer,
-        text_encoder_3=t5,
-        tokenizer_3=tokenizer,
+        vae=tiny_parts.autoencoder_kl(16, scaling_factor=1.5305, shift_factor=0.0609, size=SIZE),
+        text_encoder=CLIPTextModelWithProjection(tiny_parts.clip_config(len(tok))),
+        tokenizer=tok,
+        text_encoder_2=CLIPTextModelWithProjection(tiny_parts.clip_config(len(tok))),
+        tokenizer_2=tok,
+        text_encoder_3=T5EncoderModel(tiny_parts.t5_config(len(tok), d_model=64)),
+        tokenizer_3=tok,
     ).save_pretrained(path)
 
 
