@@ -158,6 +158,22 @@ def test_flow_grpo_iteration_replays_exactly_and_nft_iteration_runs(tmp_path, fl
     assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
 
 
+@pytest.mark.parametrize(
+    "algorithm, extra",
+    [
+        ("awm", {}),
+        ("sft", {"data.dataset": "synthetic_text", "data.dataset_size": 8, "rewards": "[]"}),
+    ],
+)
+def test_awm_and_sft_iterations_run(tmp_path, flux_dir, algorithm, extra):
+    """AWM (online, forward process) and SFT (offline images through the family's VAE)."""
+    config = flux_config(
+        tmp_path, flux_dir, **{"algorithm.name": algorithm, "algorithm.params": "{}", **extra}
+    )
+    m = train(config).history[0]
+    assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
+
+
 def test_a_tiny_checkpoint_is_refused_by_the_flux_family(tmp_path, flux_dir, tiny_checkpoint):
     from diffrl.train.checkpoint import load_weights_into
 

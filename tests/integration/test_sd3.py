@@ -125,6 +125,20 @@ def test_flow_grpo_iteration_replays_exactly_and_nft_iteration_runs(tmp_path, sd
     assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
 
 
+@pytest.mark.parametrize(
+    "algorithm, extra",
+    [
+        ("awm", {}),
+        ("sft", {"data.dataset": "synthetic_text", "data.dataset_size": 8, "rewards": "[]"}),
+    ],
+)
+def test_awm_and_sft_iterations_run(tmp_path, sd3_dir, algorithm, extra):
+    """AWM (online, forward process) and SFT (offline images through the family's VAE)."""
+    config = sd3_config(tmp_path, sd3_dir, **{"algorithm.name": algorithm, "algorithm.params": "{}", **extra})
+    m = train(config).history[0]
+    assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
+
+
 def test_a_tiny_checkpoint_is_refused_by_the_sd3_family(tmp_path, sd3_dir, tiny_checkpoint):
     from diffrl.train.checkpoint import load_weights_into
 
