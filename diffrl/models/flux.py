@@ -35,7 +35,8 @@ from diffrl.sampling.schedules import resolution_shifted_sigmas
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:
-    """``(B, C, H, W)`` -> ``(B, H/2 * W/2, 4C)``: 2 x 2 patches as tokens (``FluxPipeline._pack_latents``)."""
+    """``(B, C, H, W)`` -> ``(B, H/2 * W/2, 4C)``: 2 x 2 patches as tokens (``FluxPipeline._pack_latents``;
+    ``QwenImagePipeline`` packs the same way)."""
     b, c, h, w = latents.shape
     x = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
     return x.reshape(b, (h // 2) * (w // 2), c * 4)

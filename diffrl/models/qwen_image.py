@@ -1,0 +1,278 @@
+"""``qwen_image``: Qwen-Image from a local diffusers folder (``QwenImagePipeline`` layout).
+
+Parts, loaded as diffusers' pipeline would: ``QwenImageTransformer2DModel`` (trained, an MMDiT of
+60 double-stream blocks in the 20B release), ``AutoencoderKLQwenImage`` (a video VAE: 5-D
+``(B, C, 1, H, W)`` tensors, 8x spatial compression, ``z_dim = 16`` channels normalised per channel
+with the config's ``latents_mean`` / ``latents_std``), the text encoder
+``Qwen2_5_VLForConditionalGeneration`` (Qwen2.5-VL-7B, text only) and its ``Qwen2Tokenizer``.
+
+Prompts are encoded as ``QwenImagePipeline._get_qwen_prompt_embeds``: the prompt goes into the chat
+template below, the last hidden state is kept for the valid tokens, and the first 34 (the system
+prompt) are dropped. The pipeline pads a batch to its longest prompt; diffrl pads every prompt with
+zeros to ``max_sequence_length`` tokens and keeps ``encoder_hidden_states_mask`` (1 valid, 0 padding)
+in the conditioning, so prompts encoded apart stack and concatenate. The transformer masks the
+padded keys and gives text tokens their RoPE positions by index, so this matches the pipeline's
+padding up to float error (the integration test measures it).
+
+diffrl keeps a sample's latent unpacked, ``(C, H/8, W/8)``; :meth:`QwenImageFamily.forward` packs
+2 x 2 patches into ``(B, H/16 * W/16, 4C)`` tokens as the pipeline does and unpacks the velocity.
+The transformer takes ``timestep = sigma`` (the pipeline passes ``t / 1000``). Sigmas are the
+pipeline's: ``linspace(1, 1/N, N)`` shifted by ``mu`` from the number of image tokens through the
+scheduler's config (exponential time shift, ``shift_terminal``). Guidance is Qwen's "true CFG":
+``neg + s * (pos - neg)`` rescaled per packed token to the norm of the conditional velocity; the
+pipeline runs it whenever a negative prompt is given (even ``""``) and ``true_cfg_scale > 1``.
+
+A user's checkpoint: ``model: {family: qwen_image, path: /models/Qwen-Image}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+import torch
+from torch import nn
+
+from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+from diffrl.models.flux import pack, unpack
+from diffrl.sampling.schedules import resolution_shifted_sigmas
+
+# QwenImagePipeline.__init__'s constants (the integration test checks they still match)
+PROMPT_TEMPLATE = (
+    "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
+    "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}"
+    "<|im_end|>\n<|im_start|>assistant\n"
+)
+PROMPT_DROP_TOKENS = 34
+"""Template tokens before the prompt (the system turn), dropped from the embedding."""
+TOKENIZER_MAX_LENGTH = 1024
+"""The pipeline's ``tokenizer_max_length`` (and the most ``max_sequence_length`` may be)."""
+DEFAULT_SAMPLE_SIZE = 128
+"""Latent pixels per side by default (1024 px images)."""
+
+# The attention projections of every double-stream block, image stream (to_*) and text stream (add_*)
+QWEN_IMAGE_LORA_TARGETS = [
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+]
+
+
+class QwenImageFamily(ModelFamily):
+    name = "qwen_image"
+    default_guidance = 4.0
+    """``QwenImagePipeline``'s ``true_cfg_scale`` (applied with ``sampling.negative_prompt``)."""
+    default_lora_targets = QWEN_IMAGE_LORA_TARGETS
+
+    @dataclass
+    class Options:
+        max_sequence_length: int = 512
+        """Text tokens after the template's system turn (the pipeline's default; at most 1024).
+        Longer prompts are cut, as the pipeline does; fewer save transformer compute."""
+        gradient_checkpointing: bool = False
+        text_encoder_dtype: str = "float32"
+        """dtype of the frozen text encoder and VAE (``bfloat16`` for the 7B encoder)."""
+
+        def __post_init__(self):
+            from diffrl.models.registry import DTYPES
+
+            if not 1 <= self.max_sequence_length <= TOKENIZER_MAX_LENGTH:
+                raise ValueError(
+                    f"max_sequence_length must be in [1, {TOKENIZER_MAX_LENGTH}] (QwenImagePipeline's "
+                    f"limit), got {self.max_sequence_length}"
+                )
+            if self.text_encoder_dtype not in DTYPES:
+                raise ValueError(
+                    f"text_encoder_dtype must be one of {', '.join(DTYPES)}, got {self.text_encoder_dtype!r}"
+                )
+
+    def __init__(self, transformer, vae, text_encoder, tokenizer, scheduler_config, device, options):
+        super().__init__(transformer, device, options)
+        self.vae = vae
+        self.text_encoder = text_encoder
+        self.tokenizer = tokenizer
+        self.scheduler_config = dict(scheduler_config)
+        self.vae_scale_factor = 2 ** len(vae.temperal_downsample)  # as the pipeline (8 for the release)
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:
+        from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+        from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+        from diffrl.models.registry import DTYPES
+
+        folder = Path(path)
+        if path in ("base", "random") or not (folder / "model_index.json").is_file():
+            raise FileNotFoundError(
+                f"qwen_image: model.path must be a local diffusers folder of QwenImagePipeline "
+                f"(with model_index.json), got {path!r}"
+            )
+        check_family_dir(folder, cls.name)
+        frozen = DTYPES[options.text_encoder_dtype]
+        transformer = QwenImageTransformer2DModel.from_pretrained(
+            folder, subfolder="transformer", torch_dtype=dtype
+        )
+        if transformer.config.guidance_embeds:
+            # diffusers 0.42's QwenImageTransformer2DModel builds no guidance embedder and its forward
+            # fails when given `guidance`; no released Qwen-Image checkpoint sets this flag.
+            raise ValueError(
+                f"qwen_image: {str(folder / 'transformer')!r} sets guidance_embeds=true, which "
+                "diffusers' QwenImageTransformer2DModel cannot run; use a Qwen-Image transformer "
+                "without guidance embeddings (guidance here is true CFG: sampling.guidance_scale)"
+            )
+        vae = AutoencoderKLQwenImage.from_pretrained(folder, subfolder="vae", torch_dtype=frozen)
+        text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            folder, subfolder="text_encoder", dtype=frozen
+        )
+        tokenizer = AutoTokenizer.from_pretrained(folder, subfolder="tokenizer")
+        scheduler = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+        transformer.to(device)
+        for m in (vae, text_encoder):
+            m.to(device).eval().requires_grad_(False)
+        if options.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        return cls(transformer, vae, text_encoder, tokenizer, scheduler, device, options)
+
+    def pipeline(self):
+        """The diffusers ``QwenImagePipeline`` over these very modules."""
+        from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+        return QwenImagePipeline(
+            scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
+            vae=self.vae,
+            text_encoder=self.text_encoder,
+            tokenizer=self.tokenizer,
+            transformer=self.transformer,
+        )
+
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        path = Path(path)
+        pipe = self.pipeline()
+        if dtype is not None:
+            import copy
+
+            pipe.transformer = copy.deepcopy(self.transformer).to(dtype)
+        pipe.save_pretrained(path)
+        write_family_file(path, self.name)
+
+    def save_lora(self, out_dir: str | Path) -> bool:
+        from diffusers import QwenImagePipeline
+        from peft.utils import get_peft_model_state_dict
+
+        adapter = self.transformer.peft_config["default"]
+        QwenImagePipeline.save_lora_weights(
+            out_dir,
+            transformer_lora_layers=get_peft_model_state_dict(self.transformer),
+            transformer_lora_adapter_metadata=adapter.to_dict(),
+        )
+        return True
+
+    # ---- geometry ------------------------------------------------------------------------------
+    @property
+    def default_size(self) -> tuple[int, int]:
+        side = DEFAULT_SAMPLE_SIZE * self.vae_scale_factor
+        return (side, side)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        step = self.vae_scale_factor * 2  # the VAE's compression times the 2 x 2 packing
+        if height % step or width % step:
+            raise ValueError(
+                f"qwen_image: height and width must be multiples of {step}, got {height}x{width}"
+            )
+        channels = self.transformer.config.in_channels // 4
+        return (channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
+
+    # ---- text ----------------------------------------------------------------------------------
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """``encoder_hidden_states (B, L, D)`` zero-padded to ``L = max_sequence_length`` and
+        ``encoder_hidden_states_mask (B, L)`` (long, 1 on the prompt's tokens)."""
+        tokens = self.tokenizer(
+            [PROMPT_TEMPLATE.format(p) for p in prompts],
+            max_length=TOKENIZER_MAX_LENGTH + PROMPT_DROP_TOKENS,
+            padding=True,
+            truncation=True,
+            return_tensors="pt",
+        ).to(self.device)
+        hidden = self.text_encoder(
+            input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, output_hidden_states=True
+        ).hidden_states[-1]
+        n = self.options.max_sequence_length
+        embeds = hidden.new_zeros(len(prompts), n, hidden.shape[-1])
+        mask = torch.zeros(len(prompts), n, dtype=torch.long, device=hidden.device)
+        for i, (h, m) in enumerate(zip(hidden, tokens.attention_mask.bool())):
+            valid = h[m][PROMPT_DROP_TOKENS:][:n]  # the pipeline's _extract_masked_hidden, drop, cut
+            embeds[i, : len(valid)] = valid
+            mask[i, : len(valid)] = 1
+        return {"encoder_hidden_states": embeds, "encoder_hidden_states_mask": mask}
+
+    # ---- the sigma schedule --------------------------------------------------------------------
+    def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
+        """The pipeline's ``(num_steps + 1,)`` schedule: ``linspace(1, 1/N, N)`` through the
+        scheduler with ``mu`` from the image's token count, then the final 0; a numeric ``shift``
+        replaces it with a static shift (see :meth:`ModelFamily.sigmas`)."""
+        if shift is not None:
+            return super().sigmas(num_steps, shift, height, width)
+        _, h, w = self.latent_shape(height, width)
+        return resolution_shifted_sigmas(self.scheduler_config, num_steps, (h // 2) * (w // 2))
+
+    # ---- the velocity forward ------------------------------------------------------------------
+    def forward(
+        self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+    ) -> torch.Tensor:
+        """One ``QwenImageTransformer2DModel`` call: ``x_t (B, C, H, W)``, ``sigma (B,)`` ->
+        velocity ``(B, C, H, W)``, through the packed ``(B, H/2 * W/2, 4C)`` tokens."""
+        b, _, h, w = x_t.shape
+        dtype = next(module.parameters()).dtype
+        c = cond.to(x_t.device, dtype)
+        out = module(
+            hidden_states=pack(x_t).to(dtype),
+            timestep=sigma.to(dtype),  # the pipeline's t / 1000
+            encoder_hidden_states=c.tensors["encoder_hidden_states"],
+            encoder_hidden_states_mask=c.tensors["encoder_hidden_states_mask"],
+            img_shapes=[[(1, h // 2, w // 2)]] * b,
+            return_dict=False,
+        )[0]
+        return unpack(out, h, w)
+
+    def guide(self, v_neg: torch.Tensor, v_pos: torch.Tensor, scale: float) -> torch.Tensor:
+        """``QwenImagePipeline``'s true CFG on ``(B, C, H, W)`` velocities: the usual combination,
+        rescaled so each packed token (2 x 2 patch x C channels) keeps the conditional norm."""
+        h, w = v_pos.shape[-2:]
+        neg, pos = pack(v_neg), pack(v_pos)
+        comb = neg + scale * (pos - neg)
+        cond_norm = torch.norm(pos, dim=-1, keepdim=True)
+        noise_norm = torch.norm(comb, dim=-1, keepdim=True)
+        return unpack(comb * (cond_norm / noise_norm), h, w)
+
+    # ---- pixels <-> latents --------------------------------------------------------------------
+    def _latent_stats(self, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pipeline's ``latents_mean`` and ``1 / latents_std``, shaped ``(1, C, 1, 1, 1)``."""
+        cfg = self.vae.config
+        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(device, dtype)
+        inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(device, dtype)
+        return mean, inv_std
+
+    @torch.no_grad()
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """``images (B, 3, H, W)`` in [0, 1] -> ``(B, C, H/8, W/8)``: the VAE's mode, normalised
+        as the Qwen-Image img2img / edit pipelines do."""
+        x = (images * 2.0 - 1.0).to(self.device, self.vae.dtype)[:, :, None]  # one frame
+        z = self.vae.encode(x).latent_dist.mode()
+        mean, inv_std = self._latent_stats(z.device, z.dtype)
+        return ((z - mean) * inv_std)[:, :, 0].float()
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """``latents (B, C, H/8, W/8)`` -> images ``(B, 3, H, W)`` in [0, 1] (the pipeline's decode)."""
+        z = latents.to(self.device, self.vae.dtype)[:, :, None]
+        mean, inv_std = self._latent_stats(z.device, z.dtype)
+        images = self.vae.decode(z / inv_std + mean, return_dict=False)[0][:, :, 0]
+        return (images.float() * 0.5 + 0.5).clamp(0.0, 1.0)

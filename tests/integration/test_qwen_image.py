@@ -1,0 +1,258 @@
+"""The ``qwen_image`` family on a tiny random Qwen-Image written to a temp dir in diffusers layout (the
+path a user's Qwen-Image folder takes): faithful to ``QwenImagePipeline`` (with and without true CFG),
+Flow-GRPO and DiffusionNFT iterations, the exported LoRA, and a checkpoint of another family refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffrl.config import load_config
+from diffrl.models.base import FamilyMismatchError
+from diffrl.models.flux import pack, unpack
+from diffrl.models.registry import load_family
+from diffrl.sampling.sampler import initial_noise, sample_ode
+from diffrl.train.loop import train
+from tests.conftest import ROOT
+
+SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
+TEXT_TOKENS = 256  # the byte-level tokenizer leaves ~150 tokens of the template after the drop
+
+# Qwen-Image's scheduler_config.json: exponential time shift from the image's token count
+SCHEDULER = dict(
+    base_image_seq_len=256,
+    base_shift=0.5,
+    max_image_seq_len=8192,
+    max_shift=0.9,
+    shift=1.0,
+    shift_terminal=0.02,
+    time_shift_type="exponential",
+    use_dynamic_shifting=True,
+)
+
+
+def build_qwen_tokenizer():
+    """A byte-level BPE ``Qwen2Tokenizer`` (no merges: one token per byte) with the chat template's
+    special tokens, as the real tokenizer treats them."""
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {"<|endoftext|>": 0}
+    for ch in bytes_to_unicode().values():
+        vocab[ch] = len(vocab)
+    return Qwen2Tokenizer(vocab=vocab, merges=[], additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+
+
+def write_tiny_qwen_image(path) -> None:
+    """A random Qwen-Image with every part of the real one, sized for a CPU, saved by the pipeline."""
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+    )
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    tokenizer = build_qwen_tokenizer()
+    text_encoder = Qwen2_5_VLForConditionalGeneration(
+        Qwen2_5_VLConfig(
+            text_config=dict(
+                vocab_size=len(tokenizer),
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=512,
+                rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 1e6},
+                bos_token_id=None,
+                eos_token_id=0,
+                pad_token_id=0,
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                out_hidden_size=32,
+                fullatt_block_indexes=[0],
+            ),
+        )
+    )
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=64,  # 16 latent channels x a 2 x 2 patch
+        out_channels=16,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=(2, 2, 4),
+    )
+    vae = AutoencoderKLQwenImage(
+        base_dim=8, z_dim=16, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[False]
+    )
+    QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+    ).save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_qwen_image")
+    write_tiny_qwen_image(path)
+    return path
+
+
+def qwen_config(tmp_path, qwen_dir, **extra):
+    overrides = {
+        "run.output_dir": str(tmp_path / "run"),
+        "model.family": "qwen_image",
+        "model.path": str(qwen_dir),
+        "model.options": f"{{max_sequence_length: {TEXT_TOKENS}}}",
+        "model.lora": "{rank: 4}",
+        "algorithm.params": "{step_strategy: {name: sde_window, size: 2, range: [0, 3]}}",
+        "sampling.num_steps": 3,
+        "sampling.guidance_scale": 4.0,
+        "sampling.height": SIZE,
+        "sampling.width": SIZE,
+        "rollout.batch_size": 2,
+        "rollout.n_samples_per_prompt": 2,
+        "rollout.micro_group_size": 2,
+        "train.batch_size": 4,
+        "train.micro_batch_size": 2,
+        "train.iterations": 1,
+        "rewards": "[{name: tests.integration.test_flow_grpo:brightness}]",
+        "eval.enabled": "false",
+        **extra,
+    }
+    return load_config(
+        str(ROOT / "recipes" / "tiny_grpo_ocr.yaml"), [f"{k}={v}" for k, v in overrides.items()]
+    )
+
+
+@pytest.mark.parametrize("guidance", [4.0, 1.0], ids=["true_cfg", "no_cfg"])
+def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, qwen_dir, guidance):
+    """Same noise (packed for the pipeline), prompts, steps, size and CFG (negative prompt "", which
+    the pipeline takes as a negative prompt and so runs true CFG): diffrl's ODE sampler and
+    ``QwenImagePipeline`` give the same latents to 1e-5 (float32, CPU; bit-identical when measured).
+    The prompts differ in length, so the pipeline pads to the longer one and encodes the negative
+    alone (no mask), while diffrl pads every prompt to 256 tokens and masks the padding."""
+    from diffrl.models import qwen_image
+
+    family = load_family(qwen_config(tmp_path, qwen_dir, **{"model.lora": "null"}))
+    pipe = family.pipeline()
+    assert (pipe.prompt_template_encode, pipe.prompt_template_encode_start_idx) == (
+        qwen_image.PROMPT_TEMPLATE,
+        qwen_image.PROMPT_DROP_TOKENS,
+    )
+    prompts = ['the word "cat"', 'a sign that reads "42" on a wall']
+    noise = initial_noise(family, [(0, "test", i) for i in range(2)], SIZE, SIZE)
+    assert noise.shape == (2, 16, SIZE // 2, SIZE // 2)
+    cond = family.encode_prompts(prompts)
+    negative = family.negative("", guidance)
+    sigmas = family.sigmas(4, None, SIZE, SIZE)
+    ours = sample_ode(family, noise, cond, sigmas, guidance, negative)
+    theirs = pipe(
+        prompt=prompts,
+        negative_prompt="" if guidance > 1 else None,
+        true_cfg_scale=guidance,
+        latents=pack(noise),
+        num_inference_steps=4,
+        height=SIZE,
+        width=SIZE,
+        max_sequence_length=TEXT_TOKENS,
+        output_type="latent",
+    ).images
+    torch.testing.assert_close(sigmas, pipe.scheduler.sigmas, rtol=0, atol=0)
+    torch.testing.assert_close(ours, unpack(theirs, SIZE // 2, SIZE // 2), rtol=0, atol=1e-5)
+    images = family.decode(ours)
+    assert images.shape == (2, 3, SIZE, SIZE) and images.min() >= 0 and images.max() <= 1
+    if guidance == 1.0:
+        assert family.encode_images(images).shape == noise.shape
+
+
+def test_flow_grpo_iteration_replays_exactly_and_nft_iteration_runs(tmp_path, qwen_dir):
+    grpo = train(qwen_config(tmp_path / "grpo", qwen_dir))
+    m = grpo.history[0]
+    assert m["train/log_prob_mean_abs_diff"] == 0.0 and m["train/grad_norm"] > 0
+    _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, qwen_dir, grpo.checkpoint)
+    nft = qwen_config(
+        tmp_path / "nft", qwen_dir, **{"algorithm.name": "diffusion_nft", "algorithm.params": "{}"}
+    )
+    m = train(nft).history[0]
+    assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
+
+
+def test_a_tiny_checkpoint_is_refused_by_the_qwen_image_family(tmp_path, qwen_dir):
+    from diffrl.train.checkpoint import load_weights_into
+
+    tiny = load_config(
+        str(ROOT / "recipes" / "tiny_sft.yaml"),
+        [
+            f"run.output_dir={tmp_path / 'tiny'}",
+            "model.path=random",
+            "train.iterations=1",
+            "train.batch_size=2",
+            "train.micro_batch_size=2",
+            "eval.enabled=false",
+            "data.dataset_size=4",
+        ],
+    )
+    checkpoint = train(tiny).checkpoint
+    family = load_family(qwen_config(tmp_path, qwen_dir))
+    with pytest.raises(FamilyMismatchError, match="tiny"):
+        load_weights_into(family, checkpoint)
+
+
+def test_bad_options_and_a_guidance_embedded_transformer_are_refused(tmp_path, qwen_dir):
+    import json
+    import shutil
+
+    from diffrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="max_sequence_length must be in"):
+        qwen_config(tmp_path, qwen_dir, **{"model.options": "{max_sequence_length: 2048}"})
+    guided = tmp_path / "guided"
+    shutil.copytree(qwen_dir, guided)
+    config_file = guided / "transformer" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "guidance_embeds": True}))
+    with pytest.raises(ValueError, match="guidance_embeds"):
+        load_family(qwen_config(tmp_path, guided))
+
+
+def _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, qwen_dir, checkpoint):
+    """``diffrl export`` writes the LoRA as diffusers reads it: ``load_lora_weights`` on the base
+    pipeline gives the velocity of diffrl's policy with that LoRA (to 1e-5)."""
+    from safetensors.torch import load_file, save_file
+
+    from diffrl.cli import _load_for_inference, _resolve_target, main
+
+    # make the adapter matter: one small GRPO step barely moves B away from its zero init
+    weights = load_file(str(checkpoint / "trainable.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    weights = {
+        k: torch.randn(v.shape, generator=gen) * 0.1 if "lora_B" in k else v for k, v in weights.items()
+    }
+    save_file(weights, str(checkpoint / "trainable.safetensors"))
+    out = tmp_path / "lora"
+    assert main(["export", str(checkpoint), str(out)]) == 0
+    config, ckpt = _resolve_target(str(checkpoint), [])
+    ours = _load_for_inference(config, ckpt)
+    base = load_family(qwen_config(tmp_path, qwen_dir, **{"model.lora": "null"}))
+    x = torch.randn(2, 16, 8, 8, generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.9, 0.4])
+    cond = ours.encode_prompts(["a", "b"])
+    with torch.no_grad():
+        v_plain = base.velocity(x, sigma, cond)
+        pipe = base.pipeline()
+        pipe.load_lora_weights(str(out))  # into base.transformer, as a user would
+        v_diffusers = base.forward(pipe.transformer, x, sigma, cond).float()
+        v_ours = ours.velocity(x, sigma, cond)
+    torch.testing.assert_close(v_diffusers, v_ours, rtol=0, atol=1e-5)
+    assert (v_plain - v_ours).abs().max() > 1e-3  # the adapter changes the velocity: it was applied
