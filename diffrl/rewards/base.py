@@ -4,6 +4,11 @@ A user's reward is a dotted path to either a :class:`Reward` subclass or a plain
 the signature ``def my_reward(images, prompts, metadata, **params) -> list[float]``, where
 ``images`` is a float tensor ``(B, 3, H, W)`` in [0, 1], ``prompts`` a ``list[str]`` and
 ``metadata`` a ``list[dict]``. Params come from the recipe's ``params:`` mapping.
+
+Videos (``(B, 3, F, H, W)``, from video families such as ``wan``): a reward is an image reward
+unless it says otherwise (``Reward.video = True``, or a function with ``my_reward.video = True``);
+an image reward scores every frame (``(B * F, 3, H, W)``, each video's prompt and metadata
+repeated per frame) and each video gets the mean of its frames' scores (:func:`submit_scores`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ class Pending:
 
 class Reward(ABC):
     name: str = "reward"
+    video: bool = False
+    """True: ``__call__`` takes videos ``(B, 3, F, H, W)`` whole; False: an image reward (videos
+    are scored frame by frame and averaged, see :func:`submit_scores`)."""
 
     @abstractmethod
     def __call__(
@@ -71,6 +79,7 @@ class FunctionReward(Reward):
 
     def __init__(self, fn: Callable[..., Any], name: str, **params: Any):
         self.fn, self.name, self.params = fn, name, params
+        self.video = bool(getattr(fn, "video", False))
 
     def __call__(self, images, prompts, metadata):
         return torch.as_tensor(
@@ -109,6 +118,31 @@ class RewardOutput:
         )
 
 
+def submit_scores(
+    reward: Reward, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]
+) -> Pending:
+    """``reward.submit`` for images ``(B, 3, H, W)`` or videos ``(B, 3, F, H, W)``: an image reward
+    given videos scores their ``B * F`` frames and the ``(B,)`` result is each video's mean."""
+    if images.ndim != 5 or reward.video:
+        return reward.submit(images, prompts, metadata)
+    b, f = images.shape[0], images.shape[2]
+    frames = images.transpose(1, 2).flatten(0, 1)  # (B * F, 3, H, W), video-major
+    pending = reward.submit(
+        frames, [p for p in prompts for _ in range(f)], [m for m in metadata for _ in range(f)]
+    )
+
+    def mean_per_video() -> torch.Tensor:
+        scores = pending.result()
+        if scores.shape != (b * f,):
+            raise ValueError(
+                f"returned shape {tuple(scores.shape)} for {b} videos of {f} frames, expected one "
+                f"score per frame ({b * f},)"
+            )
+        return scores.view(b, f).mean(dim=1)
+
+    return Pending(mean_per_video)
+
+
 def build_reward(cfg: RewardConfig) -> Reward:
     from diffrl.rewards.registry import REWARDS
 
@@ -142,7 +176,8 @@ class RewardSet:
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
     ) -> PendingRewards:
         images = images.detach().float().cpu()
-        return PendingRewards(self, len(prompts), [r.submit(images, prompts, metadata) for r in self.rewards])
+        pending = [submit_scores(r, images, prompts, metadata) for r in self.rewards]
+        return PendingRewards(self, len(prompts), pending)
 
     def __call__(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]

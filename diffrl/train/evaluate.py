@@ -19,7 +19,8 @@ from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampl
 
 @dataclass
 class EvalResult:
-    """``rewards``: reward name -> ``(N,)`` scores; ``images``: ``(N, 3, H, W)`` in [0, 1]."""
+    """``rewards``: reward name -> ``(N,)`` scores; ``images``: ``(N, 3, H, W)`` (videos
+    ``(N, 3, F, H, W)``) in [0, 1]."""
 
     prompts: list[str]
     images: torch.Tensor
@@ -78,13 +79,25 @@ def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> 
     return result
 
 
+def still(images: torch.Tensor) -> torch.Tensor:
+    """Images ``(N, 3, H, W)`` as they are; videos ``(N, 3, F, H, W)`` as one still each: the first,
+    middle and last frames side by side, ``(N, 3, H, 3 W)`` (fewer for shorter videos)."""
+    if images.ndim != 5:
+        return images
+    f = images.shape[2]
+    return torch.cat([images[:, :, i] for i in sorted({0, f // 2, f - 1})], dim=-1)
+
+
 def to_pil(image: torch.Tensor) -> Image.Image:
-    """``(3, H, W)`` in [0, 1] -> PIL RGB."""
+    """``(3, H, W)`` (or a video ``(3, F, H, W)``, see :func:`still`) in [0, 1] -> PIL RGB."""
+    image = still(image[None])[0]
     return Image.fromarray((image.permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8))
 
 
 def save_grid(images: torch.Tensor, path: Path, columns: int = 8, scale: int = 2) -> Path:
-    """Tile ``images (N, 3, H, W)`` in [0, 1] into one PNG."""
+    """Tile ``images (N, 3, H, W)`` (or videos ``(N, 3, F, H, W)``, see :func:`still`) in [0, 1]
+    into one PNG."""
+    images = still(images)
     n = images.shape[0]
     columns = min(columns, n)
     rows = (n + columns - 1) // columns

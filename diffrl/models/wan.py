@@ -1,0 +1,456 @@
+"""``wan``: Wan 2.1 / 2.2 text-to-video from a local diffusers folder (``WanPipeline`` layout).
+
+Parts, loaded as diffusers' ``WanPipeline`` (0.42) would:
+
+- ``WanTransformer3DModel`` (trained). Wan 2.2 A14B has two experts: ``transformer`` denoises the
+  high-noise steps (timestep ``t >= boundary_ratio * 1000``, ``boundary_ratio`` from
+  ``model_index.json``, 0.875 for T2V-A14B) and ``transformer_2`` the low-noise rest. Both sit in one
+  :class:`WanExperts` module that routes each row of a batch to the expert owning its timestep, so
+  the trainer, the samplers and the algorithms see one transformer (see :class:`WanExperts`).
+- ``AutoencoderKLWan``: latents are ``(z - latents_mean) / latents_std`` per channel, as the
+  pipeline; a video of ``num_frames`` frames (``(num_frames - 1) % 4 == 0``) is
+  ``(C, (num_frames - 1) // 4 + 1, H / 8, W / 8)`` (the VAE's scale factors; Wan 2.2 TI2V-5B: 16x).
+- UMT5 (``UMT5EncoderModel``): the prompt is cleaned by diffusers' own ``prompt_clean`` (ftfy when
+  installed, else skipped, as diffusers does), padded to ``max_sequence_length`` (512, the
+  pipeline's ``__call__`` default) and the hidden states after each prompt's true length are zeros.
+
+Timesteps are ``sigma * 1000`` in float32 whatever the transformer's dtype (the pipeline passes the
+scheduler's float32 ``t``); Wan 2.2 TI2V-5B folders (``expand_timesteps``) get it per token, as
+there. Sigma schedule: Wan folders ship ``UniPCMultistepScheduler(flow_shift=...)`` (3.0 for 480p,
+5.0 for 720p); diffrl samples with its Euler / SDE kernels along
+``FlowMatchEulerDiscreteScheduler(shift=flow_shift)``'s sigmas, so ODE sampling equals ``WanPipeline``
+with that scheduler swapped in (not UniPC, a multistep solver on a slightly different grid).
+
+Guidance: ``WanPipeline`` runs CFG ``v_neg + g (v_pos - v_neg)`` with ``guidance_scale`` (default
+5.0) on the high-noise expert and ``guidance_scale_2`` on the low-noise one; ``guidance_scale_2``
+defaults to ``guidance_scale``, which is what diffrl does (one ``sampling.guidance_scale``).
+
+A user's checkpoint: ``model: {family: wan, path: /models/Wan2.2-T2V-A14B-Diffusers,
+options: {num_frames: 81}}``. For an SFT on still images set ``num_frames: 1``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+from diffusers.loaders import PeftAdapterMixin
+from torch import nn
+
+from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+
+# The attention projections of every block, self-attention (attn1) and cross-attention to the text
+# (attn2): flow_grpo's choice (attention projections only) and what diffusers' LoRA scripts'
+# ["to_k", "to_q", "to_v", "to_out.0"] hit in a Wan block. The FFN (``ffn.net.0.proj``,
+# ``ffn.net.2``) would double the adapter; add it through ``model.lora.target_modules`` if needed.
+WAN_LORA_TARGETS = [
+    f"{attn}.{proj}" for attn in ("attn1", "attn2") for proj in ("to_q", "to_k", "to_v", "to_out.0")
+]
+
+PIPELINE_CLASS = "WanPipeline"
+TEMPORAL_FACTOR = 4
+"""Frames per latent frame in every Wan VAE (checked again against the loaded VAE's config)."""
+
+
+class WanExperts(nn.Module, PeftAdapterMixin):
+    """One or two ``WanTransformer3DModel`` experts behind one module, routed by timestep.
+
+    ``forward`` takes and returns what ``WanTransformer3DModel.forward`` does. With two experts, row
+    ``i`` goes to ``transformer`` when ``timestep[i] >= boundary_timestep`` (the pipeline's test),
+    else to ``transformer_2``; a batch whose rows belong to both is split, each part runs through
+    its expert and the outputs are scattered back. A recorded denoising step is therefore replayed
+    and trained by the expert that sampled it.
+
+    LoRA: ``add_adapter`` here (diffusers' ``PeftAdapterMixin``) injects the adapter into both
+    experts (the targets are module-name suffixes); each adapter only gets gradient from the rows
+    its expert ran. The peft state dict names tensors ``transformer.<...>`` and
+    ``transformer_2.<...>``.
+
+    Under FSDP2 (``fully_shard`` of this module and of the experts' blocks) every rank must run the
+    same experts, else one rank all-gathers an expert's block while another gathers the other's
+    (same shapes: the collectives pair up silently, with wrong data). The ranks agree on the set
+    with an all-reduce, and a rank that has no row for an agreed expert runs it on a stand-in row
+    with a zero weight, so its all-gathers and gradient reduce-scatters take part.
+    """
+
+    def __init__(
+        self,
+        transformer: nn.Module,
+        transformer_2: nn.Module | None = None,
+        boundary_timestep: float | None = None,
+    ):
+        super().__init__()
+        if (transformer_2 is None) != (boundary_timestep is None):
+            raise ValueError("WanExperts: give both transformer_2 and boundary_timestep, or neither")
+        self.transformer = transformer
+        self.transformer_2 = transformer_2
+        self.boundary_timestep = boundary_timestep
+
+    @property
+    def experts(self) -> list[nn.Module]:
+        return [m for m in (self.transformer, self.transformer_2) if m is not None]
+
+    @property
+    def config(self):
+        return self.transformer.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.transformer.patch_embedding.weight.dtype
+
+    def owner(self, timestep: torch.Tensor) -> torch.Tensor:
+        """``timestep (B,)`` or ``(B, L)`` -> ``(B,)`` long: 0 for ``transformer``, 1 for ``transformer_2``."""
+        t = timestep if timestep.ndim == 1 else timestep.amax(dim=1)
+        if self.transformer_2 is None:
+            return torch.zeros(t.shape[0], dtype=torch.long, device=t.device)
+        return (t < self.boundary_timestep).long()
+
+    def _agree(self, used: list[bool], device: torch.device) -> list[bool]:
+        """The experts any rank needs, when FSDP2 shards this module (else ``used`` as is)."""
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FSDPModule
+
+        # fully_shard makes this module an FSDPModule (inside forward its parameters are unsharded
+        # plain tensors, so they cannot tell)
+        if not (isinstance(self, FSDPModule) and dist.is_initialized()):
+            return used
+        flags = torch.tensor([int(u) for u in used], dtype=torch.int64, device=device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return [bool(f) for f in flags.tolist()]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        return_dict: bool = False,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor]:
+        """``hidden_states (B, C, F, H, W)``, ``timestep (B,)`` or ``(B, L)``,
+        ``encoder_hidden_states (B, S, D)`` -> ``(velocity (B, C, F, H, W),)``."""
+        if return_dict:
+            raise ValueError("WanExperts returns a tuple only (return_dict=False)")
+        inputs = dict(
+            hidden_states=hidden_states,
+            timestep=timestep,
+            encoder_hidden_states=encoder_hidden_states,
+            **kwargs,
+        )
+        owner = self.owner(timestep)
+        used = self._agree([bool((owner == k).any()) for k in range(len(self.experts))], owner.device)
+        if sum(used) == 1 and bool((owner == used.index(True)).all()):
+            return self.experts[used.index(True)](**inputs, return_dict=False)
+        out = None
+        for k, expert in enumerate(self.experts):
+            if not used[k]:
+                continue
+            rows = torch.nonzero(owner == k).flatten()
+            idle = rows.numel() == 0
+            take = rows.new_zeros(1) if idle else rows  # idle: a stand-in row
+            part = {
+                key: v[take] if torch.is_tensor(v) and v.shape[:1] == owner.shape else v
+                for key, v in inputs.items()
+            }
+            y = expert(**part, return_dict=False)[0]
+            if out is None:
+                out = y.new_zeros(owner.shape[0], *y.shape[1:])
+            if idle:  # another rank needs this expert: take part in its collectives, change nothing
+                out = out + 0.0 * y.sum()
+            else:
+                out = out.index_copy(0, rows, y)
+        return (out,)
+
+
+class WanFamily(ModelFamily):
+    name = "wan"
+    default_guidance = 5.0
+    """``WanPipeline``'s default ``guidance_scale`` (its ``guidance_scale_2`` defaults to it)."""
+    default_lora_targets = WAN_LORA_TARGETS
+
+    @dataclass
+    class Options:
+        num_frames: int = 81
+        """Frames per video (the pipeline's default; ``(num_frames - 1) % 4 == 0``; 1: still images)."""
+        max_sequence_length: int = 512
+        """UMT5 tokens (the pipeline's ``__call__`` default)."""
+        gradient_checkpointing: bool = False
+        text_encoder_dtype: str = "float32"
+        """dtype of the frozen UMT5 (``bfloat16`` saves memory: UMT5-XXL is 5.7B parameters)."""
+        vae_dtype: str = "float32"
+        """dtype of the frozen VAE (diffusers' Wan examples keep it in float32)."""
+
+    def __init__(
+        self,
+        transformer: WanExperts,
+        vae,
+        text_encoder,
+        tokenizer,
+        scheduler_config: dict[str, Any],
+        pipeline_config: dict[str, Any],
+        device: torch.device,
+        options,
+    ):
+        super().__init__(transformer, device, options)
+        self.vae = vae
+        self.text_encoder = text_encoder
+        self.tokenizer = tokenizer
+        self.scheduler_config = dict(scheduler_config)
+        self.boundary_ratio = pipeline_config.get("boundary_ratio")
+        self.expand_timesteps = bool(pipeline_config.get("expand_timesteps") or False)
+        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        # UniPC (what Wan folders ship) calls the shift flow_shift; FlowMatchEuler calls it shift
+        shift = self.scheduler_config.get("flow_shift") or self.scheduler_config.get("shift") or 3.0
+        self.default_shift = float(shift)
+        self.spatial_factor = int(vae.config.scale_factor_spatial)
+        self.temporal_factor = int(vae.config.scale_factor_temporal)
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def _pipeline_config(cls, folder: Path) -> dict[str, Any]:
+        index = folder / "model_index.json"
+        if not index.is_file():
+            raise FileNotFoundError(
+                f"wan: model.path must be a local diffusers folder of {PIPELINE_CLASS} "
+                f"(with model_index.json), got {str(folder)!r}"
+            )
+        config = json.loads(index.read_text())
+        found = config.get("_class_name")
+        if found != PIPELINE_CLASS:
+            raise ValueError(
+                f"wan: {str(folder)!r} holds a {found} (model_index.json); this family is Wan "
+                f"text-to-video: point model.path at a {PIPELINE_CLASS} folder (e.g. Wan2.1-T2V-14B-Diffusers, "
+                f"Wan2.2-T2V-A14B-Diffusers)"
+            )
+        two = config.get("boundary_ratio") is not None
+        for sub in ("transformer", "text_encoder", "tokenizer", "vae", "scheduler") + (
+            ("transformer_2",) if two else ()
+        ):
+            if not (folder / sub).is_dir():
+                raise FileNotFoundError(
+                    f"wan: {str(folder)!r} has no {sub}/ folder"
+                    + (
+                        f" (boundary_ratio={config['boundary_ratio']} asks for two experts)"
+                        if sub == "transformer_2"
+                        else ""
+                    )
+                )
+        return config
+
+    @classmethod
+    def validate_config(cls, config, check_files: bool = True) -> list[str]:
+        from diffrl.models.registry import DTYPES
+
+        errors = super().validate_config(config, check_files)
+        options = config.model.options
+        frames = options.get("num_frames", cls.Options.num_frames)
+        if isinstance(frames, int) and (frames < 1 or (frames - 1) % TEMPORAL_FACTOR):
+            errors.append(
+                f"model.options.num_frames: {frames} frames do not fit Wan's VAE, which needs "
+                f"num_frames = 4k + 1 (e.g. 1, 5, 33, 81)"
+            )
+        length = options.get("max_sequence_length", cls.Options.max_sequence_length)
+        if isinstance(length, int) and length < 1:
+            errors.append(f"model.options.max_sequence_length must be >= 1, got {length}")
+        for key in ("text_encoder_dtype", "vae_dtype"):
+            value = options.get(key, "float32")
+            if value not in DTYPES:
+                errors.append(f"model.options.{key}: {value!r} is not one of {sorted(DTYPES)}")
+        path = config.model.path
+        if path in ("base", "random"):
+            errors.append(
+                f"model.path: the wan family has no built-in weights ({path!r}); point it at a local "
+                f"{PIPELINE_CLASS} folder such as Wan2.2-T2V-A14B-Diffusers"
+            )
+        elif check_files and Path(path).is_dir():
+            try:
+                cls._pipeline_config(Path(path))
+            except (FileNotFoundError, ValueError) as e:
+                errors.append(f"model.path: {e}")
+        return errors
+
+    @classmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:
+        from diffusers import AutoencoderKLWan, WanTransformer3DModel
+        from transformers import AutoTokenizer, UMT5EncoderModel
+
+        from diffrl.models.registry import DTYPES
+
+        if path in ("base", "random"):
+            raise FileNotFoundError(
+                f"wan: model.path must be a local diffusers folder of {PIPELINE_CLASS}, got {path!r} "
+                f"(there are no built-in Wan weights)"
+            )
+        folder = Path(path)
+        pipeline_config = cls._pipeline_config(folder)
+        check_family_dir(folder, cls.name)
+        scheduler = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+
+        def expert(sub: str) -> nn.Module:
+            model = WanTransformer3DModel.from_pretrained(folder, subfolder=sub, torch_dtype=dtype)
+            if options.gradient_checkpointing:
+                model.enable_gradient_checkpointing()
+            return model
+
+        boundary = pipeline_config.get("boundary_ratio")
+        if boundary is None:  # Wan 2.1, Wan 2.2 TI2V-5B; the pipeline ignores a transformer_2 then
+            experts = WanExperts(expert("transformer"))
+        else:
+            steps = int(scheduler.get("num_train_timesteps", 1000))
+            experts = WanExperts(expert("transformer"), expert("transformer_2"), boundary * steps)
+        vae = AutoencoderKLWan.from_pretrained(folder, subfolder="vae", torch_dtype=DTYPES[options.vae_dtype])
+        text_encoder = UMT5EncoderModel.from_pretrained(
+            folder, subfolder="text_encoder", torch_dtype=DTYPES[options.text_encoder_dtype]
+        )
+        tokenizer = AutoTokenizer.from_pretrained(folder, subfolder="tokenizer")
+        experts.to(device)
+        for m in (vae, text_encoder):
+            m.to(device).eval().requires_grad_(False)
+        return cls(experts, vae, text_encoder, tokenizer, scheduler, pipeline_config, device, options)
+
+    def pipeline(self):
+        """The diffusers ``WanPipeline`` over these very modules, with the folder's own scheduler
+        (UniPC for Wan folders; set ``pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=
+        family.default_shift)`` to get what diffrl's ODE sampler computes)."""
+        import diffusers
+
+        scheduler_cls = getattr(diffusers, self.scheduler_config["_class_name"])
+        return diffusers.WanPipeline(
+            tokenizer=self.tokenizer,
+            text_encoder=self.text_encoder,
+            vae=self.vae,
+            scheduler=scheduler_cls.from_config(self.scheduler_config),
+            transformer=self.transformer.transformer,
+            transformer_2=self.transformer.transformer_2,
+            boundary_ratio=self.boundary_ratio,
+            expand_timesteps=self.expand_timesteps,
+        )
+
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        path = Path(path)
+        pipe = self.pipeline()
+        if dtype is not None:
+            pipe.transformer = copy.deepcopy(pipe.transformer).to(dtype)
+            if pipe.transformer_2 is not None:
+                pipe.transformer_2 = copy.deepcopy(pipe.transformer_2).to(dtype)
+        pipe.save_pretrained(path)
+        write_family_file(path, self.name)
+
+    def save_lora(self, out_dir: str | Path) -> bool:
+        """Write the LoRA as ``WanPipeline.load_lora_weights`` reads it: the (high-noise)
+        ``transformer``'s adapter in ``out_dir``; for Wan 2.2 A14B the low-noise expert's in
+        ``out_dir/transformer_2``, loaded with
+        ``pipe.load_lora_weights(out_dir / "transformer_2", load_into_transformer_2=True)``."""
+        from diffusers import WanPipeline
+        from peft.utils import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(self.transformer)
+        metadata = self.transformer.peft_config["default"].to_dict()
+        out = Path(out_dir)
+        for name, folder in (("transformer", out), ("transformer_2", out / "transformer_2")):
+            prefix = f"{name}."
+            layers = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+            if layers:
+                WanPipeline.save_lora_weights(
+                    folder, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata
+                )
+        return True
+
+    def fsdp_blocks(self, module: nn.Module) -> list[nn.Module]:
+        """Every block of both experts (the experts' embeddings and heads form the root unit)."""
+        if isinstance(module, WanExperts):
+            return [block for expert in module.experts for block in expert.blocks]
+        return super().fsdp_blocks(module)
+
+    # ---- geometry ------------------------------------------------------------------------------
+    @property
+    def default_size(self) -> tuple[int, int]:
+        return (480, 832)  # the pipeline's default height x width
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        """``(C, (num_frames - 1) // 4 + 1, H / 8, W / 8)`` with the VAE's scale factors."""
+        step = self.spatial_factor * self.transformer.config.patch_size[1]
+        if height % step or width % step:
+            raise ValueError(f"wan: height and width must be multiples of {step}, got {height}x{width}")
+        frames = self.options.num_frames
+        if frames < 1 or (frames - 1) % self.temporal_factor:
+            raise ValueError(
+                f"wan: model.options.num_frames={frames}; this VAE needs num_frames = "
+                f"{self.temporal_factor}k + 1"
+            )
+        return (
+            self.transformer.config.in_channels,
+            (frames - 1) // self.temporal_factor + 1,
+            height // self.spatial_factor,
+            width // self.spatial_factor,
+        )
+
+    # ---- text ----------------------------------------------------------------------------------
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """-> ``{"encoder_hidden_states": (B, max_sequence_length, D)}``, zeros after each prompt."""
+        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+        n = self.options.max_sequence_length
+        inputs = self.tokenizer(
+            [prompt_clean(p) for p in prompts],
+            padding="max_length",
+            max_length=n,
+            truncation=True,
+            add_special_tokens=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        mask = inputs.attention_mask.to(self.device)
+        hidden = self.text_encoder(inputs.input_ids.to(self.device), mask).last_hidden_state
+        seq_lens = mask.gt(0).sum(dim=1)
+        after = torch.arange(n, device=self.device)[None, :] >= seq_lens[:, None]
+        return {"encoder_hidden_states": hidden.masked_fill(after[..., None], 0.0)}
+
+    # ---- the velocity forward ------------------------------------------------------------------
+    def forward(
+        self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+    ) -> torch.Tensor:
+        """``x_t (B, C, F, H, W)``, ``sigma (B,)`` -> velocity ``(B, C, F, H, W)``; ``module`` is a
+        :class:`WanExperts` or one ``WanTransformer3DModel``."""
+        inner = module.transformer if isinstance(module, WanExperts) else module
+        dtype = inner.patch_embedding.weight.dtype
+        timestep = sigma.float() * self.num_train_timesteps  # the scheduler's float32 timesteps
+        if self.expand_timesteps:  # Wan 2.2 TI2V: one timestep per token (the pipeline's mask[:, ::2, ::2])
+            timestep = timestep[:, None].expand(-1, x_t[0, 0, :, ::2, ::2].numel())
+        return module(
+            hidden_states=x_t.to(dtype),
+            timestep=timestep,
+            encoder_hidden_states=cond.tensors["encoder_hidden_states"].to(x_t.device, dtype),
+            return_dict=False,
+        )[0]
+
+    # ---- pixels <-> latents --------------------------------------------------------------------
+    def _latent_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The VAE's per-channel ``latents_mean`` and ``1 / latents_std``, ``(1, C, 1, 1, 1)``."""
+        cfg = self.vae.config
+        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(like.device, like.dtype)
+        inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(like.device, like.dtype)
+        return mean, inv_std
+
+    @torch.no_grad()
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """``images (B, 3, H, W)`` (one-frame videos) or videos ``(B, 3, F, H, W)`` in [0, 1] ->
+        ``x0 (B, C, F', H / 8, W / 8)``; one video at a time (VAE memory grows with frames x pixels)."""
+        if images.ndim == 4:
+            images = images.unsqueeze(2)
+        x = (images * 2.0 - 1.0).to(self.device, self.vae.dtype)
+        z = torch.cat([self.vae.encode(v[None]).latent_dist.mode() for v in x])
+        mean, inv_std = self._latent_stats(z)
+        return ((z - mean) * inv_std).float()
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """``latents (B, C, F', h, w)`` -> videos ``(B, 3, F, H, W)`` in [0, 1], one at a time."""
+        z = latents.to(self.device, self.vae.dtype)
+        mean, inv_std = self._latent_stats(z)
+        z = z / inv_std + mean  # the pipeline's exact arithmetic
+        video = torch.cat([self.vae.decode(v[None], return_dict=False)[0] for v in z])
+        return (video.float() * 0.5 + 0.5).clamp(0.0, 1.0)

@@ -1,0 +1,377 @@
+"""The ``wan`` family on tiny random Wan 2.1 (one transformer) and Wan 2.2 A14B-style (two experts,
+``boundary_ratio``) models written to temp dirs by ``WanPipeline.save_pretrained`` (the path a
+user's folder takes): ODE sampling equals ``WanPipeline`` with ``FlowMatchEulerDiscreteScheduler``,
+rows of mixed experts are routed, Flow-GRPO replays exactly and trains both experts, DiffusionNFT
+runs, the exported LoRA loads into the pipeline, and a checkpoint of another family is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffrl.config import load_config
+from diffrl.models.base import Conditioning, FamilyMismatchError
+from diffrl.models.registry import load_family
+from diffrl.models.tiny import build_tokenizer
+from diffrl.sampling.sampler import initial_noise, sample_ode
+from diffrl.train.loop import train
+from tests.conftest import ROOT
+
+SIZE = 32  # pixels: the VAE divides by 8, patch 2 -> 2 x 2 tokens per latent frame
+FRAMES = 5  # -> 2 latent frames
+BOUNDARY = 0.7  # with shift 3: sigmas 1, .86 | .6, .003 (4 steps), 1, .86 | .6 (3 steps): both experts work
+ATOL = 1e-5  # float32 on CPU
+
+
+def write_tiny_wan(path, two_experts: bool) -> None:
+    """A random Wan with every part of the real one, sized for a CPU, saved by the pipeline."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    umt5 = UMT5EncoderModel(
+        UMT5Config(
+            vocab_size=len(tokenizer),
+            d_model=32,
+            d_kv=8,
+            d_ff=32,
+            num_layers=1,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            pad_token_id=0,
+            eos_token_id=3,
+            decoder_start_token_id=0,
+        )
+    )
+
+    def transformer():
+        return WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=12,
+            in_channels=16,
+            out_channels=16,
+            text_dim=32,
+            freq_dim=32,
+            ffn_dim=32,
+            num_layers=2,
+            rope_max_seq_len=32,
+        )
+
+    # the real 16-channel latent statistics (AutoencoderKLWan's defaults) on a 3-wide VAE
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
+    WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=umt5,
+        vae=vae,
+        # what Wan folders ship; diffrl reads its flow_shift
+        scheduler=UniPCMultistepScheduler(
+            prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0
+        ),
+        transformer=transformer(),
+        transformer_2=transformer() if two_experts else None,
+        boundary_ratio=BOUNDARY if two_experts else None,
+    ).save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def wan21_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_wan21")
+    write_tiny_wan(path, two_experts=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def wan22_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_wan22")
+    write_tiny_wan(path, two_experts=True)
+    return path
+
+
+def wan_config(tmp_path, wan_dir, **extra):
+    overrides = {
+        "run.output_dir": str(tmp_path / "run"),
+        "model.family": "wan",
+        "model.path": str(wan_dir),
+        "model.options": f"{{num_frames: {FRAMES}, max_sequence_length: 16}}",
+        "model.lora": "{rank: 4}",
+        "algorithm.params": "{step_strategy: {name: all}}",  # all 3 steps: both experts train
+        "sampling.num_steps": 3,
+        "sampling.guidance_scale": 5.0,
+        "sampling.height": SIZE,
+        "sampling.width": SIZE,
+        "rollout.batch_size": 2,
+        "rollout.n_samples_per_prompt": 2,
+        "rollout.micro_group_size": 2,
+        "train.batch_size": 4,
+        "train.micro_batch_size": 2,
+        "train.iterations": 1,
+        # an image reward: each video is scored frame by frame and averaged (rewards/base.py)
+        "rewards": "[{name: tests.integration.test_flow_grpo:brightness}]",
+        "eval.enabled": "false",
+        **extra,
+    }
+    return load_config(
+        str(ROOT / "recipes" / "tiny_grpo_ocr.yaml"), [f"{k}={v}" for k, v in overrides.items()]
+    )
+
+
+@pytest.mark.parametrize("version", ["2.1", "2.2"])
+def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, wan21_dir, wan22_dir, version):
+    """Same noise, prompts, steps, size, frames and CFG (negative prompt ""): diffrl's ODE sampler
+    and ``WanPipeline`` with ``FlowMatchEulerDiscreteScheduler(shift=flow_shift)`` give the same
+    latents to 1e-5 (float32, CPU); 2.2 switches experts between steps 1 and 2, as the pipeline."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    folder = wan21_dir if version == "2.1" else wan22_dir
+    cfg = wan_config(tmp_path, folder, **{"model.lora": "null", "model.options": f"{{num_frames: {FRAMES}}}"})
+    family = load_family(cfg)
+    assert family.default_shift == 3.0 and family.options.max_sequence_length == 512
+    assert len(family.transformer.experts) == (1 if version == "2.1" else 2)
+    prompts = ['the word "cat"', '  a  <b>dog</b> &amp; "42" ']  # prompt_clean: html and spaces
+    noise = initial_noise(family, [(0, "test", i) for i in range(2)], SIZE, SIZE)
+    assert noise.shape == (2, 16, 2, SIZE // 8, SIZE // 8)
+    cond = family.encode_prompts(prompts)
+    negative = family.encode_prompts([""]).repeat(2)
+    ours = sample_ode(family, noise, cond, family.sigmas(4, None, SIZE, SIZE), 5.0, negative)
+    pipe = family.pipeline()
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.default_shift)
+    theirs = pipe(
+        prompt=prompts,
+        negative_prompt="",
+        latents=noise.clone(),
+        num_inference_steps=4,
+        guidance_scale=5.0,
+        height=SIZE,
+        width=SIZE,
+        num_frames=FRAMES,
+        output_type="latent",
+    ).frames
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
+    videos = family.decode(ours)
+    assert videos.shape == (2, 3, FRAMES, SIZE, SIZE) and videos.min() >= 0 and videos.max() <= 1
+    with torch.no_grad():  # the pipeline's own decode (output_type="pt") from the same latents
+        frames = pipe(
+            prompt_embeds=cond.tensors["encoder_hidden_states"],
+            guidance_scale=1.0,
+            latents=ours.clone(),
+            num_inference_steps=1,
+            num_frames=FRAMES,
+            height=SIZE,
+            width=SIZE,
+            output_type="pt",
+            callback_on_step_end=lambda p, i, t, kw: {"latents": ours.clone()},
+        ).frames
+    torch.testing.assert_close(videos, frames.transpose(1, 2).float(), rtol=0, atol=ATOL)
+    x0 = family.encode_images(videos)
+    assert x0.shape == ours.shape and family.encode_images(videos[:, :, 0]).shape[2] == 1
+
+
+def test_per_token_timesteps_match_the_pipeline(tmp_path, wan21_dir):
+    """``expand_timesteps`` (Wan 2.2 TI2V-5B's ``WanPipeline``): one timestep per token, as there."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    family = load_family(wan_config(tmp_path, wan21_dir, **{"model.lora": "null"}))
+    family.expand_timesteps = True
+    pipe = family.pipeline()
+    pipe.register_to_config(expand_timesteps=True)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.default_shift)
+    noise = initial_noise(family, [(0, "test", 0)], SIZE, SIZE)
+    cond = family.encode_prompts(["a"])
+    ours = sample_ode(family, noise, cond, family.sigmas(2, None, SIZE, SIZE))
+    theirs = pipe(
+        prompt_embeds=cond.tensors["encoder_hidden_states"],
+        latents=noise.clone(),
+        num_inference_steps=2,
+        guidance_scale=1.0,
+        height=SIZE,
+        width=SIZE,
+        num_frames=FRAMES,
+        output_type="latent",
+    ).frames
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
+
+
+def test_rows_of_both_experts_are_routed_to_their_own(tmp_path, wan22_dir):
+    """A batch whose rows straddle the boundary equals each row through its own expert."""
+    family = load_family(wan_config(tmp_path, wan22_dir, **{"model.lora": "null"}))
+    experts = family.transformer
+    x = torch.randn(3, 16, 2, 4, 4, generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.9, 0.3, BOUNDARY])  # high, low, high (t >= boundary is the high expert)
+    cond = family.encode_prompts(["a", "b", "c"])
+    with torch.no_grad():
+        mixed = family.forward(experts, x, sigma, cond)
+        for i, expert in enumerate([experts.transformer, experts.transformer_2, experts.transformer]):
+            alone = family.forward(expert, x[i : i + 1], sigma[i : i + 1], cond.select([i]))
+            torch.testing.assert_close(mixed[i : i + 1], alone, rtol=0, atol=ATOL)
+
+
+def test_flow_grpo_trains_both_experts_replays_exactly_and_nft_runs(tmp_path, wan22_dir):
+    from safetensors.torch import load_file
+
+    grpo = train(wan_config(tmp_path / "grpo", wan22_dir))
+    m = grpo.history[0]
+    assert m["train/log_prob_mean_abs_diff"] == 0.0 and m["train/grad_norm"] > 0
+    lora = load_file(str(grpo.checkpoint / "trainable.safetensors"))
+    for expert in ("transformer.", "transformer_2."):  # lora_B starts at 0: moved iff it had gradient
+        moved = [v.abs().max().item() for k, v in lora.items() if k.startswith(expert) and "lora_B" in k]
+        assert moved and max(moved) > 0, expert
+    _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, wan22_dir, grpo.checkpoint)
+    nft = wan_config(
+        tmp_path / "nft", wan22_dir, **{"algorithm.name": "diffusion_nft", "algorithm.params": "{}"}
+    )
+    m = train(nft).history[0]
+    assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
+
+
+def test_a_tiny_checkpoint_and_other_folders_are_refused(tmp_path, wan21_dir, sd3_like_dir):
+    from diffrl.config import ConfigError
+    from diffrl.train.checkpoint import load_weights_into
+
+    tiny = load_config(
+        str(ROOT / "recipes" / "tiny_sft.yaml"),
+        [
+            f"run.output_dir={tmp_path / 'tiny'}",
+            "model.path=random",
+            "train.iterations=1",
+            "train.batch_size=2",
+            "train.micro_batch_size=2",
+            "eval.enabled=false",
+            "data.dataset_size=4",
+        ],
+    )
+    checkpoint = train(tiny).checkpoint
+    family = load_family(wan_config(tmp_path, wan21_dir))
+    with pytest.raises(FamilyMismatchError, match="tiny"):
+        load_weights_into(family, checkpoint)
+    with pytest.raises(ConfigError, match="WanPipeline"):
+        wan_config(tmp_path, sd3_like_dir)
+    with pytest.raises(ConfigError, match="num_frames = 4k"):
+        wan_config(tmp_path, wan21_dir, **{"model.options": "{num_frames: 6}"})
+
+
+@pytest.fixture
+def sd3_like_dir(tmp_path):
+    """A diffusers folder of another pipeline (only its model_index.json matters here)."""
+    import json
+
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    return tmp_path / "other"
+
+
+def _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, wan_dir, checkpoint):
+    """``diffrl export`` writes each expert's LoRA as diffusers reads it: ``load_lora_weights``
+    (``load_into_transformer_2=True`` for the low-noise expert) on the base pipeline gives the
+    velocity of diffrl's policy with that LoRA, at a high- and a low-noise sigma (to 1e-5)."""
+    from safetensors.torch import load_file, save_file
+
+    from diffrl.cli import _load_for_inference, _resolve_target, main
+
+    # make the adapter matter: one small GRPO step barely moves B away from its zero init
+    weights = load_file(str(checkpoint / "trainable.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    weights = {
+        k: torch.randn(v.shape, generator=gen) * 0.1 if "lora_B" in k else v for k, v in weights.items()
+    }
+    save_file(weights, str(checkpoint / "trainable.safetensors"))
+    out = tmp_path / "lora"
+    assert main(["export", str(checkpoint), str(out)]) == 0
+    config, ckpt = _resolve_target(str(checkpoint), [])
+    ours = _load_for_inference(config, ckpt)
+    base = load_family(wan_config(tmp_path, wan_dir, **{"model.lora": "null"}))
+    x = torch.randn(2, 16, 2, 4, 4, generator=torch.Generator().manual_seed(0))
+    cond = ours.encode_prompts(["a", "b"])
+    pipe = base.pipeline()
+    pipe.load_lora_weights(str(out))  # into base's experts, as a user would
+    pipe.load_lora_weights(str(out / "transformer_2"), load_into_transformer_2=True)
+    for s, expert in ((0.9, pipe.transformer), (0.3, pipe.transformer_2)):
+        sigma = torch.tensor([s, s])
+        with torch.no_grad():
+            v_diffusers = base.forward(expert, x, sigma, cond).float()
+            v_ours = ours.velocity(x, sigma, cond)
+        torch.testing.assert_close(v_diffusers, v_ours, rtol=0, atol=ATOL)
+    # the adapters changed both experts' velocities: they were applied
+    plain = load_family(wan_config(tmp_path, wan_dir, **{"model.lora": "null"}))
+    for s in (0.9, 0.3):
+        sigma = torch.tensor([s, s])
+        with torch.no_grad():
+            assert (plain.velocity(x, sigma, cond) - ours.velocity(x, sigma, cond)).abs().max() > 1e-3
+
+
+def test_conditioning_is_one_tensor(tmp_path, wan21_dir):
+    family = load_family(wan_config(tmp_path, wan21_dir, **{"model.lora": "null"}))
+    cond = family.encode_prompts(["ab", "abcd"])
+    assert isinstance(cond, Conditioning) and list(cond.tensors) == ["encoder_hidden_states"]
+    h = cond.tensors["encoder_hidden_states"]
+    # <bos> a b <eos> = 4 tokens, then zeros to max_sequence_length (16)
+    assert h.shape == (2, 16, 32) and h[0, 4:].abs().max() == 0 and h[0, :4].abs().amax(-1).min() > 0
+    assert h[1, 6:].abs().max() == 0 and h[1, 5].abs().max() > 0
+
+
+@pytest.mark.slow
+def test_fsdp_ranks_holding_rows_of_different_experts_match_one_process(tmp_path, wan22_dir):
+    """FSDP2 on 2 gloo ranks: whichever rows (of which expert) each rank holds, the LoRA gradients
+    equal one process's on the whole batch (to 1e-6; measured <= 2e-8 of a 0.07 scale). Without
+    the ranks agreeing on the experts, rank 0 all-gathers one expert's blocks while rank 1 gathers
+    the other's: same shapes, so gloo pairs them silently and the gradients are wrong."""
+    import torch.multiprocessing as mp
+
+    from diffrl.distributed.fsdp import free_port
+
+    family = _fsdp_family(wan22_dir, tmp_path)
+    x, sigma, cond = _fsdp_batch(family)
+    family.velocity(x, sigma, cond).square().mean().backward()
+    expected = _lora_grads(family)
+    for split in ([[0, 1], [2, 3]], [[0, 2], [1, 3]], [[3], [0, 1, 2]]):
+        out = tmp_path / "grads.pt"
+        mp.spawn(_fsdp_rank, args=(split, wan22_dir, tmp_path, free_port(), out), nprocs=2, join=True)
+        got = torch.load(out)
+        assert got.keys() == expected.keys()
+        for k, g in expected.items():
+            torch.testing.assert_close(got[k], g, rtol=0, atol=1e-6, msg=f"{k} with rows {split}")
+
+
+def _fsdp_family(wan_dir, tmp_path):
+    from diffrl.config import LoraConfig
+    from diffrl.train.actor import apply_lora
+
+    family = load_family(wan_config(tmp_path, wan_dir, **{"model.lora": "null"}))
+    apply_lora(family, LoraConfig(rank=4))
+    with torch.no_grad():  # the same weights in every process; non-zero B: every matrix gets gradient
+        gen = torch.Generator().manual_seed(0)
+        for name, p in family.transformer.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return family
+
+
+def _fsdp_batch(family):
+    """Rows 0, 1 belong to the high-noise expert, rows 2, 3 to the low-noise one."""
+    x = torch.randn(4, 16, 2, 4, 4, generator=torch.Generator().manual_seed(0))
+    return x, torch.tensor([0.9, 0.8, 0.3, 0.2]), family.encode_prompts(["a", "b", "c", "d"])
+
+
+def _lora_grads(family) -> dict[str, torch.Tensor]:
+    from diffrl.distributed.fsdp import full_tensor
+
+    return {n: full_tensor(p.grad).clone() for n, p in family.transformer.named_parameters() if "lora_" in n}
+
+
+def _fsdp_rank(rank, split, wan_dir, tmp_path, port, out):
+    from diffrl.distributed.fsdp import init_distributed, shard_module
+
+    torch.set_num_threads(1)
+    init_distributed(rank, 2, "127.0.0.1", port, "gloo", torch.device("cpu"))
+    family = _fsdp_family(wan_dir, tmp_path)
+    shard_module(family.transformer, family.fsdp_blocks(family.transformer))
+    x, sigma, cond = _fsdp_batch(family)
+    rows = split[rank]
+    v = family.velocity(x[rows], sigma[rows], cond.select(rows))
+    # this rank's share of the whole batch's mean; FSDP averages the gradients over the 2 ranks
+    (v.square().mean() * len(rows) / len(x) * 2).backward()
+    grads = _lora_grads(family)  # a collective: both ranks gather
+    if rank == 0:
+        torch.save(grads, out)
+    torch.distributed.destroy_process_group()
