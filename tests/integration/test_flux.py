@@ -8,13 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffrl.config import load_config
-from diffrl.models.base import FamilyMismatchError
 from diffrl.models.registry import load_family
 from diffrl.sampling.sampler import initial_noise, sample_ode
-from diffrl.train.loop import train
-from tests.conftest import ROOT
 from tests.integration import tiny_parts
+from tests.integration.family_checks import (
+    OTHER_ALGORITHMS,
+    assert_exported_lora_matches,
+    assert_refuses,
+    family_config,
+    train_one,
+)
 
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
 
@@ -68,30 +71,15 @@ def flux_dir(tmp_path_factory):
 
 
 def flux_config(tmp_path, flux_dir, **extra):
-    overrides = {
-        "run.output_dir": str(tmp_path / "run"),
+    family = {
         "model.family": "flux",
         "model.path": str(flux_dir),
         "model.options": "{max_sequence_length: 16}",
-        "model.lora": "{rank: 4}",
-        "algorithm.params": "{step_strategy: {name: sde_window, size: 2, range: [0, 3]}}",
-        "sampling.num_steps": 3,
         "sampling.guidance_scale": 3.5,
         "sampling.height": SIZE,
         "sampling.width": SIZE,
-        "rollout.batch_size": 2,
-        "rollout.n_samples_per_prompt": 2,
-        "rollout.micro_group_size": 2,
-        "train.batch_size": 4,
-        "train.micro_batch_size": 2,
-        "train.iterations": 1,
-        "rewards": "[{name: tests.integration.test_flow_grpo:brightness}]",
-        "eval.enabled": "false",
-        **extra,
     }
-    return load_config(
-        str(ROOT / "recipes" / "tiny_grpo_ocr.yaml"), [f"{k}={v}" for k, v in overrides.items()]
-    )
+    return family_config(tmp_path, family, **extra)
 
 
 def _pipeline_latents(family, prompts, noise, steps, **kw):
@@ -146,78 +134,29 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, flux_dir, guidanc
     assert images.shape == (2, 3, SIZE, SIZE) and images.min() >= 0 and images.max() <= 1
 
 
-def test_flow_grpo_iteration_replays_exactly_and_nft_iteration_runs(tmp_path, flux_dir):
-    grpo = train(flux_config(tmp_path / "grpo", flux_dir))
-    m = grpo.history[0]
-    assert m["train/log_prob_mean_abs_diff"] == 0.0 and m["train/grad_norm"] > 0
-    _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, flux_dir, grpo.checkpoint)
-    nft = flux_config(
-        tmp_path / "nft", flux_dir, **{"algorithm.name": "diffusion_nft", "algorithm.params": "{}"}
-    )
-    m = train(nft).history[0]
-    assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
-
-
-@pytest.mark.parametrize(
-    "algorithm, extra",
-    [
-        ("awm", {}),
-        ("sft", {"data.dataset": "synthetic_text", "data.dataset_size": 8, "rewards": "[]"}),
-    ],
-)
-def test_awm_and_sft_iterations_run(tmp_path, flux_dir, algorithm, extra):
-    """AWM (online, forward process) and SFT (offline images through the family's VAE)."""
-    config = flux_config(
-        tmp_path, flux_dir, **{"algorithm.name": algorithm, "algorithm.params": "{}", **extra}
-    )
-    m = train(config).history[0]
-    assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
-
-
-def test_a_tiny_checkpoint_is_refused_by_the_flux_family(tmp_path, flux_dir, tiny_checkpoint):
-    from diffrl.train.checkpoint import load_weights_into
-
-    family = load_family(flux_config(tmp_path, flux_dir))
-    with pytest.raises(FamilyMismatchError, match="tiny"):
-        load_weights_into(family, tiny_checkpoint)
-
-
-def _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, flux_dir, checkpoint):
-    """``diffrl export`` writes the LoRA as diffusers reads it: ``load_lora_weights`` on the base
-    ``FluxPipeline`` gives the velocity of diffrl's policy with that LoRA (to 1e-5)."""
-    from safetensors.torch import load_file, save_file
-
-    from diffrl.cli import _load_for_inference, _resolve_target, main
-
-    # make the adapter matter: one small GRPO step barely moves B away from its zero init
-    weights = load_file(str(checkpoint / "trainable.safetensors"))
-    gen = torch.Generator().manual_seed(1)
-    weights = {
-        k: torch.randn(v.shape, generator=gen) * 0.1 if "lora_B" in k else v for k, v in weights.items()
-    }
-    save_file(weights, str(checkpoint / "trainable.safetensors"))
-    out = tmp_path / "lora"
-    assert main(["export", str(checkpoint), str(out)]) == 0
-    config, ckpt = _resolve_target(str(checkpoint), [])
-    ours = _load_for_inference(config, ckpt)
-    base = load_family(flux_config(tmp_path, flux_dir, **{"model.lora": "null"}))
-    x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
-    sigma = torch.tensor([0.9, 0.4])
-    cond = ours.encode_prompts(["a", "b"])
-    with torch.no_grad():
-        v_plain = base.velocity(x, sigma, cond, 3.5)
-        pipe = base.pipeline()
-        pipe.load_lora_weights(str(out))  # into base.transformer, as a user would
-        v_diffusers = base.velocity(x, sigma, cond, 3.5, module=pipe.transformer)
-        v_ours = ours.velocity(x, sigma, cond, 3.5)
-    torch.testing.assert_close(v_diffusers, v_ours, rtol=0, atol=1e-5)
-    assert (v_plain - v_ours).abs().max() > 1e-3  # the adapter changes the velocity: it was applied
-    # --merge writes a whole FluxPipeline folder with the adapter fused into the transformer
-    merged = tmp_path / "merged"
-    assert main(["export", str(checkpoint), str(merged), "--merge"]) == 0
+def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, flux_dir):
+    """The exported LoRA, and ``--merge``: a whole ``FluxPipeline`` folder with the adapter fused."""
     from diffusers import FluxPipeline
 
-    pipe = FluxPipeline.from_pretrained(merged)
+    from diffrl.cli import main
+
+    grpo = train_one(flux_config(tmp_path / "grpo", flux_dir))
+    base = load_family(flux_config(tmp_path, flux_dir, **{"model.lora": "null"}))
+    x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    ours = assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x, guidance=3.5)
+    merged = tmp_path / "merged"
+    assert main(["export", str(grpo.checkpoint), str(merged), "--merge"]) == 0
+    transformer = FluxPipeline.from_pretrained(merged).transformer
+    sigma, cond = torch.tensor([0.9, 0.4]), ours.encode_prompts(["a", "b"])
     with torch.no_grad():
-        v_merged = base.velocity(x, sigma, cond, 3.5, module=pipe.transformer)
-    torch.testing.assert_close(v_merged, v_ours, rtol=0, atol=1e-5)
+        v_merged = base.velocity(x, sigma, cond, 3.5, module=transformer)
+        torch.testing.assert_close(v_merged, ours.velocity(x, sigma, cond, 3.5), rtol=0, atol=1e-5)
+
+
+@OTHER_ALGORITHMS
+def test_other_algorithms_run_an_iteration(tmp_path, flux_dir, algorithm):
+    train_one(flux_config(tmp_path, flux_dir, **algorithm))
+
+
+def test_a_tiny_checkpoint_is_refused(tmp_path, flux_dir, tiny_checkpoint):
+    assert_refuses(load_family(flux_config(tmp_path, flux_dir)), tiny_checkpoint)

@@ -7,13 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffrl.config import load_config
-from diffrl.models.base import FamilyMismatchError
 from diffrl.models.flux import pack, unpack
 from diffrl.models.registry import load_family
 from diffrl.sampling.sampler import initial_noise, sample_ode
-from diffrl.train.loop import train
-from tests.conftest import ROOT
+from tests.integration.family_checks import (
+    OTHER_ALGORITHMS,
+    assert_exported_lora_matches,
+    assert_refuses,
+    family_config,
+    train_one,
+)
 
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
 TEXT_TOKENS = 256  # the byte-level tokenizer leaves ~150 tokens of the template after the drop
@@ -110,30 +113,15 @@ def qwen_dir(tmp_path_factory):
 
 
 def qwen_config(tmp_path, qwen_dir, **extra):
-    overrides = {
-        "run.output_dir": str(tmp_path / "run"),
+    family = {
         "model.family": "qwen_image",
         "model.path": str(qwen_dir),
         "model.options": f"{{max_sequence_length: {TEXT_TOKENS}}}",
-        "model.lora": "{rank: 4}",
-        "algorithm.params": "{step_strategy: {name: sde_window, size: 2, range: [0, 3]}}",
-        "sampling.num_steps": 3,
         "sampling.guidance_scale": 4.0,
         "sampling.height": SIZE,
         "sampling.width": SIZE,
-        "rollout.batch_size": 2,
-        "rollout.n_samples_per_prompt": 2,
-        "rollout.micro_group_size": 2,
-        "train.batch_size": 4,
-        "train.micro_batch_size": 2,
-        "train.iterations": 1,
-        "rewards": "[{name: tests.integration.test_flow_grpo:brightness}]",
-        "eval.enabled": "false",
-        **extra,
     }
-    return load_config(
-        str(ROOT / "recipes" / "tiny_grpo_ocr.yaml"), [f"{k}={v}" for k, v in overrides.items()]
-    )
+    return family_config(tmp_path, family, **extra)
 
 
 @pytest.mark.parametrize("guidance", [4.0, 1.0], ids=["true_cfg", "no_cfg"])
@@ -177,37 +165,20 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, qwen_dir, guidanc
         assert family.encode_images(images).shape == noise.shape
 
 
-def test_flow_grpo_iteration_replays_exactly_and_nft_iteration_runs(tmp_path, qwen_dir):
-    grpo = train(qwen_config(tmp_path / "grpo", qwen_dir))
-    m = grpo.history[0]
-    assert m["train/log_prob_mean_abs_diff"] == 0.0 and m["train/grad_norm"] > 0
-    _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, qwen_dir, grpo.checkpoint)
-    nft = qwen_config(
-        tmp_path / "nft", qwen_dir, **{"algorithm.name": "diffusion_nft", "algorithm.params": "{}"}
-    )
-    m = train(nft).history[0]
-    assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
+def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, qwen_dir):
+    grpo = train_one(qwen_config(tmp_path / "grpo", qwen_dir))
+    base = load_family(qwen_config(tmp_path, qwen_dir, **{"model.lora": "null"}))
+    x = torch.randn(2, 16, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x)
 
 
-def test_a_tiny_checkpoint_is_refused_by_the_qwen_image_family(tmp_path, qwen_dir):
-    from diffrl.train.checkpoint import load_weights_into
+@OTHER_ALGORITHMS
+def test_other_algorithms_run_an_iteration(tmp_path, qwen_dir, algorithm):
+    train_one(qwen_config(tmp_path, qwen_dir, **algorithm))
 
-    tiny = load_config(
-        str(ROOT / "recipes" / "tiny_sft.yaml"),
-        [
-            f"run.output_dir={tmp_path / 'tiny'}",
-            "model.path=random",
-            "train.iterations=1",
-            "train.batch_size=2",
-            "train.micro_batch_size=2",
-            "eval.enabled=false",
-            "data.dataset_size=4",
-        ],
-    )
-    checkpoint = train(tiny).checkpoint
-    family = load_family(qwen_config(tmp_path, qwen_dir))
-    with pytest.raises(FamilyMismatchError, match="tiny"):
-        load_weights_into(family, checkpoint)
+
+def test_a_tiny_checkpoint_is_refused(tmp_path, qwen_dir, tiny_checkpoint):
+    assert_refuses(load_family(qwen_config(tmp_path, qwen_dir)), tiny_checkpoint)
 
 
 def test_bad_options_and_a_guidance_embedded_transformer_are_refused(tmp_path, qwen_dir):
@@ -224,35 +195,3 @@ def test_bad_options_and_a_guidance_embedded_transformer_are_refused(tmp_path, q
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "guidance_embeds": True}))
     with pytest.raises(ValueError, match="guidance_embeds"):
         load_family(qwen_config(tmp_path, guided))
-
-
-def _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, qwen_dir, checkpoint):
-    """``diffrl export`` writes the LoRA as diffusers reads it: ``load_lora_weights`` on the base
-    pipeline gives the velocity of diffrl's policy with that LoRA (to 1e-5)."""
-    from safetensors.torch import load_file, save_file
-
-    from diffrl.cli import _load_for_inference, _resolve_target, main
-
-    # make the adapter matter: one small GRPO step barely moves B away from its zero init
-    weights = load_file(str(checkpoint / "trainable.safetensors"))
-    gen = torch.Generator().manual_seed(1)
-    weights = {
-        k: torch.randn(v.shape, generator=gen) * 0.1 if "lora_B" in k else v for k, v in weights.items()
-    }
-    save_file(weights, str(checkpoint / "trainable.safetensors"))
-    out = tmp_path / "lora"
-    assert main(["export", str(checkpoint), str(out)]) == 0
-    config, ckpt = _resolve_target(str(checkpoint), [])
-    ours = _load_for_inference(config, ckpt)
-    base = load_family(qwen_config(tmp_path, qwen_dir, **{"model.lora": "null"}))
-    x = torch.randn(2, 16, 8, 8, generator=torch.Generator().manual_seed(0))
-    sigma = torch.tensor([0.9, 0.4])
-    cond = ours.encode_prompts(["a", "b"])
-    with torch.no_grad():
-        v_plain = base.velocity(x, sigma, cond)
-        pipe = base.pipeline()
-        pipe.load_lora_weights(str(out))  # into base.transformer, as a user would
-        v_diffusers = base.forward(pipe.transformer, x, sigma, cond).float()
-        v_ours = ours.velocity(x, sigma, cond)
-    torch.testing.assert_close(v_diffusers, v_ours, rtol=0, atol=1e-5)
-    assert (v_plain - v_ours).abs().max() > 1e-3  # the adapter changes the velocity: it was applied

@@ -9,13 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffrl.config import load_config
-from diffrl.models.base import Conditioning, FamilyMismatchError
+from diffrl.models.base import Conditioning
 from diffrl.models.registry import load_family
 from diffrl.models.tiny import build_tokenizer
 from diffrl.sampling.sampler import initial_noise, sample_ode
-from diffrl.train.loop import train
-from tests.conftest import ROOT
+from tests.integration.family_checks import (
+    OTHER_ALGORITHMS,
+    assert_refuses,
+    export_lora,
+    family_config,
+    train_one,
+)
 
 SIZE = 32  # pixels: the VAE divides by 8, patch 2 -> 2 x 2 tokens per latent frame
 FRAMES = 5  # -> 2 latent frames
@@ -90,31 +94,16 @@ def wan22_dir(tmp_path_factory):
 
 
 def wan_config(tmp_path, wan_dir, **extra):
-    overrides = {
-        "run.output_dir": str(tmp_path / "run"),
+    family = {
         "model.family": "wan",
         "model.path": str(wan_dir),
         "model.options": f"{{num_frames: {FRAMES}, max_sequence_length: 16}}",
-        "model.lora": "{rank: 4}",
         "algorithm.params": "{step_strategy: {name: all}}",  # all 3 steps: both experts train
-        "sampling.num_steps": 3,
         "sampling.guidance_scale": 5.0,
         "sampling.height": SIZE,
         "sampling.width": SIZE,
-        "rollout.batch_size": 2,
-        "rollout.n_samples_per_prompt": 2,
-        "rollout.micro_group_size": 2,
-        "train.batch_size": 4,
-        "train.micro_batch_size": 2,
-        "train.iterations": 1,
-        # an image reward: each video is scored frame by frame and averaged (rewards/base.py)
-        "rewards": "[{name: tests.integration.test_flow_grpo:brightness}]",
-        "eval.enabled": "false",
-        **extra,
-    }
-    return load_config(
-        str(ROOT / "recipes" / "tiny_grpo_ocr.yaml"), [f"{k}={v}" for k, v in overrides.items()]
-    )
+    }  # the reward is an image reward: each video is scored frame by frame, then averaged
+    return family_config(tmp_path, family, **extra)
 
 
 @pytest.mark.parametrize("version", ["2.1", "2.2"])
@@ -207,44 +196,29 @@ def test_rows_of_both_experts_are_routed_to_their_own(tmp_path, wan22_dir):
             torch.testing.assert_close(mixed[i : i + 1], alone, rtol=0, atol=ATOL)
 
 
-def test_flow_grpo_trains_both_experts_replays_exactly_and_nft_runs(tmp_path, wan22_dir):
+def test_flow_grpo_trains_both_experts_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, wan22_dir):
     from safetensors.torch import load_file
 
-    grpo = train(wan_config(tmp_path / "grpo", wan22_dir))
-    m = grpo.history[0]
-    assert m["train/log_prob_mean_abs_diff"] == 0.0 and m["train/grad_norm"] > 0
+    grpo = train_one(wan_config(tmp_path / "grpo", wan22_dir))
     lora = load_file(str(grpo.checkpoint / "trainable.safetensors"))
     for expert in ("transformer.", "transformer_2."):  # lora_B starts at 0: moved iff it had gradient
         moved = [v.abs().max().item() for k, v in lora.items() if k.startswith(expert) and "lora_B" in k]
         assert moved and max(moved) > 0, expert
     _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, wan22_dir, grpo.checkpoint)
-    nft = wan_config(
-        tmp_path / "nft", wan22_dir, **{"algorithm.name": "diffusion_nft", "algorithm.params": "{}"}
-    )
-    m = train(nft).history[0]
-    assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
 
 
-def test_a_tiny_checkpoint_and_other_folders_are_refused(tmp_path, wan21_dir, sd3_like_dir):
+@OTHER_ALGORITHMS
+def test_other_algorithms_run_an_iteration(tmp_path, wan22_dir, algorithm):
+    """On Wan 2.2 (both experts); SFT on still images (``num_frames: 1``)."""
+    if algorithm["algorithm.name"] == "sft":
+        algorithm = {**algorithm, "model.options": "{num_frames: 1, max_sequence_length: 16}"}
+    train_one(wan_config(tmp_path, wan22_dir, **algorithm))
+
+
+def test_a_tiny_checkpoint_and_other_folders_are_refused(tmp_path, wan21_dir, sd3_like_dir, tiny_checkpoint):
     from diffrl.config import ConfigError
-    from diffrl.train.checkpoint import load_weights_into
 
-    tiny = load_config(
-        str(ROOT / "recipes" / "tiny_sft.yaml"),
-        [
-            f"run.output_dir={tmp_path / 'tiny'}",
-            "model.path=random",
-            "train.iterations=1",
-            "train.batch_size=2",
-            "train.micro_batch_size=2",
-            "eval.enabled=false",
-            "data.dataset_size=4",
-        ],
-    )
-    checkpoint = train(tiny).checkpoint
-    family = load_family(wan_config(tmp_path, wan21_dir))
-    with pytest.raises(FamilyMismatchError, match="tiny"):
-        load_weights_into(family, checkpoint)
+    assert_refuses(load_family(wan_config(tmp_path, wan21_dir)), tiny_checkpoint)
     with pytest.raises(ConfigError, match="WanPipeline"):
         wan_config(tmp_path, sd3_like_dir)
     with pytest.raises(ConfigError, match="num_frames = 4k"):
@@ -265,21 +239,7 @@ def _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, wan_dir, checkpoi
     """``diffrl export`` writes each expert's LoRA as diffusers reads it: ``load_lora_weights``
     (``load_into_transformer_2=True`` for the low-noise expert) on the base pipeline gives the
     velocity of diffrl's policy with that LoRA, at a high- and a low-noise sigma (to 1e-5)."""
-    from safetensors.torch import load_file, save_file
-
-    from diffrl.cli import _load_for_inference, _resolve_target, main
-
-    # make the adapter matter: one small GRPO step barely moves B away from its zero init
-    weights = load_file(str(checkpoint / "trainable.safetensors"))
-    gen = torch.Generator().manual_seed(1)
-    weights = {
-        k: torch.randn(v.shape, generator=gen) * 0.1 if "lora_B" in k else v for k, v in weights.items()
-    }
-    save_file(weights, str(checkpoint / "trainable.safetensors"))
-    out = tmp_path / "lora"
-    assert main(["export", str(checkpoint), str(out)]) == 0
-    config, ckpt = _resolve_target(str(checkpoint), [])
-    ours = _load_for_inference(config, ckpt)
+    out, ours = export_lora(tmp_path, checkpoint)
     base = load_family(wan_config(tmp_path, wan_dir, **{"model.lora": "null"}))
     x = torch.randn(2, 16, 2, 4, 4, generator=torch.Generator().manual_seed(0))
     cond = ours.encode_prompts(["a", "b"])
@@ -310,7 +270,6 @@ def test_conditioning_is_one_tensor(tmp_path, wan21_dir):
     assert h[1, 6:].abs().max() == 0 and h[1, 5].abs().max() > 0
 
 
-@pytest.mark.slow
 def test_fsdp_ranks_holding_rows_of_different_experts_match_one_process(tmp_path, wan22_dir):
     """FSDP2 on 2 gloo ranks: whichever rows (of which expert) each rank holds, the LoRA gradients
     equal one process's on the whole batch (to 1e-6; measured <= 2e-8 of a 0.07 scale). Without

@@ -1,0 +1,112 @@
+"""What every real family's test checks on its tiny copy, beyond faithfulness to its pipeline:
+one iteration of each algorithm, the exported LoRA read back by diffusers, another family's
+checkpoint refused. Each ``tests/integration/test_<family>.py`` supplies its folder and settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffrl.config import Config, load_config
+from diffrl.models.base import FamilyMismatchError, ModelFamily
+from diffrl.train.loop import TrainResult, train
+from tests.conftest import ROOT
+
+ITERATION = {
+    "algorithm.params": "{step_strategy: {name: sde_window, size: 2, range: [0, 3]}}",
+    "model.lora": "{rank: 4}",
+    "sampling.num_steps": 3,
+    "rollout.batch_size": 2,
+    "rollout.n_samples_per_prompt": 2,
+    "rollout.micro_group_size": 2,
+    "train.batch_size": 4,
+    "train.micro_batch_size": 2,
+    "train.iterations": 1,
+    "rewards": "[{name: tests.integration.test_flow_grpo:brightness}]",
+    "eval.enabled": "false",
+}
+"""One small iteration (2 prompts x 2 samples, 3 steps) of Flow-GRPO from the tiny recipe."""
+
+OTHER_ALGORITHMS = pytest.mark.parametrize(
+    "algorithm",
+    [
+        {"algorithm.name": "diffusion_nft", "algorithm.params": "{}"},
+        {"algorithm.name": "awm", "algorithm.params": "{}"},
+        {  # offline: synthetic text images through the family's VAE
+            "algorithm.name": "sft",
+            "algorithm.params": "{}",
+            "data.dataset": "synthetic_text",
+            "data.dataset_size": 8,
+            "rewards": "[]",
+        },
+    ],
+    ids=["diffusion_nft", "awm", "sft"],
+)
+
+
+def family_config(tmp_path: Path, family: dict[str, object], **extra) -> Config:
+    """The tiny Flow-GRPO recipe with :data:`ITERATION`, the family's settings (``model.*``,
+    ``sampling.*``) and ``extra`` on top."""
+    overrides = {"run.output_dir": str(tmp_path / "run"), **ITERATION, **family, **extra}
+    return load_config(
+        str(ROOT / "recipes" / "tiny_grpo_ocr.yaml"), [f"{k}={v}" for k, v in overrides.items()]
+    )
+
+
+def train_one(config: Config) -> TrainResult:
+    """Run the iteration; its loss is finite and the update had a gradient."""
+    result = train(config)
+    m = result.history[0]
+    assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
+    if config.algorithm.name == "flow_grpo":
+        assert m["train/log_prob_mean_abs_diff"] == 0.0  # the replay is the rollout's forward
+    return result
+
+
+def export_lora(tmp_path: Path, checkpoint: Path) -> tuple[Path, ModelFamily]:
+    """``diffrl export`` of ``checkpoint`` after giving its LoRA weights that matter (one small
+    GRPO step barely moves B from its zero init); returns the folder and diffrl's policy."""
+    from safetensors.torch import load_file, save_file
+
+    from diffrl.cli import _load_for_inference, _resolve_target, main
+
+    weights = load_file(str(checkpoint / "trainable.safetensors"))
+    gen = torch.Generator().manual_seed(1)
+    weights = {
+        k: torch.randn(v.shape, generator=gen) * 0.1 if "lora_B" in k else v for k, v in weights.items()
+    }
+    save_file(weights, str(checkpoint / "trainable.safetensors"))
+    out = tmp_path / "lora"
+    assert main(["export", str(checkpoint), str(out)]) == 0
+    config, ckpt = _resolve_target(str(checkpoint), [])
+    return out, _load_for_inference(config, ckpt)
+
+
+def assert_exported_lora_matches(
+    tmp_path: Path, checkpoint: Path, base: ModelFamily, x: torch.Tensor, guidance: float = 1.0
+) -> ModelFamily:
+    """``pipeline.load_lora_weights`` of the exported folder on the base model gives the velocity of
+    diffrl's policy with that LoRA (to 1e-5), and the adapter changes it (it was applied).
+    Returns the policy."""
+    out, ours = export_lora(tmp_path, checkpoint)
+    sigma = torch.tensor([0.9, 0.4])
+    cond = ours.encode_prompts(["a", "b"])
+    with torch.no_grad():
+        v_plain = base.velocity(x, sigma, cond, guidance)
+        pipe = base.pipeline()
+        pipe.load_lora_weights(str(out))  # into base.transformer, as a user would
+        v_diffusers = base.velocity(x, sigma, cond, guidance, module=pipe.transformer)
+        v_ours = ours.velocity(x, sigma, cond, guidance)
+    torch.testing.assert_close(v_diffusers, v_ours, rtol=0, atol=1e-5)
+    assert (v_plain - v_ours).abs().max() > 1e-3
+    return ours
+
+
+def assert_refuses(family: ModelFamily, tiny_checkpoint: Path) -> None:
+    """A ``tiny`` checkpoint given to ``family`` is refused with an error naming the family it is."""
+    from diffrl.train.checkpoint import load_weights_into
+
+    with pytest.raises(FamilyMismatchError, match="tiny"):
+        load_weights_into(family, tiny_checkpoint)
