@@ -136,9 +136,11 @@ def cmd_export(args) -> int:
     if checkpoint is None:
         raise SystemExit(f"error: {args.checkpoint!r} is not a diffrl checkpoint")
     family = _load_for_inference(config, checkpoint)
-    if config.model.lora is not None and not args.merge and family.save_lora(args.out_dir):
-        print(f"wrote the LoRA adapter to {args.out_dir} (diffusers: pipeline.load_lora_weights(OUT_DIR))")
-        return 0
+    if config.model.lora is not None and not args.merge:
+        how = family.save_lora(args.out_dir)
+        if how is not None:
+            print(f"wrote the LoRA adapter to {args.out_dir}; in diffusers: {how}")
+            return 0
     if config.model.lora is not None:  # merge the adapter into the base weights, then drop it
         family.transformer.fuse_lora()
         family.transformer.unload_lora()

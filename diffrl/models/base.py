@@ -99,11 +99,12 @@ class ModelFamily(ABC):
         """The module a full fine-tune optimises (its ``state_dict`` is what checkpoints hold)."""
         return self.transformer
 
-    def save_lora(self, out_dir: str | Path) -> bool:
+    def save_lora(self, out_dir: str | Path) -> str | None:
         """Write the transformer's LoRA adapter in the format diffusers' ``load_lora_weights``
-        reads for this family's pipeline; False when the family has no such pipeline (then
-        ``diffrl export`` merges the adapter into a full model folder instead)."""
-        return False
+        reads for this family's pipeline and return how to load it (``diffrl export`` prints it);
+        None when the family has no such pipeline (then ``diffrl export`` merges the adapter into a
+        full model folder instead)."""
+        return None
 
     def fsdp_blocks(self, module: nn.Module) -> list[nn.Module]:
         """The units FSDP2 shards one by one inside ``module`` (a transformer): its blocks, under

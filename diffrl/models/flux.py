@@ -21,15 +21,14 @@ A user's checkpoint: ``model: {family: flux, path: /models/FLUX.1-dev}``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import torch
 from torch import nn
 
-from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+from diffrl.models.base import Conditioning
+from diffrl.models.diffusers_folder import DiffusersFolderFamily
 from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
 from diffrl.sampling.schedules import resolution_shifted_sigmas
 
@@ -57,8 +56,9 @@ def image_ids(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch
     return ids.reshape(-1, 3).to(device=device, dtype=dtype)
 
 
-class FluxFamily(ModelFamily):
+class FluxFamily(DiffusersFolderFamily):
     name = "flux"
+    pipeline_class = "FluxPipeline"
     default_guidance = 3.5
     """``FluxPipeline``'s guidance_scale (the distilled guidance of FLUX.1 [dev])."""
     default_lora_targets = SD3_LORA_TARGETS
@@ -94,13 +94,7 @@ class FluxFamily(ModelFamily):
 
         from diffrl.models.registry import DTYPES
 
-        folder = Path(path)
-        if path in ("base", "random") or not (folder / "model_index.json").is_file():
-            raise FileNotFoundError(
-                f"flux: model.path must be a local diffusers folder of FluxPipeline "
-                f"(with model_index.json), got {path!r}"
-            )
-        check_family_dir(folder, cls.name)
+        folder = cls.pipeline_folder(path)
         frozen = DTYPES[options.text_encoder_dtype]
         transformer = FluxTransformer2DModel.from_pretrained(
             folder, subfolder="transformer", torch_dtype=dtype
@@ -113,48 +107,21 @@ class FluxFamily(ModelFamily):
         tokenizers = [
             AutoTokenizer.from_pretrained(folder, subfolder=sub) for sub in ("tokenizer", "tokenizer_2")
         ]
-        scheduler = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
         transformer.to(device)
-        for m in (vae, *encoders):
-            m.to(device).eval().requires_grad_(False)
+        cls.freeze([vae, *encoders], device)
         if options.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
-        return cls(transformer, vae, encoders, tokenizers, scheduler, device, options)
+        return cls(transformer, vae, encoders, tokenizers, cls.read_scheduler_config(folder), device, options)
 
-    def pipeline(self):
-        """The diffusers ``FluxPipeline`` over these very modules."""
-        from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
-
-        return FluxPipeline(
+    def pipeline_components(self) -> dict[str, Any]:
+        return dict(
             transformer=self.transformer,
-            scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
             vae=self.vae,
             text_encoder=self.text_encoder,
             tokenizer=self.tokenizer,
             text_encoder_2=self.text_encoder_2,
             tokenizer_2=self.tokenizer_2,
         )
-
-    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
-        path = Path(path)
-        pipe = self.pipeline()
-        if dtype is not None:
-            import copy
-
-            pipe.transformer = copy.deepcopy(self.transformer).to(dtype)
-        pipe.save_pretrained(path)
-        write_family_file(path, self.name)
-
-    def save_lora(self, out_dir: str | Path) -> bool:
-        from diffusers import FluxPipeline
-        from peft.utils import get_peft_model_state_dict
-
-        FluxPipeline.save_lora_weights(
-            out_dir,
-            transformer_lora_layers=get_peft_model_state_dict(self.transformer),
-            transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict(),
-        )
-        return True
 
     # ---- geometry ------------------------------------------------------------------------------
     @property

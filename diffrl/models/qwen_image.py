@@ -27,15 +27,14 @@ A user's checkpoint: ``model: {family: qwen_image, path: /models/Qwen-Image}``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import torch
 from torch import nn
 
-from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+from diffrl.models.base import Conditioning
+from diffrl.models.diffusers_folder import DiffusersFolderFamily
 from diffrl.models.flux import pack, unpack
 from diffrl.sampling.schedules import resolution_shifted_sigmas
 
@@ -65,8 +64,9 @@ QWEN_IMAGE_LORA_TARGETS = [
 ]
 
 
-class QwenImageFamily(ModelFamily):
+class QwenImageFamily(DiffusersFolderFamily):
     name = "qwen_image"
+    pipeline_class = "QwenImagePipeline"
     default_guidance = 4.0
     """``QwenImagePipeline``'s ``true_cfg_scale`` (applied with ``sampling.negative_prompt``)."""
     default_lora_targets = QWEN_IMAGE_LORA_TARGETS
@@ -109,13 +109,7 @@ class QwenImageFamily(ModelFamily):
 
         from diffrl.models.registry import DTYPES
 
-        folder = Path(path)
-        if path in ("base", "random") or not (folder / "model_index.json").is_file():
-            raise FileNotFoundError(
-                f"qwen_image: model.path must be a local diffusers folder of QwenImagePipeline "
-                f"(with model_index.json), got {path!r}"
-            )
-        check_family_dir(folder, cls.name)
+        folder = cls.pipeline_folder(path)
         frozen = DTYPES[options.text_encoder_dtype]
         transformer = QwenImageTransformer2DModel.from_pretrained(
             folder, subfolder="transformer", torch_dtype=dtype
@@ -133,47 +127,21 @@ class QwenImageFamily(ModelFamily):
             folder, subfolder="text_encoder", dtype=frozen
         )
         tokenizer = AutoTokenizer.from_pretrained(folder, subfolder="tokenizer")
-        scheduler = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
         transformer.to(device)
-        for m in (vae, text_encoder):
-            m.to(device).eval().requires_grad_(False)
+        cls.freeze([vae, text_encoder], device)
         if options.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
-        return cls(transformer, vae, text_encoder, tokenizer, scheduler, device, options)
+        return cls(
+            transformer, vae, text_encoder, tokenizer, cls.read_scheduler_config(folder), device, options
+        )
 
-    def pipeline(self):
-        """The diffusers ``QwenImagePipeline`` over these very modules."""
-        from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
-
-        return QwenImagePipeline(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
+    def pipeline_components(self) -> dict[str, Any]:
+        return dict(
             vae=self.vae,
             text_encoder=self.text_encoder,
             tokenizer=self.tokenizer,
             transformer=self.transformer,
         )
-
-    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
-        path = Path(path)
-        pipe = self.pipeline()
-        if dtype is not None:
-            import copy
-
-            pipe.transformer = copy.deepcopy(self.transformer).to(dtype)
-        pipe.save_pretrained(path)
-        write_family_file(path, self.name)
-
-    def save_lora(self, out_dir: str | Path) -> bool:
-        from diffusers import QwenImagePipeline
-        from peft.utils import get_peft_model_state_dict
-
-        adapter = self.transformer.peft_config["default"]
-        QwenImagePipeline.save_lora_weights(
-            out_dir,
-            transformer_lora_layers=get_peft_model_state_dict(self.transformer),
-            transformer_lora_adapter_metadata=adapter.to_dict(),
-        )
-        return True
 
     # ---- geometry ------------------------------------------------------------------------------
     @property

@@ -13,15 +13,14 @@ A user's checkpoint: ``model: {family: sd3, path: /models/stable-diffusion-3.5-m
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import torch
 from torch import nn
 
-from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+from diffrl.models.base import Conditioning
+from diffrl.models.diffusers_folder import DiffusersFolderFamily
 
 CLIP_MAX_TOKENS = 77
 
@@ -71,8 +70,9 @@ def vae_decode(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
     return ((vae.decode(z, return_dict=False)[0].float() + 1.0) / 2.0).clamp(0.0, 1.0)
 
 
-class SD3Family(ModelFamily):
+class SD3Family(DiffusersFolderFamily):
     name = "sd3"
+    pipeline_class = "StableDiffusion3Pipeline"
     default_guidance = 4.5
     """flow_grpo's SD3.5 setting (diffusers' pipeline defaults to 7.0)."""
     default_lora_targets = SD3_LORA_TARGETS
@@ -102,13 +102,7 @@ class SD3Family(ModelFamily):
 
         from diffrl.models.registry import DTYPES
 
-        folder = Path(path)
-        if path in ("base", "random") or not (folder / "model_index.json").is_file():
-            raise FileNotFoundError(
-                f"sd3: model.path must be a local diffusers folder of StableDiffusion3Pipeline "
-                f"(with model_index.json), got {path!r}"
-            )
-        check_family_dir(folder, cls.name)
+        folder = cls.pipeline_folder(path)
         frozen = DTYPES[options.text_encoder_dtype]
         transformer = SD3Transformer2DModel.from_pretrained(
             folder, subfolder="transformer", torch_dtype=dtype
@@ -129,22 +123,15 @@ class SD3Family(ModelFamily):
         else:
             encoders.append(None)
             tokenizers.append(None)
-        scheduler = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
         transformer.to(device)
-        for m in (vae, *encoders):
-            if m is not None:
-                m.to(device).eval().requires_grad_(False)
+        cls.freeze([vae, *encoders], device)
         if options.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
-        return cls(transformer, vae, encoders, tokenizers, scheduler, device, options)
+        return cls(transformer, vae, encoders, tokenizers, cls.read_scheduler_config(folder), device, options)
 
-    def pipeline(self):
-        """The diffusers ``StableDiffusion3Pipeline`` over these very modules."""
-        from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
-
-        return StableDiffusion3Pipeline(
+    def pipeline_components(self) -> dict[str, Any]:
+        return dict(
             transformer=self.transformer,
-            scheduler=FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config),
             vae=self.vae,
             text_encoder=self.text_encoder,
             tokenizer=self.tokenizer,
@@ -153,28 +140,6 @@ class SD3Family(ModelFamily):
             text_encoder_3=self.text_encoder_3,
             tokenizer_3=self.tokenizer_3,
         )
-
-    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
-        path = Path(path)
-        pipe = self.pipeline()
-        if dtype is not None:
-            import copy
-
-            pipe.transformer = copy.deepcopy(self.transformer).to(dtype)
-        pipe.save_pretrained(path)
-        write_family_file(path, self.name)
-
-    def save_lora(self, out_dir: str | Path) -> bool:
-        from diffusers import StableDiffusion3Pipeline
-        from peft.utils import get_peft_model_state_dict
-
-        adapter = self.transformer.peft_config["default"]
-        StableDiffusion3Pipeline.save_lora_weights(
-            out_dir,
-            transformer_lora_layers=get_peft_model_state_dict(self.transformer),
-            transformer_lora_adapter_metadata=adapter.to_dict(),
-        )
-        return True
 
     # ---- geometry ------------------------------------------------------------------------------
     @property

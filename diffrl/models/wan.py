@@ -31,7 +31,6 @@ options: {num_frames: 81}}``. For an SFT on still images set ``num_frames: 1``.
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,8 @@ import torch
 from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
-from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+from diffrl.models.base import Conditioning, check_family_dir
+from diffrl.models.diffusers_folder import DiffusersFolderFamily
 
 # The attention projections of every block, self-attention (attn1) and cross-attention to the text
 # (attn2): flow_grpo's choice (attention projections only) and what diffusers' LoRA scripts'
@@ -165,8 +165,9 @@ class WanExperts(nn.Module, PeftAdapterMixin):
         return (out,)
 
 
-class WanFamily(ModelFamily):
+class WanFamily(DiffusersFolderFamily):
     name = "wan"
+    pipeline_class = PIPELINE_CLASS
     default_guidance = 5.0
     """``WanPipeline``'s default ``guidance_scale`` (its ``guidance_scale_2`` defaults to it)."""
     default_lora_targets = WAN_LORA_TARGETS
@@ -287,7 +288,7 @@ class WanFamily(ModelFamily):
         folder = Path(path)
         pipeline_config = cls._pipeline_config(folder)
         check_family_dir(folder, cls.name)
-        scheduler = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+        scheduler = cls.read_scheduler_config(folder)
 
         def expert(sub: str) -> nn.Module:
             model = WanTransformer3DModel.from_pretrained(folder, subfolder=sub, torch_dtype=dtype)
@@ -307,39 +308,24 @@ class WanFamily(ModelFamily):
         )
         tokenizer = AutoTokenizer.from_pretrained(folder, subfolder="tokenizer")
         experts.to(device)
-        for m in (vae, text_encoder):
-            m.to(device).eval().requires_grad_(False)
+        cls.freeze([vae, text_encoder], device)
         return cls(experts, vae, text_encoder, tokenizer, scheduler, pipeline_config, device, options)
 
-    def pipeline(self):
-        """The diffusers ``WanPipeline`` over these very modules, with the folder's own scheduler
-        (UniPC for Wan folders; set ``pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=
-        family.default_shift)`` to get what diffrl's ODE sampler computes)."""
-        import diffusers
-
-        scheduler_cls = getattr(diffusers, self.scheduler_config["_class_name"])
-        return diffusers.WanPipeline(
+    def pipeline_components(self) -> dict[str, Any]:
+        """With the folder's own scheduler in :meth:`pipeline` (UniPC for Wan folders): set
+        ``pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.default_shift)`` to get what
+        diffrl's ODE sampler computes."""
+        return dict(
             tokenizer=self.tokenizer,
             text_encoder=self.text_encoder,
             vae=self.vae,
-            scheduler=scheduler_cls.from_config(self.scheduler_config),
             transformer=self.transformer.transformer,
             transformer_2=self.transformer.transformer_2,
             boundary_ratio=self.boundary_ratio,
             expand_timesteps=self.expand_timesteps,
         )
 
-    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
-        path = Path(path)
-        pipe = self.pipeline()
-        if dtype is not None:
-            pipe.transformer = copy.deepcopy(pipe.transformer).to(dtype)
-            if pipe.transformer_2 is not None:
-                pipe.transformer_2 = copy.deepcopy(pipe.transformer_2).to(dtype)
-        pipe.save_pretrained(path)
-        write_family_file(path, self.name)
-
-    def save_lora(self, out_dir: str | Path) -> bool:
+    def save_lora(self, out_dir: str | Path) -> str:
         """Write the LoRA as ``WanPipeline.load_lora_weights`` reads it: the (high-noise)
         ``transformer``'s adapter in ``out_dir``; for Wan 2.2 A14B the low-noise expert's in
         ``out_dir/transformer_2``, loaded with
@@ -350,6 +336,7 @@ class WanFamily(ModelFamily):
         state = get_peft_model_state_dict(self.transformer)
         metadata = self.transformer.peft_config["default"].to_dict()
         out = Path(out_dir)
+        how = [f"pipe = WanPipeline.from_pretrained(BASE); pipe.load_lora_weights({str(out)!r})"]
         for name, folder in (("transformer", out), ("transformer_2", out / "transformer_2")):
             prefix = f"{name}."
             layers = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
@@ -357,7 +344,9 @@ class WanFamily(ModelFamily):
                 WanPipeline.save_lora_weights(
                     folder, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata
                 )
-        return True
+        if self.transformer.transformer_2 is not None:
+            how.append(f"pipe.load_lora_weights({str(folder)!r}, load_into_transformer_2=True)")
+        return "; ".join(how)
 
     def fsdp_blocks(self, module: nn.Module) -> list[nn.Module]:
         """Every block of both experts (the experts' embeddings and heads form the root unit)."""

@@ -1,0 +1,85 @@
+"""What the families loaded from a local diffusers pipeline folder share: finding and checking the
+folder, the pipeline over the family's own modules, writing it back, and the LoRA export."""
+
+from __future__ import annotations
+
+import copy
+import json
+from abc import abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from diffrl.models.base import ModelFamily, check_family_dir, write_family_file
+
+
+class DiffusersFolderFamily(ModelFamily):
+    """A :class:`ModelFamily` whose ``model.path`` is a folder written by ``<pipeline_class>.save_pretrained``
+    (``model_index.json`` and one subfolder per part), e.g. a Hub snapshot on local disk."""
+
+    pipeline_class: ClassVar[str]
+    """The diffusers pipeline this family reproduces, e.g. ``"FluxPipeline"``."""
+
+    scheduler_config: dict[str, Any]
+    """The folder's ``scheduler/scheduler_config.json`` (set by the subclass's ``__init__``)."""
+
+    @classmethod
+    def pipeline_folder(cls, path: str) -> Path:
+        """``path`` as a folder of :attr:`pipeline_class`; a clear error when it is not one, or when
+        diffrl wrote it for another family."""
+        folder = Path(path)
+        if path in ("base", "random") or not (folder / "model_index.json").is_file():
+            raise FileNotFoundError(
+                f"{cls.name}: model.path must be a local diffusers folder of {cls.pipeline_class} "
+                f"(with model_index.json), got {path!r}"
+            )
+        check_family_dir(folder, cls.name)
+        return folder
+
+    @staticmethod
+    def read_scheduler_config(folder: Path) -> dict[str, Any]:
+        return json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+
+    @staticmethod
+    def freeze(modules: list[nn.Module | None], device: torch.device) -> None:
+        """Move the frozen parts (text encoders, VAE) to ``device`` in eval mode, without gradients."""
+        for m in modules:
+            if m is not None:
+                m.to(device).eval().requires_grad_(False)
+
+    @abstractmethod
+    def pipeline_components(self) -> dict[str, Any]:
+        """The pipeline's ``__init__`` arguments but the scheduler: these very modules."""
+
+    def pipeline(self):
+        """The diffusers :attr:`pipeline_class` over this family's modules, with the folder's scheduler."""
+        import diffusers
+
+        scheduler = getattr(diffusers, self.scheduler_config["_class_name"]).from_config(
+            self.scheduler_config
+        )
+        return getattr(diffusers, self.pipeline_class)(scheduler=scheduler, **self.pipeline_components())
+
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        pipe = self.pipeline()
+        if dtype is not None:  # a copy: the live transformer keeps its dtype
+            for name in ("transformer", "transformer_2"):
+                if getattr(pipe, name, None) is not None:
+                    setattr(pipe, name, copy.deepcopy(getattr(pipe, name)).to(dtype))
+        pipe.save_pretrained(path)
+        write_family_file(Path(path), self.name)
+
+    def save_lora(self, out_dir: str | Path) -> str:
+        """The transformer's adapter via ``<pipeline_class>.save_lora_weights``, with its rank and
+        alpha in the metadata (``load_lora_weights(out_dir)`` reads it back)."""
+        import diffusers
+        from peft.utils import get_peft_model_state_dict
+
+        getattr(diffusers, self.pipeline_class).save_lora_weights(
+            out_dir,
+            transformer_lora_layers=get_peft_model_state_dict(self.transformer),
+            transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict(),
+        )
+        return f"pipe = {self.pipeline_class}.from_pretrained(BASE); pipe.load_lora_weights({str(out_dir)!r})"
