@@ -160,3 +160,28 @@ def test_other_algorithms_run_an_iteration(tmp_path, flux_dir, algorithm):
 
 def test_a_tiny_checkpoint_is_refused(tmp_path, flux_dir, tiny_checkpoint):
     assert_refuses(load_family(flux_config(tmp_path, flux_dir)), tiny_checkpoint)
+
+
+def test_bf16_forward_with_float32_lora_and_gradient_checkpointing(tmp_path, flux_dir):
+    """The memory options of the GPU recipes: a bfloat16 transformer, text encoders and VAE, with
+    the LoRA weights (what the optimizer updates) in float32, gradient checkpointing, and the
+    log-prob math in float32: the replay still equals the rollout exactly."""
+    from diffrl.train.actor import Actor
+
+    config = flux_config(
+        tmp_path,
+        flux_dir,
+        **{
+            "model.dtype": "bfloat16",
+            "model.options": "{max_sequence_length: 16, gradient_checkpointing: true, text_encoder_dtype: bfloat16}",
+        },
+    )
+    family = load_family(config)
+    assert family.transformer.dtype == torch.bfloat16 and family.text_encoder_2.dtype == torch.bfloat16
+    assert family.transformer.is_gradient_checkpointing
+    actor = Actor(family, config)
+    lora = family.trainable_parameters()
+    assert lora and all(p.dtype == torch.float32 for p in lora)
+    assert not any(p.requires_grad for n, p in family.transformer.named_parameters() if "lora_" not in n)
+    del actor
+    train_one(config)
