@@ -58,8 +58,9 @@ class CollectionSpec:
 
 def x0_only_spec(sampler: str, noise_level: float) -> CollectionSpec:
     """Online collection for forward-process algorithms (DiffusionNFT, AWM): any sampler — ``ode``,
-    ``heun``, or ``sde``/``cps`` on every step — and nothing kept but x0, the conditioning and the
-    sample identity (memory per sample independent of the number of steps)."""
+    ``heun``, or ``sde``/``cps`` on every step — and nothing kept but x0, the conditioning, the
+    sample identity and its sigma schedule (no per-step latents: memory per sample grows with the
+    number of steps only by one float per step)."""
     from diffrl.sampling.step_strategies import AllSteps
 
     stochastic = sampler in ("sde", "cps")
