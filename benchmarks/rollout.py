@@ -48,7 +48,7 @@ def bare_forwards(family, collector, rollout_id: int) -> None:
         rollout_id * collector.planner.n_prompts, collector.planner.n_prompts
     )
     prompts = [collector.prompts.prompts[p] for p in prompt_ids for _ in range(collector.planner.n_samples)]
-    neg = family.encode_prompts([cfg.sampling.negative_prompt]) if cfg.sampling.guidance_scale > 1 else None
+    neg = family.negative(cfg.sampling.negative_prompt, cfg.sampling.guidance_scale)
     h, w = collector.height, collector.width
     with torch.no_grad():
         for start in range(0, len(prompts), collector.planner.micro_group_size):
@@ -65,9 +65,8 @@ def bare_forwards(family, collector, rollout_id: int) -> None:
 def diffusers_pipeline(family, collector):
     from diffusers import FlowMatchEulerDiscreteScheduler, StableDiffusion3Pipeline
 
-    from diffrl.sampling.sampler import sampling_shift
-
-    scheduler = FlowMatchEulerDiscreteScheduler(shift=sampling_shift(collector.config, family))
+    shift = collector.config.sampling.shift
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=family.default_shift if shift is None else shift)
     pipe = StableDiffusion3Pipeline(
         transformer=family.transformer,
         scheduler=scheduler,
