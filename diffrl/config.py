@@ -75,9 +75,12 @@ class ModelConfig:
 class SamplingConfig:
     num_steps: int = 10
     shift: float | None = None
-    """Schedule shift; ``None`` takes the family's default (3.0 for SD3 and tiny)."""
+    """A static schedule shift (SD3's ``shift``); ``None`` takes the schedule of the family's own
+    pipeline (SD3, tiny: 3.0; Wan: the folder's ``flow_shift``; FLUX, Qwen-Image: shifted by the
+    image's token count)."""
     guidance_scale: float | None = None
-    """CFG scale (1 disables CFG); ``None`` takes the family's default (tiny: see its README line)."""
+    """Classifier-free guidance with ``negative_prompt`` (1 disables it); ``None`` takes the family's
+    default. FLUX.1 [dev]'s distilled guidance is a model option (``model.options.guidance``)."""
     negative_prompt: str = ""
     height: int | None = None
     """``None`` takes the family's default size."""
@@ -502,8 +505,9 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
         if missing:
             errors.append(
                 f"algorithm {algorithm.name!r} trains on {', '.join(missing)}, which its collection_spec() "
-                "does not collect; have the spec keep it (keep_trajectory / keep_log_prob with a "
-                "stochastic sampler and step strategy) or do not require it"
+                "does not collect; have the spec provide it (online collection records images and "
+                "sigmas; keep_trajectory / keep_log_prob with a stochastic sampler and step strategy "
+                "record the trajectory) or do not require it"
             )
         errors.extend(algorithm.validate(config))
 

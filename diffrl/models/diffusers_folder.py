@@ -26,15 +26,54 @@ class DiffusersFolderFamily(ModelFamily):
     """The folder's ``scheduler/scheduler_config.json`` (set by the subclass's ``__init__``)."""
 
     @classmethod
+    def folder_problems(cls, folder: Path) -> list[str]:
+        """What makes ``folder`` not a :attr:`pipeline_class` folder this family can load (read
+        from its JSON files only: cheap, before any weights load). Families add their own."""
+        index = folder / "model_index.json"
+        if not index.is_file():
+            return [f"{str(folder)!r} has no model_index.json: not a diffusers pipeline folder"]
+        found = json.loads(index.read_text()).get("_class_name")
+        if found != cls.pipeline_class:
+            return [
+                f"{str(folder)!r} holds a {found} (model_index.json); the {cls.name} family reads "
+                f"{cls.pipeline_class} folders"
+            ]
+        return [
+            f"{str(folder)!r} has no {sub}/ folder"
+            for sub in ("transformer", "scheduler")
+            if not (folder / sub).is_dir()
+        ]
+
+    @classmethod
+    def validate_config(cls, config, check_files: bool = True) -> list[str]:
+        from diffrl.models.registry import DTYPES
+
+        errors = super().validate_config(config, check_files)
+        path = config.model.path
+        if path in ("base", "random"):
+            errors.append(
+                f"model.path: the {cls.name} family has no built-in weights ({path!r}); point it at a "
+                f"local {cls.pipeline_class} folder"
+            )
+        elif check_files and Path(path).is_dir():
+            errors += [f"model.path: {p}" for p in cls.folder_problems(Path(path))]
+        for key, value in config.model.options.items():
+            if key.endswith("_dtype") and value not in DTYPES:
+                errors.append(f"model.options.{key}: {value!r} is not one of {', '.join(DTYPES)}")
+        return errors
+
+    @classmethod
     def pipeline_folder(cls, path: str) -> Path:
         """``path`` as a folder of :attr:`pipeline_class`; a clear error when it is not one, or when
         diffrl wrote it for another family."""
         folder = Path(path)
-        if path in ("base", "random") or not (folder / "model_index.json").is_file():
+        if path in ("base", "random") or not folder.is_dir():
             raise FileNotFoundError(
-                f"{cls.name}: model.path must be a local diffusers folder of {cls.pipeline_class} "
-                f"(with model_index.json), got {path!r}"
+                f"{cls.name}: model.path must be a local diffusers folder of {cls.pipeline_class}, got {path!r}"
             )
+        problems = cls.folder_problems(folder)
+        if problems:
+            raise ValueError(f"{cls.name}: " + "; ".join(problems))
         check_family_dir(folder, cls.name)
         return folder
 

@@ -9,11 +9,11 @@ patches into ``(B, H/16 * W/16, 4C)`` tokens with their image ids (row, column) 
 as ``FluxPipeline`` does, and unpacks the velocity. The transformer takes ``timestep = sigma``
 (it multiplies by 1000 itself).
 
-Guidance: FLUX.1 [dev] is guidance-distilled (``guidance_embeds``): ``sampling.guidance_scale`` is
-the embedded guidance (the pipeline's ``guidance_scale``, 3.5 by default) and there is one forward
-per step, no negative prompt. A model without guidance embeddings ([schnell]) uses it as true CFG
-with ``sampling.negative_prompt`` (the pipeline's ``true_cfg_scale``; set ``guidance_scale: 1`` for
-schnell's usual unguided sampling). Sigmas are the pipeline's: ``linspace(1, 1/N, N)`` shifted by
+Guidance, as ``FluxPipeline``: FLUX.1 [dev] is guidance-distilled (``guidance_embeds``): every
+forward — sampling, training, eval, the reference — embeds ``model.options.guidance`` (the pipeline's
+``guidance_scale``, 3.5), a model input like the timestep. ``sampling.guidance_scale`` is true CFG
+with ``sampling.negative_prompt`` (the pipeline's ``true_cfg_scale``), 1 (off) by default, as for
+[schnell]. Sigmas are the pipeline's: ``linspace(1, 1/N, N)`` shifted by
 ``mu`` computed from the number of image tokens (``sampling.shift`` replaces that with a static shift).
 
 A user's checkpoint: ``model: {family: flux, path: /models/FLUX.1-dev}``.
@@ -59,19 +59,32 @@ def image_ids(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch
 class FluxFamily(DiffusersFolderFamily):
     name = "flux"
     pipeline_class = "FluxPipeline"
-    default_guidance = 3.5
-    """``FluxPipeline``'s guidance_scale (the distilled guidance of FLUX.1 [dev])."""
+    default_guidance = 1.0
+    """``FluxPipeline``'s ``true_cfg_scale`` (CFG off); the distilled guidance is ``Options.guidance``."""
     default_lora_targets = SD3_LORA_TARGETS
     """The attention projections of the double-stream blocks incl. the text stream's ``add_*``
     (``to_q/k/v`` also match the single-stream blocks' attention), as for SD3."""
 
     @dataclass
     class Options:
+        guidance: float = 3.5
+        """The embedded guidance of a guidance-distilled transformer (``FluxPipeline``'s
+        ``guidance_scale``); unused by a transformer without guidance embeddings."""
         max_sequence_length: int = 512
-        """T5 tokens (the pipeline's default)."""
+        """T5 tokens (the pipeline's default; at most 512)."""
         gradient_checkpointing: bool = False
         text_encoder_dtype: str = "float32"
         """dtype of the frozen text encoders and VAE (``bfloat16`` saves memory)."""
+
+    @classmethod
+    def validate_config(cls, config, check_files: bool = True) -> list[str]:
+        errors = super().validate_config(config, check_files)
+        length = config.model.options.get("max_sequence_length", cls.Options.max_sequence_length)
+        if isinstance(length, int) and not 1 <= length <= 512:
+            errors.append(
+                f"model.options.max_sequence_length must be in [1, 512] (FluxPipeline's limit), got {length}"
+            )
+        return errors
 
     def __init__(self, transformer, vae, encoders, tokenizers, scheduler_config, device, options):
         super().__init__(transformer, device, options)
@@ -164,41 +177,18 @@ class FluxFamily(DiffusersFolderFamily):
             "pooled_projections": pooled,
         }
 
-    # ---- guidance and the velocity forward ---------------------------------------------------------
-    def negative(self, prompt: str, guidance_scale: float) -> Conditioning | None:
-        return None if self.distilled_guidance else super().negative(prompt, guidance_scale)
-
-    def velocity(
-        self,
-        x_t: torch.Tensor,
-        sigma: torch.Tensor,
-        cond: Conditioning,
-        guidance_scale: float = 1.0,
-        negative: Conditioning | None = None,
-        module: nn.Module | None = None,
-    ) -> torch.Tensor:
-        if self.distilled_guidance:  # one forward that takes the scale as an input
-            return self.forward(module or self.transformer, x_t, sigma, cond, guidance_scale).float()
-        return super().velocity(x_t, sigma, cond, guidance_scale, negative, module)
-
+    # ---- the velocity forward ------------------------------------------------------------------
     def forward(
-        self,
-        module: nn.Module,
-        x_t: torch.Tensor,
-        sigma: torch.Tensor,
-        cond: Conditioning,
-        guidance_scale: float | None = None,
+        self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
         """One ``FluxTransformer2DModel`` call: ``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity
-        ``(B, C, H, W)``; ``guidance_scale`` is required by guidance-distilled models."""
+        ``(B, C, H, W)``, with ``options.guidance`` embedded when the transformer is distilled."""
         dtype = next(module.parameters()).dtype
         b, _, h, w = x_t.shape
         c = cond.to(x_t.device, dtype)
         guidance = None
-        if self.distilled_guidance:
-            if guidance_scale is None:
-                raise ValueError("flux: this transformer is guidance-distilled; pass guidance_scale")
-            guidance = torch.full((b,), float(guidance_scale), device=x_t.device, dtype=torch.float32)
+        if self.distilled_guidance:  # float32, as the pipeline
+            guidance = torch.full((b,), float(self.options.guidance), device=x_t.device, dtype=torch.float32)
         text = c.tensors["encoder_hidden_states"]
         out = module(
             hidden_states=pack(x_t.to(dtype)),

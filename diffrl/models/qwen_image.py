@@ -27,7 +27,9 @@ A user's checkpoint: ``model: {family: qwen_image, path: /models/Qwen-Image}``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self
 
 import torch
@@ -81,17 +83,25 @@ class QwenImageFamily(DiffusersFolderFamily):
         """dtype of the frozen text encoder and VAE (``bfloat16`` for the 7B encoder)."""
 
         def __post_init__(self):
-            from diffrl.models.registry import DTYPES
-
             if not 1 <= self.max_sequence_length <= TOKENIZER_MAX_LENGTH:
                 raise ValueError(
                     f"max_sequence_length must be in [1, {TOKENIZER_MAX_LENGTH}] (QwenImagePipeline's "
                     f"limit), got {self.max_sequence_length}"
                 )
-            if self.text_encoder_dtype not in DTYPES:
-                raise ValueError(
-                    f"text_encoder_dtype must be one of {', '.join(DTYPES)}, got {self.text_encoder_dtype!r}"
-                )
+
+    @classmethod
+    def folder_problems(cls, folder: Path) -> list[str]:
+        problems = super().folder_problems(folder)
+        config = folder / "transformer" / "config.json"
+        if not problems and config.is_file() and json.loads(config.read_text()).get("guidance_embeds"):
+            # diffusers 0.42's QwenImageTransformer2DModel builds no guidance embedder and its forward
+            # fails when given `guidance`; no released Qwen-Image checkpoint sets this flag.
+            problems.append(
+                f"{str(config)!r} sets guidance_embeds=true, which diffusers' QwenImageTransformer2DModel "
+                "cannot run; use a Qwen-Image transformer without guidance embeddings (guidance here "
+                "is true CFG: sampling.guidance_scale)"
+            )
+        return problems
 
     def __init__(self, transformer, vae, text_encoder, tokenizer, scheduler_config, device, options):
         super().__init__(transformer, device, options)
@@ -114,14 +124,6 @@ class QwenImageFamily(DiffusersFolderFamily):
         transformer = QwenImageTransformer2DModel.from_pretrained(
             folder, subfolder="transformer", torch_dtype=dtype
         )
-        if transformer.config.guidance_embeds:
-            # diffusers 0.42's QwenImageTransformer2DModel builds no guidance embedder and its forward
-            # fails when given `guidance`; no released Qwen-Image checkpoint sets this flag.
-            raise ValueError(
-                f"qwen_image: {str(folder / 'transformer')!r} sets guidance_embeds=true, which "
-                "diffusers' QwenImageTransformer2DModel cannot run; use a Qwen-Image transformer "
-                "without guidance embeddings (guidance here is true CFG: sampling.guidance_scale)"
-            )
         vae = AutoencoderKLQwenImage.from_pretrained(folder, subfolder="vae", torch_dtype=frozen)
         text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             folder, subfolder="text_encoder", dtype=frozen

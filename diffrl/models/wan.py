@@ -40,7 +40,7 @@ import torch
 from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
-from diffrl.models.base import Conditioning, check_family_dir
+from diffrl.models.base import Conditioning
 from diffrl.models.diffusers_folder import DiffusersFolderFamily
 
 # The attention projections of every block, self-attention (attn1) and cross-attention to the text
@@ -159,7 +159,7 @@ class WanExperts(nn.Module, PeftAdapterMixin):
             if out is None:
                 out = y.new_zeros(owner.shape[0], *y.shape[1:])
             if idle:  # another rank needs this expert: take part in its collectives, change nothing
-                out = out + 0.0 * y.sum()
+                out = out + 0.0 * torch.nan_to_num(y).sum()
             else:
                 out = out.index_copy(0, rows, y)
         return (out,)
@@ -211,40 +211,21 @@ class WanFamily(DiffusersFolderFamily):
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
-    def _pipeline_config(cls, folder: Path) -> dict[str, Any]:
-        index = folder / "model_index.json"
-        if not index.is_file():
-            raise FileNotFoundError(
-                f"wan: model.path must be a local diffusers folder of {PIPELINE_CLASS} "
-                f"(with model_index.json), got {str(folder)!r}"
-            )
-        config = json.loads(index.read_text())
-        found = config.get("_class_name")
-        if found != PIPELINE_CLASS:
-            raise ValueError(
-                f"wan: {str(folder)!r} holds a {found} (model_index.json); this family is Wan "
-                f"text-to-video: point model.path at a {PIPELINE_CLASS} folder (e.g. Wan2.1-T2V-14B-Diffusers, "
-                f"Wan2.2-T2V-A14B-Diffusers)"
-            )
-        two = config.get("boundary_ratio") is not None
-        for sub in ("transformer", "text_encoder", "tokenizer", "vae", "scheduler") + (
-            ("transformer_2",) if two else ()
-        ):
-            if not (folder / sub).is_dir():
-                raise FileNotFoundError(
-                    f"wan: {str(folder)!r} has no {sub}/ folder"
-                    + (
-                        f" (boundary_ratio={config['boundary_ratio']} asks for two experts)"
-                        if sub == "transformer_2"
-                        else ""
-                    )
-                )
-        return config
+    def folder_problems(cls, folder: Path) -> list[str]:
+        problems = super().folder_problems(folder)
+        if problems:
+            return problems
+        boundary = json.loads((folder / "model_index.json").read_text()).get("boundary_ratio")
+        subs = ("text_encoder", "tokenizer", "vae") + (("transformer_2",) if boundary is not None else ())
+        return [
+            f"{str(folder)!r} has no {sub}/ folder"
+            + (f" (boundary_ratio={boundary} asks for two experts)" if sub == "transformer_2" else "")
+            for sub in subs
+            if not (folder / sub).is_dir()
+        ]
 
     @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
-        from diffrl.models.registry import DTYPES
-
         errors = super().validate_config(config, check_files)
         options = config.model.options
         frames = options.get("num_frames", cls.Options.num_frames)
@@ -256,21 +237,6 @@ class WanFamily(DiffusersFolderFamily):
         length = options.get("max_sequence_length", cls.Options.max_sequence_length)
         if isinstance(length, int) and length < 1:
             errors.append(f"model.options.max_sequence_length must be >= 1, got {length}")
-        for key in ("text_encoder_dtype", "vae_dtype"):
-            value = options.get(key, "float32")
-            if value not in DTYPES:
-                errors.append(f"model.options.{key}: {value!r} is not one of {sorted(DTYPES)}")
-        path = config.model.path
-        if path in ("base", "random"):
-            errors.append(
-                f"model.path: the wan family has no built-in weights ({path!r}); point it at a local "
-                f"{PIPELINE_CLASS} folder such as Wan2.2-T2V-A14B-Diffusers"
-            )
-        elif check_files and Path(path).is_dir():
-            try:
-                cls._pipeline_config(Path(path))
-            except (FileNotFoundError, ValueError) as e:
-                errors.append(f"model.path: {e}")
         return errors
 
     @classmethod
@@ -280,14 +246,8 @@ class WanFamily(DiffusersFolderFamily):
 
         from diffrl.models.registry import DTYPES
 
-        if path in ("base", "random"):
-            raise FileNotFoundError(
-                f"wan: model.path must be a local diffusers folder of {PIPELINE_CLASS}, got {path!r} "
-                f"(there are no built-in Wan weights)"
-            )
-        folder = Path(path)
-        pipeline_config = cls._pipeline_config(folder)
-        check_family_dir(folder, cls.name)
+        folder = cls.pipeline_folder(path)
+        pipeline_config = json.loads((folder / "model_index.json").read_text())
         scheduler = cls.read_scheduler_config(folder)
 
         def expert(sub: str) -> nn.Module:
@@ -345,7 +305,8 @@ class WanFamily(DiffusersFolderFamily):
                     folder, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata
                 )
         if self.transformer.transformer_2 is not None:
-            how.append(f"pipe.load_lora_weights({str(folder)!r}, load_into_transformer_2=True)")
+            low = out / "transformer_2"
+            how.append(f"pipe.load_lora_weights({str(low)!r}, load_into_transformer_2=True)")
         return "; ".join(how)
 
     def fsdp_blocks(self, module: nn.Module) -> list[nn.Module]:
@@ -429,6 +390,11 @@ class WanFamily(DiffusersFolderFamily):
         """``images (B, 3, H, W)`` (one-frame videos) or videos ``(B, 3, F, H, W)`` in [0, 1] ->
         ``x0 (B, C, F', H / 8, W / 8)``; one video at a time (VAE memory grows with frames x pixels)."""
         if images.ndim == 4:
+            if self.options.num_frames != 1:
+                raise ValueError(
+                    f"wan: still images (B, 3, H, W) given while model.options.num_frames="
+                    f"{self.options.num_frames}; train on an image dataset with num_frames: 1"
+                )
             images = images.unsqueeze(2)
         x = (images * 2.0 - 1.0).to(self.device, self.vae.dtype)
         z = torch.cat([self.vae.encode(v[None]).latent_dist.mode() for v in x])

@@ -217,7 +217,7 @@ class OnlineCollector:
             x0=x,
             cond=cond,
             images=family.decode(x).cpu(),
-            sigmas=self.sigmas.expand(b, -1),
+            sigmas=self.sigmas.expand(b, -1).clone(),
         )
         if keep and k:
             batch.traj_x = torch.stack(traj_x, 1)

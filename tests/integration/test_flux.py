@@ -74,8 +74,8 @@ def flux_config(tmp_path, flux_dir, **extra):
     family = {
         "model.family": "flux",
         "model.path": str(flux_dir),
-        "model.options": "{max_sequence_length: 16}",
-        "sampling.guidance_scale": 3.5,
+        "model.options": "{max_sequence_length: 16}",  # embedded guidance: the default 3.5
+        "sampling.guidance_scale": 1.0,  # no true CFG, as FluxPipeline's default
         "sampling.height": SIZE,
         "sampling.width": SIZE,
     }
@@ -98,12 +98,16 @@ def _pipeline_latents(family, prompts, noise, steps, **kw):
     return unpack(packed, *noise.shape[-2:])
 
 
-@pytest.mark.parametrize("guidance_embeds", [True, False], ids=["distilled", "true_cfg"])
-def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, flux_dir, guidance_embeds):
+@pytest.mark.parametrize(
+    "guidance_embeds, true_cfg",
+    [(True, 1.0), (True, 2.0), (False, 3.5)],
+    ids=["distilled", "distilled_and_true_cfg", "true_cfg"],
+)
+def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, flux_dir, guidance_embeds, true_cfg):
     """Same noise, prompts, steps, size and guidance: diffrl's ODE sampler over the family's sigmas
     (resolution-shifted like the pipeline's) gives ``FluxPipeline``'s latents to 1e-5 (float32,
-    CPU). Distilled guidance is one forward per step with the scale embedded; a model without
-    guidance embeddings takes the scale as true CFG with the negative prompt."""
+    CPU). A distilled transformer embeds ``model.options.guidance`` (the pipeline's guidance_scale,
+    3.5); ``sampling.guidance_scale`` is true CFG with the negative prompt (its true_cfg_scale)."""
     folder = flux_dir
     if not guidance_embeds:
         folder = tmp_path / "flux_cfg"
@@ -113,25 +117,33 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, flux_dir, guidanc
     noise = initial_noise(family, [(0, "test", i) for i in range(2)], SIZE, SIZE)
     assert noise.shape == (2, 4, 8, 8)
     sigmas = family.sigmas(4, None, SIZE, SIZE)
-    negative = family.negative(" ", 3.5)
-    assert (negative is None) == guidance_embeds
+    negative = family.negative(" ", true_cfg)
     ours = sample_ode(
         family,
         noise,
         family.encode_prompts(prompts),
         sigmas,
-        3.5,
+        true_cfg,
         None if negative is None else negative.repeat(2),
     )
-    if guidance_embeds:
-        theirs = _pipeline_latents(family, prompts, noise, 4, guidance_scale=3.5)
-    else:
-        theirs = _pipeline_latents(family, prompts, noise, 4, true_cfg_scale=3.5, negative_prompt=" ")
+    cfg = {"true_cfg_scale": true_cfg, "negative_prompt": " "} if true_cfg > 1 else {}
+    theirs = _pipeline_latents(family, prompts, noise, 4, guidance_scale=3.5, **cfg)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     # the schedule is shifted by image size (mu from 16 tokens), unlike SD3's static shift
     assert not torch.allclose(sigmas, family.sigmas(4, 3.0, SIZE, SIZE))
     images = family.decode(ours)
     assert images.shape == (2, 3, SIZE, SIZE) and images.min() >= 0 and images.max() <= 1
+    if guidance_embeds:  # the embedded guidance is an input of every forward (training's too)
+        family.options.guidance = 1.0
+        other = sample_ode(
+            family,
+            noise,
+            family.encode_prompts(prompts),
+            sigmas,
+            true_cfg,
+            None if negative is None else negative.repeat(2),
+        )
+        assert (other - ours).abs().max() > 1e-2
 
 
 def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, flux_dir):
@@ -143,14 +155,14 @@ def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp
     grpo = train_one(flux_config(tmp_path / "grpo", flux_dir))
     base = load_family(flux_config(tmp_path, flux_dir, **{"model.lora": "null"}))
     x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
-    ours = assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x, guidance=3.5)
+    ours = assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x)
     merged = tmp_path / "merged"
     assert main(["export", str(grpo.checkpoint), str(merged), "--merge"]) == 0
     transformer = FluxPipeline.from_pretrained(merged).transformer
     sigma, cond = torch.tensor([0.9, 0.4]), ours.encode_prompts(["a", "b"])
     with torch.no_grad():
-        v_merged = base.velocity(x, sigma, cond, 3.5, module=transformer)
-        torch.testing.assert_close(v_merged, ours.velocity(x, sigma, cond, 3.5), rtol=0, atol=1e-5)
+        v_merged = base.velocity(x, sigma, cond, module=transformer)
+        torch.testing.assert_close(v_merged, ours.velocity(x, sigma, cond), rtol=0, atol=1e-5)
 
 
 @OTHER_ALGORITHMS
@@ -185,3 +197,20 @@ def test_bf16_forward_with_float32_lora_and_gradient_checkpointing(tmp_path, flu
     assert not any(p.requires_grad for n, p in family.transformer.named_parameters() if "lora_" not in n)
     del actor
     train_one(config)
+
+
+def test_bad_folders_and_options_are_reported_together_before_loading(tmp_path, flux_dir):
+    import json
+
+    from diffrl.config import ConfigError
+
+    other = tmp_path / "sd3"
+    other.mkdir()
+    (other / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}))
+    bad = "{max_sequence_length: 1024, text_encoder_dtype: float8}"
+    with pytest.raises(ConfigError) as e:
+        flux_config(tmp_path, other, **{"model.options": bad})
+    for problem in ("holds a StableDiffusion3Pipeline", "FluxPipeline's limit", "'float8' is not one of"):
+        assert problem in str(e.value)
+    with pytest.raises(ConfigError, match="no built-in weights"):
+        flux_config(tmp_path, "random")

@@ -193,5 +193,5 @@ def test_bad_options_and_a_guidance_embedded_transformer_are_refused(tmp_path, q
     shutil.copytree(qwen_dir, guided)
     config_file = guided / "transformer" / "config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "guidance_embeds": True}))
-    with pytest.raises(ValueError, match="guidance_embeds"):
-        load_family(qwen_config(tmp_path, guided))
+    with pytest.raises(ConfigError, match="guidance_embeds"):  # before any weights load
+        qwen_config(tmp_path, guided)
