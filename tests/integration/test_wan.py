@@ -170,7 +170,14 @@ def test_per_token_timesteps_match_the_pipeline(tmp_path, wan21_dir):
     pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.default_shift)
     noise = initial_noise(family, [(0, "test", 0)], SIZE, SIZE)
     cond = family.encode_prompts(["a"])
+    shapes = []  # every token has the same t here, so the numbers alone cannot tell: check the shape
+    hook = family.transformer.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["timestep"].shape)), with_kwargs=True
+    )
     ours = sample_ode(family, noise, cond, family.sigmas(2, None, SIZE, SIZE))
+    hook.remove()
+    tokens = noise[0, 0, :, ::2, ::2].numel()  # latent frames x (H/2) x (W/2) patches
+    assert shapes == [(1, tokens)] * 2
     theirs = pipe(
         prompt_embeds=cond.tensors["encoder_hidden_states"],
         latents=noise.clone(),
