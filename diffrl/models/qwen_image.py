@@ -202,11 +202,15 @@ class QwenImageFamily(DiffusersFolderFamily):
         b, _, h, w = x_t.shape
         dtype = next(module.parameters()).dtype
         c = cond.to(x_t.device, dtype)
+        mask = c.tensors["encoder_hidden_states_mask"]
+        # the text tokens after the batch's longest prompt are masked anyway: drop them (the
+        # pipeline pads to the batch's longest prompt too); a short prompt saves most of the text
+        n = max(1, int(mask.sum(dim=1).max()))
         out = module(
             hidden_states=pack(x_t).to(dtype),
             timestep=sigma.to(dtype),  # the pipeline's t / 1000
-            encoder_hidden_states=c.tensors["encoder_hidden_states"],
-            encoder_hidden_states_mask=c.tensors["encoder_hidden_states_mask"],
+            encoder_hidden_states=c.tensors["encoder_hidden_states"][:, :n],
+            encoder_hidden_states_mask=mask[:, :n],
             img_shapes=[[(1, h // 2, w // 2)]] * b,
             return_dict=False,
         )[0]
