@@ -78,7 +78,8 @@ class RolloutBatch(Batch):
     """What the collector produced: one row per sample.
 
     ``x0``: clean latents ``(B, *latent)``; ``cond``: the prompts' conditioning;
-    ``images``: decoded ``(B, 3, H, W)`` in [0, 1] (online rollouts);
+    ``images``: decoded ``(B, 3, H, W)`` (videos ``(B, 3, F, H, W)``), uint8 0..255 (online rollouts;
+    :func:`~diffrl.rewards.base.quantize`);
     ``group_id``: samples of the same prompt share a group (group-relative advantages);
     ``micro_group``: which sampling forward batch the sample was in;
     ``rewards``: ``(B,)`` weighted reward (online rollouts);

@@ -118,6 +118,12 @@ class RewardOutput:
         )
 
 
+def quantize(images: torch.Tensor) -> torch.Tensor:
+    """Images or videos in [0, 1] -> uint8 on the CPU, as an image file holds them (a quarter of
+    float32's bytes: what rollouts keep and send to reward workers; OCR reads uint8 anyway)."""
+    return (images.detach().clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).cpu()
+
+
 def submit_scores(
     reward: Reward, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]
 ) -> Pending:
@@ -175,7 +181,10 @@ class RewardSet:
     def submit(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
     ) -> PendingRewards:
-        images = images.detach().float().cpu()
+        """Score ``images``: float in [0, 1], or uint8 (:func:`quantize`, what rollouts keep); every
+        reward gets float32 in [0, 1] on the CPU."""
+        images = images.detach().cpu()
+        images = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
         pending = [submit_scores(r, images, prompts, metadata) for r in self.rewards]
         return PendingRewards(self, len(prompts), pending)
 

@@ -13,7 +13,7 @@ from diffrl.config import Config
 from diffrl.data.offline import OfflineDataset
 from diffrl.data.prompts import PromptSet
 from diffrl.models.base import ModelFamily
-from diffrl.rewards.base import RewardOutput, RewardSet
+from diffrl.rewards.base import RewardOutput, RewardSet, quantize
 from diffrl.sampling.kernels import ode_step, stochastic_kernel
 from diffrl.sampling.sampler import DETERMINISTIC, heun_step, image_size, initial_noise, sampling_sigmas
 from diffrl.seeding import EpochStream, randn_batch
@@ -216,7 +216,7 @@ class OnlineCollector:
             micro_group=torch.full((b,), micro_group),
             x0=x,
             cond=cond,
-            images=family.decode(x).cpu(),
+            images=quantize(family.decode(x)),
             sigmas=self.sigmas.expand(b, -1).clone(),
         )
         if keep and k:

@@ -50,3 +50,30 @@ def test_process_pool_gives_the_same_scores_as_in_process():
         pooled.close()
     b = OCRReward(num_workers=0)(images, prompts, [{}] * 4)
     assert torch.equal(a, b)
+
+
+def test_rollouts_keep_uint8_images_and_rewards_score_them_as_the_floats():
+    """Rollouts quantize decoded images to uint8 (a quarter of the bytes); the reward set hands
+    every reward float32 in [0, 1] again, and OCR (which reads uint8 itself) scores them the same."""
+    from diffrl.config import RewardConfig
+    from diffrl.rewards.base import RewardSet, quantize
+
+    style = TextStyle("DejaVuSans-Bold.ttf", 16, 4, 6, (10, 10, 10), (240, 240, 240))
+    gen = torch.Generator().manual_seed(0)
+    clean = torch.stack([to_tensor(render(t, style, 32, 64)) for t in ("7K4P", "A1B2", "Q9")])
+    images = (clean + 0.05 * torch.randn(clean.shape, generator=gen)).clamp(0, 1)  # decoder-like floats
+    small = quantize(images)
+    assert small.dtype == torch.uint8 and small.element_size() * 4 == images.element_size()
+    prompts = ['the text "7K4P"', 'the text "A1B2"', 'the text "Q9"']
+    rewards = RewardSet(
+        [
+            RewardConfig("ocr", params={"num_workers": 0}),
+            RewardConfig("tests.integration.test_flow_grpo:brightness"),
+        ]
+    )
+    from_floats, from_uint8 = rewards(images, prompts, [{}] * 3), rewards(small, prompts, [{}] * 3)
+    assert torch.equal(from_uint8.per_reward["ocr"], from_floats.per_reward["ocr"])
+    brightness = "tests.integration.test_flow_grpo:brightness"
+    torch.testing.assert_close(
+        from_uint8.per_reward[brightness], from_floats.per_reward[brightness], atol=1 / 510, rtol=0
+    )
