@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from abc import abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +20,8 @@ class DiffusersFolderFamily(ModelFamily):
 
     pipeline_class: ClassVar[str]
     """The diffusers pipeline this family reproduces, e.g. ``"FluxPipeline"``."""
+    components: ClassVar[tuple[str, ...]]
+    """The pipeline's ``__init__`` arguments but the scheduler, each an attribute of the family."""
 
     scheduler_config: dict[str, Any]
     """The folder's ``scheduler/scheduler_config.json`` (set by the subclass's ``__init__``)."""
@@ -88,9 +89,9 @@ class DiffusersFolderFamily(ModelFamily):
             if m is not None:
                 m.to(device).eval().requires_grad_(False)
 
-    @abstractmethod
     def pipeline_components(self) -> dict[str, Any]:
         """The pipeline's ``__init__`` arguments but the scheduler: these very modules."""
+        return {name: getattr(self, name) for name in self.components}
 
     def pipeline(self):
         """The diffusers :attr:`pipeline_class` over this family's modules, with the folder's scheduler."""

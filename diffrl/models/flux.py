@@ -22,7 +22,7 @@ A user's checkpoint: ``model: {family: flux, path: /models/FLUX.1-dev}``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Self
 
 import torch
 from torch import nn
@@ -59,6 +59,7 @@ def image_ids(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch
 class FluxFamily(DiffusersFolderFamily):
     name = "flux"
     pipeline_class = "FluxPipeline"
+    components = ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
     default_guidance = 1.0
     """``FluxPipeline``'s ``true_cfg_scale`` (CFG off); the distilled guidance is ``Options.guidance``."""
     default_lora_targets = SD3_LORA_TARGETS
@@ -125,16 +126,6 @@ class FluxFamily(DiffusersFolderFamily):
         if options.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
         return cls(transformer, vae, encoders, tokenizers, cls.read_scheduler_config(folder), device, options)
-
-    def pipeline_components(self) -> dict[str, Any]:
-        return dict(
-            transformer=self.transformer,
-            vae=self.vae,
-            text_encoder=self.text_encoder,
-            tokenizer=self.tokenizer,
-            text_encoder_2=self.text_encoder_2,
-            tokenizer_2=self.tokenizer_2,
-        )
 
     # ---- geometry ------------------------------------------------------------------------------
     @property

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
 import torch
 from torch import nn
@@ -69,6 +69,7 @@ QWEN_IMAGE_LORA_TARGETS = [
 class QwenImageFamily(DiffusersFolderFamily):
     name = "qwen_image"
     pipeline_class = "QwenImagePipeline"
+    components = ("vae", "text_encoder", "tokenizer", "transformer")
     default_guidance = 4.0
     """``QwenImagePipeline``'s ``true_cfg_scale`` (applied with ``sampling.negative_prompt``)."""
     default_lora_targets = QWEN_IMAGE_LORA_TARGETS
@@ -135,14 +136,6 @@ class QwenImageFamily(DiffusersFolderFamily):
             transformer.enable_gradient_checkpointing()
         return cls(
             transformer, vae, text_encoder, tokenizer, cls.read_scheduler_config(folder), device, options
-        )
-
-    def pipeline_components(self) -> dict[str, Any]:
-        return dict(
-            vae=self.vae,
-            text_encoder=self.text_encoder,
-            tokenizer=self.tokenizer,
-            transformer=self.transformer,
         )
 
     # ---- geometry ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ A user's checkpoint: ``model: {family: sd3, path: /models/stable-diffusion-3.5-m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Self
 
 import torch
 from torch import nn
@@ -73,6 +73,16 @@ def vae_decode(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
 class SD3Family(DiffusersFolderFamily):
     name = "sd3"
     pipeline_class = "StableDiffusion3Pipeline"
+    components = (
+        "transformer",
+        "vae",
+        "text_encoder",
+        "tokenizer",
+        "text_encoder_2",
+        "tokenizer_2",
+        "text_encoder_3",
+        "tokenizer_3",
+    )
     default_guidance = 4.5
     """flow_grpo's SD3.5 setting (diffusers' pipeline defaults to 7.0)."""
     default_lora_targets = SD3_LORA_TARGETS
@@ -128,18 +138,6 @@ class SD3Family(DiffusersFolderFamily):
         if options.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
         return cls(transformer, vae, encoders, tokenizers, cls.read_scheduler_config(folder), device, options)
-
-    def pipeline_components(self) -> dict[str, Any]:
-        return dict(
-            transformer=self.transformer,
-            vae=self.vae,
-            text_encoder=self.text_encoder,
-            tokenizer=self.tokenizer,
-            text_encoder_2=self.text_encoder_2,
-            tokenizer_2=self.tokenizer_2,
-            text_encoder_3=self.text_encoder_3,
-            tokenizer_3=self.tokenizer_3,
-        )
 
     # ---- geometry ------------------------------------------------------------------------------
     @property
