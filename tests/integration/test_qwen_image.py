@@ -130,7 +130,8 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, qwen_dir, guidanc
     the pipeline takes as a negative prompt and so runs true CFG): diffrl's ODE sampler and
     ``QwenImagePipeline`` give the same latents to 1e-5 (float32, CPU; bit-identical when measured).
     The prompts differ in length, so the pipeline pads to the longer one and encodes the negative
-    alone (no mask), while diffrl pads every prompt to 256 tokens and masks the padding."""
+    alone (no mask), while diffrl pads every prompt to 256 tokens, masks the padding and gives the
+    transformer the text up to the batch's longest prompt."""
     from diffrl.models import qwen_image
 
     family = load_family(qwen_config(tmp_path, qwen_dir, **{"model.lora": "null"}))
