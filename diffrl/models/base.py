@@ -230,8 +230,8 @@ class ModelFamily(ABC):
         return v_neg + scale * (v_pos - v_neg)
 
     def negative(self, prompt: str, guidance_scale: float) -> Conditioning | None:
-        """The one-row conditioning of the negative prompt when ``guidance_scale`` means CFG here
-        (None when it is <= 1, or when the family takes the scale as a model input instead)."""
+        """The one-row conditioning of the negative prompt when ``guidance_scale`` asks for CFG
+        (None when it is <= 1: no negative forward)."""
         if guidance_scale <= 1.0:
             return None
         return self.encode_prompts([prompt])

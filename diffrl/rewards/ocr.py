@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from diffrl.rewards.base import Pending, Reward
+from diffrl.rewards.base import Pending, Reward, quantize
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -100,7 +100,7 @@ class OCRReward(Reward):
 
     def _start(self, images: torch.Tensor) -> Callable[[], list[str]]:
         """Start recognition; returns a function that waits for the texts."""
-        arrays = [(img.permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8) for img in images]
+        arrays = list(quantize(images).permute(0, 2, 3, 1).numpy())  # HxWx3 uint8 each
         if self.num_workers <= 1 or len(arrays) < 2:
             texts = recognize(arrays)
             return lambda: texts

@@ -13,7 +13,7 @@ from diffrl.config import Config
 from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.logging import Progress
 from diffrl.models.base import ModelFamily
-from diffrl.rewards.base import RewardSet
+from diffrl.rewards.base import RewardSet, quantize
 from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampling_sigmas
 
 
@@ -91,7 +91,7 @@ def still(images: torch.Tensor) -> torch.Tensor:
 def to_pil(image: torch.Tensor) -> Image.Image:
     """``(3, H, W)`` (or a video ``(3, F, H, W)``, see :func:`still`) in [0, 1] -> PIL RGB."""
     image = still(image[None])[0]
-    return Image.fromarray((image.permute(1, 2, 0).clamp(0, 1).numpy() * 255).round().astype(np.uint8))
+    return Image.fromarray(quantize(image).permute(1, 2, 0).numpy())
 
 
 def save_grid(images: torch.Tensor, path: Path, columns: int = 8, scale: int = 2) -> Path:
@@ -103,7 +103,7 @@ def save_grid(images: torch.Tensor, path: Path, columns: int = 8, scale: int = 2
     rows = (n + columns - 1) // columns
     _, _, h, w = images.shape
     grid = np.ones((rows * (h + 2), columns * (w + 2), 3), dtype=np.uint8) * 255
-    arr = (images.permute(0, 2, 3, 1).clamp(0, 1).numpy() * 255).round().astype(np.uint8)
+    arr = quantize(images).permute(0, 2, 3, 1).numpy()
     for k in range(n):
         r, c = divmod(k, columns)
         grid[r * (h + 2) + 1 : r * (h + 2) + 1 + h, c * (w + 2) + 1 : c * (w + 2) + 1 + w] = arr[k]
