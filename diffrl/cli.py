@@ -11,6 +11,7 @@ DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
   diffrl train recipes/tiny_sft.yaml train.iterations=50     train from a recipe, with overrides
   diffrl eval base                                           mean OCR reward of the shipped tiny base
   diffrl eval runs/tiny_sft/checkpoints/final                ... of a checkpoint
+  diffrl eval CHECKPOINT --baseline base                     ... and how much it beats the base (paired)
   diffrl sample base --prompt 'the number "42"'              prompts -> PNG files and a grid
   diffrl export runs/tiny_sft/checkpoints/final OUT_DIR      a checkpoint -> diffusers-layout model
   diffrl recipes                                             list the shipped recipes
@@ -78,19 +79,34 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    import dataclasses
+    import json
+
     from diffrl.rewards.base import RewardSet
-    from diffrl.train.evaluate import evaluate, save_grid
+    from diffrl.train.evaluate import evaluate, paired_difference, save_grid
 
     overrides = list(args.overrides)
     if args.num_prompts is not None:
         overrides.append(f"eval.num_prompts={args.num_prompts}")
+    if args.samples_per_prompt is not None:
+        overrides.append(f"eval.samples_per_prompt={args.samples_per_prompt}")
     if args.prompts:
         overrides.append(f"eval.prompts={args.prompts}")
     config, checkpoint = _resolve_target(args.target, overrides)
-    family = _load_for_inference(config, checkpoint)
+    baseline = None
+    if args.baseline:
+        # the baseline's model, sampled and scored exactly as the target: same config, prompts, seeds
+        base_config, base_checkpoint = _resolve_target(args.baseline, [])
+        if base_config.model.family != config.model.family:
+            raise SystemExit(
+                f"error: --baseline {args.baseline!r} is a {base_config.model.family!r} model, the target a "
+                f"{config.model.family!r} one; a paired comparison needs the same family (same noise)"
+            )
+        baseline = (dataclasses.replace(config, model=base_config.model), base_checkpoint)
     rewards = RewardSet(config.eval.rewards)
     try:
-        result = evaluate(family, config, rewards)
+        result = evaluate(_load_for_inference(config, checkpoint), config, rewards)
+        base = evaluate(_load_for_inference(*baseline), config, rewards) if baseline else None
     finally:
         rewards.close()
     out = Path(args.out)
@@ -100,7 +116,16 @@ def cmd_eval(args) -> int:
             f"{name}: mean {scores.mean():.4f}  (n={len(scores)}, exact {(scores == 1).float().mean():.2%})"
         )
     print(f"mean reward: {result.total.mean():.4f} over {len(result.prompts)} samples")
-    print(f"grid: {grid}")
+    scores = {"prompts": result.prompts, "reward": result.total.tolist()}
+    if base is not None:
+        diff, se = paired_difference(result.total, base.total)
+        print(
+            f"baseline {args.baseline}: mean reward {base.total.mean():.4f}; difference {diff:+.4f} "
+            f"+- {se:.4f} (standard error, paired over the same {len(base.prompts)} prompts and seeds)"
+        )
+        scores["baseline_reward"] = base.total.tolist()
+    (out / "scores.json").write_text(json.dumps(scores))
+    print(f"grid: {grid}; per-sample scores: {out / 'scores.json'}")
     return 0
 
 
@@ -177,6 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("overrides", nargs="*")
     e.add_argument("--prompts", help="prompt file (default: the config's eval.prompts)")
     e.add_argument("--num-prompts", type=int)
+    e.add_argument("--samples-per-prompt", type=int, help="default: the config's eval.samples_per_prompt")
+    e.add_argument(
+        "--baseline",
+        help="another target ('base', a checkpoint, ...) sampled with the same prompts and seeds; "
+        "prints the paired difference of the mean reward and its standard error",
+    )
     e.add_argument("--out", default="runs/eval")
     e.set_defaults(func=cmd_eval)
 

@@ -79,6 +79,19 @@ def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> 
     return result
 
 
+def paired_difference(scores: torch.Tensor, baseline: torch.Tensor) -> tuple[float, float]:
+    """Two models' scores ``(N,)`` on the same prompts and noise -> the mean of their difference
+    and its standard error (NaN for a single sample). Pairing removes the prompt-and-seed
+    variation both share, so the error is far smaller than that of either mean."""
+    if scores.shape != baseline.shape:
+        raise ValueError(
+            f"paired scores need equal shapes, got {tuple(scores.shape)} and {tuple(baseline.shape)}"
+        )
+    d = (scores - baseline).double()
+    se = d.std(unbiased=True).item() / len(d) ** 0.5 if len(d) > 1 else float("nan")
+    return d.mean().item(), se
+
+
 def still(images: torch.Tensor) -> torch.Tensor:
     """Images ``(N, 3, H, W)`` as they are; videos ``(N, 3, F, H, W)`` as one still each: the first,
     middle and last frames side by side, ``(N, 3, H, 3 W)`` (fewer for shorter videos)."""

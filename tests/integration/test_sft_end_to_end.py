@@ -34,6 +34,20 @@ def test_sft_two_iterations_then_eval_and_sample(tmp_path, capsys, lora):
     assert "ocr: mean" in printed and "mean reward:" in printed
     assert Image.open(out / "grid.png").size[0] > 0
 
+    # paired comparison (a reward that varies from sample to sample): a model against itself gives
+    # exactly the same scores, sample by sample; against the shipped base, a difference
+    brightness = "eval.rewards=[{name: tests.integration.test_flow_grpo:brightness}]"
+    args = ["eval", str(result.checkpoint), brightness, "--num-prompts", "2", "--samples-per-prompt", "2"]
+    assert main([*args, "--baseline", str(result.checkpoint), "--out", str(out)]) == 0
+    assert "difference +0.0000 +- 0.0000" in capsys.readouterr().out
+    scores = json.loads((out / "scores.json").read_text())
+    assert len(scores["reward"]) == 4 and len(set(scores["reward"])) == 4
+    assert scores["reward"] == scores["baseline_reward"]
+    assert main([*args, "--baseline", "base", "--out", str(out)]) == 0
+    assert "baseline base: mean reward" in capsys.readouterr().out
+    scores = json.loads((out / "scores.json").read_text())
+    assert scores["reward"] != scores["baseline_reward"]
+
     samples = tmp_path / "samples"
     assert (
         main(
