@@ -68,10 +68,22 @@ def config(tmp_path, algorithm: str, runner: str, **extra):
     return load_config(str(recipe), [f"{k}={v}" for k, v in overrides.items()])
 
 
+# DiffusionNFT also keeps an EMA of the (sharded) LoRA weights and evaluates with it
+EXTRA = {
+    "flow_grpo": {},
+    "diffusion_nft": {
+        "train.ema_decay": 0.5,
+        "eval.enabled": "true",
+        "eval.num_prompts": 4,
+        "eval.batch_size": 4,
+    },
+}
+
+
 @pytest.mark.parametrize("algorithm", ["flow_grpo", "diffusion_nft"])
 def test_ray_run_equals_local_run(tmp_path, ray_cluster, algorithm):
-    local = train(config(tmp_path, algorithm, "local"))
-    distributed = train(config(tmp_path, algorithm, "ray"))
+    local = train(config(tmp_path, algorithm, "local", **EXTRA[algorithm]))
+    distributed = train(config(tmp_path, algorithm, "ray", **EXTRA[algorithm]))
     for a, b in zip(local.history, distributed.history, strict=True):
         assert a["rollout/reward/raw_mean"] == b["rollout/reward/raw_mean"]
         assert a["rollout/reward/raw_std"] == b["rollout/reward/raw_std"]
@@ -91,6 +103,21 @@ def test_ray_run_equals_local_run(tmp_path, ray_cluster, algorithm):
         torch.testing.assert_close(w_ray[k], w_local[k], rtol=0, atol=WEIGHT_ATOL)
         moved = max(moved, (w_local[k] - _initial(tmp_path, k)).abs().max().item())
     assert moved > 20 * WEIGHT_ATOL  # training moved the weights far more than the tolerance
+    if algorithm == "diffusion_nft":  # EMA of sharded weights, gathered for the checkpoint and the eval
+        e_local = load_file(str(local.checkpoint / "ema.safetensors"))
+        e_ray = load_file(str(distributed.checkpoint / "ema.safetensors"))
+        assert e_local.keys() == e_ray.keys()
+        # the EMA file names the module's parameters (peft's adapter name included)
+        assert {k.replace(".default.", ".") for k in e_local} == w_local.keys()
+        for k in e_local:
+            torch.testing.assert_close(e_ray[k], e_local[k], rtol=0, atol=WEIGHT_ATOL)
+        # the EMA lags the live weights (decay 0.5 over 2 steps), so evaluating with it is visible
+        lag = max((e_local[k] - w_local[k.replace(".default.", ".")]).abs().max().item() for k in e_local)
+        assert lag > 20 * WEIGHT_ATOL
+        assert [e["eval/reward_mean"] for e in local.evals] == [
+            e["eval/reward_mean"] for e in distributed.evals
+        ]
+        assert len(distributed.evals) == 2  # before training and at the end
 
 
 _INITIAL: dict[str, torch.Tensor] = {}
