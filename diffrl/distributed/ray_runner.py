@@ -534,6 +534,9 @@ class RayRunner:
         self.last_checkpoint = str(path)
         return Path(path)
 
+    def resume(self, path: Path) -> int:
+        raise ValueError("train.resume is supported with runner: local only")  # the config refuses it first
+
     def close(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group

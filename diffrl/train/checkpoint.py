@@ -7,6 +7,7 @@ config.yaml       the run's config
 trainable.safetensors
 optimizer.safetensors   (tensors; param_groups and step counters in its metadata)
 ema.safetensors         (when train.ema_decay is set)
+old_policy.safetensors  (algorithms that sample with a trailing old policy, e.g. DiffusionNFT)
 ```
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,7 @@ def save_checkpoint(path: str | Path, actor, config: Config, iteration: int, wri
     if actor.ema is not None:
         names = [n for n, p in actor.module.named_parameters() if p.requires_grad]
         ema = {n: _whole(s) for n, s in zip(names, actor.ema.shadow)}
+    old = old_policy_state(actor)
     if not write:
         return path
     path.mkdir(parents=True, exist_ok=True)
@@ -87,6 +90,8 @@ def save_checkpoint(path: str | Path, actor, config: Config, iteration: int, wri
     save_file(tensors, str(path / "optimizer.safetensors"), metadata=meta)
     if ema is not None:
         save_file(ema, str(path / "ema.safetensors"))
+    if old is not None:
+        save_file(old, str(path / "old_policy.safetensors"))
     dump_config(config, path / "config.yaml")
     lora = dataclasses.asdict(config.model.lora) if config.model.lora is not None else None
     info = {
@@ -150,3 +155,55 @@ def load_optimizer_state(actor, path: str | Path) -> None:
     actor.optimizer.load_state_dict({"state": state, "param_groups": json.loads(meta["param_groups"])})
     actor.scheduler.load_state_dict(json.loads(meta["scheduler"]))
     actor.step = int(meta["actor_step"])
+
+
+def old_policy_state(actor) -> dict[str, torch.Tensor] | None:
+    """The old (sampling) policy's weights, named as the live parameters they trail; None if the
+    algorithm keeps none. On FSDP2 ranks a collective."""
+    old = actor.policy.old
+    if old is None:
+        return None
+    names = {id(p): n for n, p in actor.family.transformer.named_parameters()}
+    return {names[id(live)]: _whole(o) for live, o in old.pairs}
+
+
+@torch.no_grad()
+def load_resume_state(actor, path: str | Path) -> int:
+    """Put ``actor`` back where the checkpoint at ``path`` left it (live weights, optimizer, LR
+    schedule, step, EMA, old policy); returns the checkpoint's iteration. Single process only."""
+    path = Path(path)
+    info = read_checkpoint_info(path)
+    check_checkpoint_family(info, actor.family.name, path)
+    load_trainable_state(
+        actor.family, load_file(str(path / "trainable.safetensors")), lora=info.get("lora") is not None
+    )
+    load_optimizer_state(actor, path)
+    if actor.ema is not None:
+        ema_file = path / "ema.safetensors"
+        if ema_file.is_file():
+            ema = load_file(str(ema_file))
+            names = [n for n, p in actor.module.named_parameters() if p.requires_grad]
+            for n, shadow in zip(names, actor.ema.shadow):
+                shadow.copy_(ema[n])
+        else:
+            warnings.warn(
+                f"{path} has no EMA weights: the EMA restarts from the resumed weights", stacklevel=2
+            )
+            for shadow, p in zip(actor.ema.shadow, actor.params):
+                shadow.copy_(p)
+    old = actor.policy.old
+    if old is not None:
+        old_file = path / "old_policy.safetensors"
+        names = {id(p): n for n, p in actor.family.transformer.named_parameters()}
+        if old_file.is_file():
+            state = load_file(str(old_file))
+            for live, o in old.pairs:
+                o.copy_(state[names[id(live)]])
+        else:
+            warnings.warn(
+                f"{path} has no old-policy weights: the old policy restarts from the resumed weights",
+                stacklevel=2,
+            )
+            for live, o in old.pairs:
+                o.copy_(live)
+    return int(info["iteration"])

@@ -117,6 +117,14 @@ def run_eval(step: int, runner: Runner, config: Config, out: Path, logger: Metri
     return {"step": step, "train_time_s": round(train_time, 2), **metrics}
 
 
+def _earlier_evals(out: Path, start: int) -> list[dict[str, float]]:
+    """The evals a resumed run had made up to its checkpoint (from the output folder's eval curve)."""
+    curve = out / "eval_curve.json"
+    if not curve.is_file():
+        return []
+    return [e for e in json.loads(curve.read_text()) if e["step"] <= start]
+
+
 def train(config: Config) -> TrainResult:
     torch.manual_seed(config.run.seed)
     out = config.run.resolved_output_dir()
@@ -144,12 +152,21 @@ def train(config: Config) -> TrainResult:
             result.evals.append(point)
 
     try:
-        evaluate(0, 0.0)
+        start = 0
+        if t.resume is not None:
+            start = runner.resume(Path(t.resume).expanduser())
+            result.evals = _earlier_evals(out, start)
+            print(f"resumed from {t.resume} at iteration {start}", flush=True)
+        else:
+            evaluate(0, 0.0)
         progress = Progress("train", t.iterations, "iter")
         budget = t.time_budget_minutes * 60 if t.time_budget_minutes else float("inf")
-        train_time = 0.0
-        step = 0
-        for it in range(t.iterations):
+        # a resumed run's eval curve continues from its last earlier eval; its budget counts this
+        # process's training time only
+        offset = result.evals[-1]["train_time_s"] if result.evals else 0.0
+        train_time = offset
+        step = start
+        for it in range(start, t.iterations):
             t0 = time.time()
             batch, stats = runner.collect(it)
             metrics = rollout_metrics(batch, stats.reward_failed)
@@ -177,7 +194,7 @@ def train(config: Config) -> TrainResult:
                 step, metrics, keys=SHOWN, echo=step % config.run.log_every == 0 or step == t.iterations
             )
             progress.update(step)
-            last = step == t.iterations or train_time >= budget
+            last = step == t.iterations or train_time - offset >= budget
             if t.save_every and step % t.save_every == 0 and not last:
                 runner.save(out / "checkpoints" / f"step_{step:05d}", step)
             if t.eval_every and step % t.eval_every == 0 and not last:

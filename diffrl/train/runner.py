@@ -45,6 +45,9 @@ class Runner(Protocol):
     def save(self, path: Path, iteration: int) -> Path:
         """Write a checkpoint."""
 
+    def resume(self, path: Path) -> int:
+        """Restore the training state of the checkpoint at ``path``; returns its iteration."""
+
     def close(self) -> None: ...
 
 
@@ -108,6 +111,11 @@ class LocalRunner:
         from diffrl.train.checkpoint import save_checkpoint
 
         return save_checkpoint(path, self.actor, self.config, iteration)
+
+    def resume(self, path: Path) -> int:
+        from diffrl.train.checkpoint import load_resume_state
+
+        return load_resume_state(self.actor, path)
 
     def close(self) -> None:
         for r in (self.train_rewards, self.eval_rewards):
