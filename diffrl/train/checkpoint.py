@@ -78,9 +78,11 @@ def save_checkpoint(path: str | Path, actor, config: Config, iteration: int, wri
     tensors, meta = _optimizer_tensors(actor.optimizer)
     ema = None
     if actor.ema is not None:
-        names = [n for n, p in actor.module.named_parameters() if p.requires_grad]
-        ema = {n: _whole(s) for n, s in zip(names, actor.ema.shadow)}
-    old = old_policy_state(actor)
+        ema = {n: _whole(s) for n, s in zip(_trainable_names(actor), actor.ema.shadow)}
+    old = None
+    if actor.policy.old is not None:  # named as the live parameters the old ones trail
+        names = _names_by_id(actor)
+        old = {names[id(live)]: _whole(o) for live, o in actor.policy.old.pairs}
     if not write:
         return path
     path.mkdir(parents=True, exist_ok=True)
@@ -157,14 +159,13 @@ def load_optimizer_state(actor, path: str | Path) -> None:
     actor.step = int(meta["actor_step"])
 
 
-def old_policy_state(actor) -> dict[str, torch.Tensor] | None:
-    """The old (sampling) policy's weights, named as the live parameters they trail; None if the
-    algorithm keeps none. On FSDP2 ranks a collective."""
-    old = actor.policy.old
-    if old is None:
-        return None
-    names = {id(p): n for n, p in actor.family.transformer.named_parameters()}
-    return {names[id(live)]: _whole(o) for live, o in old.pairs}
+def _trainable_names(actor) -> list[str]:
+    """Names of the trainable parameters, in the order of ``actor.params`` (and the EMA's shadow)."""
+    return [n for n, p in actor.module.named_parameters() if p.requires_grad]
+
+
+def _names_by_id(actor) -> dict[int, str]:
+    return {id(p): n for n, p in actor.family.transformer.named_parameters()}
 
 
 @torch.no_grad()
@@ -182,8 +183,7 @@ def load_resume_state(actor, path: str | Path) -> int:
         ema_file = path / "ema.safetensors"
         if ema_file.is_file():
             ema = load_file(str(ema_file))
-            names = [n for n, p in actor.module.named_parameters() if p.requires_grad]
-            for n, shadow in zip(names, actor.ema.shadow):
+            for n, shadow in zip(_trainable_names(actor), actor.ema.shadow):
                 shadow.copy_(ema[n])
         else:
             warnings.warn(
@@ -194,7 +194,7 @@ def load_resume_state(actor, path: str | Path) -> int:
     old = actor.policy.old
     if old is not None:
         old_file = path / "old_policy.safetensors"
-        names = {id(p): n for n, p in actor.family.transformer.named_parameters()}
+        names = _names_by_id(actor)
         if old_file.is_file():
             state = load_file(str(old_file))
             for live, o in old.pairs:
