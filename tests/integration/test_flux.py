@@ -118,14 +118,12 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, flux_dir, guidanc
     assert noise.shape == (2, 4, 8, 8)
     sigmas = family.sigmas(4, None, SIZE, SIZE)
     negative = family.negative(" ", true_cfg)
-    ours = sample_ode(
-        family,
-        noise,
-        family.encode_prompts(prompts),
-        sigmas,
-        true_cfg,
-        None if negative is None else negative.repeat(2),
-    )
+
+    def sample():  # with the family's current options (its embedded guidance)
+        neg = None if negative is None else negative.repeat(2)
+        return sample_ode(family, noise, family.encode_prompts(prompts), sigmas, true_cfg, neg)
+
+    ours = sample()
     cfg = {"true_cfg_scale": true_cfg, "negative_prompt": " "} if true_cfg > 1 else {}
     theirs = _pipeline_latents(family, prompts, noise, 4, guidance_scale=3.5, **cfg)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
@@ -135,15 +133,7 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, flux_dir, guidanc
     assert images.shape == (2, 3, SIZE, SIZE) and images.min() >= 0 and images.max() <= 1
     if guidance_embeds:  # the embedded guidance is an input of every forward (training's too)
         family.options.guidance = 1.0
-        other = sample_ode(
-            family,
-            noise,
-            family.encode_prompts(prompts),
-            sigmas,
-            true_cfg,
-            None if negative is None else negative.repeat(2),
-        )
-        assert (other - ours).abs().max() > 1e-2
+        assert (sample() - ours).abs().max() > 1e-2
 
 
 def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, flux_dir):
