@@ -17,10 +17,11 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from diffrl.errors import DiffrlError
 from diffrl.registry import RegistryError, did_you_mean
 
 
-class ConfigError(ValueError):
+class ConfigError(DiffrlError, ValueError):
     """All problems found in a config, one per line."""
 
     def __init__(self, problems: list[str], source: str = "config"):
@@ -149,7 +150,16 @@ class TrainConfig:
     resume: str | None = None
     """A checkpoint of this run to continue from, at its iteration: trainable weights, optimizer
     and LR schedule, EMA and old policy. Rollout ids, prompts and noise continue as if the run
-    had not stopped. The time budget counts this process's training time only."""
+    had not stopped. The time budget counts this process's training time only. ``latest``: the
+    newest verified checkpoint in the run's output folder, or a fresh start when there is none."""
+    keep_last: int | None = None
+    """Keep only the newest N ``step_*`` checkpoints (``final`` is always kept); ``None`` keeps all."""
+    max_failed_iterations: int = 3
+    """Stop the run (with an error) after this many consecutive iterations in which every
+    sample's reward failed."""
+    max_nonfinite_steps: int = 5
+    """Stop the run (with an error naming the last good checkpoint) after this many consecutive
+    optimizer steps skipped for a non-finite loss or gradient."""
 
 
 @dataclass
@@ -157,6 +167,8 @@ class RewardConfig:
     name: str = "ocr"
     weight: float = 1.0
     params: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 300.0
+    """Deadline for one scoring call (a micro-group); late samples are failed and counted."""
 
 
 @dataclass
@@ -463,6 +475,11 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
         errors.append(f"train.ema_decay must be in (0, 1) or null, got {t.ema_decay}")
     if t.grad_clip is not None and t.grad_clip <= 0:
         errors.append(f"train.grad_clip must be > 0 or null, got {t.grad_clip}")
+    if t.keep_last is not None and t.keep_last < 1:
+        errors.append(f"train.keep_last must be >= 1 or null (keep all), got {t.keep_last}")
+    for name in ("max_failed_iterations", "max_nonfinite_steps"):
+        if getattr(t, name) < 1:
+            errors.append(f"train.{name} must be >= 1, got {getattr(t, name)}")
     s = config.sampling
     if s.num_steps < 1:
         errors.append(f"sampling.num_steps must be >= 1, got {s.num_steps}")
@@ -521,6 +538,8 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
                 REWARDS.resolve(r.name)
             except RegistryError as e:
                 errors.append(f"{where}[{i}].name: {e}")
+            if not r.timeout_s > 0 or r.timeout_s == float("inf"):  # NaN fails both
+                errors.append(f"{where}[{i}].timeout_s must be a number of seconds > 0, got {r.timeout_s}")
 
     if t.resume is not None:
         errors.extend(_resume_checks(config, check_files))
