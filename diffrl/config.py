@@ -541,9 +541,6 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
             if not r.timeout_s > 0 or r.timeout_s == float("inf"):  # NaN fails both
                 errors.append(f"{where}[{i}].timeout_s must be a number of seconds > 0, got {r.timeout_s}")
 
-    if t.resume is not None:
-        errors.extend(_resume_checks(config, check_files))
-
     if check_files:
         needs_prompts = algorithm is not None and algorithm.collection_spec().online
         files = [("eval.prompts", config.eval.prompts)] if config.eval.enabled else []
@@ -579,41 +576,6 @@ def _rollout_arithmetic(config: Config) -> list[str]:
             f"{r.n_samples_per_prompt} = {samples} samples per rollout, but train.batch_size x "
             f"rollout.num_steps_per_rollout = {t.batch_size} x {r.num_steps_per_rollout} = "
             f"{t.batch_size * r.num_steps_per_rollout}; they must be equal{hint}"
-        )
-    return errors
-
-
-def _resume_checks(config: Config, check_files: bool) -> list[str]:
-    """``train.resume``: a checkpoint this config can continue (read from its checkpoint.json)."""
-    import dataclasses
-    import json
-
-    path = Path(config.train.resume).expanduser()
-    if config.runner != "local":
-        return [f"train.resume: resuming is supported with runner: local only (got runner: {config.runner})"]
-    if not check_files:
-        return []
-    info_file = path / "checkpoint.json"
-    if not info_file.is_file():
-        return [f"train.resume: {str(path)!r} is not a diffrl checkpoint (no checkpoint.json inside)"]
-    info = json.loads(info_file.read_text())
-    errors = []
-    if info.get("family") != config.model.family:
-        errors.append(
-            f"train.resume: the checkpoint was trained on the {info.get('family')!r} family, "
-            f"this config has model.family={config.model.family}"
-        )
-    lora = dataclasses.asdict(config.model.lora) if config.model.lora is not None else None
-    if info.get("lora") != lora:
-        errors.append(
-            f"train.resume: the checkpoint's LoRA ({info.get('lora')}) differs from model.lora ({lora}); "
-            "resume with the run's own model settings"
-        )
-    iteration = info.get("iteration", 0)
-    if iteration >= config.train.iterations:
-        errors.append(
-            f"train.resume: the checkpoint is at iteration {iteration}, train.iterations is "
-            f"{config.train.iterations}: nothing left to run (raise train.iterations)"
         )
     return errors
 

@@ -72,6 +72,17 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+@torch.no_grad()
+def copy_full_(dst: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy the whole tensor ``full`` into ``dst``, or into this rank's shard of it when ``dst`` is
+    a ``DTensor`` (a collective then: every rank must call it, with the same ``full``)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(dst, DTensor):
+        full = distribute_tensor(full.to(dst.device, dst.dtype), dst.device_mesh, dst.placements)
+    dst.copy_(full)
+
+
 def free_port() -> int:
     import socket
 

@@ -34,6 +34,7 @@ import torch
 from diffrl.algorithms.base import CollectionSpec, DiffusionAlgorithm, RolloutBatch, TrainExamples
 from diffrl.config import Config, RewardConfig
 from diffrl.data.prompts import load_prompts
+from diffrl.errors import RunStopped
 from diffrl.rewards.base import RewardOutput
 from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, RolloutStats, attach_rewards
 from diffrl.train.evaluate import EvalResult
@@ -42,8 +43,8 @@ MAX_REISSUES = 3
 """How often one micro-group (or call) may be re-sent after the actor running it died."""
 
 
-class TrainerRankDied(RuntimeError):
-    pass
+class TrainerRankDied(RunStopped, RuntimeError):
+    """A trainer rank died: the run stops, naming the last checkpoint to resume from."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -190,11 +191,19 @@ class TrainerRank:
         state = live_state(self.actor)
         return state if self.rank == 0 else None
 
-    def save(self, path: str, iteration: int) -> str:
+    def save(self, path: str, iteration: int, run_id: str, loop_state: dict) -> str:
         from diffrl.train.checkpoint import save_checkpoint
 
-        save_checkpoint(path, self.actor, self.config, iteration, write=self.rank == 0)
+        save_checkpoint(
+            path, self.actor, self.config, iteration, self.rank == 0, run_id=run_id, loop_state=loop_state
+        )
         return path
+
+    def resume(self, path: str) -> None:
+        """Load the checkpoint into this rank's shards (every rank reads the whole files)."""
+        from diffrl.train.checkpoint import load_resume_state
+
+        load_resume_state(self.actor, path)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -348,8 +357,8 @@ class RayRunner:
         except ray.exceptions.RayError as e:  # a dead rank, or a rank whose collective broke with it
             where = self.last_checkpoint or "none yet (no checkpoint was written)"
             raise TrainerRankDied(
-                f"a trainer rank died or failed during {method!r}; the run stops (resume is not "
-                f"supported yet). Last checkpoint: {where}. Cause: {type(e).__name__}: {e}"
+                f"a trainer rank died or failed during {method!r}; the run stops. Last checkpoint: "
+                f"{where} (continue with train.resume=latest). Cause: {type(e).__name__}: {e}"
             ) from e
         return ray.get(refs)
 
@@ -529,13 +538,16 @@ class RayRunner:
             return None
         return self._engine_call(0, "evaluate", self._ranks_call("live_state")[0])
 
-    def save(self, path: Path, iteration: int) -> Path:
-        self._ranks_call("save", str(Path(path).resolve()), iteration)
+    def save(self, path: Path, iteration: int, run_id: str, loop_state: dict) -> Path:
+        self._ranks_call("save", str(Path(path).resolve()), iteration, run_id, loop_state)
         self.last_checkpoint = str(path)
         return Path(path)
 
-    def resume(self, path: Path) -> int:
-        raise ValueError("train.resume is supported with runner: local only")  # the config refuses it first
+    def resume(self, path: Path) -> None:
+        """Every rank loads its shards; then the engines take the resumed sampling weights."""
+        self._ranks_call("resume", str(Path(path).resolve()))
+        self.last_checkpoint = str(path)
+        self.sync()
 
     def close(self) -> None:
         import ray

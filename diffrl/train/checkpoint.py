@@ -1,20 +1,31 @@
 """Checkpoints in safetensors: the trainable weights (LoRA or full transformer), the optimizer
-state, the EMA, and ``checkpoint.json`` naming the family, the base model and the step.
+state, the EMA, the old policy, and ``checkpoint.json`` naming the family, the base model, the
+step, the run and the sha256 of every file.
 
 ```
-checkpoint.json   {"family", "base_model", "lora", "iteration", "format"}
-config.yaml       the run's config
+checkpoint.json         {"format", "run_id", "family", "base_model", "lora", "iteration",
+                         "files": {name: sha256}, "trainer": {optimizer param groups, LR schedule,
+                         step}, "loop": {eval history, training time}}
+config.yaml             the run's config
 trainable.safetensors
-optimizer.safetensors   (tensors; param_groups and step counters in its metadata)
+optimizer.safetensors   (tensors; the rest of the optimizer state is in checkpoint.json)
 ema.safetensors         (when train.ema_decay is set)
 old_policy.safetensors  (algorithms that sample with a trailing old policy, e.g. DiffusionNFT)
 ```
+
+A checkpoint is written whole or not at all: into a hidden temporary folder next to it, each
+file fsync'ed, ``checkpoint.json`` last, then renamed into place. Readers verify every file
+against its sha256 (:func:`verify_checkpoint`), so a truncated file or a folder mixing two
+runs' files is refused with the name of the file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,10 +34,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from diffrl.config import Config, LoraConfig, dump_config
-from diffrl.distributed.fsdp import full_tensor
+from diffrl.distributed.fsdp import copy_full_, full_tensor
+from diffrl.errors import DiffrlError
 from diffrl.models.base import FamilyMismatchError
 
-FORMAT = "diffrl-checkpoint-1"
+FORMAT = "diffrl-checkpoint-2"
+TMP_PREFIX = ".tmp-"
+"""Hidden folders being written (``checkpoints/.tmp-step_00004-PID``); never read as checkpoints."""
+
+
+class CheckpointError(DiffrlError):
+    """A checkpoint that is missing, truncated, mixed or does not fit the run."""
 
 
 def is_checkpoint(path: str | Path) -> bool:
@@ -36,6 +54,27 @@ def is_checkpoint(path: str | Path) -> bool:
 def _whole(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy of the whole tensor (gathered from the ranks when FSDP2 shards it)."""
     return full_tensor(t.detach()).contiguous().cpu()
+
+
+def _sha256(file: Path) -> str:
+    h = hashlib.sha256()
+    with file.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------
+# What a checkpoint holds
+# ------------------------------------------------------------------------------------------------
 
 
 def trainable_state(actor) -> dict[str, torch.Tensor]:
@@ -48,70 +87,219 @@ def trainable_state(actor) -> dict[str, torch.Tensor]:
     return {k: _whole(v) for k, v in module.state_dict().items()}
 
 
+def _lora_key(name: str) -> str:
+    """A live LoRA parameter's name -> its key in peft's state dict (the adapter name dropped)."""
+    return name.replace(".default.", ".")
+
+
+@torch.no_grad()
 def load_trainable_state(family, state: dict[str, torch.Tensor], lora: bool) -> None:
+    """Put ``state`` (whole tensors, as :func:`trainable_state` writes them) into the trainable
+    module, also when FSDP2 shards it (then every rank must call it with the same ``state``)."""
     module = family.trainable_module()
     if lora:
-        from peft.utils import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(module, state)
-        unexpected = getattr(result, "unexpected_keys", [])
-        if unexpected:
-            raise ValueError(f"LoRA weights do not fit this model: unexpected keys such as {unexpected[0]!r}")
+        targets = {_lora_key(n): p for n, p in module.named_parameters() if "lora_" in n and ".default." in n}
     else:
-        module.load_state_dict(state)
+        targets = dict(module.state_dict(keep_vars=True))
+    unexpected = sorted(set(state) - set(targets))
+    missing = sorted(set(targets) - set(state))
+    if unexpected or missing:
+        what = f"unexpected keys such as {unexpected[0]!r}" if unexpected else f"no {missing[0]!r}"
+        raise CheckpointError(f"the checkpoint's weights do not fit this model: {what}")
+    for key, value in state.items():
+        copy_full_(targets[key], value)
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
     sd = optimizer.state_dict()
     tensors = {}
     for pid, state in sd["state"].items():
         for k, v in state.items():
             tensors[f"state.{pid}.{k}"] = _whole(v) if isinstance(v, torch.Tensor) else torch.tensor(v)
-    return tensors, {"param_groups": json.dumps(sd["param_groups"])}
+    return tensors, sd["param_groups"]
 
 
-def save_checkpoint(path: str | Path, actor, config: Config, iteration: int, write: bool = True) -> Path:
-    """Write the checkpoint. On FSDP2 ranks every rank calls it (the shards are gathered) and only
-    the one with ``write`` writes."""
+def _trainable_names(actor) -> list[str]:
+    """Names of the trainable parameters, in the order of ``actor.params`` (and the EMA's shadow)."""
+    return [n for n, p in actor.module.named_parameters() if p.requires_grad]
+
+
+def _names_by_id(actor) -> dict[int, str]:
+    return {id(p): n for n, p in actor.family.transformer.named_parameters()}
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing: whole or not at all
+# ------------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    path: str | Path,
+    actor,
+    config: Config,
+    iteration: int,
+    write: bool = True,
+    run_id: str = "",
+    loop_state: dict[str, Any] | None = None,
+) -> Path:
+    """Write the checkpoint atomically. On FSDP2 ranks every rank calls it (the shards are
+    gathered) and only the one with ``write`` writes. ``loop_state``: what the driver needs to
+    continue (eval history, training time), stored in ``checkpoint.json``."""
     path = Path(path)
-    trainable = trainable_state(actor)
-    tensors, meta = _optimizer_tensors(actor.optimizer)
-    ema = None
+    files = {"trainable.safetensors": trainable_state(actor)}
+    tensors, param_groups = _optimizer_tensors(actor.optimizer)
+    files["optimizer.safetensors"] = tensors
     if actor.ema is not None:
-        ema = {n: _whole(s) for n, s in zip(_trainable_names(actor), actor.ema.shadow)}
-    old = None
+        files["ema.safetensors"] = {n: _whole(s) for n, s in zip(_trainable_names(actor), actor.ema.shadow)}
     if actor.policy.old is not None:  # named as the live parameters the old ones trail
         names = _names_by_id(actor)
-        old = {names[id(live)]: _whole(o) for live, o in actor.policy.old.pairs}
+        files["old_policy.safetensors"] = {names[id(live)]: _whole(o) for live, o in actor.policy.old.pairs}
     if not write:
         return path
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(trainable, str(path / "trainable.safetensors"))
-    meta["scheduler"] = json.dumps(actor.scheduler.state_dict())
-    meta["actor_step"] = str(actor.step)
-    save_file(tensors, str(path / "optimizer.safetensors"), metadata=meta)
-    if ema is not None:
-        save_file(ema, str(path / "ema.safetensors"))
-    if old is not None:
-        save_file(old, str(path / "old_policy.safetensors"))
-    dump_config(config, path / "config.yaml")
-    lora = dataclasses.asdict(config.model.lora) if config.model.lora is not None else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name, state in files.items():
+        save_file(state, str(tmp / name))
+    dump_config(config, tmp / "config.yaml")
+    digests = {}
+    for f in sorted(tmp.iterdir()):
+        _fsync(f)
+        digests[f.name] = _sha256(f)
     info = {
         "format": FORMAT,
+        "run_id": run_id,
         "family": config.model.family,
         "base_model": config.model.path,
-        "lora": lora,
+        "lora": dataclasses.asdict(config.model.lora) if config.model.lora is not None else None,
         "iteration": iteration,
+        "files": digests,
+        "trainer": {
+            "param_groups": param_groups,
+            "scheduler": actor.scheduler.state_dict(),
+            "actor_step": actor.step,
+        },
+        "loop": loop_state or {},
     }
-    (path / "checkpoint.json").write_text(json.dumps(info, indent=1))
+    (tmp / "checkpoint.json").write_text(json.dumps(info, indent=1))
+    _fsync(tmp / "checkpoint.json")
+    _fsync(tmp)
+    if path.exists():  # a rename cannot replace a non-empty folder: move the old one aside first
+        old = path.parent / f"{TMP_PREFIX}{path.name}-{os.getpid()}-old"
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(path)
+    _fsync(path.parent)
     return path
 
 
-def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
+def checkpoints_of(output_dir: str | Path) -> list[Path]:
+    """The checkpoint folders of a run (``checkpoints/*`` with a ``checkpoint.json``), temporary
+    ones excluded, in no particular order."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if not p.name.startswith(TMP_PREFIX) and is_checkpoint(p)]
+
+
+def remove_partial_writes(output_dir: str | Path) -> list[Path]:
+    """Delete temporary folders left by a process killed while writing a checkpoint (the caller
+    holds the run's lock, so no live writer owns them)."""
+    root = Path(output_dir) / "checkpoints"
+    removed = [p for p in root.glob(f"{TMP_PREFIX}*")] if root.is_dir() else []
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
+def prune_checkpoints(output_dir: str | Path, keep_last: int | None) -> list[Path]:
+    """Keep the newest ``keep_last`` ``step_*`` checkpoints (``final`` is never removed)."""
+    if keep_last is None:
+        return []
+    steps = sorted(
+        (p for p in checkpoints_of(output_dir) if p.name.startswith("step_")),
+        key=lambda p: _iteration_of(p),
+    )
+    doomed = steps[:-keep_last]
+    for p in doomed:
+        shutil.rmtree(p)
+    return doomed
+
+
+def _iteration_of(path: Path) -> int:
+    try:
+        return int(json.loads((path / "checkpoint.json").read_text()).get("iteration", -1))
+    except (OSError, ValueError, AttributeError):
+        return -1
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading: verified
+# ------------------------------------------------------------------------------------------------
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read ``checkpoint.json`` and check every file against its sha256; returns the info.
+
+    Raises :class:`CheckpointError` naming the file for a missing, truncated or foreign file
+    (one the checkpoint does not list), or an unreadable ``checkpoint.json``."""
     path = Path(path)
-    if not is_checkpoint(path):
-        raise FileNotFoundError(f"{str(path)!r} is not a diffrl checkpoint (no checkpoint.json inside)")
-    return json.loads((path / "checkpoint.json").read_text())
+    info_file = path / "checkpoint.json"
+    if not path.is_dir() or not info_file.is_file():
+        raise CheckpointError(f"{str(path)!r} is not a diffrl checkpoint (no checkpoint.json inside)")
+    try:
+        info = json.loads(info_file.read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: checkpoint.json is corrupt ({e}); the checkpoint cannot be used "
+            "(resume from another one, e.g. train.resume=latest skips it)"
+        ) from e
+    if not isinstance(info, dict) or info.get("format") != FORMAT or not isinstance(info.get("files"), dict):
+        found = info.get("format") if isinstance(info, dict) else None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has format {found!r}, this diffrl reads {FORMAT!r} (checkpoints "
+            "written by older versions carry no checksums and cannot be verified)"
+        )
+    listed = info["files"]
+    present = {f.name for f in path.iterdir() if f.is_file() and f.name != "checkpoint.json"}
+    for name in sorted(present - set(listed)):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: {name} is not one of its files (a folder mixing two checkpoints?); "
+            "the checkpoint cannot be trusted"
+        )
+    for name, digest in sorted(listed.items()):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {str(path)!r}: {name} is missing")
+        if _sha256(file) != digest:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: {name} does not match its sha256 in checkpoint.json "
+                "(truncated, or written by another run); the checkpoint cannot be used"
+            )
+    return info
+
+
+def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
+    """The verified ``checkpoint.json`` of the checkpoint at ``path``."""
+    return verify_checkpoint(path)
+
+
+def latest_checkpoint(output_dir: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint of a run folder that verifies, and why each newer one was skipped."""
+    found = sorted(checkpoints_of(output_dir), key=_iteration_of, reverse=True)
+    skipped = []
+    for p in found:
+        try:
+            verify_checkpoint(p)
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        return p, skipped
+    return None, skipped
 
 
 def check_checkpoint_family(info: dict[str, Any], family: str, path: str | Path) -> None:
@@ -126,65 +314,86 @@ def lora_config_of(info: dict[str, Any]) -> LoraConfig | None:
     return LoraConfig(**info["lora"]) if info.get("lora") else None
 
 
+def resume_problems(config: Config, info: dict[str, Any], path: Path) -> list[str]:
+    """Why the checkpoint ``info`` (at ``path``) cannot continue ``config``; empty if it can."""
+    problems = []
+    if info.get("family") != config.model.family:
+        problems.append(
+            f"train.resume: {str(path)!r} was trained on the {info.get('family')!r} family, "
+            f"this config has model.family={config.model.family}"
+        )
+    lora = dataclasses.asdict(config.model.lora) if config.model.lora is not None else None
+    if info.get("lora") != lora:
+        problems.append(
+            f"train.resume: the checkpoint's LoRA ({info.get('lora')}) differs from model.lora ({lora}); "
+            "resume with the run's own model settings"
+        )
+    iteration = info.get("iteration", 0)
+    # a step checkpoint at the last iteration is a run stopped during its final eval: it may finish
+    if iteration > config.train.iterations or (iteration == config.train.iterations and path.name == "final"):
+        problems.append(
+            f"train.resume: {str(path)!r} is at iteration {iteration}, train.iterations is "
+            f"{config.train.iterations}: nothing left to run (raise train.iterations)"
+        )
+    return problems
+
+
+@torch.no_grad()
 def load_weights_into(family, path: str | Path, use_ema: bool = True) -> dict[str, Any]:
     """Load a checkpoint's trainable weights (EMA ones when present and ``use_ema``) into ``family``
     whose LoRA adapter (if any) is already in place."""
     path = Path(path)
-    info = read_checkpoint_info(path)
+    info = verify_checkpoint(path)
     check_checkpoint_family(info, family.name, path)
-    state = load_file(str(path / "trainable.safetensors"))
-    load_trainable_state(family, state, lora=info.get("lora") is not None)
+    load_trainable_state(
+        family, load_file(str(path / "trainable.safetensors")), lora=info.get("lora") is not None
+    )
     ema_file = path / "ema.safetensors"
     if use_ema and ema_file.is_file():
-        ema = load_file(str(ema_file))
         params = dict(family.trainable_module().named_parameters())
-        with torch.no_grad():
-            for n, v in ema.items():
-                params[n].copy_(v)
+        for n, v in load_file(str(ema_file)).items():
+            copy_full_(params[n], v)
     return info
 
 
-def load_optimizer_state(actor, path: str | Path) -> None:
-    from safetensors import safe_open
+def load_optimizer_state(actor, path: str | Path, info: dict[str, Any] | None = None) -> None:
+    """Restore the optimizer, LR schedule and step counter (into FSDP2 shards on trainer ranks);
+    ``info``: the checkpoint's verified ``checkpoint.json`` (read when not given)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
 
-    file = Path(path) / "optimizer.safetensors"
-    with safe_open(str(file), "pt") as f:
-        meta = f.metadata()
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for key in f.keys():
-            _, pid, name = key.split(".", 2)
-            state.setdefault(int(pid), {})[name] = f.get_tensor(key)
-    actor.optimizer.load_state_dict({"state": state, "param_groups": json.loads(meta["param_groups"])})
-    actor.scheduler.load_state_dict(json.loads(meta["scheduler"]))
-    actor.step = int(meta["actor_step"])
+    info = info if info is not None else verify_checkpoint(path)
 
-
-def _trainable_names(actor) -> list[str]:
-    """Names of the trainable parameters, in the order of ``actor.params`` (and the EMA's shadow)."""
-    return [n for n, p in actor.module.named_parameters() if p.requires_grad]
-
-
-def _names_by_id(actor) -> dict[int, str]:
-    return {id(p): n for n, p in actor.family.transformer.named_parameters()}
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in load_file(str(Path(path) / "optimizer.safetensors")).items():
+        _, pid, name = key.split(".", 2)
+        param = actor.params[int(pid)]
+        if isinstance(param, DTensor) and value.shape == param.shape:  # moments are sharded as the param
+            value = distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
+        state.setdefault(int(pid), {})[name] = value
+    trainer = info["trainer"]
+    actor.optimizer.load_state_dict({"state": state, "param_groups": trainer["param_groups"]})
+    actor.scheduler.load_state_dict(trainer["scheduler"])
+    actor.step = int(trainer["actor_step"])
 
 
 @torch.no_grad()
-def load_resume_state(actor, path: str | Path) -> int:
+def load_resume_state(actor, path: str | Path) -> dict[str, Any]:
     """Put ``actor`` back where the checkpoint at ``path`` left it (live weights, optimizer, LR
-    schedule, step, EMA, old policy); returns the checkpoint's iteration. Single process only."""
+    schedule, step, EMA, old policy); returns the verified ``checkpoint.json``. On FSDP2 ranks
+    every rank calls it."""
     path = Path(path)
-    info = read_checkpoint_info(path)
+    info = verify_checkpoint(path)
     check_checkpoint_family(info, actor.family.name, path)
     load_trainable_state(
         actor.family, load_file(str(path / "trainable.safetensors")), lora=info.get("lora") is not None
     )
-    load_optimizer_state(actor, path)
+    load_optimizer_state(actor, path, info)
     if actor.ema is not None:
         ema_file = path / "ema.safetensors"
         if ema_file.is_file():
             ema = load_file(str(ema_file))
             for n, shadow in zip(_trainable_names(actor), actor.ema.shadow):
-                shadow.copy_(ema[n])
+                copy_full_(shadow, ema[n])
         else:
             warnings.warn(
                 f"{path} has no EMA weights: the EMA restarts from the resumed weights", stacklevel=2
@@ -198,7 +407,7 @@ def load_resume_state(actor, path: str | Path) -> int:
         if old_file.is_file():
             state = load_file(str(old_file))
             for live, o in old.pairs:
-                o.copy_(state[names[id(live)]])
+                copy_full_(o, state[names[id(live)]])
         else:
             warnings.warn(
                 f"{path} has no old-policy weights: the old policy restarts from the resumed weights",
@@ -206,4 +415,4 @@ def load_resume_state(actor, path: str | Path) -> int:
             )
             for live, o in old.pairs:
                 o.copy_(live)
-    return int(info["iteration"])
+    return info

@@ -13,10 +13,15 @@ import torch
 from diffrl.algorithms.base import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config, dump_config
+from diffrl.errors import Interrupted
 from diffrl.logging import MetricsLogger, Progress
 from diffrl.seeding import generator
+from diffrl.train.checkpoint import prune_checkpoints
 from diffrl.train.evaluate import plot_eval_curve, save_grid
+from diffrl.train.guard import Guard
+from diffrl.train.run_folder import RunFolder, write_atomic
 from diffrl.train.runner import Runner, build_runner
+from diffrl.train.stop import Abandoned, StopSignals
 
 SHOWN = [
     "rollout/reward/raw_mean",
@@ -117,25 +122,37 @@ def run_eval(step: int, runner: Runner, config: Config, out: Path, logger: Metri
     return {"step": step, "train_time_s": round(train_time, 2), **metrics}
 
 
-def _earlier_evals(out: Path, start: int) -> list[dict[str, float]]:
-    """The evals a resumed run had made up to its checkpoint (from the output folder's eval curve)."""
-    curve = out / "eval_curve.json"
-    if not curve.is_file():
-        return []
-    return [e for e in json.loads(curve.read_text()) if e["step"] <= start]
-
-
 def train(config: Config) -> TrainResult:
+    """Run the loop of ``config``; see :mod:`diffrl.train.stop` for SIGTERM/SIGINT."""
     torch.manual_seed(config.run.seed)
-    out = config.run.resolved_output_dir()
-    out.mkdir(parents=True, exist_ok=True)
+    folder = RunFolder(config.run.resolved_output_dir())
+    folder.acquire()
+    try:
+        with StopSignals() as stop:
+            return _train(config, folder, stop)
+    finally:
+        folder.release()
+
+
+def _train(config: Config, folder: RunFolder, stop: StopSignals) -> TrainResult:
+    out, t = folder.path, config.train
+    resume_from, info = folder.resume_point(config)
+    run_id = folder.claim(config, info)
+    start = int(info["iteration"]) if info else 0
+    folder.keep_metrics_up_to(start if info else -1)
+    if not folder.holds_run() or info is None:
+        folder.set_run_id(run_id)
     dump_config(config, out / "config.yaml")
-    logger = MetricsLogger(out / "metrics.jsonl")
+    logger = MetricsLogger(folder.metrics_file)
 
     algorithm = build_algorithm(config)
     spec = algorithm.collection_spec()
     try:
-        runner = build_runner(config, algorithm, spec)  # a runner that fails to start cleans up itself
+        with stop.interruptible():
+            runner = build_runner(config, algorithm, spec)  # a runner that fails to start cleans up itself
+    except Abandoned:
+        logger.close()
+        raise Interrupted(f"{stop.name} received while loading the model: stopped, nothing to save") from None
     except BaseException:
         logger.close()
         raise
@@ -144,31 +161,41 @@ def train(config: Config) -> TrainResult:
     print(describe_batches(config, spec, runner), flush=True)
 
     result = TrainResult(out, out / "checkpoints" / "final")
-    t = config.train
+    loop = info["loop"] if info else {}
+    result.evals = list(loop.get("evals", []))
+    train_time = float(loop.get("train_time_s", 0.0))
+    guard = Guard(t.max_failed_iterations, t.max_nonfinite_steps)
+    last_saved: Path | None = resume_from
 
-    def evaluate(step: int, train_time: float) -> None:
-        point = run_eval(step, runner, config, out, logger, train_time)
+    def evaluate(step: int) -> None:
+        with stop.interruptible():
+            point = run_eval(step, runner, config, out, logger, train_time)
         if point is not None:
             result.evals.append(point)
+            write_atomic(out / "eval_curve.json", json.dumps(result.evals, indent=1))
 
+    def save(path: Path, step: int) -> Path:
+        nonlocal last_saved
+        state = {"evals": result.evals, "train_time_s": train_time}
+        last_saved = runner.save(path, step, run_id, state)
+        prune_checkpoints(out, t.keep_last)
+        return last_saved
+
+    step = start
     try:
-        start = 0
-        if t.resume is not None:
-            start = runner.resume(Path(t.resume).expanduser())
-            result.evals = _earlier_evals(out, start)
-            print(f"resumed from {t.resume} at iteration {start}", flush=True)
-        else:
-            evaluate(0, 0.0)
+        if resume_from is not None:
+            runner.resume(resume_from)
+            print(f"resumed from {resume_from} at iteration {start}", flush=True)
+        due = start == 0 or (t.eval_every and start % t.eval_every == 0)
+        if due and not any(e["step"] == start for e in result.evals):  # its eval was cut short
+            evaluate(start)
         progress = Progress("train", t.iterations, "iter")
         budget = t.time_budget_minutes * 60 if t.time_budget_minutes else float("inf")
-        # a resumed run's eval curve continues from its last earlier eval; its budget counts this
-        # process's training time only
-        offset = result.evals[-1]["train_time_s"] if result.evals else 0.0
-        train_time = offset
-        step = start
+        offset = train_time  # the budget counts this process's training time only
         for it in range(start, t.iterations):
             t0 = time.time()
-            batch, stats = runner.collect(it)
+            with stop.interruptible():
+                batch, stats = runner.collect(it)
             metrics = rollout_metrics(batch, stats.reward_failed)
             metrics.update(stats.metrics)
             if stats.errors:
@@ -178,11 +205,13 @@ def train(config: Config) -> TrainResult:
                 )
             if batch.rewards is not None:
                 batch = batch.select(torch.nonzero(torch.isfinite(batch.rewards)).flatten())
+            guard.rollout(len(batch), stats.errors)
+            steps: list[dict[str, float]] = []
             if len(batch):
                 signals = algorithm.postprocess_rewards(batch, batch.rewards)
                 examples = algorithm.build_train_data(batch, signals, it)
-                chunks = optimizer_steps(batch, examples, n_steps, config.run.seed, it)
-                metrics.update(mean_metrics(runner.optimize(chunks)))
+                steps = runner.optimize(optimizer_steps(batch, examples, n_steps, config.run.seed, it))
+                metrics.update(mean_metrics(steps))
             metrics.update(runner.end_iteration())  # old policy update, weight sync
             metrics["perf/rollout_time"] = stats.sampling_time
             metrics["perf/reward_wait_time"] = stats.reward_wait_time
@@ -194,11 +223,14 @@ def train(config: Config) -> TrainResult:
                 step, metrics, keys=SHOWN, echo=step % config.run.log_every == 0 or step == t.iterations
             )
             progress.update(step)
+            guard.optimized(steps, last_saved)
+            if stop.received:
+                raise Abandoned
             last = step == t.iterations or train_time - offset >= budget
-            if t.save_every and step % t.save_every == 0 and not last:
-                runner.save(out / "checkpoints" / f"step_{step:05d}", step)
             if t.eval_every and step % t.eval_every == 0 and not last:
-                evaluate(step, train_time)
+                evaluate(step)
+            if t.save_every and step % t.save_every == 0 and not last:
+                save(out / "checkpoints" / f"step_{step:05d}", step)
             if last:
                 if step < t.iterations:
                     print(
@@ -206,12 +238,31 @@ def train(config: Config) -> TrainResult:
                         flush=True,
                     )
                 break
-        runner.save(result.checkpoint, step)
-        evaluate(step, train_time)
+        guard.finished(step - start)
+        evaluate(step)
+        save(result.checkpoint, step)
+    except Abandoned:
+        raise _interrupted(stop, step, start, last_saved, save, out) from None
     finally:
         runner.close()
         logger.close()
     if result.evals:
-        (out / "eval_curve.json").write_text(json.dumps(result.evals, indent=1))
         plot_eval_curve(result.evals, out / "eval_curve.png")
     return result
+
+
+def _interrupted(stop: StopSignals, step: int, start: int, last_saved, save, out: Path) -> Interrupted:
+    """Save the last completed iteration (unless it is saved already) and say how to go on."""
+    if step > start and (last_saved is None or _iteration(last_saved) != step):
+        last_saved = save(out / "checkpoints" / f"step_{step:05d}", step)
+    if last_saved is None:
+        return Interrupted(f"{stop.name} received before the first iteration finished: nothing to save")
+    return Interrupted(
+        f"{stop.name} received: stopped after iteration {step}, checkpoint {last_saved}; continue with "
+        "the same command and train.resume=latest",
+        str(last_saved),
+    )
+
+
+def _iteration(checkpoint: Path) -> int:
+    return int(json.loads((Path(checkpoint) / "checkpoint.json").read_text())["iteration"])

@@ -13,7 +13,7 @@ between iterations.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from diffrl.algorithms.base import CollectionSpec, DiffusionAlgorithm, RolloutBatch, TrainExamples
 from diffrl.config import Config
@@ -23,6 +23,7 @@ from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardSet
 from diffrl.sampling.collector import OfflineCollector, OnlineCollector, RolloutStats
 from diffrl.sampling.sampler import image_size
+from diffrl.train.checkpoint import load_resume_state, save_checkpoint
 from diffrl.train.evaluate import EvalResult, evaluate
 
 
@@ -42,11 +43,11 @@ class Runner(Protocol):
     def evaluate(self) -> EvalResult | None:
         """Eval with the weights to evaluate (EMA if enabled); None when eval is off."""
 
-    def save(self, path: Path, iteration: int) -> Path:
-        """Write a checkpoint."""
+    def save(self, path: Path, iteration: int, run_id: str, loop_state: dict[str, Any]) -> Path:
+        """Write a checkpoint (atomically; ``loop_state``: what the driver needs to continue)."""
 
-    def resume(self, path: Path) -> int:
-        """Restore the training state of the checkpoint at ``path``; returns its iteration."""
+    def resume(self, path: Path) -> None:
+        """Restore the training state of the (verified) checkpoint at ``path``."""
 
     def close(self) -> None: ...
 
@@ -107,15 +108,11 @@ class LocalRunner:
         with self.actor.eval_weights():
             return evaluate(self.family, self.config, self.eval_rewards)
 
-    def save(self, path: Path, iteration: int) -> Path:
-        from diffrl.train.checkpoint import save_checkpoint
+    def save(self, path: Path, iteration: int, run_id: str, loop_state: dict[str, Any]) -> Path:
+        return save_checkpoint(path, self.actor, self.config, iteration, run_id=run_id, loop_state=loop_state)
 
-        return save_checkpoint(path, self.actor, self.config, iteration)
-
-    def resume(self, path: Path) -> int:
-        from diffrl.train.checkpoint import load_resume_state
-
-        return load_resume_state(self.actor, path)
+    def resume(self, path: Path) -> None:
+        load_resume_state(self.actor, path)
 
     def close(self) -> None:
         for r in (self.train_rewards, self.eval_rewards):

@@ -9,7 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from diffrl.config import ConfigError, load_config
+from diffrl.train.checkpoint import CheckpointError
 from diffrl.train.loop import train
+from diffrl.train.run_folder import RunFolder
 from tests.conftest import tiny_overrides
 
 BRIGHTNESS = "[{name: tests.integration.test_flow_grpo:brightness}]"
@@ -65,9 +67,10 @@ def test_a_resumed_run_ends_exactly_where_the_whole_run_ends(tmp_path, recipe):
     for name, tensors in _files(resumed.checkpoint).items():
         for key, value in tensors.items():
             assert torch.equal(value, files[name][key]), (name, key)
-    # the resumed run's evals: its own, at the same steps with the same results
-    assert [e["step"] for e in resumed.evals] == [4]
-    assert resumed.evals[-1]["eval/reward_mean"] == whole.evals[-1]["eval/reward_mean"]
+    # the eval history continues from the checkpoint: the same steps with the same results
+    assert [e["step"] for e in resumed.evals] == [e["step"] for e in whole.evals] == [0, 2, 4]
+    for a, b in zip(whole.evals, resumed.evals, strict=True):
+        assert a["eval/reward_mean"] == b["eval/reward_mean"]
 
 
 def test_resuming_into_the_same_folder_keeps_the_eval_curve(tmp_path):
@@ -85,11 +88,17 @@ def test_resuming_into_the_same_folder_keeps_the_eval_curve(tmp_path):
 def test_bad_resumes_are_refused_before_anything_loads(tmp_path):
     done = str(train(_config(tmp_path, "tiny_nft_ocr", "whole", **{"train.iterations": 2})).checkpoint)
     cases = [
-        ({"train.resume": str(tmp_path / "nowhere")}, "is not a diffrl checkpoint"),
-        ({"train.resume": done}, "at iteration 2, train.iterations is 2"),
-        ({"train.resume": done, "train.iterations": 4, "model.lora": "{rank: 8}"}, "differs from model.lora"),
-        ({"train.resume": done, "train.iterations": 4, "runner": "ray"}, "supported with runner: local only"),
+        ({"train.resume": str(tmp_path / "nowhere")}, CheckpointError, "is not a diffrl checkpoint"),
+        ({"train.resume": done}, ConfigError, "at iteration 2, train.iterations is 2"),
+        (
+            {"train.resume": done, "train.iterations": 4, "model.lora": "{rank: 8}"},
+            ConfigError,
+            "differs from model.lora",
+        ),
     ]
-    for extra, message in cases:
-        with pytest.raises(ConfigError, match=message):
-            _config(tmp_path, "tiny_nft_ocr", "again", **{"train.iterations": 2, **extra})
+    for extra, error, message in cases:
+        config = _config(tmp_path, "tiny_nft_ocr", "again", **{"train.iterations": 2, **extra})
+        with pytest.raises(error, match=message):
+            train(config)
+        # refused before anything loaded or was written: the folder holds no run
+        assert not RunFolder(tmp_path / "again").holds_run()
