@@ -1,0 +1,107 @@
+"""Runs ``diffrl train`` in this process and kills or signals it at one exact point, as a real
+``kill -9`` or a scheduler's SIGTERM would land there (used by ``test_crash_safety.py``).
+
+    python -m tests.integration.crash_driver MODE ITERATION -- diffrl-train-args...
+
+MODE: ``none`` (run normally), ``kill-rollout`` (SIGKILL while sampling the second micro-group of
+rollout ITERATION), ``kill-optimizer`` (SIGKILL between the micro-batches of optimizer step
+ITERATION, its first gradient accumulated), ``kill-save`` (SIGKILL after the second file of the
+checkpoint of step ITERATION is written), ``kill-dispatch`` (``runner: ray``: SIGKILL of the
+driver right after micro-group 1 of rollout ITERATION went to an engine), ``term-rollout`` / ``term-optimizer`` (SIGTERM at those
+points instead). The patches wrap diffrl's own functions; nothing in diffrl knows about them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def _hit(sig: int) -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), sig)
+
+
+def install(mode: str, iteration: int) -> None:
+    from diffrl.sampling import collector
+    from diffrl.train import actor, checkpoint
+
+    action, _, where = mode.partition("-")
+    sig = signal.SIGKILL if action == "kill" else signal.SIGTERM
+    fired = [False]
+
+    def once() -> bool:
+        if fired[0]:
+            return False
+        fired[0] = True
+        return True
+
+    if where == "rollout":
+        original_sample = collector.OnlineCollector._sample
+
+        def _sample(self, chunk, micro_group, rollout_id, *args):
+            if rollout_id == iteration and micro_group == 1 and once():
+                _hit(sig)
+            return original_sample(self, chunk, micro_group, rollout_id, *args)
+
+        collector.OnlineCollector._sample = _sample
+    elif where == "optimizer":
+        original_step = actor.Actor.train_step
+
+        def train_step(self, examples, algorithm, total=None):
+            if self.step != iteration:
+                return original_step(self, examples, algorithm, total)
+            calls, loss = [0], algorithm.compute_loss
+
+            def compute_loss(policy, mb):
+                calls[0] += 1
+                if calls[0] == 2 and once():  # the first micro-batch's backward is done
+                    _hit(sig)
+                return loss(policy, mb)
+
+            algorithm.compute_loss = compute_loss
+            try:
+                return original_step(self, examples, algorithm, total)
+            finally:
+                algorithm.compute_loss = loss
+
+        actor.Actor.train_step = train_step
+    elif where == "save":
+        original_save, written = checkpoint.save_file, [0]
+
+        def save_file(tensors, filename, metadata=None):
+            original_save(tensors, filename, metadata=metadata)
+            if f"step_{iteration:05d}" in filename:
+                written[0] += 1
+                if written[0] == 2 and once():
+                    _hit(sig)
+
+        checkpoint.save_file = save_file
+    elif where == "dispatch":  # runner: ray: the driver, right after micro-group 1 went to an engine
+        from diffrl.distributed import ray_runner
+
+        original_collect = ray_runner.RayRunner.collect
+
+        def collect(self, rollout_id):
+            if rollout_id == iteration:
+                self.on_dispatch = lambda engine, group: group == 1 and once() and _hit(sig)
+            return original_collect(self, rollout_id)
+
+        ray_runner.RayRunner.collect = collect
+    elif mode != "none":
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+def main() -> int:
+    mode, iteration, sep, *args = sys.argv[1:]
+    if sep != "--":
+        raise SystemExit(__doc__)
+    install(mode, int(iteration))
+    from diffrl.cli import main as cli
+
+    return cli(["train", *args])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Crash safety in real subprocesses: ``kill -9`` mid-rollout, mid-optimizer step and
+mid-checkpoint write, and SIGTERM, each followed by ``train.resume=latest``, end with the weights,
+optimizer state, metrics and eval curve of the uninterrupted run (tensors compared, not file
+hashes). The kill points are set by ``crash_driver.py``, which wraps diffrl's own functions."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import ROOT
+
+RECIPE = "recipes/tiny_nft_ocr.yaml"
+BRIGHTNESS = "[{name: tests.integration.test_flow_grpo:brightness}]"
+SETTINGS = {
+    "model.path": "random",
+    "model.lora": "{rank: 4, alpha: 8}",
+    "algorithm.params.decay_schedule": "ramp",  # the old policy trails the live one from the start
+    "sampling.num_steps": 2,
+    "sampling.guidance_scale": 1.0,
+    "rollout.batch_size": 2,
+    "rollout.n_samples_per_prompt": 2,
+    "rollout.micro_group_size": 2,
+    "rollout.num_steps_per_rollout": 1,
+    "train.batch_size": 4,
+    "train.micro_batch_size": 2,
+    "train.iterations": 6,
+    "train.save_every": 2,
+    "train.eval_every": 2,
+    "train.keep_last": 1,
+    "train.lr": 1e-3,
+    "train.lr_schedule": "cosine",
+    "train.ema_decay": 0.5,
+    "rewards": BRIGHTNESS,
+    "eval.rewards": BRIGHTNESS,
+    "eval.num_prompts": 2,
+    "eval.batch_size": 2,
+}
+
+
+def run(out: Path, mode: str = "none", at: int = 0, *extra: str, runner: dict | None = None):
+    """``diffrl train`` of the test recipe into ``out`` through ``crash_driver`` (MODE at ``at``)."""
+    settings = {**SETTINGS, **(runner or {}), "run.output_dir": str(out)}
+    overrides = [f"{k}={v}" for k, v in settings.items()] + list(extra)
+    cmd = [sys.executable, "-m", "tests.integration.crash_driver", mode, str(at), "--", RECIPE, *overrides]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def state(out: Path) -> dict:
+    """What must be equal: every tensor of the final checkpoint, its trainer and loop state (wall
+    times aside), every metric row and the eval curve."""
+    final = out / "checkpoints" / "final"
+    info = json.loads((final / "checkpoint.json").read_text())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    curve = json.loads((out / "eval_curve.json").read_text())
+    return {
+        "tensors": {f.name: load_file(str(f)) for f in sorted(final.glob("*.safetensors"))},
+        "trainer": info["trainer"],
+        "iteration": info["iteration"],
+        "evals": [_timeless(e) for e in info["loop"]["evals"]],
+        "metrics": [_timeless(r) for r in rows],
+        "curve": [_timeless(e) for e in curve],
+    }
+
+
+def _timeless(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("time", "train_time_s") and not k.startswith("perf/")}
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert got["tensors"].keys() == want["tensors"].keys()
+    for name, tensors in want["tensors"].items():
+        assert tensors.keys() == got["tensors"][name].keys()
+        for key, value in tensors.items():
+            assert torch.equal(got["tensors"][name][key], value), (name, key)
+    for key in ("trainer", "iteration", "evals", "metrics", "curve"):
+        assert got[key] == want[key], key
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("crash") / "whole"
+    done = run(out)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["final", "step_00004"]  # keep_last 1
+    return state(out)
+
+
+@pytest.mark.parametrize(
+    "mode, at, resumes_from",
+    [("kill-rollout", 3, 2), ("kill-optimizer", 3, 2), ("kill-save", 4, 2)],
+    ids=["mid-rollout", "mid-optimizer-step", "mid-checkpoint-write"],
+)
+def test_kill_9_then_resume_latest_ends_as_the_uninterrupted_run(
+    tmp_path, uninterrupted, mode, at, resumes_from
+):
+    out = tmp_path / "run"
+    killed = run(out, mode, at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    # nothing half-written in place: the interrupted write is a hidden temporary folder
+    assert [n for n in names if not n.startswith(".tmp-")] == [f"step_{resumes_from:05d}"]
+    assert any(n.startswith(".tmp-") for n in names) == (mode == "kill-save")
+
+    resumed = run(out, "none", 0, "train.resume=latest")
+    assert resumed.returncode == 0, resumed.stderr
+    assert (
+        f"resumed from {out / 'checkpoints' / f'step_{resumes_from:05d}'} at iteration {resumes_from}"
+        in resumed.stdout
+    )
+    assert_same(state(out), uninterrupted)
+    assert not any(p.name.startswith(".tmp-") for p in (out / "checkpoints").iterdir())
+
+
+@pytest.mark.parametrize(
+    "mode, saved",
+    [("term-rollout", 3), ("term-optimizer", 4)],
+    ids=["during-rollout", "during-optimizer-step"],
+)
+def test_sigterm_saves_and_the_resumed_run_ends_as_the_uninterrupted_run(
+    tmp_path, uninterrupted, mode, saved
+):
+    """SIGTERM abandons a rollout at once (it is recomputed on resume) but lets an optimizer
+    update finish its iteration; either way the last finished iteration is saved."""
+    out = tmp_path / "run"
+    stopped = run(out, mode, 3)
+    checkpoint = out / "checkpoints" / f"step_{saved:05d}"
+    assert stopped.returncode == 75, stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    assert f"SIGTERM received: stopped after iteration {saved}, checkpoint {checkpoint}" in stopped.stderr
+    assert (checkpoint / "checkpoint.json").is_file()
+
+    resumed = run(out, "none", 0, "train.resume=latest")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same(state(out), uninterrupted)
+
+
+def test_resume_latest_without_a_checkpoint_starts_fresh(tmp_path, uninterrupted):
+    out = tmp_path / "run"
+    killed = run(out, "kill-rollout", 1)  # before the first checkpoint
+    assert killed.returncode == -signal.SIGKILL
+    assert (out / "metrics.jsonl").read_text()  # it had logged something
+    fresh = run(out, "none", 0, "train.resume=latest")
+    assert fresh.returncode == 0, fresh.stderr
+    assert "no checkpoint in" in fresh.stdout and "starting a fresh run" in fresh.stdout
+    assert_same(state(out), uninterrupted)

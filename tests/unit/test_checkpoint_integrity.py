@@ -1,0 +1,145 @@
+"""Checkpoints are verified before use: a truncated, corrupt, mixed or incomplete checkpoint is
+refused naming the file; ``latest`` skips it; identical states write identical files; one run
+per output folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from diffrl.config import load_config
+from diffrl.models.registry import load_family
+from diffrl.train.actor import Actor
+from diffrl.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_resume_state,
+    prune_checkpoints,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from diffrl.train.run_folder import RunFolder, RunFolderError
+
+
+@pytest.fixture(scope="module")
+def actor():
+    cfg = load_config({"model": {"path": "random", "lora": {"rank": 2}}, "train": {"ema_decay": 0.9}})
+    actor = Actor(load_family(cfg), cfg)
+    actor.params[0].grad = torch.ones_like(actor.params[0])
+    actor.optimizer.step()  # an optimizer state with moments
+    return actor
+
+
+def _save(actor, path, iteration=2):
+    return save_checkpoint(path, actor, actor.config, iteration, run_id="r1", loop_state={"evals": []})
+
+
+def test_identical_states_write_identical_files(tmp_path, actor):
+    a = verify_checkpoint(_save(actor, tmp_path / "a"))["files"]
+    b = verify_checkpoint(_save(actor, tmp_path / "b"))["files"]
+    assert a == b and {"trainable.safetensors", "optimizer.safetensors", "ema.safetensors"} <= a.keys()
+
+
+def _truncate(path):
+    f = path / "trainable.safetensors"
+    f.write_bytes(f.read_bytes()[:100])
+
+
+def _corrupt_json(path):
+    f = path / "checkpoint.json"
+    f.write_text(f.read_text()[:50])
+
+
+def _mix(path, other):
+    shutil.copy(other / "optimizer.safetensors", path / "optimizer.safetensors")
+
+
+def _foreign(path):
+    (path / "extra.safetensors").write_bytes(b"x")
+
+
+def _missing(path):
+    (path / "ema.safetensors").unlink()
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (_truncate, "trainable.safetensors does not match its sha256"),
+        (_corrupt_json, "checkpoint.json is corrupt"),
+        ("mix", "optimizer.safetensors does not match its sha256"),
+        (_foreign, "extra.safetensors is not one of its files"),
+        (_missing, "ema.safetensors is missing"),
+    ],
+    ids=["truncated", "corrupt-json", "mixed", "foreign-file", "missing-file"],
+)
+def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path, actor, damage, message):
+    path = _save(actor, tmp_path / "ckpt")
+    if damage == "mix":  # another state's optimizer file in this checkpoint
+        other_actor = Actor(load_family(actor.config), actor.config)
+        _mix(path, _save(other_actor, tmp_path / "other"))
+    else:
+        damage(path)
+    with pytest.raises(CheckpointError, match=message):
+        verify_checkpoint(path)
+    with pytest.raises(CheckpointError, match=message):
+        load_resume_state(actor, path)
+
+
+def test_latest_skips_a_damaged_newest_checkpoint_and_keep_last_prunes(tmp_path, actor):
+    out = tmp_path / "run"
+    for step in (2, 4, 6):
+        _save(actor, out / "checkpoints" / f"step_{step:05d}", step)
+    _truncate(out / "checkpoints" / "step_00006")
+    (out / "checkpoints" / ".tmp-step_00008-123").mkdir()  # a write cut short: never a candidate
+    path, skipped = latest_checkpoint(out)
+    assert path == out / "checkpoints" / "step_00004"
+    assert len(skipped) == 1 and "step_00006" in skipped[0]
+    removed = prune_checkpoints(out, keep_last=1)
+    assert sorted(p.name for p in removed) == ["step_00002", "step_00004"]
+
+
+def test_rewriting_a_checkpoint_replaces_it_whole(tmp_path, actor):
+    path = _save(actor, tmp_path / "ckpt", iteration=2)
+    (path / "stale.txt").write_text("from an earlier write")
+    _save(actor, path, iteration=3)
+    assert verify_checkpoint(path)["iteration"] == 3
+    assert not (path / "stale.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary folder left
+
+
+def test_a_second_process_on_the_folder_is_refused_with_the_pid(tmp_path):
+    first, second = RunFolder(tmp_path / "run"), RunFolder(tmp_path / "run")
+    first.acquire()
+    try:
+        # flock locks belong to the open file: a second open is refused even in this process
+        with pytest.raises(RunFolderError, match=r"in use by another diffrl process \(PID \d+\)"):
+            second.acquire()
+    finally:
+        first.release()
+    second.acquire()  # free again once the holder lets go (or dies)
+    second.release()
+
+
+def test_a_folder_holding_a_run_needs_resume_or_a_new_name(tmp_path):
+    folder = RunFolder(tmp_path / "run")
+    folder.acquire()
+    (folder.path / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    config = load_config({"run": {"output_dir": str(folder.path)}})
+    with pytest.raises(
+        RunFolderError, match="train.resume=latest, or start a new one elsewhere with run.name"
+    ):
+        folder.claim(config, None)
+    folder.release()
+
+
+def test_metrics_after_the_checkpoint_are_dropped_on_resume(tmp_path):
+    folder = RunFolder(tmp_path)
+    rows = [{"step": s, "v": s} for s in (0, 1, 2, 2, 3)]
+    folder.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "v"')
+    assert folder.keep_metrics_up_to(2) == 2  # step 3 and the torn line
+    kept = [json.loads(line)["step"] for line in folder.metrics_file.read_text().splitlines()]
+    assert kept == [0, 1, 2, 2]
