@@ -4,7 +4,7 @@ uninterrupted Ray run ends."""
 
 from __future__ import annotations
 
-import os
+import json
 import signal
 import time
 
@@ -19,39 +19,32 @@ RAY = {
 }
 
 
-def _ray_processes() -> set[int]:
-    """PIDs of Ray's processes that hold work (raylet, GCS, the actors' workers) on this machine.
-    Ray's two agent processes (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) are left out:
-    they poll for their raylet and exit on their own, measured here 1-2 minutes after it."""
-    found = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if b"Agent" in cmd:
-            continue
-        if b"raylet" in cmd or b"gcs_server" in cmd or b"ray::" in cmd or b"default_worker.py" in cmd:
-            found.add(int(pid))
-    return found
+def _alive(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in open(f"/proc/{pid}/status").read()
+    except OSError:
+        return False
 
 
 def test_kill_9_of_the_ray_driver_then_resume_latest(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the reward workers import the test's reward
-    before = _ray_processes()
+    monkeypatch.setenv("CRASH_PIDS_FILE", str(tmp_path / "pids.json"))
     whole = run(tmp_path / "whole", runner=RAY)
     assert whole.returncode == 0, whole.stderr
 
     out = tmp_path / "run"
     killed = run(out, "kill-dispatch", 3, runner=RAY)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    # the driver's local Ray cluster goes with it
+    # the driver's local Ray cluster goes with it: GCS, raylet, the engine, ranks and reward
+    # workers. Ray's two agents (DashboardAgent, RuntimeEnvAgent) are left out: they poll for
+    # their raylet and exit on their own, measured here 1-2 minutes after it.
+    below = json.loads((tmp_path / "pids.json").read_text())
+    work = [int(p) for p, cmd in below.items() if "Agent" not in cmd]
+    assert any("raylet" in cmd for cmd in below.values()) and len(work) >= 4
     deadline = time.time() + 30
-    while _ray_processes() - before and time.time() < deadline:
+    while any(_alive(p) for p in work) and time.time() < deadline:
         time.sleep(0.5)
-    assert not _ray_processes() - before
+    assert not [below[str(p)] for p in work if _alive(p)]
 
     resumed = run(out, "none", 0, "train.resume=latest", runner=RAY)
     assert resumed.returncode == 0, resumed.stderr

@@ -13,12 +13,39 @@ points instead). The patches wrap diffrl's own functions; nothing in diffrl know
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 
 
+def descendants(pid: int) -> dict[int, str]:
+    """The processes below ``pid`` (children, their children, ...) with their command lines."""
+    parent, cmd = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+                cmd[int(entry)] = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = {}, [pid]
+    while frontier:
+        p = frontier.pop()
+        for child, ppid in parent.items():
+            if ppid == p and child not in found:
+                found[child] = cmd.get(child, "")
+                frontier.append(child)
+    return found
+
+
 def _hit(sig: int) -> None:
+    """Signal this process; first, when ``CRASH_PIDS_FILE`` is set, write the PIDs of every process
+    below it there (a test then checks that none outlives it)."""
+    if os.environ.get("CRASH_PIDS_FILE"):
+        with open(os.environ["CRASH_PIDS_FILE"], "w") as f:
+            json.dump(descendants(os.getpid()), f)
     sys.stdout.flush()
     os.kill(os.getpid(), sig)
 
