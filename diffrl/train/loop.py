@@ -168,6 +168,8 @@ def _train(config: Config, folder: RunFolder, stop: StopSignals) -> TrainResult:
     last_saved: Path | None = resume_from
 
     def evaluate(step: int) -> None:
+        if any(e["step"] == step for e in result.evals):  # e.g. a run resumed at its last step
+            return
         with stop.interruptible():
             point = run_eval(step, runner, config, out, logger, train_time)
         if point is not None:
@@ -186,8 +188,7 @@ def _train(config: Config, folder: RunFolder, stop: StopSignals) -> TrainResult:
         if resume_from is not None:
             runner.resume(resume_from)
             print(f"resumed from {resume_from} at iteration {start}", flush=True)
-        due = start == 0 or (t.eval_every and start % t.eval_every == 0)
-        if due and not any(e["step"] == start for e in result.evals):  # its eval was cut short
+        if start == 0 or (t.eval_every and start % t.eval_every == 0):  # unless it was done already
             evaluate(start)
         progress = Progress("train", t.iterations, "iter")
         budget = t.time_budget_minutes * 60 if t.time_budget_minutes else float("inf")
