@@ -16,7 +16,9 @@ only the trainable tensors (LoRA A/B pairs) go to the engines, with a checksum.
 
 Faults: an engine or reward worker that dies is replaced (the new engine first takes the current
 weights) and its unfinished micro-group re-issued (``rollout/reissued``); a trainer rank that dies
-stops the run with an error naming the last checkpoint.
+stops the run with an error naming the last checkpoint. A reward worker still busy at its reward's
+deadline (``timeout_s`` from submit) is killed and replaced, and that micro-group's samples fail
+(``rollout/reward_timed_out``).
 """
 
 from __future__ import annotations
@@ -260,6 +262,8 @@ class RayRunner:
         self.pg = None
         self.engines = _Pool(lambda i: None, 0)
         self.reward_pools: list[_Pool] = []
+        self._timed_out_workers: set = set()
+        """Reward workers killed for a missed deadline: the jobs queued on them are re-sent free."""
         r = config.ray
         n_ranks, n_engines, cpus = r.num_trainer_ranks, r.num_engines, r.cpus_per_actor
         n_rewards = r.num_reward_workers * len(config.rewards) if spec.needs_reward else 0
@@ -456,29 +460,46 @@ class RayRunner:
     def _score(self, pool: _Pool, part: RolloutBatch):
         w = part.micro_group[0].item() % len(pool.actors)
         worker = pool.actors[w]
-        return (w, worker, worker.score.remote(part.images, part.prompts, part.metadata))
+        return (w, worker, worker.score.remote(part.images, part.prompts, part.metadata), time.monotonic())
 
     def _score_result(self, part: RolloutBatch, jobs: list) -> tuple[RewardOutput, int]:
-        """Wait for a micro-group's scores; a dead worker is replaced and the micro-group re-sent."""
+        """Wait for a micro-group's scores, each reward by its deadline (``timeout_s`` from submit,
+        as in one process: see :class:`~diffrl.rewards.base.PendingRewards`). A worker that died is
+        replaced and the micro-group re-sent; one still busy at the deadline is killed and replaced,
+        and the micro-group fails (NaN, "timed out") instead of being sent again. Returns the
+        output and how often the micro-group was re-sent."""
         import ray
 
-        outs, retries = [], 0
-        for pool, (w, worker, ref) in zip(self.reward_pools, jobs):
+        outs, resent, deaths = [], 0, 0
+        for cfg, pool, (w, worker, ref, submitted) in zip(self.config.rewards, self.reward_pools, jobs):
+            deadline = submitted + cfg.timeout_s
             while True:
                 try:
-                    outs.append(ray.get(ref))
+                    outs.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+                    break
+                except ray.exceptions.GetTimeoutError:
+                    # stuck or too slow: a replacement takes the micro-groups queued behind this one
+                    if pool.actors[w] is worker:
+                        self._timed_out_workers.add(worker)
+                        pool.replace(w)
+                    outs.append(RewardOutput.late(cfg, len(part)))
                     break
                 except ray.exceptions.RayActorError as e:
-                    retries += 1
-                    if retries > MAX_REISSUES:
-                        raise RuntimeError(
-                            "a micro-group killed its reward worker repeatedly; giving up"
-                        ) from e
+                    if time.monotonic() >= deadline:
+                        outs.append(RewardOutput.late(cfg, len(part)))
+                        break
+                    if worker not in self._timed_out_workers:  # it died under this micro-group
+                        deaths += 1
+                        if deaths > MAX_REISSUES:
+                            raise RuntimeError(
+                                "a micro-group killed its reward worker repeatedly; giving up"
+                            ) from e
                     if pool.actors[w] is worker:
                         pool.replace(w)
+                    resent += 1
                     worker = pool.actors[w]
                     ref = worker.score.remote(part.images, part.prompts, part.metadata)
-        return RewardOutput.combine(outs), retries
+        return RewardOutput.combine(outs), resent
 
     # ---- training ----------------------------------------------------------------------------------
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:

@@ -9,6 +9,11 @@ Videos (``(B, 3, F, H, W)``, from video families such as ``wan``): a reward is a
 unless it says otherwise (``Reward.video = True``, or a function with ``my_reward.video = True``);
 an image reward scores every frame (``(B * F, 3, H, W)``, each video's prompt and metadata
 repeated per frame) and each video gets the mean of its frames' scores (:func:`submit_scores`).
+
+Deadlines: every call has ``timeout_s`` seconds (its :class:`RewardConfig`) from submit; a call
+still unfinished then fails its samples (NaN, "timed out") and the run goes on. An in-process
+reward is called on a daemon thread of its own (:class:`~diffrl.rewards.workers.CallThread`), so
+a call that never returns costs its deadline, not the run.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 
 from diffrl.config import RewardConfig
 from diffrl.registry import RegistryError
+from diffrl.rewards.workers import CallThread, DeadlineExceeded, deadline_after, result_by
 
 
 class RewardError(RuntimeError):
@@ -30,7 +36,9 @@ class RewardError(RuntimeError):
 
 
 class Pending:
-    """A score being computed: ``result()`` returns ``(B,)`` scores or raises what scoring raised."""
+    """A score being computed: ``result()`` returns ``(B,)`` scores, raises what scoring raised,
+    or raises :class:`DeadlineExceeded` once the deadline given at submit has passed (``finish``
+    must give up by then)."""
 
     def __init__(self, finish: Callable[[], Any]):
         self._finish = finish
@@ -52,26 +60,35 @@ class Reward(ABC):
         """``images (B, 3, H, W)`` in [0, 1] -> scores ``(B,)`` float32."""
 
     def submit(
-        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[dict[str, Any]],
+        timeout: float | None = None,
     ) -> Pending:
-        """Start scoring and return at once where the reward runs elsewhere (worker processes,
-        a remote server); by default it scores now."""
-        try:
-            scores = self(images, prompts, metadata)
-        except Exception as e:  # re-raised by result(), where the caller decides what a failure costs
-            error = e
-
-            def fail():
-                raise error
-
-            return Pending(fail)
-        return Pending(lambda: scores)
+        """Start scoring and return at once; the call has ``timeout`` seconds from now (``None``:
+        no limit). By default ``__call__`` runs on this reward's call thread, one call at a time in
+        submit order. A reward that runs elsewhere (worker processes, a remote server) overrides
+        this; its :class:`Pending` must give up at the deadline."""
+        calls = self.__dict__.get("_calls")  # made here: subclasses need not call super().__init__()
+        if calls is None:
+            calls = self._calls = CallThread(f"reward-{self.name}")
+        future = calls.submit(_without_grad, self, images, prompts, metadata, timeout=timeout)
+        deadline = deadline_after(timeout)
+        return Pending(lambda: result_by(future, deadline))
 
     def use_in_process(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Score in the calling process (a Ray reward worker is already a process of its own)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
-        """Release worker processes or remote sessions."""
+        """Release worker processes or remote sessions (:meth:`RewardSet.close` also ends the
+        reward's call thread)."""
+
+
+def _without_grad(reward: Reward, images: torch.Tensor, prompts: Sequence[str], metadata) -> torch.Tensor:
+    # grad mode is per thread: the call thread's would be on, where the collector samples without
+    with torch.no_grad():
+        return reward(images, prompts, metadata)
 
 
 class FunctionReward(Reward):
@@ -91,13 +108,19 @@ class FunctionReward(Reward):
 class RewardOutput:
     """``total (B,)``: weighted sum; ``per_reward``: each reward's raw ``(B,)`` scores.
 
-    A sample whose score could not be had (the reward raised, or returned NaN) has a NaN total;
-    ``errors`` says why.
+    A sample whose score could not be had (the reward raised, returned NaN or missed its
+    deadline) has a NaN total; ``errors`` says why. ``timed_out (B,)`` bool: the samples a
+    reward's deadline failed (all False if none given).
     """
 
     total: torch.Tensor
     per_reward: dict[str, torch.Tensor]
     errors: list[str] = field(default_factory=list)
+    timed_out: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.timed_out is None:
+            self.timed_out = torch.zeros(self.total.shape, dtype=torch.bool)
 
     @classmethod
     def cat(cls, parts: Sequence[RewardOutput]) -> RewardOutput:
@@ -106,16 +129,34 @@ class RewardOutput:
             torch.cat([p.total for p in parts]),
             {k: torch.cat([p.per_reward[k] for p in parts]) for k in parts[0].per_reward},
             [e for p in parts for e in p.errors],
+            torch.cat([p.timed_out for p in parts]),
         )
 
     @classmethod
     def combine(cls, outs: Sequence[RewardOutput]) -> RewardOutput:
         """Sum the outputs of several reward sets on the same samples (their totals are weighted)."""
+        timed_out = outs[0].timed_out.clone()
+        for o in outs[1:]:
+            timed_out |= o.timed_out
         return cls(
             sum((o.total for o in outs[1:]), outs[0].total.clone()),
             {k: v for o in outs for k, v in o.per_reward.items()},
             [e for o in outs for e in o.errors],
+            timed_out,
         )
+
+    @classmethod
+    def late(cls, cfg: RewardConfig, n: int) -> RewardOutput:
+        """``n`` samples that ``cfg``'s reward did not score by its deadline."""
+        nan = torch.full((n,), float("nan"))
+        return cls(nan.clone(), {cfg.name: nan}, [timeout_message(cfg)], torch.ones(n, dtype=torch.bool))
+
+
+def timeout_message(cfg: RewardConfig) -> str:
+    return (
+        f"reward {cfg.name!r} timed out after {cfg.timeout_s:g} s (counted from submit); if it is "
+        "slow rather than stuck, raise its timeout_s or give it more workers"
+    )
 
 
 def quantize(images: torch.Tensor) -> torch.Tensor:
@@ -125,16 +166,20 @@ def quantize(images: torch.Tensor) -> torch.Tensor:
 
 
 def submit_scores(
-    reward: Reward, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]
+    reward: Reward,
+    images: torch.Tensor,
+    prompts: Sequence[str],
+    metadata: Sequence[dict[str, Any]],
+    timeout: float | None = None,
 ) -> Pending:
     """``reward.submit`` for images ``(B, 3, H, W)`` or videos ``(B, 3, F, H, W)``: an image reward
     given videos scores their ``B * F`` frames and the ``(B,)`` result is each video's mean."""
     if images.ndim != 5 or reward.video:
-        return reward.submit(images, prompts, metadata)
+        return reward.submit(images, prompts, metadata, timeout)
     b, f = images.shape[0], images.shape[2]
     frames = images.transpose(1, 2).flatten(0, 1)  # (B * F, 3, H, W), video-major
     pending = reward.submit(
-        frames, [p for p in prompts for _ in range(f)], [m for m in metadata for _ in range(f)]
+        frames, [p for p in prompts for _ in range(f)], [m for m in metadata for _ in range(f)], timeout
     )
 
     def mean_per_video() -> torch.Tensor:
@@ -154,6 +199,12 @@ def build_reward(cfg: RewardConfig) -> Reward:
 
     obj = REWARDS.resolve(cfg.name)
     if isinstance(obj, type) and issubclass(obj, Reward):
+        if "timeout" not in inspect.signature(obj.submit).parameters:
+            raise RegistryError(
+                f"reward {cfg.name!r}: {obj.__name__}.submit takes no timeout; rewards have deadlines, "
+                "so it must be submit(self, images, prompts, metadata, timeout=None) and its Pending "
+                "must give up `timeout` seconds after submit (raise DeadlineExceeded)"
+            )
         try:
             return obj(**cfg.params)
         except TypeError as e:
@@ -181,17 +232,23 @@ class RewardSet:
     def submit(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
     ) -> PendingRewards:
-        """Score ``images``: float in [0, 1], or uint8 (:func:`quantize`, what rollouts keep); every
-        reward gets float32 in [0, 1] on the CPU."""
+        """Start every reward on ``images``: float in [0, 1], or uint8 (:func:`quantize`, what
+        rollouts keep); every reward gets float32 in [0, 1] on the CPU, a copy of its own (it may
+        read it on another thread while the caller goes on). Each reward's deadline starts now."""
         images = images.detach().cpu()
-        images = images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
-        pending = [submit_scores(r, images, prompts, metadata) for r in self.rewards]
+        images = (
+            images.float() / 255.0 if images.dtype == torch.uint8 else images.to(torch.float32, copy=True)
+        )
+        pending = [
+            submit_scores(r, images, prompts, metadata, c.timeout_s)
+            for r, c in zip(self.rewards, self.configs)
+        ]
         return PendingRewards(self, len(prompts), pending)
 
     def __call__(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
     ) -> RewardOutput:
-        """Score now; raise :class:`RewardError` if any reward fails or returns NaN."""
+        """Score now; raise :class:`RewardError` if any reward fails, returns NaN or times out."""
         out = self.submit(images, prompts, metadata).result()
         if out.errors:
             raise RewardError("; ".join(out.errors))
@@ -200,28 +257,52 @@ class RewardSet:
     def close(self) -> None:
         for r in self.rewards:
             r.close()
+            if (calls := r.__dict__.get("_calls")) is not None:
+                calls.close()
 
 
 class PendingRewards:
+    """The scores of one :meth:`RewardSet.submit`.
+
+    Deadlines count from submit, not from :meth:`result`: the collector submits each micro-group
+    as it is sampled and waits for all of them after the last. Counted from the wait, early
+    micro-groups would get the whole sampling time on top, and the run could wait ``timeout_s``
+    per micro-group for a reward that hangs; counted from submit, it waits at most
+    ``max(timeout_s)`` past the last submit, and each deadline is enforced when it passes, so a
+    hung call does not hold the reward's next calls until the wait. The price: a reward's calls
+    run one at a time (its call thread, its pool's workers), so a call queued behind the same
+    reward's earlier calls spends part of its deadline waiting. ``timeout_s`` bounds how late a
+    score may come; a reward slower than sampling needs one that covers its queue (or more
+    workers).
+    """
+
     def __init__(self, owner: RewardSet, n: int, pending: list[Pending]):
         self.owner, self.n, self.pending = owner, n, pending
 
     def result(self) -> RewardOutput:
-        """Gather every reward; failures become NaN totals with a message, never an exception."""
+        """Gather every reward; failures and missed deadlines become NaN totals with a message,
+        never an exception or a hang."""
         per: dict[str, torch.Tensor] = {}
         total = torch.zeros(self.n)
+        timed_out = torch.zeros(self.n, dtype=torch.bool)
         errors = []
         for cfg, pending in zip(self.owner.configs, self.pending):
+            failed = True
             try:
                 scores = pending.result().float().cpu()
                 if scores.shape != (self.n,):
                     raise ValueError(f"returned shape {tuple(scores.shape)}, expected ({self.n},)")
+                failed = False
+            except DeadlineExceeded:
+                errors.append(timeout_message(cfg))
+                timed_out[:] = True
             except Exception as e:
                 errors.append(f"reward {cfg.name!r} raised {type(e).__name__}: {e}")
+            if failed:
                 scores = torch.full((self.n,), float("nan"))
             bad = ~torch.isfinite(scores)
-            if bad.any() and not errors:
+            if bad.any() and not failed:
                 errors.append(f"reward {cfg.name!r} returned {int(bad.sum())} non-finite score(s)")
             per[cfg.name] = scores
             total = total + cfg.weight * scores
-        return RewardOutput(total, per, errors)
+        return RewardOutput(total, per, errors, timed_out)

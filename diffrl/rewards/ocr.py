@@ -6,20 +6,21 @@ removed; the distance is 0 if the target occurs in the recognised text, else the
 distance capped at the target's length; reward = 1 - distance / len(target).
 
 Recognition uses PP-OCR through ``rapidocr-onnxruntime`` (its models ship inside the wheel, no
-download), in a small pool of worker processes so it does not block the trainer.
+download), in a small pool of worker processes so it does not block the trainer; the workers die
+with the trainer (:class:`~diffrl.rewards.workers.ProcessPool`). With one worker or none it runs
+in this process, on the reward's call thread.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import multiprocessing as mp
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from diffrl.rewards.base import Pending, Reward, quantize
+from diffrl.rewards.workers import ProcessPool
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -86,46 +87,54 @@ class OCRReward(Reward):
 
     def __init__(self, num_workers: int | None = None):
         self.num_workers = min(2, os.cpu_count() or 1) if num_workers is None else num_workers
-        self._pool: cf.ProcessPoolExecutor | None = None
+        self._pool: ProcessPool | None = None
 
     def use_in_process(self) -> None:
         self.num_workers = 1
 
-    def _get_pool(self) -> cf.ProcessPoolExecutor:
+    def _get_pool(self) -> ProcessPool:
         if self._pool is None:
-            self._pool = cf.ProcessPoolExecutor(
-                self.num_workers, mp.get_context("spawn"), initializer=_worker_init
-            )
+            self._pool = ProcessPool(self.num_workers, _worker_init, name="ocr")
         return self._pool
 
-    def _start(self, images: torch.Tensor) -> Callable[[], list[str]]:
-        """Start recognition; returns a function that waits for the texts."""
-        arrays = list(quantize(images).permute(0, 2, 3, 1).numpy())  # HxWx3 uint8 each
-        if self.num_workers <= 1 or len(arrays) < 2:
-            texts = recognize(arrays)
-            return lambda: texts
-        n = min(self.num_workers, len(arrays))
-        futures = [self._get_pool().submit(recognize, arrays[i::n]) for i in range(n)]
+    def _jobs(self, batch_size: int) -> int:
+        """How many pool jobs a batch is split into (0: recognise in this process)."""
+        return 0 if self.num_workers <= 1 or batch_size < 2 else min(self.num_workers, batch_size)
 
-        def wait() -> list[str]:
-            out = [""] * len(arrays)
-            for i, f in enumerate(futures):
-                out[i::n] = f.result()
-            return out
-
-        return wait
+    def _send(self, images: torch.Tensor, timeout: float | None):
+        """Start recognising ``images (B, 3, H, W)`` in the pool; job i takes images i, i + n, ..."""
+        arrays, n = list(quantize(images).permute(0, 2, 3, 1).numpy()), self._jobs(len(images))
+        return self._get_pool().map(recognize, [(arrays[i::n],) for i in range(n)], timeout)
 
     def recognize(self, images: torch.Tensor) -> list[str]:
-        return self._start(images)()
+        """The text found in each image (in the pool if there is one; no deadline)."""
+        if not self._jobs(len(images)):
+            return recognize(list(quantize(images).permute(0, 2, 3, 1).numpy()))  # HxWx3 uint8 each
+        return _interleave(self._send(images, None).result(), len(images))
 
     def __call__(self, images: torch.Tensor, prompts: Sequence[str], metadata) -> torch.Tensor:
-        return self.submit(images, prompts, metadata).result()
+        texts = self.recognize(images)
+        return torch.tensor([ocr_reward_from_text(t, p) for t, p in zip(texts, prompts)])
 
-    def submit(self, images: torch.Tensor, prompts: Sequence[str], metadata) -> Pending:
-        wait = self._start(images)
-        return Pending(lambda: [ocr_reward_from_text(t, p) for t, p in zip(wait(), prompts)])
+    def submit(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata, timeout: float | None = None
+    ) -> Pending:
+        if not self._jobs(len(images)):  # in this process, on the call thread, with the deadline
+            return super().submit(images, prompts, metadata, timeout)
+        call, b = self._send(images, timeout), len(images)
+        return Pending(
+            lambda: [ocr_reward_from_text(t, p) for t, p in zip(_interleave(call.result(), b), prompts)]
+        )
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            self._pool.close()
             self._pool = None
+
+
+def _interleave(parts: list[list[str]], n: int) -> list[str]:
+    """The results of jobs that took every ``len(parts)``-th image, back in image order."""
+    out = [""] * n
+    for i, texts in enumerate(parts):
+        out[i :: len(parts)] = texts
+    return out

@@ -72,6 +72,8 @@ def attach_rewards(batch: RolloutBatch, out: RewardOutput, stats: RolloutStats) 
     batch.rewards = out.total
     stats.errors = list(out.errors)
     stats.reward_failed = int((~torch.isfinite(out.total)).sum())
+    # of the failed samples, those a reward's deadline failed (a hung or too slow reward)
+    stats.metrics["rollout/reward_timed_out"] = float(out.timed_out.sum())
 
 
 class OfflineCollector:

@@ -1,0 +1,74 @@
+"""``runner: ray``: a reward worker still busy at its reward's deadline is killed and replaced, and
+that micro-group's samples fail (NaN, "timed out", counted); the rollout goes on."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+import torch
+
+from diffrl.algorithms.registry import build_algorithm
+from diffrl.config import load_config
+from tests.conftest import ROOT, tiny_overrides
+
+ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
+
+CALLS = itertools.count()  # per reward worker process
+WARM_UP = "warm up"
+
+
+def hangs_on_second_call(images, prompts, metadata):
+    """Scores 1.0, except that the second micro-group a worker gets hangs it."""
+    if prompts[0] != WARM_UP and next(CALLS) == 1:
+        threading.Event().wait()  # the worker is killed; nothing to release
+    return [1.0] * len(images)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
+    yield
+    ray.shutdown()
+
+
+def warm_up(worker) -> None:
+    """Wait until a reward worker is up: its start-up must not eat the test's short deadline."""
+    ray.get(worker.score.remote(torch.zeros(1, 3, 8, 8), [WARM_UP], [{}]))
+
+
+def test_a_reward_worker_past_its_deadline_is_replaced_and_its_samples_fail(tmp_path, ray_cluster):
+    from diffrl.distributed.ray_runner import RayRunner
+
+    overrides = {
+        "runner": "ray",
+        "rollout.batch_size": 2,
+        "rollout.n_samples_per_prompt": 4,
+        "rollout.micro_group_size": 4,  # two micro-groups, sampled and scored in order
+        "rollout.num_steps_per_rollout": 1,
+        "train.batch_size": 8,
+        "train.micro_batch_size": 4,
+        "sampling.num_steps": 2,
+        "eval.enabled": "false",
+        "rewards": f"[{{name: {__name__}:hangs_on_second_call, timeout_s: 5}}]",
+    }
+    cfg = load_config(str(ROOT / "recipes" / "tiny_nft_ocr.yaml"), tiny_overrides(tmp_path, **overrides))
+    algorithm = build_algorithm(cfg)
+    runner = RayRunner(cfg, algorithm, algorithm.collection_spec())
+    try:
+        for rollout in range(2):  # the replacement worker scores the next rollout (and hangs too)
+            worker = runner.reward_pools[0].actors[0]
+            warm_up(worker)
+            batch, stats = runner.collect(rollout)
+            assert batch.rewards[:4].tolist() == [1.0] * 4 and batch.rewards[4:].isnan().all()
+            assert stats.reward_failed == 4 and stats.metrics["rollout/reward_timed_out"] == 4.0
+            assert "timed out after 5 s" in stats.errors[0]
+            assert runner.reward_pools[0].actors[0] is not worker
+    finally:
+        runner.close()

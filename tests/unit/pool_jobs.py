@@ -1,0 +1,28 @@
+"""Jobs for the process-pool tests: importable by spawned workers, and light (no torch) so that
+a worker starts in a fraction of a second."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def hang() -> None:
+    threading.Event().wait()
+
+
+def square_after(x: float, seconds: float) -> float:
+    time.sleep(seconds)
+    return x * x
+
+
+def scores(values: list[float], stuck: bool) -> list[float]:
+    """``values`` back, or never (a reward worker stuck on one call)."""
+    if stuck:
+        hang()
+    return values
