@@ -139,9 +139,9 @@ CASES: list[Case] = [
     Case("dataset-without-captions", ["train", SFT, "data.dataset={tmp}/images"], BAD, "have no caption (e.g. a.png); add NAME.txt", files={"images/a.png": PNG}),
     Case("dataset-no-images", ["train", SFT, "data.dataset={tmp}/images"], BAD, "holds no images", files={"images/": ""}),
     Case("dataset-is-a-file", ["train", SFT, "data.dataset={tmp}/a.png"], BAD, "is a file; give a folder of images", files={"a.png": PNG}),
-    Case("dataset-missing", ["train", SFT, "data.dataset={tmp}/nowhere"], BAD, "dataset folder", absent="neither"),
+    Case("dataset-missing", ["train", SFT, "data.dataset={tmp}/nowhere"], BAD, "nowhere' does not exist; give a folder of images with captions", absent="neither"),
     Case("dataset-bad-metadata", ["train", SFT, "data.dataset={tmp}/images"], BAD, 'are not {"file_name": ..., "text": ...} objects', files={"images/a.png": PNG, "images/metadata.jsonl": "[1]\n"}),
-    Case("dataset-caption-not-text", ["train", SFT, "data.dataset={tmp}/images"], BAD, "caption(s) in", files={"images/a.png": PNG, "images/metadata.jsonl": '{"file_name": "a.png", "text": 5}\n'}),
+    Case("dataset-caption-not-text", ["train", SFT, "data.dataset={tmp}/images"], BAD, "are not text (e.g. a.png (caption 5)); a caption is a UTF-8 string", files={"images/a.png": PNG, "images/metadata.jsonl": '{"file_name": "a.png", "text": 5}\n'}),
     Case("dataset-size-zero", ["train", SFT, "data.dataset_size=0"], BAD, "data.dataset_size must be >= 1"),
     Case("sft-without-dataset", ["train", SFT, "data.dataset=null"], BAD, "set data.dataset (synthetic_text or a folder"),
     # ---- recipes and overrides
@@ -162,7 +162,7 @@ CASES: list[Case] = [
     Case("eval-samples-zero", ["eval", "base", "--samples-per-prompt", "0"], BAD, "eval.samples_per_prompt must be >= 1"),
     Case("eval-prompts-binary", ["eval", "base", "--prompts", "{tmp}/p.txt"], BAD, "eval.prompts: prompt file", files={"p.txt": b"\xff\xd8\xff"}),
     Case("eval-unknown-target", ["eval", "{tmp}/nowhere"], BAD, "(no such file or folder) is not 'base', a recipe .yaml, a checkpoint"),
-    Case("eval-out-is-a-file", ["eval", "base", "--out", "{tmp}/out"], BAD, "--out '", files={"out": "x"}),
+    Case("eval-out-is-a-file", ["eval", "base", "--out", "{tmp}/out"], BAD, "cannot be a folder: it is a file; give a folder path", files={"out": "x"}),
     Case("eval-reward-not-installed", ["eval", "base", "eval.rewards=[{name: 'brightrew:score'}]"], BAD, "eval.rewards[0].name: cannot import module 'brightrew'"),
     Case("eval-baseline-missing", ["eval", "base", "--baseline", "{tmp}/nowhere"], BAD, "is not 'base', a recipe .yaml"),
     Case("eval-bad-height", ["eval", "base", "sampling.height=30"], BAD, "sampling.height=30 does not fit the tiny model"),
@@ -181,7 +181,7 @@ CASES: list[Case] = [
     Case("sample-ignores-the-training-reward", ["sample", "{ckpt}", "--prompt", "a", "sampling.height=30"], BAD, "sampling.height=30", prepare=training_reward_not_installed, absent="brightrew"),
     # ---- export
     Case("export-not-a-checkpoint", ["export", "base", "{tmp}/out"], BAD, "'base' is not a diffrl checkpoint (no such folder)"),
-    Case("export-into-a-file", ["export", "{ckpt}", "{tmp}/out"], BAD, "OUT_DIR '", files={"out": "x"}),
+    Case("export-into-a-file", ["export", "{ckpt}", "{tmp}/out"], BAD, "/out' cannot be a folder: it is a file", files={"out": "x"}),
     Case("export-into-a-full-folder", ["export", "{ckpt}", "{tmp}/out"], BAD, "is not empty (1 entry); give a new or empty folder, or pass --force", files={"out/keep.txt": "mine"}),
     Case("export-needs-no-training-reward", ["export", "{ckpt}", "{tmp}/out"], 0, "wrote tiny model to", prepare=training_reward_not_installed),
     # ---- the command line itself
