@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+
+from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError
 
 DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
 
@@ -18,21 +23,58 @@ DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
 """
 
 
-def _resolve_target(target: str, overrides: list[str]):
-    """``base`` | a recipe YAML | a checkpoint dir | a model dir -> (config, checkpoint or None)."""
+# What each command checks of a config (``train`` checks every section, ``load_config``'s default).
+EVAL_SECTIONS = ("run", "model", "sampling", "eval")
+"""``eval`` samples with ``sampling``, scores with ``eval.rewards``; the training sections are not its
+business (a checkpoint of a run whose training reward is not installed here still evaluates)."""
+SAMPLE_SECTIONS = ("run", "model", "sampling")
+EXPORT_SECTIONS = ("run", "model")
+
+
+def _resolve_target(target: str, overrides: list[str], sections: Sequence[str] = SAMPLE_SECTIONS):
+    """``base`` | a recipe YAML | a checkpoint dir | a model dir -> (config, checkpoint or None),
+    the config checked for the ``sections`` the command uses."""
     from diffrl.config import load_config
     from diffrl.train.checkpoint import is_checkpoint
 
-    path = Path(target)
+    path = Path(target).expanduser()
     if target == "base":
-        return load_config({}, overrides), None
+        return load_config({}, overrides, sections=sections), None
     if path.suffix in (".yaml", ".yml"):
-        return load_config(path, overrides), None
+        return load_config(path, overrides, sections=sections), None
     if is_checkpoint(path):
-        return load_config(path / "config.yaml", overrides), path
+        if not (path / "config.yaml").is_file():
+            raise DiffrlError(
+                f"checkpoint {target!r} has no config.yaml (the run's config is saved beside its weights); "
+                "the folder is incomplete: copy it again"
+            )
+        return load_config(path / "config.yaml", overrides, sections=sections), path
     if path.is_dir():
-        return load_config({"model": {"path": str(path)}}, overrides), None
-    raise SystemExit(f"error: {target!r} is not 'base', a recipe .yaml, a checkpoint or a model folder")
+        return load_config({"model": {"path": str(path)}}, overrides, sections=sections), None
+    what = "a file" if path.is_file() else "no such file or folder"
+    raise DiffrlError(
+        f"{target!r} ({what}) is not 'base', a recipe .yaml, a checkpoint (a folder with checkpoint.json, "
+        "e.g. runs/NAME/checkpoints/final) or a model folder"
+    )
+
+
+def _check_out_dir(path: Path, flag: str, empty: bool = False) -> None:
+    """Refuse an output folder that cannot be one (it, or a parent, is a file) before anything
+    loads; with ``empty``, also one that already holds files."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "it" if p == path else f"its parent {str(p)!r}"
+                raise DiffrlError(
+                    f"{flag} {str(path)!r} cannot be a folder: {where} is a file; give a folder path"
+                )
+            break
+    if empty and path.is_dir() and any(path.iterdir()):
+        n = sum(1 for _ in path.iterdir())
+        raise DiffrlError(
+            f"{flag} {str(path)!r} is not empty ({n} {'entry' if n == 1 else 'entries'}); give a new or empty folder, or pass --force "
+            "to write into it (files of the same name are replaced)"
+        )
 
 
 def _load_for_inference(config, checkpoint):
@@ -80,36 +122,44 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     import dataclasses
-    import json
 
+    from diffrl.config import ConfigError, validate
     from diffrl.rewards.base import RewardSet
     from diffrl.train.evaluate import evaluate, paired_difference, save_grid
 
-    overrides = list(args.overrides)
+    out = Path(args.out).expanduser()
+    _check_out_dir(out, "--out")
+    # the eval command evaluates whatever the run's eval.enabled said about evals during training
+    overrides = [*args.overrides, "eval.enabled=true"]
     if args.num_prompts is not None:
         overrides.append(f"eval.num_prompts={args.num_prompts}")
+    elif args.prompts:  # a prompt file named on the command line is scored whole
+        overrides.append("eval.num_prompts=null")
     if args.samples_per_prompt is not None:
         overrides.append(f"eval.samples_per_prompt={args.samples_per_prompt}")
     if args.prompts:
-        overrides.append(f"eval.prompts={args.prompts}")
-    config, checkpoint = _resolve_target(args.target, overrides)
+        overrides.append(f"eval.prompts={json.dumps(args.prompts)}")  # quoted: any path is a string
+    config, checkpoint = _resolve_target(args.target, overrides, EVAL_SECTIONS)
     baseline = None
     if args.baseline:
         # the baseline's model, sampled and scored exactly as the target: same config, prompts, seeds
-        base_config, base_checkpoint = _resolve_target(args.baseline, [])
+        base_config, base_checkpoint = _resolve_target(args.baseline, [], ("model",))
         if base_config.model.family != config.model.family:
-            raise SystemExit(
-                f"error: --baseline {args.baseline!r} is a {base_config.model.family!r} model, the target a "
+            raise DiffrlError(
+                f"--baseline {args.baseline!r} is a {base_config.model.family!r} model, the target a "
                 f"{config.model.family!r} one; a paired comparison needs the same family (same noise)"
             )
-        baseline = (dataclasses.replace(config, model=base_config.model), base_checkpoint)
+        paired = dataclasses.replace(config, model=base_config.model)
+        problems = validate(paired, sections=EVAL_SECTIONS)
+        if problems:
+            raise ConfigError(problems, f"--baseline {args.baseline}")
+        baseline = (paired, base_checkpoint)
     rewards = RewardSet(config.eval.rewards)
     try:
         result = evaluate(_load_for_inference(config, checkpoint), config, rewards)
         base = evaluate(_load_for_inference(*baseline), config, rewards) if baseline else None
     finally:
         rewards.close()
-    out = Path(args.out)
     grid = save_grid(result.images[: config.eval.grid_images], out / "grid.png")
     for name, scores in result.rewards.items():
         print(
@@ -133,19 +183,39 @@ def cmd_sample(args) -> int:
     from diffrl.data.prompts import PromptSet, load_prompts
     from diffrl.train.evaluate import generate, save_grid, to_pil
 
-    config, checkpoint = _resolve_target(args.target, args.overrides)
+    if args.prompt and args.prompts:
+        raise DiffrlError("give either --prompt TEXT (repeatable) or --prompts FILE, not both")
+    if not args.prompt and not args.prompts:
+        raise DiffrlError("give --prompt TEXT (repeatable) or --prompts FILE")
+    if args.num_prompts is not None and not args.prompts:
+        raise DiffrlError(
+            "--num-prompts takes the first N prompts of --prompts FILE; with --prompt, give just those"
+        )
+    if args.samples_per_prompt < 1:
+        raise DiffrlError(f"--samples-per-prompt must be >= 1, got {args.samples_per_prompt}")
+    out = Path(args.out).expanduser()
+    _check_out_dir(out, "--out")
+    config, checkpoint = _resolve_target(args.target, args.overrides, SAMPLE_SECTIONS)
+    if config.eval.batch_size < 1:  # sample draws eval.batch_size images per forward
+        raise DiffrlError(
+            f"eval.batch_size (images per sampling forward) must be >= 1, got {config.eval.batch_size}"
+        )
     if args.prompt:
         prompts = PromptSet(list(args.prompt))
-    elif args.prompts:
-        prompts = load_prompts(args.prompts).head(args.num_prompts)
     else:
-        raise SystemExit("error: give --prompt TEXT (repeatable) or --prompts FILE")
+        prompts = load_prompts(args.prompts)
+        n = args.num_prompts
+        if n is not None and not 1 <= n <= len(prompts):
+            raise DiffrlError(
+                f"--num-prompts {n}: {args.prompts!r} holds {len(prompts)} prompts; ask for 1 to {len(prompts)} "
+                "(or leave it out for all of them)"
+            )
+        prompts = prompts.head(n)
     family = _load_for_inference(config, checkpoint)
     index, images = generate(
         family, config, prompts, args.samples_per_prompt, args.seed, config.eval.batch_size
     )
     names = [prompts.prompts[i] for i in index]
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for k, img in enumerate(images):
         to_pil(img).save(out / f"{k:04d}.png")
@@ -156,21 +226,33 @@ def cmd_sample(args) -> int:
 
 def cmd_export(args) -> int:
     from diffrl.models.registry import DTYPES
+    from diffrl.train.checkpoint import is_checkpoint
 
-    config, checkpoint = _resolve_target(args.checkpoint, [])
-    if checkpoint is None:
-        raise SystemExit(f"error: {args.checkpoint!r} is not a diffrl checkpoint")
+    if not is_checkpoint(Path(args.checkpoint).expanduser()):
+        what = (
+            "no such folder"
+            if not Path(args.checkpoint).expanduser().exists()
+            else "no checkpoint.json inside"
+        )
+        raise DiffrlError(
+            f"{args.checkpoint!r} is not a diffrl checkpoint ({what}); give a run's checkpoint folder, "
+            "e.g. runs/NAME/checkpoints/final"
+        )
+    out = Path(args.out_dir).expanduser()
+    _check_out_dir(out, "OUT_DIR", empty=not args.force)
+    # export reads the model and its weights: the run's training settings (rewards, data) need not resolve
+    config, checkpoint = _resolve_target(args.checkpoint, args.overrides, EXPORT_SECTIONS)
     family = _load_for_inference(config, checkpoint)
     if config.model.lora is not None and not args.merge:
-        how = family.save_lora(args.out_dir)
+        how = family.save_lora(out)
         if how is not None:
-            print(f"wrote the LoRA adapter to {args.out_dir}; in diffusers: {how}")
+            print(f"wrote the LoRA adapter to {out}; in diffusers: {how}")
             return 0
     if config.model.lora is not None:  # merge the adapter into the base weights, then drop it
         family.transformer.fuse_lora()
         family.transformer.unload_lora()
-    family.save_pretrained(args.out_dir, dtype=DTYPES[args.dtype] if args.dtype else None)
-    print(f"wrote {family.name} model to {args.out_dir}")
+    family.save_pretrained(out, dtype=DTYPES[args.dtype] if args.dtype else None)
+    print(f"wrote {family.name} model to {out}")
     return 0
 
 
@@ -190,18 +272,27 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="diffrl", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    debug_help = "show the full traceback of an error (for bug reports)"
+    p.add_argument("--debug", action="store_true", help=debug_help)
+    # also accepted after the command (``diffrl train RECIPE --debug``); SUPPRESS keeps the global value
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train from a recipe")
+    t = sub.add_parser("train", parents=[common], help="train from a recipe")
     t.add_argument("recipe")
     t.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-4")
     t.set_defaults(func=cmd_train)
 
-    e = sub.add_parser("eval", help="score a model on a prompt set; print the mean reward; write a grid")
+    e = sub.add_parser(
+        "eval", parents=[common], help="score a model on a prompt set; print the mean reward; write a grid"
+    )
     e.add_argument("target", help="'base', a recipe .yaml, a checkpoint folder or a model folder")
     e.add_argument("overrides", nargs="*")
-    e.add_argument("--prompts", help="prompt file (default: the config's eval.prompts)")
-    e.add_argument("--num-prompts", type=int)
+    e.add_argument(
+        "--prompts", help="prompt file, all of its prompts unless --num-prompts (default: eval.prompts)"
+    )
+    e.add_argument("--num-prompts", type=int, help="the first N prompts (sets eval.num_prompts)")
     e.add_argument("--samples-per-prompt", type=int, help="default: the config's eval.samples_per_prompt")
     e.add_argument(
         "--baseline",
@@ -211,12 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", default="runs/eval")
     e.set_defaults(func=cmd_eval)
 
-    s = sub.add_parser("sample", help="prompts -> PNG files and a grid")
+    s = sub.add_parser("sample", parents=[common], help="prompts -> PNG files and a grid")
     s.add_argument("target")
     s.add_argument("overrides", nargs="*")
     s.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     s.add_argument("--prompts", help="prompt file")
-    s.add_argument("--num-prompts", type=int)
+    s.add_argument("--num-prompts", type=int, help="the first N prompts of --prompts (default: all)")
     s.add_argument("--samples-per-prompt", type=int, default=1)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", default="runs/samples")
@@ -224,49 +315,90 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser(
         "export",
+        parents=[common],
         help="a LoRA checkpoint -> the adapter as diffusers loads it (families with a diffusers "
         "pipeline), else a diffusers-layout model folder",
     )
     x.add_argument("--merge", action="store_true", help="merge a LoRA into a full model folder instead")
     x.add_argument("checkpoint")
-    x.add_argument("out_dir")
+    x.add_argument("out_dir", help="a new or empty folder (see --force)")
+    x.add_argument("overrides", nargs="*", help="key=value overrides, e.g. run.device=cpu")
     x.add_argument("--dtype", choices=["float32", "float16", "bfloat16"])
+    x.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty OUT_DIR (files of the same name are replaced)",
+    )
     x.set_defaults(func=cmd_export)
 
-    r = sub.add_parser("recipes", help="list the shipped recipes")
+    r = sub.add_parser("recipes", parents=[common], help="list the shipped recipes")
     r.set_defaults(func=cmd_recipes)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    from diffrl.config import ConfigError
-    from diffrl.data.offline import DatasetError
-    from diffrl.data.prompts import PromptFileError
-    from diffrl.models.base import FamilyMismatchError
-    from diffrl.registry import RegistryError
-    from diffrl.rewards.base import RewardError
+USER_OS_ERRORS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT}
+"""OS errors a user's environment causes (a missing or unwritable path, a full disk), not bugs."""
 
+
+def _one_line(text: str, limit: int = 400) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; return its exit code (see :mod:`diffrl.errors`). A user's error prints
+    ``error: <what is wrong and what to do>``, never a traceback (``--debug`` shows it)."""
     parser = build_parser()
-    # key=value overrides may also come after options (``eval base --num-prompts 8 sampling.num_steps=4``)
-    args, extra = parser.parse_known_args(argv)
-    stray = [a for a in extra if "=" not in a or a.startswith("-")]
-    if stray or (extra and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    try:
+        # key=value overrides may also come after options (``eval base --num-prompts 8 sampling.num_steps=4``)
+        args, extra = parser.parse_known_args(argv)
+        stray = [a for a in extra if "=" not in a or a.startswith("-")]
+        if stray or (extra and not hasattr(args, "overrides")):
+            parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    except SystemExit as e:  # argparse printed its usage and message (or --help)
+        return e.code if isinstance(e.code, int) else EXIT_USER_ERROR
     if extra:
         args.overrides = [*args.overrides, *extra]
+    if args.debug:
+        return args.func(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
-    except (
-        ConfigError,
-        PromptFileError,
-        DatasetError,
-        FamilyMismatchError,
-        RegistryError,
-        RewardError,
-        FileNotFoundError,
-    ) as e:
+    except DiffrlError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
+    except OSError as e:
+        if e.errno not in USER_OS_ERRORS and not isinstance(e, FileNotFoundError):
+            return _bug(e)
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("\ninterrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if _is_reward_error(e):
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        return _bug(e)
+
+
+def _is_reward_error(e: Exception) -> bool:
+    """``rewards.base.RewardError`` (a user's reward failing) without importing the rewards (and
+    torch) for commands that never score: if that module is not loaded, nothing raised it."""
+    rewards = sys.modules.get("diffrl.rewards.base")
+    return rewards is not None and isinstance(e, rewards.RewardError)
+
+
+def _bug(e: BaseException) -> int:
+    print(
+        f"error: unexpected {type(e).__name__}: {_one_line(str(e))} — this is a bug in diffrl; "
+        "rerun with --debug for the traceback",
+        file=sys.stderr,
+    )
+    return EXIT_BUG
 
 
 if __name__ == "__main__":

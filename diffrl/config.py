@@ -2,15 +2,21 @@
 
 Recipes are YAML files that fill :class:`Config`; ``key=value`` overrides on the command line
 (``train.lr=3e-4``, ``model.lora.rank=16``) are applied on top. :func:`load_config` reports every
-problem at once: unknown keys (with a "did you mean"), wrong types, impossible batch arithmetic,
-missing files, unknown registry names and algorithm-specific checks.
+problem at once: unknown keys (with a "did you mean"), wrong types, out-of-range numbers, impossible
+batch arithmetic, unreadable files, sizes the model cannot take, unknown registry names and
+algorithm-specific checks; ``sections`` says which parts of the config a command uses, so that
+``export`` does not need the training rewards installed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
+import re
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -322,7 +328,9 @@ def bind_dataclass(cls: type, data: Any, where: str, errors: list[str]) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        errors.append(f"{where or 'config'}: expected a mapping, got {data!r}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        hint = f"; e.g. {{name: {data}}}" if isinstance(data, str) and "name" in names else ""
+        errors.append(f"{where or 'config'}: expected a mapping, got {data!r}{hint}")
         return cls()
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -330,9 +338,13 @@ def bind_dataclass(cls: type, data: Any, where: str, errors: list[str]) -> Any:
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in names:
-            errors.append(
-                f"unknown key {path!r}.{did_you_mean(str(key), names)} Valid keys here: {', '.join(names)}"
+            head, colon, _ = str(key).partition(":")
+            hint = (  # YAML reads {rank:4} as the key "rank:4"; a mapping needs "key: value"
+                f" YAML needs a space after the colon: write {{{head}: ...}}."
+                if colon and head in names
+                else did_you_mean(str(key), names)
             )
+            errors.append(f"unknown key {path!r}.{hint} Valid keys here: {', '.join(names)}")
             continue
         before = len(errors)
         bound = _bind_value(hints[key], value, path, errors)
@@ -396,6 +408,13 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 def read_recipe(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            [
+                f"{str(path)!r} is a folder; give a recipe .yaml file (list the shipped ones with 'diffrl recipes')"
+            ],
+            str(path),
+        )
     if not path.is_file():
         hint = ""
         shipped = recipes_dir() / path.name
@@ -405,7 +424,13 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
             [f"recipe file {str(path)!r} does not exist.{hint} List them with 'diffrl recipes'."], str(path)
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            [f"not a text file (byte {e.start} is not UTF-8); a recipe is a YAML file of sections"], str(path)
+        ) from e
+    except OSError as e:
+        raise ConfigError([f"cannot read the recipe: {e.strerror}"], str(path)) from e
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], str(path)) from e
     if data is None:
@@ -421,18 +446,34 @@ def recipes_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "recipes"
 
 
+SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
+"""The top-level sections of :class:`Config`; ``load_config(sections=...)`` checks those given."""
+
+
 def load_config(
     recipe: str | Path | dict[str, Any] | None = None,
     overrides: list[str] | None = None,
     check_files: bool = True,
+    sections: Collection[str] = SECTIONS,
 ) -> Config:
-    """Recipe (path or dict) + ``key=value`` overrides -> validated :class:`Config`."""
+    """Recipe (path or dict) + ``key=value`` overrides -> validated :class:`Config`.
+
+    Every key of the whole config is bound (unknown keys and wrong types are errors everywhere);
+    the semantic checks run for the ``sections`` the command uses: training uses them all, ``eval``
+    ``("run", "model", "sampling", "eval")``, ``sample`` no eval, ``export`` only ``run`` and
+    ``model``. So a checkpoint whose run used a reward of the user's own package exports without
+    that package installed. ``check_files`` also checks what the config points at on this machine:
+    files and folders, the GPUs ``run.device`` names, the Ray cluster at ``ray.address``.
+    """
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:  # a programming error in a command, not a user's
+        raise ValueError(f"unknown config sections {unknown}; known: {', '.join(SECTIONS)}")
     source = str(recipe) if isinstance(recipe, str | Path) else "config"
     data = read_recipe(recipe) if isinstance(recipe, str | Path) else dict(recipe or {})
     data = deep_merge(data, parse_overrides(overrides or []))
     errors: list[str] = []
     config = bind_dataclass(Config, data, "", errors)
-    errors.extend(validate(config, check_files=check_files))
+    errors.extend(validate(config, check_files=check_files, sections=sections))
     if errors:
         raise ConfigError(errors, source)
     if config.sampling.guidance_scale is None:  # resolved once: everything downstream sees a number
@@ -449,14 +490,90 @@ def resolve_data_path(path: str) -> Path:
     return Path(path).expanduser()
 
 
-def validate(config: Config, check_files: bool = True) -> list[str]:
-    """Semantic checks that need more than types. Returns every problem found."""
-    from diffrl.algorithms.registry import build_algorithm
-    from diffrl.models.registry import FAMILIES
-    from diffrl.rewards.registry import REWARDS
+def validate(config: Config, check_files: bool = True, sections: Collection[str] = SECTIONS) -> list[str]:
+    """Semantic checks that need more than types, for the ``sections`` a command uses (see
+    :func:`load_config`). Returns every problem found."""
+    on = set(sections)
+    errors: list[str] = []
+    if "runner" in on or "ray" in on:
+        errors += _ray_checks(config, check_files)
+    if "run" in on:
+        errors += _run_checks(config, on, check_files)
+    if "train" in on:
+        errors += _train_checks(config, check_files)
+    if "sampling" in on:
+        errors += _sampling_checks(config.sampling)
+    if "model" in on:
+        errors += _model_checks(config, check_files, size="sampling" in on)
+    online = False
+    if "algorithm" in on:
+        algorithm_errors, online = _algorithm_checks(config)
+        errors += algorithm_errors
+    if "rewards" in on:
+        errors += _reward_checks("rewards", config.rewards)
+    if "eval" in on and config.eval.enabled:
+        errors += _eval_checks(config.eval, check_files)
+    if "data" in on:
+        errors += _data_checks(config, online, check_files)
+    # train.resume is checked by the driver before any model loads (it verifies the checkpoint's
+    # files, see train/run_folder.py), after this config is known to be well-formed
+    return errors
 
-    errors: list[str] = _ray_checks(config)
-    t = config.train
+
+def _number(where: str, value: float | None, ok: bool, expected: str) -> list[str]:
+    """``[f"{where} must be {expected}, got {value}"]`` unless ``value`` is finite and ``ok``
+    (``None`` is left to the caller: pass ``ok=True`` for a field where null is allowed)."""
+    if value is None:
+        return []
+    if not math.isfinite(value) or not ok:
+        return [f"{where} must be {expected}, got {value}"]
+    return []
+
+
+TORCH_SEEDS = (-(2**63), 2**64 - 1)
+"""The seeds ``torch.manual_seed`` takes."""
+
+
+def _run_checks(config: Config, sections: set[str], check_files: bool) -> list[str]:
+    import torch
+
+    run, errors = config.run, []
+    if not run.name.strip():
+        errors.append("run.name must not be empty (it names the run folder runs/<name>)")
+    if not TORCH_SEEDS[0] <= run.seed <= TORCH_SEEDS[1]:
+        errors.append(f"run.seed must be in [-2**63, 2**64 - 1] (torch's seed range), got {run.seed}")
+    if run.log_every < 1:
+        errors.append(f"run.log_every must be >= 1 (print every N iterations), got {run.log_every}")
+    device = run.device
+    if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
+        errors.append(f"run.device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    elif device.startswith("cuda") and check_files and _uses_local_devices(config, sections):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(device.partition(":")[2] or 0)
+        if count == 0:
+            errors.append(
+                f"run.device={device}, but torch sees no CUDA GPU on this machine "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
+                "use run.device=cpu (or auto), or install a CUDA build of torch on a GPU machine"
+            )
+        elif index >= count:
+            errors.append(
+                f"run.device={device}, but this machine has {count} CUDA GPU(s) (cuda:0 to "
+                f"cuda:{count - 1}); pick one of them"
+            )
+    return errors
+
+
+def _uses_local_devices(config: Config, sections: set[str]) -> bool:
+    """True when the model runs on this machine: one process, or Ray on a local cluster (a
+    cluster at ``host:port`` has GPUs of its own, checked when it starts)."""
+    if "runner" not in sections or config.runner == "local":
+        return True
+    return config.ray.address in (None, "auto")
+
+
+def _train_checks(config: Config, check_files: bool) -> list[str]:
+    t, errors = config.train, []
     for name in ("iterations", "batch_size", "micro_batch_size"):
         if getattr(t, name) < 1:
             errors.append(f"train.{name} must be >= 1, got {getattr(t, name)}")
@@ -465,95 +582,217 @@ def validate(config: Config, check_files: bool = True) -> list[str]:
             f"train.batch_size ({t.batch_size}) must be a multiple of train.micro_batch_size "
             f"({t.micro_batch_size}); e.g. set train.micro_batch_size={_largest_divisor(t.batch_size, t.micro_batch_size)}"
         )
-    if t.lr <= 0:
-        errors.append(f"train.lr must be > 0, got {t.lr}")
-    if t.time_budget_minutes is not None and t.time_budget_minutes <= 0:
-        errors.append(
-            f"train.time_budget_minutes must be > 0 (or null for none), got {t.time_budget_minutes}"
-        )
-    if t.ema_decay is not None and not 0.0 < t.ema_decay < 1.0:
-        errors.append(f"train.ema_decay must be in (0, 1) or null, got {t.ema_decay}")
-    if t.grad_clip is not None and t.grad_clip <= 0:
-        errors.append(f"train.grad_clip must be > 0 or null, got {t.grad_clip}")
+    errors += _number("train.lr", t.lr, 0 < t.lr <= 1, "in (0, 1] (e.g. 1e-4)")
+    errors += _number(
+        "train.weight_decay",
+        t.weight_decay,
+        0 <= t.weight_decay <= 1,
+        "in [0, 1] (AdamW's decoupled decay; e.g. 0.01)",
+    )
+    for i, beta in enumerate(t.adam_betas):
+        errors += _number(f"train.adam_betas[{i}]", beta, 0 <= beta < 1, "in [0, 1) (e.g. [0.9, 0.999])")
+    errors += _number("train.adam_eps", t.adam_eps, 0 < t.adam_eps < 1, "in (0, 1) (e.g. 1e-8)")
+    errors += _number(
+        "train.grad_clip",
+        t.grad_clip,
+        t.grad_clip is None or t.grad_clip > 0,
+        "a max gradient norm > 0, or null for none",
+    )
+    errors += _number(
+        "train.ema_decay",
+        t.ema_decay,
+        t.ema_decay is None or 0 < t.ema_decay < 1,
+        "in (0, 1) (e.g. 0.99), or null for no EMA",
+    )
+    errors += _number(
+        "train.time_budget_minutes",
+        t.time_budget_minutes,
+        t.time_budget_minutes is None or t.time_budget_minutes > 0,
+        "> 0 (or null for none)",
+    )
+    for name in ("warmup_steps", "save_every", "eval_every"):
+        if getattr(t, name) < 0:
+            errors.append(f"train.{name} must be >= 0 (0: none), got {getattr(t, name)}")
     if t.keep_last is not None and t.keep_last < 1:
         errors.append(f"train.keep_last must be >= 1 or null (keep all), got {t.keep_last}")
     for name in ("max_failed_iterations", "max_nonfinite_steps"):
         if getattr(t, name) < 1:
             errors.append(f"train.{name} must be >= 1, got {getattr(t, name)}")
-    s = config.sampling
+    if check_files:
+        errors += _output_dir_checks(config.run.resolved_output_dir())
+    return errors
+
+
+def _output_dir_checks(out: Path) -> list[str]:
+    """``run.output_dir`` must be (or become) a folder: neither it nor a parent may be a file."""
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                what = "run.output_dir" if p == out else f"run.output_dir's parent {str(p)!r}"
+                return [
+                    f"run.output_dir: {str(out)!r} cannot be a folder: {what} is a file; "
+                    "set run.output_dir (or run.name) to a folder path"
+                ]
+            if not os.access(p, os.W_OK):
+                return [
+                    f"run.output_dir: cannot write in {str(p)!r} (permission denied); choose another folder"
+                ]
+            break
+    return []
+
+
+def _sampling_checks(s: SamplingConfig) -> list[str]:
+    errors = []
     if s.num_steps < 1:
         errors.append(f"sampling.num_steps must be >= 1, got {s.num_steps}")
-    if s.shift is not None and s.shift <= 0:
-        errors.append(f"sampling.shift must be > 0, got {s.shift}")
-    if s.guidance_scale is not None and s.guidance_scale < 1.0:
-        errors.append(f"sampling.guidance_scale must be >= 1 (1 disables CFG), got {s.guidance_scale}")
-    if config.eval.samples_per_prompt < 1 or config.eval.batch_size < 1:
-        errors.append("eval.samples_per_prompt and eval.batch_size must be >= 1")
-    if config.model.lora is not None and config.model.lora.rank < 1:
-        errors.append(f"model.lora.rank must be >= 1, got {config.model.lora.rank}")
-    if config.run.device not in ("auto", "cpu") and not config.run.device.startswith("cuda"):
-        errors.append(f"run.device must be auto, cpu, cuda or cuda:N, got {config.run.device!r}")
+    errors += _number(
+        "sampling.shift",
+        s.shift,
+        s.shift is None or 0 < s.shift <= 100,
+        "in (0, 100] (e.g. 3.0), or null for the family's",
+    )
+    errors += _number(
+        "sampling.guidance_scale",
+        s.guidance_scale,
+        s.guidance_scale is None or 1 <= s.guidance_scale <= 100,
+        "in [1, 100] (1 disables CFG; e.g. 4.5), or null for the family's",
+    )
+    for name in ("height", "width"):
+        value = getattr(s, name)
+        if value is not None and value < 1:
+            errors.append(
+                f"sampling.{name} must be >= 1 pixel, or null for the family's default, got {value}"
+            )
+    return errors
 
-    family_cls = None
+
+def _model_checks(config: Config, check_files: bool, size: bool) -> list[str]:
+    """``model.*`` and, with ``size``, the family's constraints on ``sampling.height/width``."""
+    from diffrl.models.base import ModelFamily
+    from diffrl.models.registry import FAMILIES
+
+    errors = []
+    lora = config.model.lora
+    if lora is not None:
+        if lora.rank < 1:
+            errors.append(f"model.lora.rank must be >= 1, got {lora.rank}")
+        errors += _number("model.lora.alpha", lora.alpha, lora.alpha > 0, "> 0 (e.g. twice the rank)")
+        errors += _number("model.lora.dropout", lora.dropout, 0 <= lora.dropout < 1, "in [0, 1)")
     try:
         family_cls = FAMILIES.resolve(config.model.family)
     except RegistryError as e:
-        errors.append(f"model.family: {e}")
-    if family_cls is not None:
-        errors.extend(family_cls.validate_config(config, check_files=check_files))
+        return [*errors, f"model.family: {e}"]
+    if not (isinstance(family_cls, type) and issubclass(family_cls, ModelFamily)):
+        return [*errors, f"model.family: {config.model.family!r} is not a ModelFamily subclass"]
+    errors += family_cls.validate_config(config, check_files=check_files)
+    errors += family_cls.lora_problems(config, check_files=check_files)
+    if size:
+        errors += family_cls.size_problems(config, check_files=check_files)
+    return errors
 
-    algorithm = None
+
+def _algorithm_checks(config: Config) -> tuple[list[str], bool]:
+    """The algorithm's own checks and what its collection spec needs; returns (errors, online)."""
+    from diffrl.algorithms.registry import build_algorithm
+
     try:
         algorithm = build_algorithm(config)
     except ConfigError as e:
-        errors.extend(e.problems)
+        return e.problems, False
     except RegistryError as e:
-        errors.append(f"algorithm.name: {e}")
-    if algorithm is not None:
-        spec = algorithm.collection_spec()
-        if spec.needs_reward and not config.rewards:
-            errors.append(
-                f"algorithm {algorithm.name!r} needs a reward; add a 'rewards:' list (e.g. - name: ocr)"
-            )
-        if spec.online:
-            errors.extend(_rollout_arithmetic(config))
-        if not spec.online and not config.data.dataset:
-            errors.append(
-                f"algorithm {algorithm.name!r} trains on an offline dataset; set data.dataset "
-                "(synthetic_text or a folder of images + captions)"
-            )
-        missing = sorted(set(algorithm.requires) - spec.provides())
-        if missing:
-            errors.append(
-                f"algorithm {algorithm.name!r} trains on {', '.join(missing)}, which its collection_spec() "
-                "does not collect; have the spec provide it (online collection records images and "
-                "sigmas; keep_trajectory / keep_log_prob with a stochastic sampler and step strategy "
-                "record the trajectory) or do not require it"
-            )
-        errors.extend(algorithm.validate(config))
+        return [f"algorithm.name: {e}"], False
+    errors = []
+    spec = algorithm.collection_spec()
+    if spec.needs_reward and not config.rewards:
+        errors.append(
+            f"algorithm {algorithm.name!r} needs a reward; add a 'rewards:' list (e.g. - name: ocr)"
+        )
+    if spec.online:
+        errors.extend(_rollout_arithmetic(config))
+    if not spec.online and not config.data.dataset:
+        errors.append(
+            f"algorithm {algorithm.name!r} trains on an offline dataset; set data.dataset "
+            "(synthetic_text or a folder of images + captions)"
+        )
+    missing = sorted(set(algorithm.requires) - spec.provides())
+    if missing:
+        errors.append(
+            f"algorithm {algorithm.name!r} trains on {', '.join(missing)}, which its collection_spec() "
+            "does not collect; have the spec provide it (online collection records images and "
+            "sigmas; keep_trajectory / keep_log_prob with a stochastic sampler and step strategy "
+            "record the trajectory) or do not require it"
+        )
+    errors.extend(algorithm.validate(config))
+    return errors, spec.online
 
-    for where, rewards in (("rewards", config.rewards), ("eval.rewards", config.eval.rewards)):
-        for i, r in enumerate(rewards):
-            try:
-                REWARDS.resolve(r.name)
-            except RegistryError as e:
-                errors.append(f"{where}[{i}].name: {e}")
-            if not r.timeout_s > 0 or r.timeout_s == float("inf"):  # NaN fails both
-                errors.append(f"{where}[{i}].timeout_s must be a number of seconds > 0, got {r.timeout_s}")
 
+def _reward_checks(where: str, rewards: list[RewardConfig]) -> list[str]:
+    from diffrl.rewards.registry import REWARDS
+
+    errors = []
+    for i, r in enumerate(rewards):
+        try:
+            REWARDS.resolve(r.name)
+        except RegistryError as e:
+            errors.append(f"{where}[{i}].name: {e}")
+        errors += _number(f"{where}[{i}].weight", r.weight, True, "a finite number (e.g. 1.0)")
+        if not r.timeout_s > 0 or r.timeout_s == float("inf"):  # NaN fails both
+            errors.append(f"{where}[{i}].timeout_s must be a number of seconds > 0, got {r.timeout_s}")
+    return errors
+
+
+def _eval_checks(e: EvalConfig, check_files: bool) -> list[str]:
+    errors = []
+    for name in ("samples_per_prompt", "batch_size", "grid_images"):
+        if getattr(e, name) < 1:
+            errors.append(f"eval.{name} must be >= 1, got {getattr(e, name)}")
+    if e.num_prompts is not None and e.num_prompts < 1:
+        errors.append(
+            f"eval.num_prompts must be >= 1, or null for every prompt of the file, got {e.num_prompts}"
+        )
+    errors += _reward_checks("eval.rewards", e.rewards)
     if check_files:
-        needs_prompts = algorithm is not None and algorithm.collection_spec().online
-        files = [("eval.prompts", config.eval.prompts)] if config.eval.enabled else []
-        if needs_prompts:
-            files.append(("data.prompts", config.data.prompts))
-        for key, value in files:
-            if not resolve_data_path(value).is_file():
-                errors.append(f"{key}: prompt file {value!r} does not exist")
-        ds = config.data.dataset
-        if ds and ds != "synthetic_text" and not Path(ds).is_dir():
+        count, problem = _prompt_count(e.prompts)
+        if problem:
+            errors.append(f"eval.prompts: {problem}")
+        elif e.num_prompts is not None and e.num_prompts > count:
             errors.append(
-                f"data.dataset: {ds!r} is neither 'synthetic_text' nor an existing folder of images"
+                f"eval.num_prompts is {e.num_prompts}, but eval.prompts {e.prompts!r} holds {count} "
+                f"prompts; ask for at most {count} (null: all of them)"
             )
+    return errors
+
+
+def _prompt_count(path: str) -> tuple[int, str | None]:
+    """The number of prompts in a prompt file, or the problem that makes it unreadable."""
+    from diffrl.data.prompts import PromptFileError, load_prompts
+
+    try:
+        return len(load_prompts(path)), None
+    except PromptFileError as e:
+        return 0, str(e)
+
+
+def _data_checks(config: Config, online: bool, check_files: bool) -> list[str]:
+    d, errors = config.data, []
+    if d.dataset_size is not None and d.dataset_size < 1:
+        errors.append(
+            f"data.dataset_size must be >= 1, or null for one example per prompt, got {d.dataset_size}"
+        )
+    if not check_files:
+        return errors
+    # online rollouts sample data.prompts; the synthetic dataset renders them
+    if online or d.dataset == "synthetic_text":
+        _, problem = _prompt_count(d.prompts)
+        if problem:
+            errors.append(f"data.prompts: {problem}")
+    if d.dataset and d.dataset != "synthetic_text" and not online:
+        from diffrl.data.offline import DatasetError, scan_image_folder
+
+        try:
+            scan_image_folder(d.dataset)
+        except DatasetError as e:
+            errors.append(f"data.dataset: {e}")
     return errors
 
 
@@ -580,7 +819,7 @@ def _rollout_arithmetic(config: Config) -> list[str]:
     return errors
 
 
-def _ray_checks(config: Config) -> list[str]:
+def _ray_checks(config: Config, check_files: bool) -> list[str]:
     import importlib.util
 
     r, errors = config.ray, []
@@ -591,8 +830,16 @@ def _ray_checks(config: Config) -> list[str]:
     for name in ("num_engines", "num_reward_workers", "num_trainer_ranks"):
         if getattr(r, name) < 1:
             errors.append(f"ray.{name} must be >= 1, got {getattr(r, name)}")
-    if r.cpus_per_actor < 0:
-        errors.append(f"ray.cpus_per_actor must be >= 0, got {r.cpus_per_actor}")
+    errors += _number("ray.cpus_per_actor", r.cpus_per_actor, r.cpus_per_actor >= 0, ">= 0")
+    if r.address not in (None, "auto") and ray_host_port(r.address) is None:
+        errors.append(
+            f"ray.address must be null (start a local cluster), auto (the cluster 'ray start' began on "
+            f"this node) or HOST:PORT of a cluster's head (e.g. 10.0.0.5:6379), got {r.address!r}"
+        )
+    elif r.address is not None and check_files and not errors:
+        problem = ray_address_problem(r.address)
+        if problem:
+            errors.append(problem)
     if r.backend not in (None, "gloo", "nccl"):
         errors.append(f"ray.backend must be gloo, nccl or null, got {r.backend!r}")
     ranks, per_step = r.num_trainer_ranks, config.train.batch_size
@@ -602,6 +849,54 @@ def _ray_checks(config: Config) -> list[str]:
             f"evenly over ray.num_trainer_ranks={ranks} (ranks take whole samples)"
         )
     return errors
+
+
+def ray_host_port(address: str) -> tuple[str, int] | None:
+    """``"host:port"`` or ``"ray://host:port"`` -> ``(host, port)``; None when it is neither."""
+    m = re.fullmatch(r"(?:ray://)?\[?([^\[\]\s/]+?)\]?:(\d{1,5})", address.strip())
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        return None
+    return m.group(1), int(m.group(2))
+
+
+RAY_CONNECT_TIMEOUT_S = 3.0
+
+
+def ray_address_problem(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> str | None:
+    """Why ``ray.init(address=address)`` would fail (None when a Ray head accepts TCP connections
+    there): checked in seconds, where Ray itself retries for half a minute before it gives up."""
+    import socket
+
+    if address == "auto":
+        try:  # Ray's own lookup: RAY_ADDRESS, then the cluster 'ray start' recorded on this node
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:
+            return None  # no ray (reported apart) or a Ray that moved it: ray.init will tell
+        try:
+            found = canonicalize_bootstrap_address("auto")
+        except (ConnectionError, ValueError):
+            found = None
+        if found is None:
+            return (
+                "ray.address=auto, but no Ray cluster runs on this node (none started with 'ray start' "
+                "and RAY_ADDRESS is not set); start one with 'ray start --head', give HOST:PORT of a "
+                "cluster's head, or set ray.address=null to start a local cluster for this run"
+            )
+        address = found
+    host_port = ray_host_port(address)
+    if host_port is None:
+        return f"ray.address: {address!r} is not HOST:PORT"
+    host, port = host_port
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as e:
+        reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        return (
+            f"ray.address={address!r}: nothing accepts connections at {host}:{port} ({reason}, "
+            f"{timeout_s:g} s); start the cluster's head there ('ray start --head --port={port}'), fix "
+            "the address, or set ray.address=null to start a local cluster for this run"
+        )
 
 
 def _largest_divisor(n: int, at_most: int) -> int:

@@ -10,8 +10,10 @@ import difflib
 import importlib
 from typing import Any
 
+from diffrl.errors import DiffrlError
 
-class RegistryError(ValueError):
+
+class RegistryError(DiffrlError, ValueError):
     """A name that is neither registered nor an importable dotted path."""
 
 
@@ -26,7 +28,13 @@ def import_object(path: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise RegistryError(f"cannot import module {module_name!r} for {path!r}: {e}") from e
+        raise RegistryError(
+            f"cannot import module {module_name!r} for {path!r}: {e}; install it or put its folder on PYTHONPATH"
+        ) from e
+    except Exception as e:  # the user's module raised while importing: say where, not a traceback
+        raise RegistryError(
+            f"importing module {module_name!r} for {path!r} raised {type(e).__name__}: {e}; fix that module"
+        ) from e
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from diffrl.config import resolve_data_path
+from diffrl.errors import DiffrlError
+
+FORMATS = 'a .txt file (one prompt a line) or a .jsonl file (one {"prompt": ...} object a line)'
 
 
-class PromptFileError(ValueError):
+class PromptFileError(DiffrlError, ValueError):
     """A prompt file that is missing or has a malformed line."""
 
 
@@ -29,18 +32,42 @@ class PromptSet:
         return len(self.prompts)
 
     def head(self, n: int | None) -> PromptSet:
+        """The first ``n`` prompts (``None``: all); asking for more than the set holds, or for
+        fewer than one, is an error (no silent cap)."""
         if n is None:
             return self
+        if not 1 <= n <= len(self):
+            raise PromptFileError(
+                f"asked for {n} prompts of {self.source or 'the prompt set'!r}, which holds "
+                f"{len(self)}; ask for 1 to {len(self)}"
+            )
         return PromptSet(self.prompts[:n], self.metadata[:n], self.source)
 
 
 def load_prompts(path: str | Path) -> PromptSet:
     """Read ``.txt`` or ``.jsonl``; every malformed line is reported with its number."""
     file = resolve_data_path(str(path))
+    if file.is_dir():
+        raise PromptFileError(f"prompt file {str(path)!r} is a folder; give {FORMATS}")
     if not file.is_file():
-        raise PromptFileError(f"prompt file {str(path)!r} does not exist")
+        raise PromptFileError(f"prompt file {str(path)!r} does not exist; give {FORMATS}")
+    if file.suffix == ".json":
+        raise PromptFileError(
+            f"prompt file {str(path)!r} is .json; give {FORMATS} (for JSON, write one object a line "
+            "and name the file .jsonl)"
+        )
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptFileError(
+            f"prompt file {str(path)!r} is not UTF-8 text (byte {e.start} cannot be decoded); give {FORMATS}"
+        ) from e
+    except OSError as e:
+        raise PromptFileError(f"prompt file {str(path)!r} cannot be read: {e.strerror}") from e
+    if "\x00" in text:
+        raise PromptFileError(f"prompt file {str(path)!r} holds NUL bytes: not a text file; give {FORMATS}")
+    lines = text.splitlines()
     prompts, metadata, problems = [], [], []
-    lines = file.read_text(encoding="utf-8").splitlines()
     jsonl = file.suffix == ".jsonl"
     for n, line in enumerate(lines, start=1):
         if not line.strip():
@@ -76,5 +103,5 @@ def load_prompts(path: str | Path) -> PromptSet:
         shown = "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else "")
         raise PromptFileError(f"prompt file {str(path)!r} has {len(problems)} malformed line(s):\n  {shown}")
     if not prompts:
-        raise PromptFileError(f"prompt file {str(path)!r} holds no prompts")
+        raise PromptFileError(f"prompt file {str(path)!r} holds no prompts; give {FORMATS}")
     return PromptSet(prompts, metadata, str(path))

@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 
 from diffrl.algorithms.base import CollectionSpec, DiffusionAlgorithm, RolloutBatch, TrainExamples
-from diffrl.config import Config, RewardConfig
+from diffrl.config import Config, RewardConfig, ray_address_problem
 from diffrl.data.prompts import load_prompts
-from diffrl.errors import RunStopped
+from diffrl.errors import DiffrlError, RunStopped
 from diffrl.rewards.base import RewardOutput
 from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, RolloutStats, attach_rewards
 from diffrl.train.evaluate import EvalResult
@@ -270,6 +270,10 @@ class RayRunner:
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             if r.address:
+                # Ray retries an unreachable address for half a minute, then raises ConnectionError
+                problem = ray_address_problem(r.address)
+                if problem:
+                    raise DiffrlError(problem)
                 ray.init(address=r.address)
             else:  # a local cluster with room for every actor (CPU counts are scheduling units)
                 need = int(cpus * (n_ranks + n_engines + n_rewards)) + 1

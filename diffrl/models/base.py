@@ -22,14 +22,29 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 import torch
 from torch import nn
 
+from diffrl.errors import DiffrlError
+
 if TYPE_CHECKING:
     from diffrl.config import Config
 
 FAMILY_FILE = "diffrl_model.json"
 
 
-class FamilyMismatchError(ValueError):
+class FamilyMismatchError(DiffrlError, ValueError):
     """Weights or a checkpoint made for one model family given to another."""
+
+
+@dataclass(frozen=True)
+class SizeRule:
+    """What ``sampling.height`` and ``sampling.width`` must be for a family's model."""
+
+    multiple: int
+    """Both must be multiples of this many pixels (VAE downsampling x patch size)."""
+    why: str
+    """Where the multiple comes from, for the error message, e.g. ``"its patch size 4"``."""
+    max_side: int | None = None
+    """The largest side the model takes (a learned position embedding's extent), if any."""
+    max_why: str = ""
 
 
 @dataclass
@@ -142,6 +157,64 @@ class ModelFamily(ABC):
                 except FamilyMismatchError as e:
                     errors.append(f"model.path: {e}")
         return errors
+
+    @classmethod
+    def size_rule(cls, config: Config, check_files: bool = True) -> SizeRule | None:
+        """The family's :class:`SizeRule` for this config's model, read before any weights load
+        (from the family's built-in config or the model folder's JSON files); None when it cannot
+        be known yet (e.g. no folder to read). Families override it."""
+        return None
+
+    @classmethod
+    def size_problems(cls, config: Config, check_files: bool = True) -> list[str]:
+        """Problems with ``sampling.height`` / ``sampling.width`` for this family (the sizes the
+        family's ``latent_shape`` would refuse only after the model has loaded)."""
+        s = config.sampling
+        given = {n: v for n in ("height", "width") if isinstance(v := getattr(s, n), int) and v >= 1}
+        rule = cls.size_rule(config, check_files) if given else None
+        if rule is None:
+            return []
+        errors, m = [], rule.multiple
+        for name, v in given.items():
+            if v % m:
+                below, above = v // m * m, (v // m + 1) * m
+                fix = f"{below} or {above}" if below else str(above)
+                errors.append(
+                    f"sampling.{name}={v} does not fit the {cls.name} model: height and width must be "
+                    f"multiples of {m} ({rule.why}); e.g. sampling.{name}={fix}"
+                )
+            elif rule.max_side is not None and v > rule.max_side:
+                errors.append(
+                    f"sampling.{name}={v} is larger than the {cls.name} model takes: at most "
+                    f"{rule.max_side} pixels ({rule.max_why}); e.g. sampling.{name}={rule.max_side}"
+                )
+        return errors
+
+    @classmethod
+    def module_names(cls, config: Config, check_files: bool = True) -> list[str] | None:
+        """The names of the transformer's modules (what ``model.lora.target_modules`` match), from
+        a copy built on the meta device (no weights, no memory); None when they cannot be known
+        before the model loads. Families override it."""
+        return None
+
+    @classmethod
+    def lora_problems(cls, config: Config, check_files: bool = True) -> list[str]:
+        """``model.lora.target_modules`` that match no module of the transformer (peft matches a
+        target to a module name or its dotted end, e.g. ``attn.to_q``)."""
+        lora = config.model.lora
+        targets = lora.target_modules if lora is not None else None
+        names = cls.module_names(config, check_files) if targets else None
+        if not targets or names is None:
+            return []
+        missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+        if not missing:
+            return []
+        return [
+            f"model.lora.target_modules: {', '.join(map(repr, missing))} "
+            f"match{'es' if len(missing) == 1 else ''} no module of the {cls.name} "
+            f"transformer (a target is a module name or its dotted end); its default targets are "
+            f"{', '.join(cls.default_lora_targets)} (null takes them)"
+        ]
 
     @classmethod
     def parse_options(cls, options: dict[str, Any]) -> Any:

@@ -22,6 +22,8 @@ class DiffusersFolderFamily(ModelFamily):
     """The diffusers pipeline this family reproduces, e.g. ``"FluxPipeline"``."""
     components: ClassVar[tuple[str, ...]]
     """The pipeline's ``__init__`` arguments but the scheduler, each an attribute of the family."""
+    transformer_class: ClassVar[str]
+    """The diffusers class of the folder's ``transformer/``, e.g. ``"FluxTransformer2DModel"``."""
 
     scheduler_config: dict[str, Any]
     """The folder's ``scheduler/scheduler_config.json`` (set by the subclass's ``__init__``)."""
@@ -33,7 +35,10 @@ class DiffusersFolderFamily(ModelFamily):
         index = folder / "model_index.json"
         if not index.is_file():
             return [f"{str(folder)!r} has no model_index.json: not a diffusers pipeline folder"]
-        found = json.loads(index.read_text()).get("_class_name")
+        meta = read_json(index)
+        if meta is None:
+            return [f"{str(index)!r} is not a readable JSON object: the folder is damaged (copy it again)"]
+        found = meta.get("_class_name")
         if found != cls.pipeline_class:
             return [
                 f"{str(folder)!r} holds a {found} (model_index.json); the {cls.name} family reads "
@@ -62,6 +67,42 @@ class DiffusersFolderFamily(ModelFamily):
             if key.endswith("_dtype") and value not in DTYPES:
                 errors.append(f"model.options.{key}: {value!r} is not one of {', '.join(DTYPES)}")
         return errors
+
+    @classmethod
+    def component_setting(cls, config, check_files: bool, sub: str, class_name: str, key: str) -> Any:
+        """``key`` of the model folder's ``sub/config.json``, else the default of diffusers'
+        ``class_name`` (what ``from_pretrained`` would build), read before any weights load;
+        None when the folder cannot be read (then the load reports it)."""
+        import inspect
+
+        import diffusers
+
+        folder = Path(config.model.path)
+        if not check_files or config.model.path in ("base", "random") or not (folder / sub).is_dir():
+            return None
+        settings = read_json(folder / sub / "config.json")
+        if settings is None:
+            return None
+        if key in settings:
+            return settings[key]
+        default = inspect.signature(getattr(diffusers, class_name).__init__).parameters[key].default
+        return None if default is inspect.Parameter.empty else default
+
+    @classmethod
+    def module_names(cls, config, check_files: bool = True) -> list[str] | None:
+        import diffusers
+
+        folder = Path(config.model.path)
+        settings = read_json(folder / "transformer" / "config.json") if check_files else None
+        if config.model.path in ("base", "random") or settings is None:
+            return None
+        model_cls = getattr(diffusers, cls.transformer_class)
+        try:
+            with torch.device("meta"):  # the module tree only: no weights are read or allocated
+                model = model_cls.from_config(settings)
+        except (TypeError, ValueError):
+            return None  # a config this diffusers cannot build: the load reports it
+        return [name for name, _ in model.named_modules()]
 
     @classmethod
     def pipeline_folder(cls, path: str) -> Path:
@@ -123,3 +164,12 @@ class DiffusersFolderFamily(ModelFamily):
             transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict(),
         )
         return f"pipe = {self.pipeline_class}.from_pretrained(BASE); pipe.load_lora_weights({str(out_dir)!r})"
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``; None when the file is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

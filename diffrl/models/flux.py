@@ -27,7 +27,7 @@ from typing import Self
 import torch
 from torch import nn
 
-from diffrl.models.base import Conditioning
+from diffrl.models.base import Conditioning, SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily
 from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
 from diffrl.sampling.schedules import resolution_shifted_sigmas
@@ -59,6 +59,7 @@ def image_ids(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch
 class FluxFamily(DiffusersFolderFamily):
     name = "flux"
     pipeline_class = "FluxPipeline"
+    transformer_class = "FluxTransformer2DModel"
     components = ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
     default_guidance = 1.0
     """``FluxPipeline``'s ``true_cfg_scale`` (CFG off); the distilled guidance is ``Options.guidance``."""
@@ -86,6 +87,14 @@ class FluxFamily(DiffusersFolderFamily):
                 f"model.options.max_sequence_length must be in [1, 512] (FluxPipeline's limit), got {length}"
             )
         return errors
+
+    @classmethod
+    def size_rule(cls, config, check_files: bool = True) -> SizeRule | None:
+        blocks = cls.component_setting(config, check_files, "vae", "AutoencoderKL", "block_out_channels")
+        if blocks is None:
+            return None
+        vae = 2 ** (len(blocks) - 1)
+        return SizeRule(vae * 2, f"the VAE's {vae}x downsampling, then 2 x 2 packing")
 
     def __init__(self, transformer, vae, encoders, tokenizers, scheduler_config, device, options):
         super().__init__(transformer, device, options)

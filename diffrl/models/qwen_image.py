@@ -27,7 +27,6 @@ A user's checkpoint: ``model: {family: qwen_image, path: /models/Qwen-Image}``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -35,8 +34,8 @@ from typing import Self
 import torch
 from torch import nn
 
-from diffrl.models.base import Conditioning
-from diffrl.models.diffusers_folder import DiffusersFolderFamily
+from diffrl.models.base import Conditioning, SizeRule
+from diffrl.models.diffusers_folder import DiffusersFolderFamily, read_json
 from diffrl.models.flux import pack, unpack
 from diffrl.sampling.schedules import resolution_shifted_sigmas
 
@@ -69,6 +68,7 @@ QWEN_IMAGE_LORA_TARGETS = [
 class QwenImageFamily(DiffusersFolderFamily):
     name = "qwen_image"
     pipeline_class = "QwenImagePipeline"
+    transformer_class = "QwenImageTransformer2DModel"
     components = ("vae", "text_encoder", "tokenizer", "transformer")
     default_guidance = 4.0
     """``QwenImagePipeline``'s ``true_cfg_scale`` (applied with ``sampling.negative_prompt``)."""
@@ -94,7 +94,7 @@ class QwenImageFamily(DiffusersFolderFamily):
     def folder_problems(cls, folder: Path) -> list[str]:
         problems = super().folder_problems(folder)
         config = folder / "transformer" / "config.json"
-        if not problems and config.is_file() and json.loads(config.read_text()).get("guidance_embeds"):
+        if not problems and (read_json(config) or {}).get("guidance_embeds"):
             # diffusers 0.42's QwenImageTransformer2DModel builds no guidance embedder and its forward
             # fails when given `guidance`; no released Qwen-Image checkpoint sets this flag.
             problems.append(
@@ -103,6 +103,16 @@ class QwenImageFamily(DiffusersFolderFamily):
                 "is true CFG: sampling.guidance_scale)"
             )
         return problems
+
+    @classmethod
+    def size_rule(cls, config, check_files: bool = True) -> SizeRule | None:
+        down = cls.component_setting(
+            config, check_files, "vae", "AutoencoderKLQwenImage", "temperal_downsample"
+        )
+        if down is None:
+            return None
+        vae = 2 ** len(down)  # as the pipeline's vae_scale_factor
+        return SizeRule(vae * 2, f"the VAE's {vae}x compression times the 2 x 2 packing")
 
     def __init__(self, transformer, vae, text_encoder, tokenizer, scheduler_config, device, options):
         super().__init__(transformer, device, options)

@@ -19,7 +19,7 @@ from typing import Self
 import torch
 from torch import nn
 
-from diffrl.models.base import Conditioning
+from diffrl.models.base import Conditioning, SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily
 
 CLIP_MAX_TOKENS = 77
@@ -73,6 +73,7 @@ def vae_decode(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
 class SD3Family(DiffusersFolderFamily):
     name = "sd3"
     pipeline_class = "StableDiffusion3Pipeline"
+    transformer_class = "SD3Transformer2DModel"
     components = (
         "transformer",
         "vae",
@@ -94,6 +95,25 @@ class SD3Family(DiffusersFolderFamily):
         gradient_checkpointing: bool = False
         text_encoder_dtype: str = "float32"
         """dtype of the frozen text encoders and VAE (``bfloat16`` / ``float16`` save memory)."""
+
+    @classmethod
+    def size_rule(cls, config, check_files: bool = True) -> SizeRule | None:
+        blocks = cls.component_setting(config, check_files, "vae", "AutoencoderKL", "block_out_channels")
+        patch = cls.component_setting(
+            config, check_files, "transformer", "SD3Transformer2DModel", "patch_size"
+        )
+        if blocks is None or patch is None:
+            return None
+        vae = 2 ** (len(blocks) - 1)
+        extent = cls.component_setting(
+            config, check_files, "transformer", "SD3Transformer2DModel", "pos_embed_max_size"
+        )
+        return SizeRule(
+            vae * patch,
+            f"the VAE's {vae}x downsampling times the transformer's patch size {patch}",
+            extent * patch * vae if extent else None,
+            f"the position embedding spans {extent} patches of {patch * vae} pixels",
+        )
 
     def __init__(self, transformer, vae, encoders, tokenizers, scheduler_config, device, options):
         super().__init__(transformer, device, options)

@@ -12,6 +12,7 @@ On disk it is a diffusers-layout folder (``transformer/``, ``text_encoder/``, ``
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -21,7 +22,7 @@ from diffusers import SD3Transformer2DModel
 from torch import nn
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, PreTrainedTokenizerFast
 
-from diffrl.models.base import Conditioning, ModelFamily, check_family_dir, write_family_file
+from diffrl.models.base import Conditioning, ModelFamily, SizeRule, check_family_dir, write_family_file
 from diffrl.models.sd3 import SD3_LORA_TARGETS, sd3_forward
 
 BASE_DIR = Path(__file__).resolve().parent / "assets" / "tiny_base"
@@ -103,7 +104,51 @@ class TinyFamily(ModelFamily):
             errors.append("model.options.train_text_encoder needs a full fine-tune (model.lora: null)")
         if config.model.options.get("train_text_encoder") and config.runner != "local":
             errors.append("model.options.train_text_encoder runs in one process only (runner: local)")
+        path = config.model.path
+        if check_files and path not in ("base", "random") and Path(path).is_dir():
+            if not (Path(path) / "transformer").is_dir():
+                errors.append(
+                    f"model.path: {path!r} is not a tiny model folder (no transformer/ inside); give a "
+                    "folder written by 'diffrl export' or save_pretrained, or use 'base' or 'random'"
+                )
         return errors
+
+    @classmethod
+    def transformer_settings(cls, config, check_files: bool = True) -> dict | None:
+        """The transformer's config: the built-in one, or the model folder's (None: unreadable)."""
+        settings = dict(TRANSFORMER_CONFIG)
+        path = config.model.path
+        if path not in ("base", "random"):
+            file = Path(path) / "transformer" / "config.json"
+            if not (check_files and file.is_file()):
+                return None
+            try:
+                settings.update(json.loads(file.read_text()))
+            except (OSError, ValueError):
+                return None  # an unreadable folder is reported when it loads
+        return settings
+
+    @classmethod
+    def module_names(cls, config, check_files: bool = True) -> list[str] | None:
+        settings = cls.transformer_settings(config, check_files)
+        if settings is None:
+            return None
+        with torch.device("meta"):
+            model = SD3Transformer2DModel.from_config(settings)
+        return [name for name, _ in model.named_modules()]
+
+    @classmethod
+    def size_rule(cls, config, check_files: bool = True) -> SizeRule | None:
+        settings = cls.transformer_settings(config, check_files)
+        if settings is None:
+            return None
+        patch, extent = int(settings["patch_size"]), settings.get("pos_embed_max_size")
+        return SizeRule(
+            patch,
+            f"its patch size {patch}",
+            extent * patch if extent else None,
+            f"its position embedding spans {extent} patches of {patch} pixels",
+        )
 
     def __init__(self, transformer, text_encoder, tokenizer, device, options):
         super().__init__(transformer, device, options)

@@ -40,7 +40,7 @@ import torch
 from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
-from diffrl.models.base import Conditioning
+from diffrl.models.base import Conditioning, SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily
 
 # The attention projections of every block, self-attention (attn1) and cross-attention to the text
@@ -168,6 +168,7 @@ class WanExperts(nn.Module, PeftAdapterMixin):
 class WanFamily(DiffusersFolderFamily):
     name = "wan"
     pipeline_class = PIPELINE_CLASS
+    transformer_class = "WanTransformer3DModel"
     default_guidance = 5.0
     """``WanPipeline``'s default ``guidance_scale`` (its ``guidance_scale_2`` defaults to it)."""
     default_lora_targets = WAN_LORA_TARGETS
@@ -238,6 +239,19 @@ class WanFamily(DiffusersFolderFamily):
         if isinstance(length, int) and length < 1:
             errors.append(f"model.options.max_sequence_length must be >= 1, got {length}")
         return errors
+
+    @classmethod
+    def size_rule(cls, config, check_files: bool = True) -> SizeRule | None:
+        spatial = cls.component_setting(
+            config, check_files, "vae", "AutoencoderKLWan", "scale_factor_spatial"
+        )
+        patch = cls.component_setting(
+            config, check_files, "transformer", "WanTransformer3DModel", "patch_size"
+        )
+        if spatial is None or patch is None:
+            return None
+        step = int(spatial) * int(patch[1])
+        return SizeRule(step, f"the VAE's {spatial}x spatial compression times the patch size {patch[1]}")
 
     @classmethod
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:

@@ -52,6 +52,10 @@ def generate(
     s = config.sampling
     height, width = image_size(config, family)
     jobs = [(i, j) for i in range(len(prompts)) for j in range(samples_per_prompt)]
+    if not jobs or batch_size < 1:  # the commands check these; a caller's bug otherwise
+        raise ValueError(
+            f"nothing to sample: {len(prompts)} prompts x {samples_per_prompt} samples in batches of {batch_size}"
+        )
     negative = family.negative(s.negative_prompt, s.guidance_scale)
     sigmas = sampling_sigmas(config, family)
     out = []

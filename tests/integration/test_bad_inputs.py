@@ -1,0 +1,329 @@
+"""Every bad input gets a clear error: the bad value and the fix, an exit code, no traceback.
+
+One table, :data:`CASES`: each row is the argv of ``diffrl`` (after any files it needs are made in
+``tmp_path``), the exit code and a piece of the message. Append rows for new failure modes
+(checkpoint corruption, resume, reward failures): ``{tmp}`` in an argument is the row's
+``tmp_path``; ``{ckpt}`` is a private copy of a tiny trained checkpoint at ``{tmp}/ckpt``, which
+``prepare`` may damage or edit first. Rows run in-process through :func:`diffrl.cli.main` (fast);
+those marked ``in_subprocess`` run ``python -m diffrl.cli`` to show no traceback reaches a terminal.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR
+
+ROOT = Path(__file__).resolve().parents[2]
+SFT = "recipes/tiny_sft.yaml"
+GRPO = "recipes/tiny_grpo_ocr.yaml"
+BAD = EXIT_USER_ERROR
+PNG = bytes.fromhex(  # a 1 x 1 PNG: an image the dataset scan finds (it decodes nothing)
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c4890000000d49444154789c63000100000500010d0a2db40000000049454e44ae426082"
+)
+
+
+def training_reward_not_installed(tmp: Path) -> None:
+    """The checkpoint's run trained with a reward from the user's own package, absent here."""
+    config_file = tmp / "ckpt" / "config.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    config["rewards"] = [{"name": "brightrew:score"}]
+    config_file.write_text(yaml.safe_dump(config))
+
+
+def no_config_yaml(tmp: Path) -> None:
+    (tmp / "ckpt" / "config.yaml").unlink()
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: list[str]
+    code: int
+    message: str
+    """A substring of stderr (of stdout when ``code`` is 0)."""
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    """Made in ``tmp_path`` first: relative path -> text or bytes; a path ending in ``/`` is a folder."""
+    prepare: Callable[[Path], None] | None = None
+    """Called with ``tmp_path`` after the files (and the ``{ckpt}`` copy) are made."""
+    absent: str | None = None
+    """A substring the output must not contain (e.g. a check this command must not make)."""
+    in_subprocess: bool = False
+    needs_no_gpu: bool = False
+    """The row expects no CUDA GPU on this machine (skipped where there is one)."""
+
+
+# one row a line: the table reads down its columns
+# fmt: off
+CASES: list[Case] = [
+    # ---- optimizer and schedule numbers: NaN, inf and out-of-range values, all before anything loads
+    Case("lr-nan", ["train", SFT, "train.lr=nan"], BAD, "train.lr must be in (0, 1] (e.g. 1e-4), got nan", in_subprocess=True),
+    Case("lr-inf", ["train", SFT, "train.lr=.inf"], BAD, "train.lr must be in (0, 1]"),
+    Case("lr-huge", ["train", SFT, "train.lr=1e30"], BAD, "train.lr must be in (0, 1] (e.g. 1e-4), got 1e+30"),
+    Case("lr-zero", ["train", SFT, "train.lr=0"], BAD, "train.lr must be in (0, 1]"),
+    Case("lr-not-a-number", ["train", SFT, "train.lr=fast"], BAD, "train.lr: expected a number, got 'fast'"),
+    Case("weight-decay-negative", ["train", SFT, "train.weight_decay=-0.1"], BAD, "train.weight_decay must be in [0, 1]"),
+    Case("adam-beta-one", ["train", SFT, "train.adam_betas=[0.9, 1.0]"], BAD, "train.adam_betas[1] must be in [0, 1)"),
+    Case("adam-betas-scalar", ["train", SFT, "train.adam_betas=0.9"], BAD, "train.adam_betas: expected a list"),
+    Case("adam-eps-zero", ["train", SFT, "train.adam_eps=0"], BAD, "train.adam_eps must be in (0, 1)"),
+    Case("ema-decay-one", ["train", SFT, "train.ema_decay=1.0"], BAD, "train.ema_decay must be in (0, 1) (e.g. 0.99)"),
+    Case("grad-clip-inf", ["train", SFT, "train.grad_clip=.inf"], BAD, "train.grad_clip must be a max gradient norm > 0, or null"),
+    Case("time-budget-negative", ["train", SFT, "train.time_budget_minutes=-5"], BAD, "train.time_budget_minutes must be > 0"),
+    Case("save-every-negative", ["train", SFT, "train.save_every=-1"], BAD, "train.save_every must be >= 0"),
+    Case("log-every-zero", ["train", SFT, "run.log_every=0"], BAD, "run.log_every must be >= 1"),
+    Case("seed-beyond-torch", ["train", SFT, f"run.seed={2**70}"], BAD, "run.seed must be in [-2**63, 2**64 - 1]"),
+    Case("micro-batch-not-a-divisor", ["train", SFT, "train.batch_size=10", "train.micro_batch_size=4"], BAD, "e.g. set train.micro_batch_size=2"),
+    Case("iterations-zero", ["train", SFT, "train.iterations=0"], BAD, "train.iterations must be >= 1, got 0"),
+    # ---- sampling
+    Case("guidance-nan", ["train", SFT, "sampling.guidance_scale=.nan"], BAD, "sampling.guidance_scale must be in [1, 100]"),
+    Case("guidance-below-one", ["train", SFT, "sampling.guidance_scale=0.5"], BAD, "(1 disables CFG; e.g. 4.5)"),
+    Case("shift-zero", ["train", SFT, "sampling.shift=0"], BAD, "sampling.shift must be in (0, 100]"),
+    Case("num-steps-zero", ["train", SFT, "sampling.num_steps=0"], BAD, "sampling.num_steps must be >= 1"),
+    Case("height-not-a-multiple", ["train", SFT, "sampling.height=30"], BAD, "multiples of 4 (its patch size 4); e.g. sampling.height=28 or 32"),
+    Case("width-too-large", ["train", SFT, "sampling.width=128"], BAD, "at most 64 pixels (its position embedding spans 16 patches"),
+    Case("height-zero", ["train", SFT, "sampling.height=0"], BAD, "sampling.height must be >= 1 pixel"),
+    # ---- model
+    Case("family-unknown", ["train", SFT, "model.family=tinyy"], BAD, "unknown model family 'tinyy'. Did you mean 'tiny'?"),
+    Case("family-not-a-family", ["train", SFT, "model.family=os:getcwd"], BAD, "'os:getcwd' is not a ModelFamily subclass"),
+    Case("dtype-unknown", ["train", SFT, "model.dtype=fp8"], BAD, "model.dtype: 'fp8' is not one of"),
+    Case("model-path-missing", ["train", SFT, "model.path={tmp}/nowhere"], BAD, "is not a directory (use 'base', 'random' or a local diffusers folder)"),
+    Case("model-path-not-a-model", ["train", SFT, "model.path={tmp}/folder"], BAD, "is not a tiny model folder (no transformer/ inside)", files={"folder/": ""}),
+    Case("model-option-unknown", ["train", SFT, "model.options={gradient_checkpoint: true}"], BAD, "Did you mean 'gradient_checkpointing'?"),
+    Case("lora-rank-zero", ["train", SFT, "model.lora={rank: 0}", "model.options={}"], BAD, "model.lora.rank must be >= 1, got 0"),
+    Case("lora-alpha-negative", ["train", SFT, "model.lora={rank: 4, alpha: -1}", "model.options={}"], BAD, "model.lora.alpha must be > 0"),
+    Case("lora-dropout-one", ["train", SFT, "model.lora={rank: 4, dropout: 1.0}", "model.options={}"], BAD, "model.lora.dropout must be in [0, 1)"),
+    Case("lora-target-typo", ["train", GRPO, "model.lora.target_modules=[attn.to_qq]"], BAD, "'attn.to_qq' matches no module of the tiny transformer"),
+    Case("lora-yaml-without-space", ["train", GRPO, "model.lora={rank:4}"], BAD, "YAML needs a space after the colon: write {rank: ...}"),
+    Case("device-unknown", ["train", SFT, "run.device=gpu"], BAD, "run.device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    Case("device-cuda-without-gpu", ["train", SFT, "run.device=cuda"], BAD, "run.device=cuda, but torch sees no CUDA GPU", needs_no_gpu=True),
+    Case("ray-cuda-without-gpu", ["train", GRPO, "runner=ray", "run.device=cuda"], BAD, "run.device=cuda, but torch sees no CUDA GPU", needs_no_gpu=True),
+    # ---- algorithm, rollout, rewards
+    Case("algorithm-unknown", ["train", SFT, "algorithm.name=flow_grp"], BAD, "unknown algorithm 'flow_grp'. Did you mean 'flow_grpo'?"),
+    Case("algorithm-params-not-a-mapping", ["train", SFT, "algorithm.params=[1, 2]"], BAD, "algorithm.params: expected a mapping, got [1, 2]"),
+    Case("algorithm-param-unknown", ["train", SFT, "algorithm.params.cond_drop=0.1"], BAD, "Did you mean 'cond_dropout'?"),
+    Case("rollout-batch-zero", ["train", GRPO, "rollout.batch_size=0"], BAD, "rollout.batch_size must be >= 1, got 0"),
+    Case("batch-arithmetic", ["train", GRPO, "rollout.n_samples_per_prompt=6"], BAD, "they must be equal; e.g. set train.batch_size=48"),
+    Case("step-window-beyond-schedule", ["train", GRPO, "sampling.num_steps=4"], BAD, "does not fit a schedule of 4 steps"),
+    Case("reward-missing", ["train", GRPO, "rewards=[]"], BAD, "algorithm 'flow_grpo' needs a reward; add a 'rewards:' list"),
+    Case("reward-unknown", ["train", GRPO, "rewards=[{name: ocrr}]"], BAD, "unknown reward 'ocrr'. Did you mean 'ocr'?"),
+    Case("reward-as-string", ["train", GRPO, "rewards=[ocr]"], BAD, "rewards[0]: expected a mapping, got 'ocr'; e.g. {name: ocr}"),
+    Case("reward-module-not-installed", ["train", GRPO, "rewards=[{name: 'brightrew:score'}]"], BAD, "cannot import module 'brightrew'"),
+    Case("reward-weight-nan", ["train", GRPO, "rewards=[{name: ocr, weight: .nan}]"], BAD, "rewards[0].weight must be a finite number"),
+    Case("reward-timeout-zero", ["train", GRPO, "rewards=[{name: ocr, timeout_s: 0}]"], BAD, "rewards[0].timeout_s must be a number of seconds > 0"),
+    # ---- run folder and cluster
+    Case("output-dir-is-a-file", ["train", SFT, "run.output_dir={tmp}/out"], BAD, "run.output_dir is a file; set run.output_dir", files={"out": "x"}),
+    Case("output-dir-under-a-file", ["train", SFT, "run.output_dir={tmp}/out/run"], BAD, "run.output_dir's parent", files={"out": "x"}),
+    Case("ray-address-unreachable", ["train", GRPO, "runner=ray", "ray.address=127.0.0.1:1"], BAD, "nothing accepts connections at 127.0.0.1:1"),
+    Case("ray-address-malformed", ["train", GRPO, "runner=ray", "ray.address=headnode"], BAD, "or HOST:PORT of a cluster's head (e.g. 10.0.0.5:6379), got 'headnode'"),
+    Case("ray-engines-zero", ["train", GRPO, "runner=ray", "ray.num_engines=0"], BAD, "ray.num_engines must be >= 1"),
+    # ---- prompt files
+    Case("prompts-binary", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "is not UTF-8 text (byte 0 cannot be decoded)", files={"p.txt": b"\xff\xfe\x00\x01binary"}),
+    Case("prompts-nul-bytes", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "holds NUL bytes: not a text file", files={"p.txt": b"a\x00b\n"}),
+    Case("prompts-folder", ["train", GRPO, "data.prompts={tmp}/prompts"], BAD, "is a folder; give a .txt file (one prompt a line)", files={"prompts/": ""}),
+    Case("prompts-missing", ["train", GRPO, "data.prompts={tmp}/none.txt"], BAD, "none.txt' does not exist"),
+    Case("prompts-empty", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "holds no prompts", files={"p.txt": ""}),
+    Case("prompts-blank-line", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "line 2: empty prompt line (remove it)", files={"p.txt": "a\n\nb\n"}),
+    Case("prompts-bad-jsonl", ["train", GRPO, "data.prompts={tmp}/p.jsonl"], BAD, "line 2: not valid JSON", files={"p.jsonl": '{"prompt": "a"}\n{oops}\n'}),
+    Case("prompts-jsonl-no-prompt", ["train", GRPO, "data.prompts={tmp}/p.jsonl"], BAD, 'line 1: expected {"prompt"', files={"p.jsonl": '{"text": "a"}\n'}),
+    Case("prompts-json-not-jsonl", ["train", GRPO, "data.prompts={tmp}/p.json"], BAD, "name the file .jsonl", files={"p.json": '["a", "b"]'}),
+    Case("sft-prompts-checked-too", ["train", SFT, "data.prompts={tmp}/none.txt"], BAD, "data.prompts: prompt file"),
+    # ---- offline datasets
+    Case("dataset-without-captions", ["train", SFT, "data.dataset={tmp}/images"], BAD, "have no caption (e.g. a.png); add NAME.txt", files={"images/a.png": PNG}),
+    Case("dataset-no-images", ["train", SFT, "data.dataset={tmp}/images"], BAD, "holds no images", files={"images/": ""}),
+    Case("dataset-is-a-file", ["train", SFT, "data.dataset={tmp}/a.png"], BAD, "is a file; give a folder of images", files={"a.png": PNG}),
+    Case("dataset-missing", ["train", SFT, "data.dataset={tmp}/nowhere"], BAD, "nowhere' does not exist; give a folder of images with captions", absent="neither"),
+    Case("dataset-bad-metadata", ["train", SFT, "data.dataset={tmp}/images"], BAD, 'are not {"file_name": ..., "text": ...} objects', files={"images/a.png": PNG, "images/metadata.jsonl": "[1]\n"}),
+    Case("dataset-caption-not-text", ["train", SFT, "data.dataset={tmp}/images"], BAD, "are not text (e.g. a.png (caption 5)); a caption is a UTF-8 string", files={"images/a.png": PNG, "images/metadata.jsonl": '{"file_name": "a.png", "text": 5}\n'}),
+    Case("dataset-size-zero", ["train", SFT, "data.dataset_size=0"], BAD, "data.dataset_size must be >= 1"),
+    Case("sft-without-dataset", ["train", SFT, "data.dataset=null"], BAD, "set data.dataset (synthetic_text or a folder"),
+    # ---- recipes and overrides
+    Case("recipe-missing", ["train", "{tmp}/missing.yaml"], BAD, "missing.yaml' does not exist", in_subprocess=True),
+    Case("recipe-folder", ["train", "{tmp}"], BAD, "is a folder; give a recipe .yaml file"),
+    Case("recipe-binary", ["train", "{tmp}/r.yaml"], BAD, "not a text file (byte 0 is not UTF-8)", files={"r.yaml": b"\x89PNG\r\n\x1a\n\x00"}, in_subprocess=True),
+    Case("recipe-a-list", ["train", "{tmp}/r.yaml"], BAD, "the top level must be a mapping of sections, got list", files={"r.yaml": "- train\n- eval\n"}),
+    Case("recipe-bad-yaml", ["train", "{tmp}/r.yaml"], BAD, "not valid YAML", files={"r.yaml": "train: [1, 2\n"}),
+    Case("unknown-key", ["train", SFT, "train.itterations=3"], BAD, "unknown key 'train.itterations'. Did you mean 'iterations'?"),
+    Case("section-not-a-mapping", ["train", SFT, "train=5"], BAD, "train: expected a mapping, got 5"),
+    Case("override-without-key", ["train", SFT, "=5"], BAD, "override '=5' is not of the form key=value"),
+    Case("overrides-conflict", ["train", SFT, "model.lora=null", "model.lora.rank=4"], BAD, "conflicts with another override"),
+    # ---- eval
+    Case("eval-num-prompts-zero", ["eval", "base", "--num-prompts", "0"], BAD, "eval.num_prompts must be >= 1, or null"),
+    Case("eval-num-prompts-negative", ["eval", "base", "--num-prompts", "-5"], BAD, "eval.num_prompts must be >= 1, or null for every prompt of the file, got -5"),
+    Case("eval-num-prompts-override-negative", ["eval", "base", "eval.num_prompts=-5"], BAD, "got -5"),
+    Case("eval-num-prompts-beyond-file", ["eval", "base", "--num-prompts", "1000000"], BAD, "holds 100 prompts; ask for at most 100"),
+    Case("eval-samples-zero", ["eval", "base", "--samples-per-prompt", "0"], BAD, "eval.samples_per_prompt must be >= 1"),
+    Case("eval-prompts-binary", ["eval", "base", "--prompts", "{tmp}/p.txt"], BAD, "eval.prompts: prompt file", files={"p.txt": b"\xff\xd8\xff"}),
+    Case("eval-unknown-target", ["eval", "{tmp}/nowhere"], BAD, "(no such file or folder) is not 'base', a recipe .yaml, a checkpoint"),
+    Case("eval-out-is-a-file", ["eval", "base", "--out", "{tmp}/out"], BAD, "cannot be a folder: it is a file; give a folder path", files={"out": "x"}),
+    Case("eval-reward-not-installed", ["eval", "base", "eval.rewards=[{name: 'brightrew:score'}]"], BAD, "eval.rewards[0].name: cannot import module 'brightrew'"),
+    Case("eval-baseline-missing", ["eval", "base", "--baseline", "{tmp}/nowhere"], BAD, "is not 'base', a recipe .yaml"),
+    Case("eval-bad-height", ["eval", "base", "sampling.height=30"], BAD, "sampling.height=30 does not fit the tiny model"),
+    Case("eval-not-an-int", ["eval", "base", "--num-prompts", "ten"], BAD, "invalid int value: 'ten'"),
+    Case("eval-ignores-the-training-reward", ["eval", "{ckpt}", "--num-prompts", "0"], BAD, "eval.num_prompts must be >= 1", prepare=training_reward_not_installed, absent="brightrew"),
+    Case("checkpoint-without-config", ["eval", "{ckpt}"], BAD, "has no config.yaml", prepare=no_config_yaml),
+    # ---- sample
+    Case("sample-without-prompts", ["sample", "base"], BAD, "give --prompt TEXT (repeatable) or --prompts FILE"),
+    Case("sample-both-prompt-kinds", ["sample", "base", "--prompt", "a", "--prompts", "{tmp}/p.txt"], BAD, "not both", files={"p.txt": "a\n"}),
+    Case("sample-samples-zero", ["sample", "base", "--prompt", "a", "--samples-per-prompt", "0"], BAD, "--samples-per-prompt must be >= 1, got 0"),
+    Case("sample-num-prompts-beyond-file", ["sample", "base", "--prompts", "{tmp}/p.txt", "--num-prompts", "5"], BAD, "holds 2 prompts; ask for 1 to 2", files={"p.txt": "a\nb\n"}),
+    Case("sample-num-prompts-negative", ["sample", "base", "--prompts", "{tmp}/p.txt", "--num-prompts", "-1"], BAD, "--num-prompts -1", files={"p.txt": "a\nb\n"}),
+    Case("sample-num-prompts-without-file", ["sample", "base", "--prompt", "a", "--num-prompts", "1"], BAD, "--num-prompts takes the first N prompts of --prompts FILE"),
+    Case("sample-out-is-a-file", ["sample", "base", "--prompt", "a", "--out", "{tmp}/out"], BAD, "cannot be a folder: it is a file", files={"out": "x"}),
+    Case("sample-bad-size", ["sample", "base", "--prompt", "a", "sampling.width=66"], BAD, "e.g. sampling.width=64 or 68"),
+    Case("sample-ignores-the-training-reward", ["sample", "{ckpt}", "--prompt", "a", "sampling.height=30"], BAD, "sampling.height=30", prepare=training_reward_not_installed, absent="brightrew"),
+    # ---- export
+    Case("export-not-a-checkpoint", ["export", "base", "{tmp}/out"], BAD, "'base' is not a diffrl checkpoint (no such folder)"),
+    Case("export-into-a-file", ["export", "{ckpt}", "{tmp}/out"], BAD, "/out' cannot be a folder: it is a file", files={"out": "x"}),
+    Case("export-into-a-full-folder", ["export", "{ckpt}", "{tmp}/out"], BAD, "is not empty (1 entry); give a new or empty folder, or pass --force", files={"out/keep.txt": "mine"}),
+    Case("export-needs-no-training-reward", ["export", "{ckpt}", "{tmp}/out"], 0, "wrote tiny model to", prepare=training_reward_not_installed),
+    # ---- the command line itself
+    Case("command-unknown", ["frobnicate"], BAD, "invalid choice: 'frobnicate'", in_subprocess=True),
+    Case("command-missing", [], BAD, "the following arguments are required"),
+    Case("option-unknown", ["train", SFT, "--itterations", "3"], BAD, "unrecognized arguments: --itterations 3"),
+    Case("override-on-recipes", ["recipes", "train.lr=1"], BAD, "unrecognized arguments: train.lr=1"),
+]
+# fmt: on
+
+
+def _fill(arg: str, tmp: Path) -> str:
+    return arg.replace("{ckpt}", str(tmp / "ckpt")).replace("{tmp}", str(tmp))
+
+
+def _setup(case: Case, tmp: Path, request: pytest.FixtureRequest) -> list[str]:
+    for rel, content in case.files.items():
+        path = tmp / rel
+        if rel.endswith("/"):
+            path.mkdir(parents=True, exist_ok=True)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+    if any("{ckpt}" in a for a in case.argv):
+        shutil.copytree(request.getfixturevalue("tiny_checkpoint"), tmp / "ckpt")
+    if case.prepare is not None:
+        case.prepare(tmp)
+    return [_fill(a, tmp) for a in case.argv]
+
+
+def _check(case: Case, code: int, out: str, err: str) -> None:
+    assert "Traceback" not in out + err, err
+    assert code == case.code, f"exit {code}, expected {case.code}; stderr:\n{err}"
+    assert case.message in (out if case.code == 0 else err), f"{case.message!r} not in:\n{err or out}"
+    if case.code != 0:
+        assert "error:" in err
+    if case.absent is not None:
+        assert case.absent not in out + err
+
+
+def _params(subprocess_rows: bool) -> list:
+    return [
+        pytest.param(
+            case,
+            id=case.id,
+            marks=[pytest.mark.skipif(_has_gpu(), reason="expects no GPU")] if case.needs_no_gpu else [],
+        )
+        for case in CASES
+        if case.in_subprocess == subprocess_rows
+    ]
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_the_table_is_well_formed():
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids)), "row ids must be unique"
+    assert len(CASES) >= 40 and sum(c.in_subprocess for c in CASES) >= 3
+
+
+@pytest.mark.parametrize("case", _params(subprocess_rows=False))
+def test_bad_input_in_process(case: Case, tmp_path, request, capsys, monkeypatch):
+    import diffrl.train.loop
+    from diffrl.cli import main
+
+    monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
+    argv = _setup(case, tmp_path, request)
+
+    def refuse(config):  # a row that got past validation must not start a 1,500-iteration recipe
+        raise AssertionError("a bad-input row reached training")
+
+    monkeypatch.setattr(diffrl.train.loop, "train", refuse)
+    capsys.readouterr()
+    code = main(argv)
+    captured = capsys.readouterr()
+    _check(case, code, captured.out, captured.err)
+
+
+@pytest.mark.parametrize("case", _params(subprocess_rows=True))
+def test_bad_input_in_a_real_process(case: Case, tmp_path, request):
+    argv = _setup(case, tmp_path, request)
+    proc = subprocess.run(
+        [sys.executable, "-m", "diffrl.cli", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    _check(case, proc.returncode, proc.stdout, proc.stderr)
+
+
+# ---- how main() reports what is not a user's error ----------------------------------------------
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    argv = [sys.executable, "-m", "diffrl.cli", "--debug", "train", str(tmp_path / "missing.yaml")]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "ConfigError" in proc.stderr
+    after = [sys.executable, "-m", "diffrl.cli", "train", str(tmp_path / "missing.yaml"), "--debug"]
+    proc = subprocess.run(after, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "Traceback" in proc.stderr  # also accepted after the command
+
+
+def test_a_bug_is_one_line_naming_itself(monkeypatch, capsys):
+    from diffrl import cli
+
+    def broken(args):
+        raise KeyError("oops")
+
+    monkeypatch.setattr(cli, "cmd_recipes", broken)
+    assert cli.main(["recipes"]) == EXIT_BUG
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0
+    assert "error: unexpected KeyError: 'oops' — this is a bug in diffrl; rerun with --debug" in err
+    with pytest.raises(KeyError):
+        cli.main(["--debug", "recipes"])
+
+
+def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
+    from diffrl import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_recipes", interrupted)
+    assert cli.main(["recipes"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted (Ctrl-C)"
+
+
+def test_ray_auto_without_a_cluster(monkeypatch):
+    pytest.importorskip("ray")
+    import ray._private.services
+
+    from diffrl.config import ray_address_problem
+
+    def none_running(address):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray._private.services, "canonicalize_bootstrap_address", none_running)
+    problem = ray_address_problem("auto")
+    assert problem is not None and "no Ray cluster runs on this node" in problem
+    assert "ray.address=null" in problem
