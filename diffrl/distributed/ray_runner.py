@@ -298,7 +298,10 @@ class RayRunner:
         n_ranks, n_engines, cpus = r.num_trainer_ranks, r.num_engines, r.cpus_per_actor
         gpu = config.run.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
         if config.run.device.startswith("cuda") and not gpu:
-            raise RuntimeError(f"run.device={config.run.device} but the Ray cluster has no GPU")
+            raise DiffrlError(
+                f"run.device={config.run.device} but the Ray cluster has no GPU; use run.device=cpu or a "
+                "cluster with GPUs"
+            )
         if config.run.device.startswith("cuda:"):  # under Ray each actor sees its own GPU(s) from 0
             config = copy.deepcopy(config)
             config.run.device = "cuda"
@@ -311,7 +314,7 @@ class RayRunner:
         try:
             ray.get(self.pg.ready(), timeout=300)
         except ray.exceptions.GetTimeoutError as e:
-            raise RuntimeError(
+            raise DiffrlError(
                 f"the Ray cluster cannot place {n_ranks} trainer-rank bundle(s) of {bundle} within 5 "
                 f"minutes (cluster: {ray.cluster_resources()}); lower ray.num_trainer_ranks or "
                 "ray.cpus_per_actor, or add nodes"
@@ -408,8 +411,9 @@ class RayRunner:
             except ray.exceptions.RayActorError as e:
                 attempts[g] += 1
                 if attempts[g] > MAX_REISSUES:
-                    raise RuntimeError(
-                        f"micro-group {g} killed {attempts[g]} engines in a row; giving up"
+                    raise RunStopped(
+                        f"micro-group {g} of rollout {iteration} killed {attempts[g]} engines in a row; "
+                        f"the run stops (last checkpoint: {self.last_checkpoint or 'none yet'})"
                     ) from e
                 self._replace_engine(i, engine)  # once: its other queued micro-group fails too
                 queue.appendleft(g)
@@ -495,8 +499,9 @@ class RayRunner:
                     if worker not in self._timed_out_workers:  # it died under this micro-group
                         deaths += 1
                         if deaths > MAX_REISSUES:
-                            raise RuntimeError(
-                                "a micro-group killed its reward worker repeatedly; giving up"
+                            raise RunStopped(
+                                "a micro-group killed its reward worker repeatedly; the run stops "
+                                f"(last checkpoint: {self.last_checkpoint or 'none yet'})"
                             ) from e
                     if pool.actors[w] is worker:
                         pool.replace(w)

@@ -27,11 +27,12 @@ from typing import Any
 import torch
 
 from diffrl.config import RewardConfig
+from diffrl.errors import DiffrlError
 from diffrl.registry import RegistryError
 from diffrl.rewards.workers import CallThread, DeadlineExceeded, deadline_after, result_by
 
 
-class RewardError(RuntimeError):
+class RewardError(DiffrlError, RuntimeError):
     """A reward raised or returned something unusable."""
 
 

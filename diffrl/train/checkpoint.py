@@ -5,7 +5,7 @@ step, the run and the sha256 of every file.
 ```
 checkpoint.json         {"format", "run_id", "family", "base_model", "lora", "iteration",
                          "files": {name: sha256}, "trainer": {optimizer param groups, LR schedule,
-                         step}, "loop": {eval history, training time}}
+                         step}, "loop": {eval history, training time, final}}
 config.yaml             the run's config
 trainable.safetensors
 optimizer.safetensors   (tensors; the rest of the optimizer state is in checkpoint.json)
@@ -329,8 +329,9 @@ def resume_problems(config: Config, info: dict[str, Any], path: Path) -> list[st
             "resume with the run's own model settings"
         )
     iteration = info.get("iteration", 0)
-    # a step checkpoint at the last iteration is a run stopped during its final eval: it may finish
-    if iteration > config.train.iterations or (iteration == config.train.iterations and path.name == "final"):
+    # a step checkpoint at the last iteration (a run stopped during its final eval) may finish
+    final = info.get("loop", {}).get("final", False)
+    if iteration > config.train.iterations or (iteration == config.train.iterations and final):
         problems.append(
             f"train.resume: {str(path)!r} is at iteration {iteration}, train.iterations is "
             f"{config.train.iterations}: nothing left to run (raise train.iterations)"

@@ -176,9 +176,9 @@ def _train(config: Config, folder: RunFolder, stop: StopSignals) -> TrainResult:
             result.evals.append(point)
             write_atomic(out / "eval_curve.json", json.dumps(result.evals, indent=1))
 
-    def save(path: Path, step: int) -> Path:
+    def save(path: Path, step: int, final: bool = False) -> Path:
         nonlocal last_saved
-        state = {"evals": result.evals, "train_time_s": train_time}
+        state = {"evals": result.evals, "train_time_s": train_time, "final": final}
         last_saved = runner.save(path, step, run_id, state)
         prune_checkpoints(out, t.keep_last)
         return last_saved
@@ -241,7 +241,7 @@ def _train(config: Config, folder: RunFolder, stop: StopSignals) -> TrainResult:
                 break
         guard.finished(step - start)
         evaluate(step)
-        save(result.checkpoint, step)
+        save(result.checkpoint, step, final=True)
     except Abandoned:
         raise _interrupted(stop, step, start, last_saved, save, out) from None
     finally:

@@ -10,9 +10,12 @@ those marked ``in_subprocess`` run ``python -m diffrl.cli`` to show no traceback
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR
+from diffrl.errors import EXIT_BUG, EXIT_RUN_STOPPED, EXIT_USER_ERROR
+from diffrl.train.run_folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT = "recipes/tiny_sft.yaml"
@@ -31,16 +35,87 @@ PNG = bytes.fromhex(  # a 1 x 1 PNG: an image the dataset scan finds (it decodes
 )
 
 
+def _rehash(checkpoint: Path) -> None:
+    """Record the files' current sha256 in checkpoint.json, as if the checkpoint had been written so."""
+    info_file = checkpoint / "checkpoint.json"
+    info = json.loads(info_file.read_text())
+    info["files"] = {n: hashlib.sha256((checkpoint / n).read_bytes()).hexdigest() for n in info["files"]}
+    info_file.write_text(json.dumps(info))
+
+
 def training_reward_not_installed(tmp: Path) -> None:
     """The checkpoint's run trained with a reward from the user's own package, absent here."""
     config_file = tmp / "ckpt" / "config.yaml"
     config = yaml.safe_load(config_file.read_text())
     config["rewards"] = [{"name": "brightrew:score"}]
     config_file.write_text(yaml.safe_dump(config))
+    _rehash(tmp / "ckpt")
 
 
 def no_config_yaml(tmp: Path) -> None:
     (tmp / "ckpt" / "config.yaml").unlink()
+    info = json.loads((tmp / "ckpt" / "checkpoint.json").read_text())
+    del info["files"]["config.yaml"]
+    (tmp / "ckpt" / "checkpoint.json").write_text(json.dumps(info))
+
+
+def truncate_trainable(tmp: Path) -> None:
+    f = tmp / "ckpt" / "trainable.safetensors"
+    f.write_bytes(f.read_bytes()[:64])
+
+
+def corrupt_checkpoint_json(tmp: Path) -> None:
+    f = tmp / "ckpt" / "checkpoint.json"
+    f.write_text(f.read_text()[:40])
+
+
+def foreign_file(tmp: Path) -> None:  # a file of another checkpoint dropped into this one
+    (tmp / "ckpt" / "old_policy.safetensors").write_bytes(b"{}")
+
+
+def remove_optimizer(tmp: Path) -> None:
+    (tmp / "ckpt" / "optimizer.safetensors").unlink()
+
+
+_HELD: list[RunFolder] = []
+
+
+def hold_lock(tmp: Path) -> None:
+    """Another process trains into {tmp}/run (a second open of the lock file conflicts as one would)."""
+    folder = RunFolder(tmp / "run")
+    folder.acquire()
+    _HELD.append(folder)
+
+
+def always_fails(images, prompts, metadata):
+    raise RuntimeError("scorer unavailable")
+
+
+def nan_scores(images, prompts, metadata):
+    return [float("nan")] * len(prompts)
+
+
+def hangs(images, prompts, metadata):
+    threading.Event().wait()  # never returns
+
+
+# a tiny random-model NFT run of 4 iterations (a few seconds), for the rows that must really train
+NFT = "recipes/tiny_nft_ocr.yaml"
+SHORT = [
+    "run.output_dir={tmp}/run",
+    "model.path=random",
+    "sampling.num_steps=2",
+    "sampling.guidance_scale=1",
+    "rollout.batch_size=2",
+    "rollout.n_samples_per_prompt=2",
+    "rollout.micro_group_size=2",
+    "rollout.num_steps_per_rollout=1",
+    "train.batch_size=4",
+    "train.micro_batch_size=2",
+    "train.iterations=4",
+    "eval.enabled=false",
+]
+HERE = "tests.integration.test_bad_inputs"
 
 
 @dataclass(frozen=True)
@@ -59,6 +134,9 @@ class Case:
     in_subprocess: bool = False
     needs_no_gpu: bool = False
     """The row expects no CUDA GPU on this machine (skipped where there is one)."""
+    trains: bool = False
+    """The row reaches the training driver (resume and run-folder checks, runs that stop
+    themselves); other in-process rows are refused if they get that far."""
 
 
 # one row a line: the table reads down its columns
@@ -184,6 +262,27 @@ CASES: list[Case] = [
     Case("export-into-a-file", ["export", "{ckpt}", "{tmp}/out"], BAD, "/out' cannot be a folder: it is a file", files={"out": "x"}),
     Case("export-into-a-full-folder", ["export", "{ckpt}", "{tmp}/out"], BAD, "is not empty (1 entry); give a new or empty folder, or pass --force", files={"out/keep.txt": "mine"}),
     Case("export-needs-no-training-reward", ["export", "{ckpt}", "{tmp}/out"], 0, "wrote tiny model to", prepare=training_reward_not_installed),
+    # ---- checkpoints: every reader verifies every file against its sha256
+    Case("eval-truncated-checkpoint", ["eval", "{ckpt}"], BAD, "trainable.safetensors does not match its sha256", prepare=truncate_trainable),
+    Case("eval-corrupt-checkpoint-json", ["eval", "{ckpt}"], BAD, "checkpoint.json is corrupt", prepare=corrupt_checkpoint_json),
+    Case("export-mixed-checkpoint", ["export", "{ckpt}", "{tmp}/out"], BAD, "old_policy.safetensors is not one of its files", prepare=foreign_file),
+    Case("sample-checkpoint-missing-file", ["sample", "{ckpt}", "--prompt", "a"], BAD, "optimizer.safetensors is missing", prepare=remove_optimizer),
+    # ---- resuming, and one run per output folder: refused by the driver before any model loads
+    Case("resume-truncated", ["train", SFT, "train.resume={ckpt}", "train.iterations=5", "run.output_dir={tmp}/run"], BAD, "trainable.safetensors does not match its sha256", prepare=truncate_trainable, trains=True),
+    Case("resume-not-a-checkpoint", ["train", SFT, "train.resume={tmp}", "run.output_dir={tmp}/run"], BAD, "is not a diffrl checkpoint (no checkpoint.json inside)", trains=True),
+    Case("resume-nothing-left", ["train", SFT, "train.resume={ckpt}", "train.iterations=1", "run.output_dir={tmp}/run"], BAD, "nothing left to run (raise train.iterations)", trains=True),
+    Case("resume-other-lora", ["train", SFT, "train.resume={ckpt}", "train.iterations=5", "model.lora={rank: 4}", "model.options={}", "run.output_dir={tmp}/run"], BAD, "differs from model.lora", trains=True),
+    Case("resume-into-another-run", ["train", SFT, "train.resume={ckpt}", "train.iterations=5", "run.output_dir={tmp}/run"], BAD, "holds run someone-else", files={"run/run.json": '{"run_id": "someone-else"}', "run/metrics.jsonl": '{"step": 1}\n'}, trains=True),
+    Case("folder-holds-a-run", ["train", SFT, "run.output_dir={tmp}/run"], BAD, "already holds a run; continue it with train.resume=latest, or start a new one elsewhere with run.name=OTHER", files={"run/metrics.jsonl": '{"step": 1}\n'}, trains=True),
+    Case("folder-in-use", ["train", SFT, "run.output_dir={tmp}/run"], BAD, "is in use by another diffrl process (PID", prepare=hold_lock, trains=True),
+    Case("keep-last-zero", ["train", SFT, "train.keep_last=0"], BAD, "train.keep_last must be >= 1 or null (keep all), got 0"),
+    Case("max-failed-iterations-zero", ["train", SFT, "train.max_failed_iterations=0"], BAD, "train.max_failed_iterations must be >= 1"),
+    Case("max-nonfinite-steps-zero", ["train", SFT, "train.max_nonfinite_steps=0"], BAD, "train.max_nonfinite_steps must be >= 1"),
+    # ---- runs that stop themselves (exit 3): a real 4-iteration run of a tiny random model
+    Case("reward-always-raises", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:always_fails}}]"], EXIT_RUN_STOPPED, "reward failed in 3 consecutive iterations (train.max_failed_iterations=3); last error: reward 'tests.integration.test_bad_inputs:always_fails' raised RuntimeError: scorer unavailable", trains=True),
+    Case("reward-always-nan", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:nan_scores}}]"], EXIT_RUN_STOPPED, "returned 2 non-finite score(s)", trains=True),
+    Case("reward-hangs", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:hangs, timeout_s: 0.3}}]"], EXIT_RUN_STOPPED, "timed out after 0.3 s", trains=True),
+    Case("reward-fails-in-a-short-run", ["train", NFT, *SHORT, "train.iterations=2", f"rewards=[{{name: {HERE}:always_fails}}]"], EXIT_RUN_STOPPED, "no optimizer step was taken in 2 iteration(s)", trains=True),
     # ---- the command line itself
     Case("command-unknown", ["frobnicate"], BAD, "invalid choice: 'frobnicate'", in_subprocess=True),
     Case("command-missing", [], BAD, "the following arguments are required"),
@@ -260,7 +359,8 @@ def test_bad_input_in_process(case: Case, tmp_path, request, capsys, monkeypatch
     def refuse(config):  # a row that got past validation must not start a 1,500-iteration recipe
         raise AssertionError("a bad-input row reached training")
 
-    monkeypatch.setattr(diffrl.train.loop, "train", refuse)
+    if not case.trains:
+        monkeypatch.setattr(diffrl.train.loop, "train", refuse)
     capsys.readouterr()
     code = main(argv)
     captured = capsys.readouterr()
