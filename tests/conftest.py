@@ -17,6 +17,18 @@ def reference_dir() -> Path:
     return REFERENCE
 
 
+def rehash_checkpoint(checkpoint: Path) -> None:
+    """Record the files' current sha256 in ``checkpoint.json``: for tests that edit a checkpoint's
+    files on purpose and need it to read as if it had been written so."""
+    import hashlib
+    import json
+
+    info_file = checkpoint / "checkpoint.json"
+    info = json.loads(info_file.read_text())
+    info["files"] = {n: hashlib.sha256((checkpoint / n).read_bytes()).hexdigest() for n in info["files"]}
+    info_file.write_text(json.dumps(info))
+
+
 def tiny_overrides(tmp_path: Path, **extra) -> list[str]:
     """Small, fast settings for end-to-end runs on a random tiny model."""
     base = {

@@ -208,7 +208,7 @@ def test_dead_trainer_rank_stops_the_run_naming_the_last_checkpoint(tmp_path, ra
     algorithm = build_algorithm(cfg)
     runner = RayRunner(cfg, algorithm, algorithm.collection_spec())
     try:
-        runner.save(tmp_path / "ckpt_step_0", 0)
+        runner.save(tmp_path / "ckpt_step_0", 0, "run-id", {})
         assert (tmp_path / "ckpt_step_0" / "trainable.safetensors").is_file()
         batch, _ = runner.collect(0)
         signals = algorithm.postprocess_rewards(batch, batch.rewards)

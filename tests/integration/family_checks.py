@@ -12,7 +12,7 @@ import torch
 from diffrl.config import Config, load_config
 from diffrl.models.base import FamilyMismatchError, ModelFamily
 from diffrl.train.loop import TrainResult, train
-from tests.conftest import ROOT
+from tests.conftest import ROOT, rehash_checkpoint
 
 ITERATION = {
     "algorithm.params": "{step_strategy: {name: sde_window, size: 2, range: [0, 3]}}",
@@ -78,6 +78,7 @@ def export_lora(tmp_path: Path, checkpoint: Path) -> tuple[Path, ModelFamily]:
         k: torch.randn(v.shape, generator=gen) * 0.1 if "lora_B" in k else v for k, v in weights.items()
     }
     save_file(weights, str(checkpoint / "trainable.safetensors"))
+    rehash_checkpoint(checkpoint)  # edited on purpose: it reads as if trained so
     out = tmp_path / "lora"
     assert main(["export", str(checkpoint), str(out)]) == 0
     config, ckpt = _resolve_target(str(checkpoint), [])

@@ -10,7 +10,6 @@ those marked ``in_subprocess`` run ``python -m diffrl.cli`` to show no traceback
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ import yaml
 
 from diffrl.errors import EXIT_BUG, EXIT_RUN_STOPPED, EXIT_USER_ERROR
 from diffrl.train.run_folder import RunFolder
+from tests.conftest import rehash_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT = "recipes/tiny_sft.yaml"
@@ -35,21 +35,13 @@ PNG = bytes.fromhex(  # a 1 x 1 PNG: an image the dataset scan finds (it decodes
 )
 
 
-def _rehash(checkpoint: Path) -> None:
-    """Record the files' current sha256 in checkpoint.json, as if the checkpoint had been written so."""
-    info_file = checkpoint / "checkpoint.json"
-    info = json.loads(info_file.read_text())
-    info["files"] = {n: hashlib.sha256((checkpoint / n).read_bytes()).hexdigest() for n in info["files"]}
-    info_file.write_text(json.dumps(info))
-
-
 def training_reward_not_installed(tmp: Path) -> None:
     """The checkpoint's run trained with a reward from the user's own package, absent here."""
     config_file = tmp / "ckpt" / "config.yaml"
     config = yaml.safe_load(config_file.read_text())
     config["rewards"] = [{"name": "brightrew:score"}]
     config_file.write_text(yaml.safe_dump(config))
-    _rehash(tmp / "ckpt")
+    rehash_checkpoint(tmp / "ckpt")
 
 
 def no_config_yaml(tmp: Path) -> None:
