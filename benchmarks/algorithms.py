@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,7 @@ def memory_child(recipe: str) -> None:
 
 def run_algorithm(name: str, recipe: str, args, out: Path) -> list[dict]:
     run_dir = out / name
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time (diffrl refuses a used folder)
     cmd = [
         sys.executable,
         "-m",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ def run(recipe: str, out: Path, name: str, iterations: int, **overrides) -> list
         **overrides,
     }
     cfg = load_config(recipe, [f"{k}={v}" for k, v in base.items()])
+    shutil.rmtree(out / name, ignore_errors=True)  # a fresh run each time (diffrl refuses a used folder)
     t0 = time.time()
     history = train(cfg).history
     print(f"{name}: {iterations} iterations in {time.time() - t0:.1f} s (start-up included)", flush=True)

@@ -16,6 +16,7 @@ RAY = {
     "ray.num_engines": 1,
     "ray.num_trainer_ranks": 2,
     "train.keep_last": "null",
+    "train.iterations": 4,
 }
 
 
