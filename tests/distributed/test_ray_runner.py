@@ -1,14 +1,24 @@
 """runner=ray (2 rollout engines, 2 FSDP2 trainer ranks on gloo, an OCR reward worker) against
 the single-process runner, on the shipped tiny base with the real OCR reward.
 
-Tolerances: rewards are equal (the images are the same to float rounding and OCR reads the same
-text); losses and gradient norms agree to 1e-5 relative and the final LoRA weights to 1e-5 absolute
-(1% of one Adam step at lr 1e-3; measured 3e-6): the gradients differ in the last float32 bits
-(reduction order: two ranks, one thread each, against one process with two), and Adam's
-normalisation enlarges that for the weights with the smallest gradients.
+Tolerances. Iteration 0 is exact in its rewards: the local run samples with the thread count the
+runner gives each engine (:func:`train_local`), so its images are the engines' bits (with 2 threads
+against 1 a GEMM rounds differently, and a pixel on a uint8 rounding boundary flips: seen for Wan
+on 1 seed in 8). Everything downstream of an update is not: the two ranks reduce gradients in
+another order than one process does, so the gradients differ in the last float32 bits.
+- Losses and gradient norms agree to 1e-5 relative, and the final LoRA weights to 1e-5 absolute
+  (1% of one Adam step at lr 1e-3; measured 3e-6): Adam's normalisation enlarges the gradients'
+  last-bit differences for the weights with the smallest gradients.
+- Rewards after the first update agree to :data:`REWARD_ATOL`: the images come from weights that
+  differ in the last bits, and a pixel that lands on the other side of a uint8 rounding boundary
+  moves a brightness reward by one level (measured: 1.3e-6 for FLUX, one level of one of its four
+  16 x 16 images, 1 / (255 * 768 * 4); 1e-7 for Wan). A text reward (OCR) reads the same text from
+  such images (measured: equal), so for it the tolerance is equality.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -22,6 +32,7 @@ from tests.conftest import ROOT
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
 
 LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5  # losses also to 1e-7 absolute: Flow-GRPO's first loss is -mean(A) ~ 0
+REWARD_ATOL = 1e-5  # rewards after an update: 8 uint8 levels of the FLUX test's batch mean (measured: 1)
 TRAINABLE = 31_744  # LoRA r=4 on the tiny transformer's attention projections
 
 
@@ -68,6 +79,28 @@ def config(tmp_path, algorithm: str, runner: str, **extra):
     return load_config(str(recipe), [f"{k}={v}" for k, v in overrides.items()])
 
 
+def train_local(cfg):
+    """``train(cfg)`` with runner=local, on as many threads as RayRunner gives each engine (and rank):
+    the same GEMM kernels, so iteration 0's images are the engines' bits."""
+    assert cfg.runner == "local"
+    threads = torch.get_num_threads()
+    # RayRunner._start: the machine's cores shared by the larger of the two actor groups
+    torch.set_num_threads(
+        max(1, (os.cpu_count() or 1) // max(cfg.ray.num_trainer_ranks, cfg.ray.num_engines))
+    )
+    try:
+        return train(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def assert_rewards_match(local: dict[str, float], distributed: dict[str, float], iteration: int) -> None:
+    """Exactly before the first update, to :data:`REWARD_ATOL` after (see the module's docstring)."""
+    tolerance = 0.0 if iteration == 0 else REWARD_ATOL
+    for key in ("rollout/reward/raw_mean", "rollout/reward/raw_std"):
+        assert distributed[key] == pytest.approx(local[key], rel=0, abs=tolerance), (key, iteration)
+
+
 # DiffusionNFT also keeps an EMA of the (sharded) LoRA weights and evaluates with it
 EXTRA = {
     "flow_grpo": {},
@@ -82,11 +115,10 @@ EXTRA = {
 
 @pytest.mark.parametrize("algorithm", ["flow_grpo", "diffusion_nft"])
 def test_ray_run_equals_local_run(tmp_path, ray_cluster, algorithm):
-    local = train(config(tmp_path, algorithm, "local", **EXTRA[algorithm]))
+    local = train_local(config(tmp_path, algorithm, "local", **EXTRA[algorithm]))
     distributed = train(config(tmp_path, algorithm, "ray", **EXTRA[algorithm]))
-    for a, b in zip(local.history, distributed.history, strict=True):
-        assert a["rollout/reward/raw_mean"] == b["rollout/reward/raw_mean"]
-        assert a["rollout/reward/raw_std"] == b["rollout/reward/raw_std"]
+    for iteration, (a, b) in enumerate(zip(local.history, distributed.history, strict=True)):
+        assert_rewards_match(a, b, iteration)
         assert b["rollout/reward/raw_std"] > 0  # the advantages, and so the gradients, are not all 0
         assert b["train/loss"] == pytest.approx(a["train/loss"], rel=LOSS_RTOL, abs=1e-7)
         assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=LOSS_RTOL)
@@ -114,10 +146,10 @@ def test_ray_run_equals_local_run(tmp_path, ray_cluster, algorithm):
         # the EMA lags the live weights (decay 0.5 over 2 steps), so evaluating with it is visible
         lag = max((e_local[k] - w_local[k.replace(".default.", ".")]).abs().max().item() for k in e_local)
         assert lag > 20 * WEIGHT_ATOL
-        assert [e["eval/reward_mean"] for e in local.evals] == [
-            e["eval/reward_mean"] for e in distributed.evals
-        ]
-        assert len(distributed.evals) == 2  # before training and at the end
+        assert len(local.evals) == len(distributed.evals) == 2  # before training and at the end
+        before, after = (e["eval/reward_mean"] for e in distributed.evals)
+        assert before == local.evals[0]["eval/reward_mean"]  # the base, sampled alike
+        assert after == pytest.approx(local.evals[1]["eval/reward_mean"], rel=0, abs=REWARD_ATOL)
 
 
 _INITIAL: dict[str, torch.Tensor] = {}
@@ -152,7 +184,7 @@ def test_uneven_shares_after_dropped_samples_still_match_the_local_run(tmp_path,
         "train.batch_size": 12,
         "train.iterations": 1,
     }
-    local = train(config(tmp_path, "flow_grpo", "local", **extra)).history[0]
+    local = train_local(config(tmp_path, "flow_grpo", "local", **extra)).history[0]
     distributed = train(config(tmp_path, "flow_grpo", "ray", **extra)).history[0]
     assert local["rollout/reward_failed"] == distributed["rollout/reward_failed"] == 3
     assert distributed["train/loss"] == pytest.approx(local["train/loss"], rel=LOSS_RTOL, abs=1e-7)
@@ -238,16 +270,20 @@ def _tiny_wan22(folder):
 def test_real_families_run_on_ray_as_in_one_process(tmp_path, ray_cluster, write):
     """Two Flow-GRPO iterations of tiny FLUX.1 (packed latents, embedded guidance) and tiny Wan 2.2
     (two experts routed by timestep, both sharded by FSDP2) on 2 engines + 2 ranks equal the single
-    process: rewards exactly, losses and gradient norms to 1e-4 relative (the second iteration starts
-    from weights that differ in the last bits; measured 3.5e-5 for Wan's gradient norm)."""
+    process: rewards exactly in the first iteration and to REWARD_ATOL in the second; losses and
+    gradient norms to 1e-4 relative in the first, 1e-3 in the second. The brightness reward of these
+    random models barely varies (Wan's group std ~2e-4), so the advantages, (r - mean) / (std + 1e-4),
+    enlarge a pixel's uint8 flip (2.6e-7 of a Wan reward) to ~1e-3 of an advantage. Measured over 8
+    seeds: first iteration <= 2e-7; second <= 4e-5 (FLUX 5e-5 and Wan 5.6e-4 in a third)."""
     folder = tmp_path / "model"
     make = write(folder)
     runs = {}
     for runner in ("local", "ray"):
         extra = {"ray.num_engines": 2, "ray.num_trainer_ranks": 2, "ray.num_reward_workers": 1}
         cfg = make(tmp_path / runner, folder, **{"runner": runner, "train.iterations": 2, **extra})
-        runs[runner] = train(cfg).history
-    for local, distributed in zip(runs["local"], runs["ray"], strict=True):
-        assert local["rollout/reward/raw_mean"] == distributed["rollout/reward/raw_mean"]
+        runs[runner] = (train_local if runner == "local" else train)(cfg).history
+    for iteration, (local, distributed) in enumerate(zip(runs["local"], runs["ray"], strict=True)):
+        assert_rewards_match(local, distributed, iteration)
+        rtol = 1e-4 if iteration == 0 else 1e-3
         for key in ("train/loss", "train/grad_norm"):
-            assert distributed[key] == pytest.approx(local[key], rel=1e-4, abs=1e-7), key
+            assert distributed[key] == pytest.approx(local[key], rel=rtol, abs=1e-7), (key, iteration)
