@@ -36,18 +36,6 @@ REWARD_ATOL = 1e-5  # rewards after an update: 8 uint8 levels of the FLUX test's
 TRAINABLE = 31_744  # LoRA r=4 on the tiny transformer's attention projections
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(
-        num_cpus=8,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-    )
-    yield
-    ray.shutdown()
-
-
 def config(tmp_path, algorithm: str, runner: str, **extra):
     params = {
         "flow_grpo": "{step_strategy: {name: sde_window, size: 2, range: [0, 6]}}",

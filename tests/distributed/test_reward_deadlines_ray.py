@@ -26,18 +26,6 @@ def hangs_on_second_call(images, prompts, metadata):
     return [1.0] * len(images)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-    )
-    yield
-    ray.shutdown()
-
-
 def warm_up(worker) -> None:
     """Wait until a reward worker is up: its start-up must not eat the test's short deadline."""
     ray.get(worker.score.remote(torch.zeros(1, 3, 8, 8), [WARM_UP], [{}]))
