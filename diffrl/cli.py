@@ -378,18 +378,8 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted (Ctrl-C)", file=sys.stderr)
         return 130
-    except Exception as e:
-        if _is_reward_error(e):
-            print(f"error: {e}", file=sys.stderr)
-            return EXIT_USER_ERROR
+    except Exception as e:  # noqa: BLE001 - anything else is a bug, reported in one line
         return _bug(e)
-
-
-def _is_reward_error(e: Exception) -> bool:
-    """``rewards.base.RewardError`` (a user's reward failing) without importing the rewards (and
-    torch) for commands that never score: if that module is not loaded, nothing raised it."""
-    rewards = sys.modules.get("diffrl.rewards.base")
-    return rewards is not None and isinstance(e, rewards.RewardError)
 
 
 def _bug(e: BaseException) -> int:
