@@ -261,6 +261,7 @@ CASES: list[Case] = [
     Case("sample-checkpoint-missing-file", ["sample", "{ckpt}", "--prompt", "a"], BAD, "optimizer.safetensors is missing", prepare=remove_optimizer),
     # ---- resuming, and one run per output folder: refused by the driver before any model loads
     Case("resume-truncated", ["train", SFT, "train.resume={ckpt}", "train.iterations=5", "run.output_dir={tmp}/run"], BAD, "trainable.safetensors does not match its sha256", prepare=truncate_trainable, trains=True),
+    Case("resume-corrupt-checkpoint-json", ["train", SFT, "train.resume={ckpt}", "train.iterations=5", "run.output_dir={tmp}/run"], BAD, "checkpoint.json is corrupt", prepare=corrupt_checkpoint_json, trains=True),
     Case("resume-not-a-checkpoint", ["train", SFT, "train.resume={tmp}", "run.output_dir={tmp}/run"], BAD, "is not a diffrl checkpoint (no checkpoint.json inside)", trains=True),
     Case("resume-nothing-left", ["train", SFT, "train.resume={ckpt}", "train.iterations=1", "run.output_dir={tmp}/run"], BAD, "nothing left to run (raise train.iterations)", trains=True),
     Case("resume-other-lora", ["train", SFT, "train.resume={ckpt}", "train.iterations=5", "model.lora={rank: 4}", "model.options={}", "run.output_dir={tmp}/run"], BAD, "differs from model.lora", trains=True),
