@@ -17,6 +17,11 @@ EXIT_BUG = 70
 """An unexpected exception: a bug in diffrl (sysexits' EX_SOFTWARE)."""
 
 
+class Abandoned(BaseException):
+    """A rollout given up because a stop signal arrived (it is recomputed exactly on resume). A
+    ``BaseException``, so code that catches ``Exception`` (a reward's error handling) lets it by."""
+
+
 class DiffrlError(Exception):
     """A problem the user can fix; the message says what is wrong and what to do."""
 

@@ -36,7 +36,7 @@ import torch
 from diffrl.algorithms.base import CollectionSpec, DiffusionAlgorithm, RolloutBatch, TrainExamples
 from diffrl.config import Config, RewardConfig, ray_address_problem
 from diffrl.data.prompts import load_prompts
-from diffrl.errors import DiffrlError, RunStopped
+from diffrl.errors import Abandoned, DiffrlError, RunStopped
 from diffrl.rewards.base import RewardOutput
 from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, RolloutStats, attach_rewards
 from diffrl.train.evaluate import EvalResult
@@ -381,7 +381,9 @@ class RayRunner:
         )
 
     # ---- rollouts ----------------------------------------------------------------------------------
-    def collect(self, iteration: int) -> tuple[RolloutBatch, RolloutStats]:
+    def collect(
+        self, iteration: int, should_stop: Callable[[], bool] | None = None
+    ) -> tuple[RolloutBatch, RolloutStats]:
         import ray
 
         start = time.time()
@@ -398,6 +400,8 @@ class RayRunner:
         reissued = 0
         attempts: Counter[int] = Counter()
         while queue or inflight:
+            if should_stop is not None and should_stop():  # the engines' work is dropped at close()
+                raise Abandoned
             while queue and free:
                 i, g = free.popleft(), queue.popleft()
                 engine = self.engines.actors[i]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -12,6 +13,7 @@ from diffrl.algorithms.base import CollectionSpec, RolloutBatch
 from diffrl.config import Config
 from diffrl.data.offline import OfflineDataset
 from diffrl.data.prompts import PromptSet
+from diffrl.errors import Abandoned
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardOutput, RewardSet, quantize
 from diffrl.sampling.kernels import ode_step, stochastic_kernel
@@ -87,7 +89,9 @@ class OfflineCollector:
         self.dataset, self.family, self.batch_size = dataset, family, batch_size
         self.stream = EpochStream(len(dataset), seed, "epoch")
 
-    def collect(self, iteration: int, module: nn.Module | None = None) -> tuple[RolloutBatch, RolloutStats]:
+    def collect(
+        self, iteration: int, module: nn.Module | None = None, should_stop: Callable[[], bool] | None = None
+    ) -> tuple[RolloutBatch, RolloutStats]:
         t0 = time.time()
         start = iteration * self.batch_size
         indices = self.stream.take(start, self.batch_size)
@@ -159,13 +163,19 @@ class OnlineCollector:
         )
 
     @torch.no_grad()
-    def collect(self, rollout_id: int, module: nn.Module | None = None) -> tuple[RolloutBatch, RolloutStats]:
+    def collect(
+        self, rollout_id: int, module: nn.Module | None = None, should_stop: Callable[[], bool] | None = None
+    ) -> tuple[RolloutBatch, RolloutStats]:
+        """Sample and score rollout ``rollout_id``; ``should_stop`` is asked before each micro-group
+        (a stop signal: the rollout is abandoned with :class:`~diffrl.errors.Abandoned`)."""
         start = time.time()
         plan = self.plan(rollout_id)
         negative = self.negative()
         parts, pending = [], []
         stats = RolloutStats()
         for g, chunk in enumerate(plan.micro_groups):
+            if should_stop is not None and should_stop():
+                raise Abandoned
             part = self._sample(chunk, g, rollout_id, plan.steps, negative, module)
             if self.rewards is not None:
                 pending.append(self.rewards.submit(part.images, part.prompts, part.metadata))

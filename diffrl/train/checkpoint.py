@@ -21,6 +21,7 @@ runs' files is refused with the name of the file.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -39,6 +40,7 @@ from diffrl.errors import DiffrlError
 from diffrl.models.base import FamilyMismatchError
 
 FORMAT = "diffrl-checkpoint-2"
+REQUIRED = {"trainable.safetensors", "optimizer.safetensors", "config.yaml"}
 TMP_PREFIX = ".tmp-"
 """Hidden folders being written (``checkpoints/.tmp-step_00004-PID``); never read as checkpoints."""
 
@@ -119,6 +121,25 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torc
     return tensors, sd["param_groups"]
 
 
+def _rng_state() -> dict[str, list[str]]:
+    """torch's global generators (LoRA dropout draws from them), base64 for checkpoint.json."""
+    states = {"cpu": [base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()]}
+    if torch.cuda.is_available():
+        states["cuda"] = [
+            base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()
+        ]
+    return states
+
+
+def _set_rng_state(states: dict[str, list[str]]) -> None:
+    def tensor(b64: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(b64)), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(states["cpu"][0]))
+    if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([tensor(s) for s in states["cuda"]])
+
+
 def _trainable_names(actor) -> list[str]:
     """Names of the trainable parameters, in the order of ``actor.params`` (and the EMA's shadow)."""
     return [n for n, p in actor.module.named_parameters() if p.requires_grad]
@@ -179,6 +200,7 @@ def save_checkpoint(
             "param_groups": param_groups,
             "scheduler": actor.scheduler.state_dict(),
             "actor_step": actor.step,
+            "rng": _rng_state(),
         },
         "loop": loop_state or {},
     }
@@ -208,22 +230,36 @@ def checkpoints_of(output_dir: str | Path) -> list[Path]:
 
 def remove_partial_writes(output_dir: str | Path) -> list[Path]:
     """Delete temporary folders left by a process killed while writing a checkpoint (the caller
-    holds the run's lock, so no live writer owns them)."""
+    holds the run's lock, so no live writer owns them). A checkpoint killed in the middle of being
+    replaced (moved aside, its successor not yet in place) is first moved back."""
     root = Path(output_dir) / "checkpoints"
-    removed = [p for p in root.glob(f"{TMP_PREFIX}*")] if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    for old in root.glob(f"{TMP_PREFIX}*-old"):
+        name = old.name.removeprefix(TMP_PREFIX).rsplit("-", 2)[0]
+        if not (root / name).exists():
+            old.rename(root / name)
+    removed = list(root.glob(f"{TMP_PREFIX}*"))
     for p in removed:
         shutil.rmtree(p, ignore_errors=True)
     return removed
 
 
-def prune_checkpoints(output_dir: str | Path, keep_last: int | None) -> list[Path]:
-    """Keep the newest ``keep_last`` ``step_*`` checkpoints (``final`` is never removed)."""
+def prune_checkpoints(output_dir: str | Path, keep_last: int | None, step: int) -> list[Path]:
+    """Keep the newest ``keep_last`` ``step_*`` checkpoints up to ``step`` (the one just written);
+    ``final``, checkpoints after ``step`` (of a branch given up by resuming an older one) and ones
+    that do not verify are left alone, so only good checkpoints are ever counted or removed."""
     if keep_last is None:
         return []
-    steps = sorted(
-        (p for p in checkpoints_of(output_dir) if p.name.startswith("step_")),
-        key=lambda p: _iteration_of(p),
-    )
+    steps = []
+    for p in checkpoints_of(output_dir):
+        if p.name.startswith("step_") and 0 <= _iteration_of(p) <= step:
+            try:
+                verify_checkpoint(p)
+            except CheckpointError:
+                continue
+            steps.append(p)
+    steps.sort(key=_iteration_of)
     doomed = steps[:-keep_last]
     for p in doomed:
         shutil.rmtree(p)
@@ -265,6 +301,10 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
             "written by older versions carry no checksums and cannot be verified)"
         )
     listed = info["files"]
+    for name in sorted(REQUIRED - set(listed)):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: checkpoint.json does not list {name}; the checkpoint is incomplete"
+        )
     present = {f.name for f in path.iterdir() if f.is_file() and f.name != "checkpoint.json"}
     for name in sorted(present - set(listed)):
         raise CheckpointError(
@@ -290,7 +330,11 @@ def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
 
 def latest_checkpoint(output_dir: str | Path) -> tuple[Path | None, list[str]]:
     """The newest checkpoint of a run folder that verifies, and why each newer one was skipped."""
-    found = sorted(checkpoints_of(output_dir), key=_iteration_of, reverse=True)
+    # newest first; at the same iteration 'final' before a step checkpoint (a run stopped in its
+    # final eval, then finished)
+    found = sorted(
+        checkpoints_of(output_dir), key=lambda p: (_iteration_of(p), p.name == "final"), reverse=True
+    )
     skipped = []
     for p in found:
         try:
@@ -375,6 +419,8 @@ def load_optimizer_state(actor, path: str | Path, info: dict[str, Any] | None = 
     actor.optimizer.load_state_dict({"state": state, "param_groups": trainer["param_groups"]})
     actor.scheduler.load_state_dict(trainer["scheduler"])
     actor.step = int(trainer["actor_step"])
+    if "rng" in trainer:  # dropout masks after the resume are the uninterrupted run's
+        _set_rng_state(trainer["rng"])
 
 
 @torch.no_grad()

@@ -12,9 +12,19 @@ class Guard:
     ``max_failed`` iterations in a row, or ``max_nonfinite`` optimizer steps in a row skipped for
     a non-finite loss or gradient; and a run that ends without a single optimizer step."""
 
-    def __init__(self, max_failed: int, max_nonfinite: int):
+    def __init__(self, max_failed: int, max_nonfinite: int, state: dict[str, int] | None = None):
         self.max_failed, self.max_nonfinite = max_failed, max_nonfinite
         self.failed_in_a_row = self.nonfinite_in_a_row = self.steps_taken = 0
+        for key, value in (state or {}).items():  # a resumed run counts on where it stopped
+            setattr(self, key, int(value))
+
+    def state(self) -> dict[str, int]:
+        """The counters, saved with checkpoints."""
+        return {
+            "failed_in_a_row": self.failed_in_a_row,
+            "nonfinite_in_a_row": self.nonfinite_in_a_row,
+            "steps_taken": self.steps_taken,
+        }
 
     def rollout(self, usable: int, errors: list[str]) -> None:
         self.failed_in_a_row = 0 if usable else self.failed_in_a_row + 1
@@ -42,6 +52,7 @@ class Guard:
                 )
 
     def finished(self, iterations: int) -> None:
+        """``iterations``: how many this process ran (a run resumed at its end ran none)."""
         if iterations and not self.steps_taken:
             raise RunStopped(
                 f"no optimizer step was taken in {iterations} iteration(s) (every step was skipped or "

@@ -13,7 +13,7 @@ import torch
 from diffrl.algorithms.base import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config, dump_config
-from diffrl.errors import Interrupted
+from diffrl.errors import Abandoned, Interrupted
 from diffrl.logging import MetricsLogger, Progress
 from diffrl.seeding import generator
 from diffrl.train.checkpoint import prune_checkpoints
@@ -21,7 +21,7 @@ from diffrl.train.evaluate import plot_eval_curve, save_grid
 from diffrl.train.guard import Guard
 from diffrl.train.run_folder import RunFolder, write_atomic
 from diffrl.train.runner import Runner, build_runner
-from diffrl.train.stop import Abandoned, StopSignals
+from diffrl.train.stop import StopSignals
 
 SHOWN = [
     "rollout/reward/raw_mean",
@@ -148,11 +148,7 @@ def _train(config: Config, folder: RunFolder, stop: StopSignals) -> TrainResult:
     algorithm = build_algorithm(config)
     spec = algorithm.collection_spec()
     try:
-        with stop.interruptible():
-            runner = build_runner(config, algorithm, spec)  # a runner that fails to start cleans up itself
-    except Abandoned:
-        logger.close()
-        raise Interrupted(f"{stop.name} received while loading the model: stopped, nothing to save") from None
+        runner = build_runner(config, algorithm, spec)  # a runner that fails to start cleans up itself
     except BaseException:
         logger.close()
         raise
@@ -164,23 +160,22 @@ def _train(config: Config, folder: RunFolder, stop: StopSignals) -> TrainResult:
     loop = info["loop"] if info else {}
     result.evals = list(loop.get("evals", []))
     train_time = float(loop.get("train_time_s", 0.0))
-    guard = Guard(t.max_failed_iterations, t.max_nonfinite_steps)
+    guard = Guard(t.max_failed_iterations, t.max_nonfinite_steps, loop.get("guard"))
     last_saved: Path | None = resume_from
 
     def evaluate(step: int) -> None:
         if any(e["step"] == step for e in result.evals):  # e.g. a run resumed at its last step
             return
-        with stop.interruptible():
-            point = run_eval(step, runner, config, out, logger, train_time)
+        point = run_eval(step, runner, config, out, logger, train_time)
         if point is not None:
             result.evals.append(point)
             write_atomic(out / "eval_curve.json", json.dumps(result.evals, indent=1))
 
     def save(path: Path, step: int, final: bool = False) -> Path:
         nonlocal last_saved
-        state = {"evals": result.evals, "train_time_s": train_time, "final": final}
+        state = {"evals": result.evals, "train_time_s": train_time, "final": final, "guard": guard.state()}
         last_saved = runner.save(path, step, run_id, state)
-        prune_checkpoints(out, t.keep_last)
+        prune_checkpoints(out, t.keep_last, step)
         return last_saved
 
     step = start
@@ -188,6 +183,8 @@ def _train(config: Config, folder: RunFolder, stop: StopSignals) -> TrainResult:
         if resume_from is not None:
             runner.resume(resume_from)
             print(f"resumed from {resume_from} at iteration {start}", flush=True)
+        if stop.requested():  # it came while the model loaded
+            raise Abandoned
         if start == 0 or (t.eval_every and start % t.eval_every == 0):  # unless it was done already
             evaluate(start)
         progress = Progress("train", t.iterations, "iter")
@@ -195,8 +192,9 @@ def _train(config: Config, folder: RunFolder, stop: StopSignals) -> TrainResult:
         offset = train_time  # the budget counts this process's training time only
         for it in range(start, t.iterations):
             t0 = time.time()
-            with stop.interruptible():
-                batch, stats = runner.collect(it)
+            if stop.requested():  # before the rollout: nothing of this iteration ran yet
+                raise Abandoned
+            batch, stats = runner.collect(it, stop.requested)
             metrics = rollout_metrics(batch, stats.reward_failed)
             metrics.update(stats.metrics)
             if stats.errors:

@@ -24,6 +24,7 @@ from typing import Any
 from diffrl.config import Config, ConfigError
 from diffrl.errors import DiffrlError
 from diffrl.train.checkpoint import (
+    CheckpointError,
     latest_checkpoint,
     remove_partial_writes,
     resume_problems,
@@ -135,6 +136,12 @@ class RunFolder:
             path, skipped = latest_checkpoint(self.path)
             for why in skipped:
                 warnings.warn(f"train.resume=latest skips {why}", stacklevel=2)
+            if path is None and skipped:  # never start over silently on top of damaged checkpoints
+                raise CheckpointError(
+                    f"train.resume=latest: no checkpoint in {self.path / 'checkpoints'} verifies ("
+                    + "; ".join(skipped)
+                    + "); move them away to start fresh, or resume a good one by path"
+                )
             if path is None:
                 print(
                     f"train.resume=latest: no checkpoint in {self.path / 'checkpoints'}; starting a fresh run",

@@ -12,6 +12,7 @@ between iterations.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,8 +32,11 @@ class Runner(Protocol):
     def describe(self) -> str:
         """One line: the trainable parameters and where the parts run."""
 
-    def collect(self, iteration: int) -> tuple[RolloutBatch, RolloutStats]:
-        """Sample (and score) one rollout with the current sampling policy."""
+    def collect(
+        self, iteration: int, should_stop: Callable[[], bool] | None = None
+    ) -> tuple[RolloutBatch, RolloutStats]:
+        """Sample (and score) one rollout with the current sampling policy; raise
+        :class:`~diffrl.errors.Abandoned` between micro-groups once ``should_stop()`` is true."""
 
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
         """One optimizer step per chunk (after the algorithm's ``before_update``); their metrics."""
@@ -89,10 +93,12 @@ class LocalRunner:
     def describe(self) -> str:
         return f"{self.actor.num_trainable():,} trainable parameters, one process on {self.family.device}"
 
-    def collect(self, iteration: int) -> tuple[RolloutBatch, RolloutStats]:
+    def collect(
+        self, iteration: int, should_stop: Callable[[], bool] | None = None
+    ) -> tuple[RolloutBatch, RolloutStats]:
         self.family.transformer.eval()
         with self.actor.policy.sampling_weights() as module:  # the old policy when the algorithm keeps one
-            return self.collector.collect(iteration, module)
+            return self.collector.collect(iteration, module, should_stop)
 
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
         chunks = [self.actor.before_update(chunk, self.algorithm) for chunk in chunks]

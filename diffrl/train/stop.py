@@ -1,16 +1,16 @@
-"""SIGTERM and SIGINT during training: finish the optimizer step in progress, save, exit.
+"""SIGTERM and SIGINT during training: finish what is safe to finish, save, exit.
 
 A preempted job (SLURM, Kubernetes) gets SIGTERM and a grace period; Ctrl-C sends SIGINT. The
-first one is noted: an optimizer update in progress runs to the end of its iteration (its
-weights cannot be saved half-updated), while a rollout or an eval in progress is abandoned at
-once (it is recomputed exactly on resume: every draw is keyed by the iteration). The driver then
-saves a checkpoint and raises :class:`~diffrl.errors.Interrupted`. A second signal stops at once
-(SIGINT as ``KeyboardInterrupt``, SIGTERM with its default action).
+first one is only noted (the handler never raises: an exception landing at an arbitrary bytecode
+could leave EMA weights swapped in or an adapter switched). The driver asks at safe points: a
+rollout in progress stops before its next micro-group (it is recomputed exactly on resume: every
+draw is keyed by the iteration), an optimizer update or an eval in progress runs to the end of
+its iteration. The driver then saves a checkpoint and raises :class:`~diffrl.errors.Interrupted`.
+A second signal stops at once (SIGINT as ``KeyboardInterrupt``, SIGTERM with its default action).
 """
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import threading
@@ -18,20 +18,18 @@ import threading
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class Abandoned(BaseException):
-    """Raised inside an interruptible phase when a stop signal arrives. A ``BaseException``, so
-    code that catches ``Exception`` (a reward's error handling) does not swallow it."""
-
-
 class StopSignals:
     def __init__(self):
         self.received: int | None = None
-        self._interruptible = 0
         self._previous: dict[int, object] = {}
 
     @property
     def name(self) -> str:
         return signal.Signals(self.received).name if self.received else ""
+
+    def requested(self) -> bool:
+        """True once a stop signal arrived (what the runners poll between micro-groups)."""
+        return self.received is not None
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():  # handlers only work there
@@ -58,16 +56,3 @@ class StopSignals:
             file=sys.stderr,
             flush=True,
         )
-        if self._interruptible:
-            raise Abandoned
-
-    @contextlib.contextmanager
-    def interruptible(self):
-        """A phase that a stop signal abandons at once (raising :class:`Abandoned`)."""
-        if self.received is not None:
-            raise Abandoned
-        self._interruptible += 1
-        try:
-            yield
-        finally:
-            self._interruptible -= 1

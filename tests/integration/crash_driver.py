@@ -8,7 +8,7 @@ rollout ITERATION), ``kill-optimizer`` (SIGKILL between the micro-batches of opt
 ITERATION, its first gradient accumulated), ``kill-save`` (SIGKILL after the second file of the
 checkpoint of step ITERATION is written), ``kill-dispatch`` (``runner: ray``: SIGKILL of the
 driver right after micro-group 1 of rollout ITERATION went to an engine), ``term-rollout`` / ``term-optimizer`` (SIGTERM at those
-points instead). The patches wrap diffrl's own functions; nothing in diffrl knows about them.
+points instead; in the rollout, during its first micro-group). The patches wrap diffrl's own functions; nothing in diffrl knows about them.
 """
 
 from __future__ import annotations
@@ -65,10 +65,13 @@ def install(mode: str, iteration: int) -> None:
         return True
 
     if where == "rollout":
+        # SIGKILL in the second micro-group; SIGTERM in the first, so that the rollout has a next
+        # micro-group to stop before (one arriving in the last lets the iteration finish)
+        target_group = 1 if action == "kill" else 0
         original_sample = collector.OnlineCollector._sample
 
         def _sample(self, chunk, micro_group, rollout_id, *args):
-            if rollout_id == iteration and micro_group == 1 and once():
+            if rollout_id == iteration and micro_group == target_group and once():
                 _hit(sig)
             return original_sample(self, chunk, micro_group, rollout_id, *args)
 

@@ -21,7 +21,7 @@ RECIPE = "recipes/tiny_nft_ocr.yaml"
 BRIGHTNESS = "[{name: tests.integration.test_flow_grpo:brightness}]"
 SETTINGS = {
     "model.path": "random",
-    "model.lora": "{rank: 4, alpha: 8}",
+    "model.lora": "{rank: 4, alpha: 8, dropout: 0.1}",  # dropout: the global RNG is resumed too
     "algorithm.params.decay_schedule": "ramp",  # the old policy trails the live one from the start
     "sampling.num_steps": 2,
     "sampling.guidance_scale": 1.0,

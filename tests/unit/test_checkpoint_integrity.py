@@ -18,6 +18,7 @@ from diffrl.train.checkpoint import (
     latest_checkpoint,
     load_resume_state,
     prune_checkpoints,
+    remove_partial_writes,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -98,8 +99,43 @@ def test_latest_skips_a_damaged_newest_checkpoint_and_keep_last_prunes(tmp_path,
     path, skipped = latest_checkpoint(out)
     assert path == out / "checkpoints" / "step_00004"
     assert len(skipped) == 1 and "step_00006" in skipped[0]
-    removed = prune_checkpoints(out, keep_last=1)
-    assert sorted(p.name for p in removed) == ["step_00002", "step_00004"]
+    # keep_last counts good checkpoints up to the step just written: the damaged newer one is
+    # neither counted nor removed, and the one resumed from stays
+    removed = prune_checkpoints(out, keep_last=1, step=4)
+    assert [p.name for p in removed] == ["step_00002"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        ".tmp-step_00008-123",
+        "step_00004",
+        "step_00006",
+    ]
+
+
+def test_latest_refuses_when_no_checkpoint_verifies(tmp_path, actor):
+    out = tmp_path / "run"
+    _truncate(_save(actor, out / "checkpoints" / "step_00002"))
+    config = load_config({"run": {"output_dir": str(out)}, "train": {"resume": "latest", "iterations": 9}})
+    with pytest.raises(CheckpointError, match="no checkpoint in .* verifies"):
+        RunFolder(out).resume_point(config)
+
+
+def test_a_checkpoint_killed_while_being_replaced_is_moved_back(tmp_path, actor):
+    out = tmp_path / "run"
+    good = _save(actor, out / "checkpoints" / "final", iteration=4)
+    good.rename(out / "checkpoints" / ".tmp-final-77-old")  # moved aside; its successor never arrived
+    (out / "checkpoints" / ".tmp-final-77").mkdir()
+    remove_partial_writes(out)
+    assert verify_checkpoint(out / "checkpoints" / "final")["iteration"] == 4
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["final"]
+
+
+def test_a_manifest_without_the_weights_is_refused(tmp_path, actor):
+    path = _save(actor, tmp_path / "ckpt")
+    info = json.loads((path / "checkpoint.json").read_text())
+    del info["files"]["trainable.safetensors"]
+    (path / "trainable.safetensors").unlink()
+    (path / "checkpoint.json").write_text(json.dumps(info))
+    with pytest.raises(CheckpointError, match="does not list trainable.safetensors"):
+        verify_checkpoint(path)
 
 
 def test_rewriting_a_checkpoint_replaces_it_whole(tmp_path, actor):
