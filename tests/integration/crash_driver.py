@@ -113,10 +113,10 @@ def install(mode: str, iteration: int) -> None:
 
         original_collect = ray_runner.RayRunner.collect
 
-        def collect(self, rollout_id):
+        def collect(self, rollout_id, *args):
             if rollout_id == iteration:
                 self.on_dispatch = lambda engine, group: group == 1 and once() and _hit(sig)
-            return original_collect(self, rollout_id)
+            return original_collect(self, rollout_id, *args)
 
         ray_runner.RayRunner.collect = collect
     elif mode != "none":
