@@ -109,6 +109,11 @@ def load_trainable_state(family, state: dict[str, torch.Tensor], lora: bool) -> 
         what = f"unexpected keys such as {unexpected[0]!r}" if unexpected else f"no {missing[0]!r}"
         raise CheckpointError(f"the checkpoint's weights do not fit this model: {what}")
     for key, value in state.items():
+        if tuple(targets[key].shape) != tuple(value.shape):
+            raise CheckpointError(
+                f"the checkpoint's weights do not fit this model: {key} is {tuple(value.shape)} in the "
+                f"checkpoint, {tuple(targets[key].shape)} here (another base model or LoRA settings?)"
+            )
         copy_full_(targets[key], value)
 
 
@@ -299,6 +304,13 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"checkpoint {str(path)!r} has format {found!r}, this diffrl reads {FORMAT!r} (checkpoints "
             "written by older versions carry no checksums and cannot be verified)"
+        )
+    expected = {"run_id": str, "family": str, "iteration": int, "trainer": dict, "loop": dict}
+    wrong = [k for k, kind in expected.items() if not isinstance(info.get(k), kind)]
+    if wrong:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: checkpoint.json lacks or garbles {', '.join(wrong)}; the checkpoint "
+            "cannot be used"
         )
     listed = info["files"]
     for name in sorted(REQUIRED - set(listed)):

@@ -179,3 +179,22 @@ def test_metrics_after_the_checkpoint_are_dropped_on_resume(tmp_path):
     assert folder.keep_metrics_up_to(2) == 2  # step 3 and the torn line
     kept = [json.loads(line)["step"] for line in folder.metrics_file.read_text().splitlines()]
     assert kept == [0, 1, 2, 2]
+
+
+def test_a_manifest_with_a_garbled_field_is_refused(tmp_path, actor):
+    path = _save(actor, tmp_path / "ckpt")
+    info = json.loads((path / "checkpoint.json").read_text())
+    info["iteration"] = "two"
+    (path / "checkpoint.json").write_text(json.dumps(info))
+    with pytest.raises(CheckpointError, match="lacks or garbles iteration"):
+        verify_checkpoint(path)
+
+
+def test_weights_of_another_shape_are_refused_naming_the_tensor(tmp_path, actor):
+    path = _save(actor, tmp_path / "ckpt")
+    cfg = load_config({"model": {"path": "random", "lora": {"rank": 3}}})
+    other = Actor(load_family(cfg), cfg)
+    with pytest.raises(
+        CheckpointError, match=r"do not fit this model: .*lora_A.weight is \(2, .*\) in the checkpoint"
+    ):
+        load_resume_state(other, path)
