@@ -30,19 +30,19 @@ def memory_child(recipe: str) -> None:
     import resource
 
     from diffrl.algorithms.registry import build_algorithm
-    from diffrl.config import load_config
     from diffrl.data.prompts import load_prompts
     from diffrl.models.registry import load_family
+    from diffrl.preflight import load_config
     from diffrl.sampling.collector import OnlineCollector
 
     cfg = load_config(f"recipes/{recipe}.yaml", ["eval.enabled=false"])
     family = load_family(cfg)
     family.transformer.requires_grad_(False).eval()
     spec = build_algorithm(cfg).collection_spec()
-    collector = OnlineCollector(cfg, family, spec, load_prompts(cfg.data.prompts), None)
+    collector = OnlineCollector(cfg, family, spec, load_prompts(cfg.data.prompts))
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    batch, _ = collector.collect(0)
+    batch = collector.collect(0)
     kept = 0
     for v in vars(batch).values():
         tensors = v.tensors.values() if hasattr(v, "tensors") else [v]

@@ -27,8 +27,9 @@ import time
 import torch
 
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.config import load_config
+from diffrl.preflight import load_config
 from diffrl.train.runner import LocalRunner
+from diffrl.train.stages import collect_rollout
 
 
 def rollout_gradients(recipe: str, rollouts: int, overrides: list[str]) -> tuple[list[torch.Tensor], float]:
@@ -40,7 +41,7 @@ def rollout_gradients(recipe: str, rollouts: int, overrides: list[str]) -> tuple
     grads, start = [], time.time()
     try:
         for k in range(rollouts):
-            batch, _ = runner.collect(k)
+            batch, _ = collect_rollout(runner, k)
             batch = batch.select(torch.nonzero(torch.isfinite(batch.rewards)).flatten())
             signals = algorithm.postprocess_rewards(batch, batch.rewards)
             examples = actor.before_update(algorithm.build_train_data(batch, signals, k), algorithm)

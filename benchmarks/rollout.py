@@ -26,9 +26,9 @@ import torch
 
 def build(model: str, overrides: list[str]):
     from diffrl.algorithms.registry import build_algorithm
-    from diffrl.config import load_config
     from diffrl.data.prompts import load_prompts
     from diffrl.models.registry import load_family
+    from diffrl.preflight import load_config
     from diffrl.sampling.collector import OnlineCollector
 
     cfg = load_config(
@@ -38,7 +38,7 @@ def build(model: str, overrides: list[str]):
     family = load_family(cfg)
     family.transformer.requires_grad_(False).eval()
     spec = build_algorithm(cfg).collection_spec()
-    return cfg, family, OnlineCollector(cfg, family, spec, load_prompts(cfg.data.prompts), None)
+    return cfg, family, OnlineCollector(cfg, family, spec, load_prompts(cfg.data.prompts))
 
 
 def bare_forwards(family, collector, rollout_id: int) -> None:
@@ -123,7 +123,7 @@ def memory_child(model: str, window: str) -> None:
     _, family, collector = build(model, [f"algorithm.params.step_strategy={strategy}"])
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    batch, _ = collector.collect(0)
+    batch = collector.collect(0)
     recorded = sum(t.numel() * t.element_size() for t in (batch.traj_x, batch.traj_next) if t is not None)
     peak = (
         torch.cuda.max_memory_allocated()

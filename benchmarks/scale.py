@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from diffrl.config import load_config
+from diffrl.preflight import load_config
 from diffrl.train.loop import train
 
 

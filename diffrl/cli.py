@@ -34,7 +34,7 @@ EXPORT_SECTIONS = ("run", "model")
 def _resolve_target(target: str, overrides: list[str], sections: Sequence[str] = SAMPLE_SECTIONS):
     """``base`` | a recipe YAML | a checkpoint dir | a model dir -> (config, checkpoint or None),
     the config checked for the ``sections`` the command uses."""
-    from diffrl.config import load_config
+    from diffrl.preflight import load_config
     from diffrl.train.checkpoint import is_checkpoint
 
     path = Path(target).expanduser()
@@ -101,7 +101,7 @@ def _load_for_inference(config, checkpoint):
 
 
 def cmd_train(args) -> int:
-    from diffrl.config import load_config
+    from diffrl.preflight import load_config
     from diffrl.train.loop import train
 
     config = load_config(args.recipe, args.overrides)
@@ -123,7 +123,8 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     import dataclasses
 
-    from diffrl.config import ConfigError, validate
+    from diffrl.config import ConfigError
+    from diffrl.preflight import validate
     from diffrl.rewards.base import RewardSet
     from diffrl.train.evaluate import evaluate, paired_difference, save_grid
 

@@ -51,7 +51,7 @@ def tiny_overrides(tmp_path: Path, **extra) -> list[str]:
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A checkpoint of the ``tiny`` family (one SFT step from a random init): what the real
     families' tests hand to another family to see it refused."""
-    from diffrl.config import load_config
+    from diffrl.preflight import load_config
     from diffrl.train.loop import train
 
     out = tmp_path_factory.mktemp("tiny_checkpoint")

@@ -23,17 +23,10 @@ from typing import Literal
 import torch
 
 from diffrl.algorithms.advantages import group_advantages
-from diffrl.algorithms.base import (
-    CollectionSpec,
-    DiffusionAlgorithm,
-    RolloutBatch,
-    TrainExamples,
-    TrainSignals,
-    x0_only_spec,
-)
+from diffrl.algorithms.base import DiffusionAlgorithm, x0_collection_problems, x0_only_spec
 from diffrl.algorithms.flow_grpo import ppo_clip_loss
 from diffrl.algorithms.forward_process import expand_timesteps, noised
-from diffrl.models.base import Conditioning
+from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 
 GHUBER_DELTA = 1e-10
 
@@ -122,7 +115,7 @@ class AWM(DiffusionAlgorithm):
         """Weight of the velocity-space KL to the reference (the base model: LoRA disabled)."""
         global_std: bool = True
         """Divide advantages by the std of the whole batch (the reference's OCR setting)."""
-        sampler: Literal["ode", "heun", "sde", "cps"] = "ode"
+        sampler: str = "ode"
         """How rollouts are drawn: any sampler works, AWM needs only x0."""
         noise_level: float = 0.7
         """For ``sde`` / ``cps`` collection only."""
@@ -147,9 +140,7 @@ class AWM(DiffusionAlgorithm):
                     f"{config.sampling.num_steps} x timestep_fraction={p.timestep_fraction}, first excluded) "
                     f"but num_timesteps={p.num_timesteps}; lower num_timesteps or raise timestep_fraction"
                 )
-        if config.rollout.n_samples_per_prompt < 2 and not p.global_std:
-            errors.append("rollout.n_samples_per_prompt must be >= 2 for group-relative advantages")
-        return errors
+        return errors + x0_collection_problems(p.sampler, p.global_std, config)
 
     @property
     def needs_reference(self) -> bool:

@@ -1,4 +1,4 @@
-"""The algorithm plugin interface and the dataclasses that pass between the loop's stages.
+"""The algorithm plugin interface, and the :class:`Policy` an algorithm's loss sees.
 
 ```
 Collector --RolloutBatch--> rewards --> postprocess_rewards --TrainSignals-->
@@ -7,63 +7,65 @@ build_train_data --TrainExamples--> Actor (micro-batches) --> compute_loss
 
 An algorithm is one file under ``algorithms/`` implementing :class:`DiffusionAlgorithm`; a user's
 own is a dotted path (``my_pkg.my_algo:MyAlgo``). Its :meth:`~DiffusionAlgorithm.collection_spec`
-decides what the collector produces, so an algorithm never pays for data it does not use.
+decides what the collector produces, so an algorithm never pays for data it does not use. The
+types passing between the stages live at the bottom of the layers, in :mod:`diffrl.rollout`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-from diffrl.batching import Batch
-from diffrl.models.base import Conditioning
+from diffrl.config import Config
+from diffrl.models.base import ModelFamily
+from diffrl.registry import RegistryError
+from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
+from diffrl.sampling.kernels import kernel_problems, resolve_kernel
+from diffrl.sampling.step_strategies import AllSteps
 
-if TYPE_CHECKING:
-    from diffrl.config import Config
-    from diffrl.train.actor import Policy
 
+class Policy(Protocol):
+    """What ``compute_loss`` and ``before_update`` may call: the trainable velocity, the reference
+    (base model) and old (sampling) velocities, and the run's sampling settings. The trainer's
+    :class:`diffrl.train.actor.Policy` is one; a test may pass its own.
 
-@dataclass(frozen=True)
-class CollectionSpec:
-    """What the collector must produce for an algorithm."""
+    Shapes: ``x_t (B, *latent)``, ``sigma (B,)`` -> velocity ``(B, *latent)`` float32.
+    """
 
-    online: bool
-    """True: sample from the policy; False: read ``data.dataset`` (no sampling, no reward)."""
-    needs_reward: bool
-    sampler: str = "ode"
-    """Transition kernel of the stochastic steps: ``sde`` or ``cps``; ``ode``: every step is Euler."""
-    noise_level: float = 0.0
-    step_strategy: Callable[[int, int, int], list[int]] | None = None
-    """``(num_steps, rollout_id, seed) -> stochastic step indices``; None: no stochastic step."""
-    keep_trajectory: bool = False
-    """Record (x_t, x_{t+Δ}) of the stochastic steps (reverse-process policy gradients only)."""
-    keep_log_prob: bool = False
-    """Record the log-prob of each recorded transition under the sampling policy."""
+    family: ModelFamily
+    sigmas: torch.Tensor
+    """The ``(num_steps + 1,)`` sampling schedule."""
+    guidance_scale: float
 
-    def provides(self) -> frozenset[str]:
-        """The optional :class:`RolloutBatch` fields a collector following this spec fills."""
-        fields = set()
-        if self.online:
-            fields |= {"images", "sigmas"} | ({"rewards"} if self.needs_reward else set())
-        if self.online and self.keep_trajectory and self.step_strategy is not None:
-            fields |= {"traj_x", "traj_next", "traj_step", "traj_sigma", "traj_sigma_next"}
-            if self.keep_log_prob:
-                fields.add("traj_log_prob")
-        return frozenset(fields)
+    def velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
+        """The trainable policy's velocity, with gradients."""
+
+    def reference_velocity(
+        self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw
+    ) -> torch.Tensor:
+        """The base model's velocity (no gradient); needs ``needs_reference``."""
+
+    def old_velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
+        """The old (sampling) policy's velocity (no gradient); needs ``keeps_old_policy``."""
+
+    def negative(self, n: int) -> Conditioning | None:
+        """The negative-prompt conditioning for CFG, ``n`` rows (None when CFG is off)."""
+
+    def micro_batches(self, examples: TrainExamples) -> list[TrainExamples]:
+        """The micro-batches an update runs (a ``before_update`` pass uses the very same)."""
 
 
 def x0_only_spec(sampler: str, noise_level: float) -> CollectionSpec:
-    """Online collection for forward-process algorithms (DiffusionNFT, AWM): any sampler — ``ode``,
-    ``heun``, or ``sde``/``cps`` on every step — and nothing kept but x0, the conditioning, the
+    """Online collection for forward-process algorithms (DiffusionNFT, AWM): any sampler kernel —
+    ``ode``, ``heun``, or a stochastic one (``sde``, ``cps``) on every step — and nothing kept but x0, the conditioning, the
     sample identity and its sigma schedule (no per-step latents: memory per sample grows with the
     number of steps only by one float per step)."""
-    from diffrl.sampling.step_strategies import AllSteps
-
-    stochastic = sampler in ("sde", "cps")
+    try:
+        stochastic = resolve_kernel(sampler).stochastic
+    except RegistryError:  # reported by x0_collection_problems with the other config problems
+        stochastic = False
     return CollectionSpec(
         online=True,
         needs_reward=True,
@@ -73,68 +75,13 @@ def x0_only_spec(sampler: str, noise_level: float) -> CollectionSpec:
     )
 
 
-@dataclass
-class RolloutBatch(Batch):
-    """What the collector produced: one row per sample.
-
-    ``x0``: clean latents ``(B, *latent)``; ``cond``: the prompts' conditioning;
-    ``images``: decoded ``(B, 3, H, W)`` (videos ``(B, 3, F, H, W)``), uint8 0..255 (online rollouts;
-    :func:`~diffrl.rewards.base.quantize`);
-    ``group_id``: samples of the same prompt share a group (group-relative advantages);
-    ``micro_group``: which sampling forward batch the sample was in;
-    ``rewards``: ``(B,)`` weighted reward (online rollouts);
-    ``sigmas``: ``(B, num_steps + 1)`` the sigma schedule the sample was drawn with (online rollouts).
-    Trajectory, only when the spec keeps it, for the K stochastic steps:
-    ``traj_x, traj_next: (B, K, *latent)``; ``traj_step (B, K)`` step indices;
-    ``traj_sigma, traj_sigma_next (B, K)``; ``traj_log_prob (B, K)`` when the spec keeps log-probs.
-    """
-
-    prompts: list[str]
-    metadata: list[dict[str, Any]]
-    prompt_index: torch.Tensor
-    sample_index: torch.Tensor
-    group_id: torch.Tensor
-    micro_group: torch.Tensor
-    x0: torch.Tensor
-    cond: Conditioning
-    images: torch.Tensor | None = None
-    rewards: torch.Tensor | None = None
-    sigmas: torch.Tensor | None = None
-    traj_x: torch.Tensor | None = None
-    traj_next: torch.Tensor | None = None
-    traj_step: torch.Tensor | None = None
-    traj_sigma: torch.Tensor | None = None
-    traj_sigma_next: torch.Tensor | None = None
-    traj_log_prob: torch.Tensor | None = None
-
-
-@dataclass
-class TrainSignals(Batch):
-    """Reward-derived scalars per sample (GRPO advantages, NFT r, AWM weights), ``(B,)`` each."""
-
-    values: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(next(iter(self.values.values()))) if self.values else 0
-
-    def select(self, index) -> TrainSignals:
-        idx = torch.as_tensor(index, dtype=torch.long)
-        return TrainSignals({k: v[idx] for k, v in self.values.items()})
-
-    @classmethod
-    def cat(cls, parts) -> TrainSignals:
-        keys = parts[0].values.keys() if parts else ()
-        return cls({k: torch.cat([p.values[k] for p in parts]) for k in keys})
-
-
-class TrainExamples(Batch):
-    """Base for an algorithm's own example dataclass (its fields are per-example).
-
-    Subclasses must have a ``sample_id (N,)`` field: the row of the :class:`RolloutBatch` each
-    example came from, so the loop can split a rollout into optimizer steps by whole samples.
-    """
-
-    sample_id: torch.Tensor
+def x0_collection_problems(sampler: str, global_std: bool, config: Config) -> list[str]:
+    """The checks DiffusionNFT and AWM share: any known sampler kernel, and groups of at least two
+    samples unless advantages are normalised over the whole batch."""
+    errors = kernel_problems("algorithm.params.sampler", sampler)
+    if config.rollout.n_samples_per_prompt < 2 and not global_std:
+        errors.append("rollout.n_samples_per_prompt must be >= 2 for group-relative advantages")
+    return errors
 
 
 class DiffusionAlgorithm(ABC):

@@ -23,20 +23,12 @@ from typing import Literal
 import torch
 
 from diffrl.algorithms.advantages import group_advantages
-from diffrl.algorithms.base import (
-    CollectionSpec,
-    DiffusionAlgorithm,
-    RolloutBatch,
-    TrainExamples,
-    TrainSignals,
-    x0_only_spec,
-)
+from diffrl.algorithms.base import DiffusionAlgorithm, x0_collection_problems, x0_only_spec
 from diffrl.algorithms.forward_process import expand_timesteps, noised
-from diffrl.models.base import Conditioning
+from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 
 DECAY_SCHEDULES = ("none", "ramp", "flat_ramp")
 ADV_MODES = ("all", "positive_only", "negative_only", "binary")
-FORWARD_SAMPLERS = ("ode", "heun", "sde", "cps")
 
 
 def old_policy_decay(schedule: str, step: int) -> float:
@@ -139,7 +131,7 @@ class DiffusionNFT(DiffusionAlgorithm):
         """Train on this fraction of the sampler's timesteps per sample (a shuffled subset)."""
         global_std: bool = False
         """Divide advantages by the std of the whole batch instead of the prompt group."""
-        sampler: Literal["ode", "heun", "sde", "cps"] = "ode"
+        sampler: str = "ode"
         """How rollouts are drawn: any sampler works, NFT needs only x0."""
         noise_level: float = 0.7
         """For ``sde`` / ``cps`` collection only."""
@@ -164,9 +156,7 @@ class DiffusionNFT(DiffusionAlgorithm):
                 f"algorithm.params.timestep_fraction={p.timestep_fraction} of sampling.num_steps="
                 f"{config.sampling.num_steps} trains on no timestep; raise it"
             )
-        if config.rollout.n_samples_per_prompt < 2 and not p.global_std:
-            errors.append("rollout.n_samples_per_prompt must be >= 2 for group-relative advantages")
-        return errors
+        return errors + x0_collection_problems(p.sampler, p.global_std, config)
 
     @property
     def needs_reference(self) -> bool:

@@ -17,15 +17,9 @@ from typing import Any
 import torch
 
 from diffrl.algorithms.advantages import group_advantages
-from diffrl.algorithms.base import (
-    CollectionSpec,
-    DiffusionAlgorithm,
-    RolloutBatch,
-    TrainExamples,
-    TrainSignals,
-)
-from diffrl.models.base import Conditioning
-from diffrl.sampling.kernels import stochastic_kernel
+from diffrl.algorithms.base import DiffusionAlgorithm
+from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
+from diffrl.sampling.kernels import kernel_problems, resolve_kernel
 from diffrl.sampling.step_strategies import build_step_strategy
 
 
@@ -101,7 +95,8 @@ class FlowGRPO(DiffusionAlgorithm):
     @dataclass
     class Params:
         sampler: str = "sde"
-        """Kernel of the stochastic steps: ``sde`` (Flow-GRPO) or ``cps`` (coefficients-preserving)."""
+        """Kernel of the stochastic steps: ``sde`` (Flow-GRPO), ``cps`` (coefficients-preserving) or a
+        dotted path to a stochastic :class:`~diffrl.sampling.kernels.Kernel` of your own."""
         noise_level: float = 0.7
         step_strategy: dict[str, Any] = field(default_factory=lambda: {"name": "all"})
         """``{name: all | sde_window | epoch_global_random_choice | dotted.path, **params}``."""
@@ -131,11 +126,7 @@ class FlowGRPO(DiffusionAlgorithm):
     def validate(self, config) -> list[str]:
         p = self.params
         errors = list(self._strategy_errors)
-        if p.sampler not in ("sde", "cps"):
-            errors.append(
-                f"algorithm.params.sampler={p.sampler!r}: Flow-GRPO needs a stochastic sampler to have "
-                "log-probs to optimise; use sde or cps (ode has none)"
-            )
+        errors += kernel_problems("algorithm.params.sampler", p.sampler, stochastic=True)
         if p.noise_level <= 0:
             errors.append(f"algorithm.params.noise_level must be > 0 for Flow-GRPO, got {p.noise_level}")
         if config.rollout.n_samples_per_prompt < 2 and not p.allow_single_sample:
@@ -190,19 +181,19 @@ class FlowGRPO(DiffusionAlgorithm):
     def compute_loss(self, policy, examples: GRPOExamples) -> tuple[torch.Tensor, dict[str, float]]:
         p = self.params
         s = self.config.sampling
-        kernel = stochastic_kernel(p.sampler)
+        kernel = resolve_kernel(p.sampler)  # the rollout's kernel: the replay scores the recorded step
         sigma_max = policy.sigmas[1].item()
         negative = policy.negative(len(examples))
         v = policy.velocity(
             examples.x_t, examples.sigma, examples.cond, guidance_scale=s.guidance_scale, negative=negative
         )
-        out = kernel(
+        out = kernel.step(
             examples.x_t,
             v,
             examples.sigma,
             examples.sigma_next,
-            p.noise_level,
-            sigma_max,
+            noise_level=p.noise_level,
+            sigma_max=sigma_max,
             prev_sample=examples.x_next,
         )
         terms = ppo_clip_loss(
@@ -219,13 +210,13 @@ class FlowGRPO(DiffusionAlgorithm):
                     guidance_scale=s.guidance_scale,
                     negative=negative,
                 )
-                ref = kernel(
+                ref = kernel.step(
                     examples.x_t,
                     v_ref,
                     examples.sigma,
                     examples.sigma_next,
-                    p.noise_level,
-                    sigma_max,
+                    noise_level=p.noise_level,
+                    sigma_max=sigma_max,
                     prev_sample=examples.x_next,
                 )
             kl = mean_kl(out.mean, ref.mean, out.std)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffrl.algorithms.base import RolloutBatch
+from diffrl.rollout import RolloutBatch
 from diffrl.seeding import generator
 
 

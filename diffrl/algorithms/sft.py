@@ -17,13 +17,8 @@ from typing import Literal
 
 import torch
 
-from diffrl.algorithms.base import (
-    CollectionSpec,
-    DiffusionAlgorithm,
-    RolloutBatch,
-    TrainExamples,
-    TrainSignals,
-)
+from diffrl.algorithms.base import DiffusionAlgorithm
+from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.seeding import generator
 
 

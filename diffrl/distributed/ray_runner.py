@@ -28,17 +28,19 @@ import os
 import time
 import warnings
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
-from diffrl.algorithms.base import CollectionSpec, DiffusionAlgorithm, RolloutBatch, TrainExamples
-from diffrl.config import Config, RewardConfig, ray_address_problem
+from diffrl.algorithms.base import DiffusionAlgorithm
+from diffrl.config import Config, RewardConfig
 from diffrl.data.prompts import load_prompts
+from diffrl.distributed.cluster import ray_address_problem, ray_checks
 from diffrl.errors import Abandoned, DiffrlError, RunStopped
 from diffrl.rewards.base import RewardOutput
-from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, RolloutStats, attach_rewards
+from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
+from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, build_collector
 from diffrl.train.evaluate import EvalResult
 
 MAX_REISSUES = 3
@@ -61,7 +63,6 @@ class RolloutEngine:
         from diffrl.algorithms.registry import build_algorithm
         from diffrl.models.registry import load_family
         from diffrl.train.actor import apply_lora
-        from diffrl.train.runner import build_collector
 
         torch.set_num_threads(threads)
         self.config = config
@@ -70,16 +71,15 @@ class RolloutEngine:
             apply_lora(self.family, config.model.lora)
         self.family.transformer.requires_grad_(False).eval()
         spec = build_algorithm(config).collection_spec()
-        self.collector = build_collector(config, self.family, spec, None)
+        self.collector = build_collector(config, self.family, spec)
         self.state: dict[str, torch.Tensor] = {}
         self.eval_rewards = None
 
     def sample(self, plan: RolloutPlan, micro_group: int) -> RolloutBatch:
         return self.collector.sample(plan, micro_group).to("cpu")
 
-    def collect(self, iteration: int) -> tuple[RolloutBatch, RolloutStats]:
-        batch, stats = self.collector.collect(iteration)
-        return batch.to("cpu"), stats
+    def collect(self, iteration: int) -> RolloutBatch:
+        return self.collector.collect(iteration).to("cpu")
 
     def load(self, state: dict[str, torch.Tensor]) -> str:
         """Take the trainer's sampling weights; returns the checksum of what this engine now holds."""
@@ -136,14 +136,14 @@ class TrainerRank:
     def address(self) -> tuple[str, int]:
         import ray
 
-        from diffrl.distributed.fsdp import free_port
+        from diffrl.parallel import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, host: str, port: int) -> int:
         from diffrl.algorithms.registry import build_algorithm
-        from diffrl.distributed.fsdp import init_distributed
         from diffrl.models.registry import load_family, resolve_device
+        from diffrl.parallel import init_distributed
         from diffrl.train.actor import Actor
 
         config = self.config
@@ -165,18 +165,8 @@ class TrainerRank:
     def optimize(self, parts: list[tuple[TrainExamples, int, int]]) -> list[dict[str, float]]:
         """``parts``: per optimizer step, this rank's share, the step's global example count and
         the number of micro-batches every rank runs."""
-        policy, out = self.actor.policy, []
-        try:
-            chunks = []
-            for examples, _, count in parts:
-                policy.micro_batch_count = count
-                chunks.append(self.actor.before_update(examples, self.algorithm))
-            for chunk, (_, total, count) in zip(chunks, parts):
-                policy.micro_batch_count = count
-                out.append(self.actor.train_step(chunk, self.algorithm, total))
-        finally:
-            policy.micro_batch_count = None
-        return out
+        chunks, totals, counts = (list(column) for column in zip(*parts))
+        return self.actor.optimize(chunks, self.algorithm, totals, counts)
 
     def end_iteration(self) -> dict[str, float]:
         return self.actor.update_old_policy(self.algorithm)
@@ -249,12 +239,33 @@ def micro_batch_count(sizes: list[int], micro_batch_size: int) -> int:
     return max(1, min(max(-(-n // micro_batch_size) for n in sizes), min(sizes)))
 
 
+class _PendingScores:
+    """One micro-group's scores on the reward workers; ``result`` waits by each reward's deadline."""
+
+    def __init__(self, runner: RayRunner, part: RolloutBatch, jobs: list):
+        self.runner, self.part, self.jobs = runner, part, jobs
+
+    def result(self) -> RewardOutput:
+        return self.runner._score_result(self.part, self.jobs)
+
+
 class RayRunner:
+    @classmethod
+    def validate(cls, config: Config, check_files: bool = True) -> list[str]:
+        return ray_checks(config, check_files)
+
+    @classmethod
+    def uses_local_devices(cls, config: Config) -> bool:
+        """A local cluster (started here, or 'ray start' on this node) uses this machine's GPUs."""
+        return config.ray.address in (None, "auto")
+
     def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):
         import ray
 
         self.config, self.algorithm, self.spec = config, algorithm, spec
         self.last_checkpoint: str | None = None
+        self._reissued = 0
+        """Micro-groups re-sent this iteration after their engine or reward worker died."""
         self.on_dispatch: Callable[[int, int], None] | None = None
         """Test hook: called with (engine index, micro-group) right after a micro-group is sent."""
         self._state_ref = None
@@ -381,23 +392,21 @@ class RayRunner:
         )
 
     # ---- rollouts ----------------------------------------------------------------------------------
-    def collect(
-        self, iteration: int, should_stop: Callable[[], bool] | None = None
-    ) -> tuple[RolloutBatch, RolloutStats]:
+    def sample(self, iteration: int, should_stop: Callable[[], bool] | None = None) -> Iterator[RolloutBatch]:
+        """The rollout's micro-groups as the engines finish them (two queued per engine: it starts
+        the next while the driver takes the last); a micro-group whose engine died is re-sent to
+        its replacement."""
         import ray
 
-        start = time.time()
+        self._reissued = 0
         if self.planner is None:  # offline data (SFT): one engine reads it
-            return self._engine_call(0, "collect", iteration)
+            yield self._engine_call(0, "collect", iteration)
+            return
         plan = self.planner.plan(iteration)
         plan_ref = ray.put(plan)
         queue = deque(range(len(plan.micro_groups)))
-        # two micro-groups queued per engine: it starts the next while the driver takes the last
         free = deque(i for _ in range(2) for i in range(len(self.engines.actors)))
         inflight: dict = {}
-        parts: dict[int, RolloutBatch] = {}
-        scores: dict[int, list] = {}
-        reissued = 0
         attempts: Counter[int] = Counter()
         while queue or inflight:
             if should_stop is not None and should_stop():  # the engines' work is dropped at close()
@@ -421,25 +430,17 @@ class RayRunner:
                     ) from e
                 self._replace_engine(i, engine)  # once: its other queued micro-group fails too
                 queue.appendleft(g)
-                reissued += 1
+                self._reissued += 1
                 free.append(i)
                 continue
             free.append(i)
-            parts[g] = part
-            scores[g] = [self._score(pool, part) for pool in self.reward_pools]
-        stats = RolloutStats(sampling_time=time.time() - start)
-        batch = RolloutBatch.cat([parts[g] for g in sorted(parts)])
-        if self.reward_pools:
-            t0 = time.time()
-            outs = []
-            for g in sorted(parts):
-                out, retries = self._score_result(parts[g], scores[g])
-                outs.append(out)
-                reissued += retries
-            stats.reward_wait_time = time.time() - t0
-            attach_rewards(batch, RewardOutput.cat(outs), stats)
-        stats.metrics["rollout/reissued"] = float(reissued)
-        return batch, stats
+            yield part
+
+    def score(self, part: RolloutBatch) -> _PendingScores | None:
+        """Send the micro-group to a worker of each reward (chosen by its index)."""
+        if not self.reward_pools:
+            return None
+        return _PendingScores(self, part, [self._score(pool, part) for pool in self.reward_pools])
 
     def _replace_engine(self, i: int, dead) -> None:
         """Replace engine ``i`` (unless ``dead`` was replaced already); the new one first takes
@@ -474,7 +475,7 @@ class RayRunner:
         worker = pool.actors[w]
         return (w, worker, worker.score.remote(part.images, part.prompts, part.metadata), time.monotonic())
 
-    def _score_result(self, part: RolloutBatch, jobs: list) -> tuple[RewardOutput, int]:
+    def _score_result(self, part: RolloutBatch, jobs: list) -> RewardOutput:
         """Wait for a micro-group's scores, each reward by its deadline (``timeout_s`` from submit,
         as in one process: see :class:`~diffrl.rewards.base.PendingRewards`). A worker that died is
         replaced and the micro-group re-sent; one still busy at the deadline is killed and replaced,
@@ -512,7 +513,8 @@ class RayRunner:
                     resent += 1
                     worker = pool.actors[w]
                     ref = worker.score.remote(part.images, part.prompts, part.metadata)
-        return RewardOutput.combine(outs), resent
+        self._reissued += resent
+        return RewardOutput.combine(outs)
 
     # ---- training ----------------------------------------------------------------------------------
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
@@ -538,7 +540,7 @@ class RayRunner:
 
     def end_iteration(self) -> dict[str, float]:
         metrics = self._ranks_call("end_iteration")[0]
-        return {**metrics, **self.sync()}
+        return {**metrics, **self.sync(), "rollout/reissued": float(self._reissued)}
 
     def sync(self) -> dict[str, float]:
         """Send the sampling weights to every engine and check that they hold them exactly."""

@@ -15,7 +15,7 @@ import re
 import torch
 from torch import nn
 
-from diffrl.distributed.fsdp import full_tensor
+from diffrl.parallel import full_tensor
 from diffrl.train.actor import OLD_ADAPTER
 
 LIVE_ADAPTER = "default"

@@ -17,15 +17,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import torch
 from torch import nn
 
+from diffrl.config import Config, ConfigError, bind_dataclass
 from diffrl.errors import DiffrlError
-
-if TYPE_CHECKING:
-    from diffrl.config import Config
+from diffrl.models.schedules import flow_sigmas
+from diffrl.rollout import Conditioning
 
 FAMILY_FILE = "diffrl_model.json"
 
@@ -45,39 +45,6 @@ class SizeRule:
     max_side: int | None = None
     """The largest side the model takes (a learned position embedding's extent), if any."""
     max_why: str = ""
-
-
-@dataclass
-class Conditioning:
-    """Encoded prompts: named tensors with the batch on dim 0.
-
-    What the tensors are is the family's business, e.g. for SD3-like models
-    ``{"encoder_hidden_states": (B, L, D), "pooled_projections": (B, P)}``.
-    """
-
-    tensors: dict[str, torch.Tensor]
-
-    def __len__(self) -> int:
-        return len(next(iter(self.tensors.values())))
-
-    def select(self, index: Sequence[int] | torch.Tensor) -> Conditioning:
-        idx = torch.as_tensor(index, dtype=torch.long)
-        return Conditioning({k: v[idx.to(v.device)] for k, v in self.tensors.items()})
-
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Conditioning:
-        return Conditioning(
-            {
-                k: v.to(device=device, dtype=dtype if v.is_floating_point() else None)
-                for k, v in self.tensors.items()
-            }
-        )
-
-    @classmethod
-    def cat(cls, parts: Sequence[Conditioning]) -> Conditioning:
-        return cls({k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors})
-
-    def repeat(self, n: int) -> Conditioning:
-        return Conditioning({k: v.expand(n, *v.shape[1:]) for k, v in self.tensors.items()})
 
 
 class ModelFamily(ABC):
@@ -140,8 +107,6 @@ class ModelFamily(ABC):
     @classmethod
     def validate_config(cls, config: Config, check_files: bool = True) -> list[str]:
         """Problems with ``model.*`` / ``sampling.*`` for this family, before anything loads."""
-        from diffrl.config import bind_dataclass
-
         errors: list[str] = []
         bind_dataclass(cls.Options, config.model.options, "model.options", errors)
         path = config.model.path
@@ -218,8 +183,6 @@ class ModelFamily(ABC):
 
     @classmethod
     def parse_options(cls, options: dict[str, Any]) -> Any:
-        from diffrl.config import ConfigError, bind_dataclass
-
         errors: list[str] = []
         parsed = bind_dataclass(cls.Options, options, "model.options", errors)
         if errors:
@@ -265,8 +228,6 @@ class ModelFamily(ABC):
         ``shift`` (``sampling.shift``) None: the schedule this family's diffusers pipeline uses;
         a number: ``FlowMatchEulerDiscreteScheduler(shift=shift)``'s (SD3's static shift).
         """
-        from diffrl.sampling.schedules import flow_sigmas
-
         return flow_sigmas(num_steps, self.default_shift if shift is None else shift)
 
     # ---- the velocity forward ------------------------------------------------------------------

@@ -27,10 +27,11 @@ from typing import Self
 import torch
 from torch import nn
 
-from diffrl.models.base import Conditioning, SizeRule
+from diffrl.models.base import SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily
+from diffrl.models.schedules import resolution_shifted_sigmas
 from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
-from diffrl.sampling.schedules import resolution_shifted_sigmas
+from diffrl.rollout import Conditioning
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:

@@ -34,10 +34,11 @@ from typing import Self
 import torch
 from torch import nn
 
-from diffrl.models.base import Conditioning, SizeRule
+from diffrl.models.base import SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, read_json
 from diffrl.models.flux import pack, unpack
-from diffrl.sampling.schedules import resolution_shifted_sigmas
+from diffrl.models.schedules import resolution_shifted_sigmas
+from diffrl.rollout import Conditioning
 
 # QwenImagePipeline.__init__'s constants (the integration test checks they still match)
 PROMPT_TEMPLATE = (

@@ -19,8 +19,9 @@ from typing import Self
 import torch
 from torch import nn
 
-from diffrl.models.base import Conditioning, SizeRule
+from diffrl.models.base import SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily
+from diffrl.rollout import Conditioning
 
 CLIP_MAX_TOKENS = 77
 

@@ -22,8 +22,9 @@ from diffusers import SD3Transformer2DModel
 from torch import nn
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, PreTrainedTokenizerFast
 
-from diffrl.models.base import Conditioning, ModelFamily, SizeRule, check_family_dir, write_family_file
+from diffrl.models.base import ModelFamily, SizeRule, check_family_dir, write_family_file
 from diffrl.models.sd3 import SD3_LORA_TARGETS, sd3_forward
+from diffrl.rollout import Conditioning
 
 BASE_DIR = Path(__file__).resolve().parent / "assets" / "tiny_base"
 MAX_PROMPT_TOKENS = 40

@@ -40,8 +40,9 @@ import torch
 from diffusers.loaders import PeftAdapterMixin
 from torch import nn
 
-from diffrl.models.base import Conditioning, SizeRule
+from diffrl.models.base import SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily
+from diffrl.rollout import Conditioning
 
 # The attention projections of every block, self-attention (attn1) and cross-attention to the text
 # (attn2): flow_grpo's choice (attention projections only) and what diffusers' LoRA scripts'

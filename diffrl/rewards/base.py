@@ -160,12 +160,6 @@ def timeout_message(cfg: RewardConfig) -> str:
     )
 
 
-def quantize(images: torch.Tensor) -> torch.Tensor:
-    """Images or videos in [0, 1] -> uint8 on the CPU, as an image file holds them (a quarter of
-    float32's bytes: what rollouts keep and send to reward workers; OCR reads uint8 anyway)."""
-    return (images.detach().clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).cpu()
-
-
 def submit_scores(
     reward: Reward,
     images: torch.Tensor,

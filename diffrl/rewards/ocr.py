@@ -19,8 +19,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from diffrl.rewards.base import Pending, Reward, quantize
+from diffrl.rewards.base import Pending, Reward
 from diffrl.rewards.workers import ProcessPool
+from diffrl.rollout import quantize
 
 
 def levenshtein(a: str, b: str) -> int:

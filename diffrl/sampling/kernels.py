@@ -1,5 +1,13 @@
 """Transition kernels x_t -> x_{t+Δ} of the reverse process, with the log-prob of the transition.
 
+One contract (:class:`Kernel`): ``step(x_t, velocity, sigma, sigma_next, ...) -> StepOutput``, a
+``stochastic`` flag (a stochastic kernel draws ``noise`` and scores a transition's log-prob; a
+deterministic one leaves ``log_prob`` None) and ``second_evaluation`` (Heun asks for the velocity
+at its Euler point through ``velocity_at``). Kernels are found by name in :data:`KERNELS`:
+``ode | sde | cps | heun``, or a dotted path to a user's :class:`Kernel` subclass (as miles'
+``--sde-step-backend-path``). Rollouts, eval and Flow-GRPO's replay all step through the same
+kernel object, so the replayed log-prob equals the recorded one.
+
 Shapes: ``x_t, velocity: (B, *latent)`` (image ``(B, C, H, W)`` or video ``(B, C, F, H, W)``);
 ``sigma, sigma_next: (B,)`` (per-element timesteps). All math runs in float32.
 
@@ -19,22 +27,24 @@ The log-prob is the per-element **mean** over all non-batch dims, as the referen
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-KERNELS = ("ode", "sde", "cps")
+from diffrl.registry import Registry, RegistryError
 
 
 @dataclass
 class StepOutput:
-    """``prev_sample, mean: (B, *latent)``; ``log_prob, std: (B,)``."""
+    """``prev_sample, mean: (B, *latent)``; ``log_prob, std: (B,)`` (None for a deterministic step)."""
 
     prev_sample: torch.Tensor
-    log_prob: torch.Tensor
-    mean: torch.Tensor
-    std: torch.Tensor
+    log_prob: torch.Tensor | None = None
+    mean: torch.Tensor | None = None
+    std: torch.Tensor | None = None
 
 
 def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -100,11 +110,135 @@ def cps_step(
     return StepOutput(prev_sample, _mean_over_elements(log_prob), mean, std.flatten())
 
 
-def stochastic_kernel(name: str) -> Callable[..., StepOutput]:
-    """``sde`` or ``cps``; an unknown name lists the known ones."""
-    table = {"sde": sde_step, "cps": cps_step}
-    if name not in table:
-        raise ValueError(
-            f"unknown stochastic kernel {name!r}; known: {', '.join(table)} (ode is deterministic)"
-        )
-    return table[name]
+class Kernel(ABC):
+    """A transition kernel of the reverse process (see the module docstring for the contract).
+
+    ``step``: ``x_t, velocity (B, *latent)``, ``sigma, sigma_next (B,)``. A stochastic kernel takes
+    ``noise (B, *latent)`` to sample, or ``prev_sample`` to score a recorded transition (then its
+    ``prev_sample`` is the given one), with ``noise_level`` (η) and ``sigma_max`` (the schedule's
+    ``sigmas[1]``, for σ = 1). ``velocity_at(x, sigma) -> velocity`` is given to kernels with
+    ``second_evaluation``.
+    """
+
+    stochastic: ClassVar[bool] = False
+    second_evaluation: ClassVar[bool] = False
+
+    @abstractmethod
+    def step(
+        self,
+        x_t: torch.Tensor,
+        velocity: torch.Tensor,
+        sigma: torch.Tensor,
+        sigma_next: torch.Tensor,
+        *,
+        noise_level: float = 0.0,
+        sigma_max: float = 1.0,
+        noise: torch.Tensor | None = None,
+        prev_sample: torch.Tensor | None = None,
+        velocity_at: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> StepOutput: ...
+
+
+class Euler(Kernel):
+    """``ode``: deterministic Euler (:func:`ode_step`)."""
+
+    def step(self, x_t, velocity, sigma, sigma_next, **_) -> StepOutput:
+        return StepOutput(ode_step(x_t, velocity, sigma, sigma_next))
+
+
+class FlowSDE(Kernel):
+    """``sde``: Flow-GRPO's marginal-preserving SDE (:func:`sde_step`)."""
+
+    stochastic = True
+
+    def step(
+        self,
+        x_t,
+        velocity,
+        sigma,
+        sigma_next,
+        *,
+        noise_level=0.0,
+        sigma_max=1.0,
+        noise=None,
+        prev_sample=None,
+        **_,
+    ) -> StepOutput:
+        return sde_step(x_t, velocity, sigma, sigma_next, noise_level, sigma_max, noise, prev_sample)
+
+
+class CPS(Kernel):
+    """``cps``: coefficients-preserving sampling (:func:`cps_step`)."""
+
+    stochastic = True
+
+    def step(
+        self,
+        x_t,
+        velocity,
+        sigma,
+        sigma_next,
+        *,
+        noise_level=0.0,
+        sigma_max=1.0,
+        noise=None,
+        prev_sample=None,
+        **_,
+    ) -> StepOutput:
+        return cps_step(x_t, velocity, sigma, sigma_next, noise_level, sigma_max, noise, prev_sample)
+
+
+class Heun(Kernel):
+    """``heun``: Heun's 2nd-order step (Karras et al. 2022, "Elucidating the Design Space of
+    Diffusion-Based Generative Models", Alg. 1): Euler, then the trapezoid of the two velocities;
+    the last step to sigma = 0 stays Euler."""
+
+    second_evaluation = True
+
+    def step(self, x_t, velocity, sigma, sigma_next, *, velocity_at=None, **_) -> StepOutput:
+        x_euler = ode_step(x_t, velocity, sigma, sigma_next)
+        if bool((sigma_next == 0).all()):
+            return StepOutput(x_euler)
+        v2 = velocity_at(x_euler, sigma_next)
+        dt = (sigma_next - sigma).view(-1, *[1] * (x_t.ndim - 1))
+        return StepOutput(x_t + dt * 0.5 * (velocity + v2))
+
+
+KERNELS = Registry(
+    "sampler kernel",
+    {
+        "ode": "diffrl.sampling.kernels:Euler",
+        "sde": "diffrl.sampling.kernels:FlowSDE",
+        "cps": "diffrl.sampling.kernels:CPS",
+        "heun": "diffrl.sampling.kernels:Heun",
+    },
+)
+
+
+def resolve_kernel(name: str) -> Kernel:
+    """``ode | sde | cps | heun`` or a dotted path to a :class:`Kernel` subclass -> an instance;
+    raises :class:`~diffrl.registry.RegistryError` naming the known ones."""
+    obj = KERNELS.resolve(name)
+    if isinstance(obj, type) and issubclass(obj, Kernel):
+        return obj()
+    if isinstance(obj, Kernel):
+        return obj
+    raise RegistryError(
+        f"sampler {name!r} resolves to {obj!r}, not a diffrl.sampling.kernels.Kernel subclass "
+        "(one with step(x_t, velocity, sigma, sigma_next, ...) -> StepOutput and a stochastic flag)"
+    )
+
+
+def kernel_problems(where: str, name: str, stochastic: bool | None = None) -> list[str]:
+    """Config problems with a sampler name (unknown, not a kernel, or, with ``stochastic``, not of
+    the kind an algorithm needs)."""
+    try:
+        kernel = resolve_kernel(name)
+    except RegistryError as e:
+        return [f"{where}: {e}"]
+    if stochastic and not kernel.stochastic:
+        return [
+            f"{where}={name!r} is deterministic: this algorithm needs a stochastic sampler to have "
+            "log-probs to optimise; use sde or cps (or a stochastic Kernel of your own)"
+        ]
+    return []

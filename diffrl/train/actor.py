@@ -10,10 +10,11 @@ import warnings
 import torch
 from torch import nn
 
-from diffrl.algorithms.base import DiffusionAlgorithm, TrainExamples
+from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config, LoraConfig
-from diffrl.distributed.fsdp import DistContext, full_tensor
-from diffrl.models.base import Conditioning, ModelFamily
+from diffrl.models.base import ModelFamily
+from diffrl.parallel import DistContext, full_tensor
+from diffrl.rollout import Conditioning, TrainExamples
 from diffrl.sampling.sampler import sampling_sigmas
 from diffrl.train.ema import EMA
 
@@ -221,7 +222,7 @@ class Actor:
             family.trainable_module().requires_grad_(True)
         old = OldPolicy(family, config.model.lora) if keep_old else None
         if dist is not None and dist.world_size > 1:  # one rank holds everything: nothing to shard
-            from diffrl.distributed.fsdp import shard_module
+            from diffrl.parallel import shard_module
 
             for module in (family.transformer, reference, old.module if old is not None else None):
                 if module is not None:
@@ -265,6 +266,32 @@ class Actor:
         """The algorithm's pre-update pass, with the weights and mode the update starts from."""
         self.module.train()
         return algorithm.before_update(self.policy, examples.to(self.family.device))
+
+    def optimize(
+        self,
+        chunks: list[TrainExamples],
+        algorithm: DiffusionAlgorithm,
+        totals: list[int] | None = None,
+        counts: list[int] | None = None,
+    ) -> list[dict[str, float]]:
+        """One optimizer step per chunk, after the algorithm's ``before_update`` pass over all of
+        them (with the weights the update starts from); their metrics. On a trainer rank,
+        ``totals[i]`` is step i's example count over all ranks and ``counts[i]`` the number of
+        micro-batches every rank splits its share into."""
+        totals = totals or [None] * len(chunks)
+        counts = counts or [None] * len(chunks)
+        try:
+            prepared = []
+            for chunk, count in zip(chunks, counts):
+                self.policy.micro_batch_count = count
+                prepared.append(self.before_update(chunk, algorithm))
+            out = []
+            for chunk, total, count in zip(prepared, totals, counts):
+                self.policy.micro_batch_count = count
+                out.append(self.train_step(chunk, algorithm, total))
+            return out
+        finally:
+            self.policy.micro_batch_count = None
 
     def train_step(
         self,

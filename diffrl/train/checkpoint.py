@@ -35,9 +35,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from diffrl.config import Config, LoraConfig, dump_config
-from diffrl.distributed.fsdp import copy_full_, full_tensor
 from diffrl.errors import DiffrlError
 from diffrl.models.base import FamilyMismatchError
+from diffrl.parallel import copy_full_, full_tensor
 
 FORMAT = "diffrl-checkpoint-2"
 REQUIRED = {"trainable.safetensors", "optimizer.safetensors", "config.yaml"}
@@ -258,22 +258,23 @@ def prune_checkpoints(output_dir: str | Path, keep_last: int | None, step: int) 
         return []
     steps = []
     for p in checkpoints_of(output_dir):
-        if p.name.startswith("step_") and 0 <= _iteration_of(p) <= step:
+        if p.name.startswith("step_") and 0 <= iteration_of(p) <= step:
             try:
                 verify_checkpoint(p)
             except CheckpointError:
                 continue
             steps.append(p)
-    steps.sort(key=_iteration_of)
+    steps.sort(key=iteration_of)
     doomed = steps[:-keep_last]
     for p in doomed:
         shutil.rmtree(p)
     return doomed
 
 
-def _iteration_of(path: Path) -> int:
+def iteration_of(path: str | Path) -> int:
+    """The iteration a checkpoint's ``checkpoint.json`` records, unverified (-1 if unreadable)."""
     try:
-        return int(json.loads((path / "checkpoint.json").read_text()).get("iteration", -1))
+        return int(json.loads((Path(path) / "checkpoint.json").read_text()).get("iteration", -1))
     except (OSError, ValueError, AttributeError):
         return -1
 
@@ -345,7 +346,7 @@ def latest_checkpoint(output_dir: str | Path) -> tuple[Path | None, list[str]]:
     # newest first; at the same iteration 'final' before a step checkpoint (a run stopped in its
     # final eval, then finished)
     found = sorted(
-        checkpoints_of(output_dir), key=lambda p: (_iteration_of(p), p.name == "final"), reverse=True
+        checkpoints_of(output_dir), key=lambda p: (iteration_of(p), p.name == "final"), reverse=True
     )
     skipped = []
     for p in found:

@@ -13,7 +13,8 @@ from diffrl.config import Config
 from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.logging import Progress
 from diffrl.models.base import ModelFamily
-from diffrl.rewards.base import RewardSet, quantize
+from diffrl.rewards.base import RewardSet
+from diffrl.rollout import quantize
 from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampling_sigmas
 
 

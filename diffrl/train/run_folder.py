@@ -156,6 +156,16 @@ class RunFolder:
             raise ConfigError(problems, "train.resume")
         return path, info
 
+    def begin(self, config: Config) -> tuple[Path | None, dict[str, Any] | None, str]:
+        """Where this run starts: the checkpoint to continue from and its verified info (None, None
+        for a fresh start) and the run's id; drops the metric rows written after that checkpoint."""
+        resume_from, info = self.resume_point(config)
+        run_id = self.claim(config, info)
+        self.keep_metrics_up_to(int(info["iteration"]) if info else -1)
+        if not self.holds_run() or info is None:
+            self.set_run_id(run_id)
+        return resume_from, info, run_id
+
     def claim(self, config: Config, info: dict[str, Any] | None) -> str:
         """This run's id; refuses a folder that holds another run."""
         held = self.run_id() if self.holds_run() else None

@@ -1,48 +1,69 @@
 """Runners: where the loop's parts live. The driver (``train/loop.py``) reads the same for all.
 
-- :class:`LocalRunner` (``runner: local``): one process; the collector samples with the actor's
-  own module, so there is nothing to sync.
-- :class:`~diffrl.distributed.ray_runner.RayRunner` (``runner: ray``): rollout engines, reward
-  workers and FSDP2 trainer ranks as Ray actors.
+``runner:`` in a recipe names one in :data:`RUNNERS`, or gives a dotted path to a user's class:
 
-Both take the same calls, in this order each iteration: ``collect`` -> (the driver computes the
-algorithm's signals and examples) -> ``optimize`` -> ``end_iteration``; and ``evaluate``/``save``
-between iterations.
+- ``local`` (:class:`LocalRunner`): one process; the collector samples with the actor's own
+  module, so there is nothing to sync.
+- ``ray`` (:class:`diffrl.distributed.ray.runner.RayRunner`): rollout engines, reward workers and
+  FSDP2 trainer ranks as Ray actors.
+- ``my_pkg.my_runner:MyRunner``: a class built as ``MyRunner(config, algorithm, spec)`` that
+  follows :class:`Runner` (subclassing :class:`LocalRunner` is the short way).
+
+Each iteration the driver calls ``sample`` (and ``score`` on each micro-group as it arrives) ->
+(the algorithm's signals and examples) -> ``optimize`` -> ``end_iteration``; and ``evaluate`` /
+``save`` between iterations. A runner class may also have ``validate(config, check_files) ->
+list[str]`` (its own config checks, run with all the others before anything loads) and
+``uses_local_devices(config) -> bool`` (whether ``run.device`` names a device of this machine).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from diffrl.algorithms.base import CollectionSpec, DiffusionAlgorithm, RolloutBatch, TrainExamples
+from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
-from diffrl.data.offline import build_offline_dataset
-from diffrl.data.prompts import load_prompts
-from diffrl.models.base import ModelFamily
-from diffrl.rewards.base import RewardSet
-from diffrl.sampling.collector import OfflineCollector, OnlineCollector, RolloutStats
-from diffrl.sampling.sampler import image_size
+from diffrl.models.registry import load_family
+from diffrl.registry import Registry
+from diffrl.rewards.base import PendingRewards, RewardOutput, RewardSet
+from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
+from diffrl.sampling.collector import build_collector
+from diffrl.train.actor import Actor
 from diffrl.train.checkpoint import load_resume_state, save_checkpoint
 from diffrl.train.evaluate import EvalResult, evaluate
+
+RUNNERS = Registry(
+    "runner",
+    {
+        "local": "diffrl.train.runner:LocalRunner",
+        "ray": "diffrl.distributed.ray_runner:RayRunner",
+    },
+)
+
+
+class PendingScore(Protocol):
+    def result(self) -> RewardOutput:
+        """The micro-group's scores; failures and missed deadlines are NaN with a message."""
 
 
 class Runner(Protocol):
     def describe(self) -> str:
         """One line: the trainable parameters and where the parts run."""
 
-    def collect(
-        self, iteration: int, should_stop: Callable[[], bool] | None = None
-    ) -> tuple[RolloutBatch, RolloutStats]:
-        """Sample (and score) one rollout with the current sampling policy; raise
-        :class:`~diffrl.errors.Abandoned` between micro-groups once ``should_stop()`` is true."""
+    def sample(self, iteration: int, should_stop: Callable[[], bool] | None = None) -> Iterator[RolloutBatch]:
+        """Sample one rollout with the current sampling policy, yielding its micro-groups as they
+        finish (in any order); raise :class:`~diffrl.errors.Abandoned` once ``should_stop()``."""
+
+    def score(self, part: RolloutBatch) -> PendingScore | None:
+        """Start scoring one micro-group (None when the algorithm needs no reward)."""
 
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
         """One optimizer step per chunk (after the algorithm's ``before_update``); their metrics."""
 
     def end_iteration(self) -> dict[str, float]:
-        """Update the old policy (if kept) and send the sampling weights where rollouts run."""
+        """Update the old policy (if kept), send the sampling weights where rollouts run, and
+        report the runner's own counters of the iteration."""
 
     def evaluate(self) -> EvalResult | None:
         """Eval with the weights to evaluate (EMA if enabled); None when eval is off."""
@@ -56,28 +77,18 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def build_collector(config: Config, family: ModelFamily, spec: CollectionSpec, rewards: RewardSet | None):
-    if spec.online:
-        return OnlineCollector(config, family, spec, load_prompts(config.data.prompts), rewards)
-    height, width = image_size(config, family)
-    return OfflineCollector(
-        build_offline_dataset(config, height, width), family, config.train.batch_size, config.run.seed
-    )
-
-
 def build_runner(config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec) -> Runner:
-    if config.runner == "ray":
-        from diffrl.distributed.ray_runner import RayRunner
-
-        return RayRunner(config, algorithm, spec)
-    return LocalRunner(config, algorithm, spec)
+    return RUNNERS.resolve(config.runner)(config, algorithm, spec)
 
 
 class LocalRunner:
-    def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):
-        from diffrl.models.registry import load_family
-        from diffrl.train.actor import Actor
+    """Everything in this process: the family, the actor, the collector and the rewards."""
 
+    @classmethod
+    def validate(cls, config: Config, check_files: bool = True) -> list[str]:
+        return []
+
+    def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):
         self.config, self.algorithm = config, algorithm
         self.family = load_family(config)
         self.actor = Actor(
@@ -88,21 +99,23 @@ class LocalRunner:
         )
         self.train_rewards = RewardSet(config.rewards) if spec.needs_reward else None
         self.eval_rewards = RewardSet(config.eval.rewards) if config.eval.enabled else None
-        self.collector = build_collector(config, self.family, spec, self.train_rewards)
+        self.collector = build_collector(config, self.family, spec)
 
     def describe(self) -> str:
         return f"{self.actor.num_trainable():,} trainable parameters, one process on {self.family.device}"
 
-    def collect(
-        self, iteration: int, should_stop: Callable[[], bool] | None = None
-    ) -> tuple[RolloutBatch, RolloutStats]:
+    def sample(self, iteration: int, should_stop: Callable[[], bool] | None = None) -> Iterator[RolloutBatch]:
         self.family.transformer.eval()
         with self.actor.policy.sampling_weights() as module:  # the old policy when the algorithm keeps one
-            return self.collector.collect(iteration, module, should_stop)
+            yield from self.collector.micro_groups(iteration, module, should_stop)
+
+    def score(self, part: RolloutBatch) -> PendingRewards | None:
+        if self.train_rewards is None:
+            return None
+        return self.train_rewards.submit(part.images, part.prompts, part.metadata)
 
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
-        chunks = [self.actor.before_update(chunk, self.algorithm) for chunk in chunks]
-        return [self.actor.train_step(chunk, self.algorithm) for chunk in chunks]
+        return self.actor.optimize(chunks, self.algorithm)
 
     def end_iteration(self) -> dict[str, float]:
         # the collector samples with the actor's own module: nothing to sync

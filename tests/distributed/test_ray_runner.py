@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.config import load_config
+from diffrl.preflight import load_config
 from diffrl.train.loop import train
 from tests.conftest import ROOT
 

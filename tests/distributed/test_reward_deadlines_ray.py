@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.config import load_config
+from diffrl.preflight import load_config
 from tests.conftest import ROOT, tiny_overrides
 
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffrl.config import Config, load_config
+from diffrl.config import Config
 from diffrl.models.base import FamilyMismatchError, ModelFamily
+from diffrl.preflight import load_config
 from diffrl.train.loop import TrainResult, train
 from tests.conftest import ROOT, rehash_checkpoint
 

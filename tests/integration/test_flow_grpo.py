@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.config import ConfigError, load_config
+from diffrl.config import ConfigError
 from diffrl.data.prompts import load_prompts
 from diffrl.models.registry import load_family
+from diffrl.preflight import load_config
 from diffrl.sampling.collector import OnlineCollector
 from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
@@ -58,8 +59,8 @@ def _collect(cfg, micro_group):
     cfg.rollout.micro_group_size = micro_group
     family = load_family(cfg)
     spec = build_algorithm(cfg).collection_spec()
-    collector = OnlineCollector(cfg, family, spec, load_prompts(cfg.data.prompts), None)
-    return collector.collect(3)[0]
+    collector = OnlineCollector(cfg, family, spec, load_prompts(cfg.data.prompts))
+    return collector.collect(3)
 
 
 def test_rollout_does_not_depend_on_micro_group_size_and_records_only_chosen_steps(tmp_path):

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from diffrl.algorithms.awm import AWM
-from diffrl.algorithms.base import CollectionSpec
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.algorithms.sft import SFT, flow_matching_loss
-from diffrl.config import ConfigError, load_config
+from diffrl.config import ConfigError
 from diffrl.data.prompts import load_prompts
 from diffrl.models.registry import load_family
+from diffrl.preflight import load_config
+from diffrl.rollout import CollectionSpec
 from diffrl.sampling.collector import OnlineCollector
 from diffrl.train.actor import Actor
 from diffrl.train.loop import train
@@ -81,7 +82,7 @@ def test_old_policy_copy_switch_and_update(tmp_path, lora):
 def _collect(cfg):
     family = load_family(cfg)
     spec = build_algorithm(cfg).collection_spec()
-    return OnlineCollector(cfg, family, spec, load_prompts(cfg.data.prompts), None).collect(0)[0]
+    return OnlineCollector(cfg, family, spec, load_prompts(cfg.data.prompts)).collect(0)
 
 
 def _bytes(batch) -> int:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from diffrl.algorithms.diffusion_nft import DiffusionNFT
-from diffrl.config import load_config
 from diffrl.errors import RunStopped
+from diffrl.preflight import load_config
 from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 

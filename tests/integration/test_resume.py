@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffrl.config import ConfigError, load_config
+from diffrl.config import ConfigError
+from diffrl.preflight import load_config
 from diffrl.train.checkpoint import CheckpointError
 from diffrl.train.loop import train
 from diffrl.train.run_folder import RunFolder

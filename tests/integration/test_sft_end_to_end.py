@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from diffrl.cli import _load_for_inference, _resolve_target, main
-from diffrl.config import load_config
+from diffrl.preflight import load_config
 from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 

@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 
-from diffrl.models.base import Conditioning
 from diffrl.models.registry import load_family
 from diffrl.models.tiny import build_tokenizer
+from diffrl.rollout import Conditioning
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from tests.integration.family_checks import (
     OTHER_ALGORITHMS,
@@ -300,7 +300,7 @@ def test_fsdp_ranks_holding_rows_of_different_experts_match_one_process(tmp_path
     the other's: same shapes, so gloo pairs them silently and the gradients are wrong."""
     import torch.multiprocessing as mp
 
-    from diffrl.distributed.fsdp import free_port
+    from diffrl.parallel import free_port
 
     family = _fsdp_family(wan22_dir, tmp_path)
     x, sigma, cond = _fsdp_batch(family)
@@ -336,13 +336,13 @@ def _fsdp_batch(family):
 
 
 def _lora_grads(family) -> dict[str, torch.Tensor]:
-    from diffrl.distributed.fsdp import full_tensor
+    from diffrl.parallel import full_tensor
 
     return {n: full_tensor(p.grad).clone() for n, p in family.transformer.named_parameters() if "lora_" in n}
 
 
 def _fsdp_rank(rank, split, wan_dir, tmp_path, port, out):
-    from diffrl.distributed.fsdp import init_distributed, shard_module
+    from diffrl.parallel import init_distributed, shard_module
 
     torch.set_num_threads(1)
     init_distributed(rank, 2, "127.0.0.1", port, "gloo", torch.device("cpu"))

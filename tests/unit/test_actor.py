@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.config import load_config
 from diffrl.data.offline import build_offline_dataset
 from diffrl.models.registry import load_family
+from diffrl.preflight import load_config
 from diffrl.sampling.collector import OfflineCollector
 from diffrl.train.actor import Actor
 
@@ -16,7 +16,7 @@ def _setup(micro: int, **train):
     family = load_family(cfg)
     actor = Actor(family, cfg)
     algo = build_algorithm(cfg)
-    batch = OfflineCollector(build_offline_dataset(cfg, 32, 64), family, 4, cfg.run.seed).collect(0)[0]
+    batch = OfflineCollector(build_offline_dataset(cfg, 32, 64), family, 4, cfg.run.seed).collect(0)
     examples = algo.build_train_data(batch, algo.postprocess_rewards(batch, None), 0)
     return actor, algo, examples
 

@@ -10,8 +10,8 @@ import shutil
 import pytest
 import torch
 
-from diffrl.config import load_config
 from diffrl.models.registry import load_family
+from diffrl.preflight import load_config
 from diffrl.train.actor import Actor
 from diffrl.train.checkpoint import (
     CheckpointError,

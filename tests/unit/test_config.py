@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from diffrl.config import ConfigError, load_config, parse_overrides, recipes_dir
+from diffrl.config import ConfigError, parse_overrides, recipes_dir
+from diffrl.preflight import load_config
 
 SHIPPED = sorted(recipes_dir().glob("*.yaml"))
 

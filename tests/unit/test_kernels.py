@@ -5,7 +5,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from diffrl.sampling.kernels import cps_step, ode_step, sde_step, stochastic_kernel
+from diffrl.registry import RegistryError
+from diffrl.sampling.kernels import Kernel, cps_step, ode_step, resolve_kernel, sde_step
 
 CASES = ["sde_image", "sde_video", "cps_image", "sde_last_step"]
 
@@ -22,14 +23,14 @@ def _step(reference_dir, name, **given):
     ref, meta = _load(reference_dir, name)
     sigmas = ref["sigmas"].float()
     idx = ref["step_index"]
-    kernel = stochastic_kernel(meta["sde_type"])
-    out = kernel(
+    kernel = resolve_kernel(meta["sde_type"])
+    out = kernel.step(
         ref["sample"],
         ref["model_output"],
         sigmas[idx],
         sigmas[idx + 1],
-        float(meta["noise_level"]),
-        sigmas[1].item(),
+        noise_level=float(meta["noise_level"]),
+        sigma_max=sigmas[1].item(),
         **given,
     )
     return ref, meta, out
@@ -66,6 +67,37 @@ def test_noise_level_zero_is_the_ode_step(kernel):
     torch.testing.assert_close(out.mean, ode_step(x, v, sigma, sigma_next), atol=1e-6, rtol=1e-6)
 
 
-def test_unknown_kernel():
-    with pytest.raises(ValueError, match="known: sde, cps"):
-        stochastic_kernel("ddim")
+def test_unknown_kernel_lists_the_known_ones():
+    with pytest.raises(RegistryError, match="Known: cps, heun, ode, sde"):
+        resolve_kernel("ddim")
+
+
+def test_a_dotted_path_that_is_not_a_kernel_is_refused():
+    with pytest.raises(RegistryError, match="not a diffrl.sampling.kernels.Kernel"):
+        resolve_kernel("diffrl.sampling.kernels:ode_step")
+
+
+@pytest.mark.parametrize("name", ["ode", "sde", "cps", "heun"])
+def test_every_builtin_kernel_follows_the_contract(name):
+    """One contract: ``step(...) -> StepOutput``; stochastic kernels give a ``(B,)`` log-prob, the
+    others none; Heun asks for its second velocity through ``velocity_at``."""
+    kernel = resolve_kernel(name)
+    assert isinstance(kernel, Kernel)
+    x, v = torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8)
+    sigma, sigma_next = torch.tensor([0.8, 0.8]), torch.tensor([0.6, 0.6])
+    calls = []
+
+    def velocity_at(latents, s):
+        calls.append(s)
+        return v
+
+    out = kernel.step(
+        x, v, sigma, sigma_next, noise_level=0.5, sigma_max=0.9, noise=torch.randn_like(x), velocity_at=velocity_at
+    )
+    assert out.prev_sample.shape == x.shape
+    assert (out.log_prob is not None) == kernel.stochastic
+    if kernel.stochastic:
+        assert out.log_prob.shape == (2,)
+    assert len(calls) == (1 if kernel.second_evaluation else 0)
+    if name == "heun":  # a constant velocity: the trapezoid is the Euler step
+        torch.testing.assert_close(out.prev_sample, ode_step(x, v, sigma, sigma_next))

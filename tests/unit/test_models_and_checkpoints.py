@@ -1,12 +1,13 @@
 import pytest
 import torch
 
-from diffrl.config import load_config
-from diffrl.models.base import Conditioning, FamilyMismatchError, write_family_file
+from diffrl.models.base import FamilyMismatchError, write_family_file
 from diffrl.models.registry import load_family
+from diffrl.models.schedules import flow_sigmas
 from diffrl.models.tiny import TinyFamily
+from diffrl.preflight import load_config
+from diffrl.rollout import Conditioning
 from diffrl.sampling.sampler import initial_noise, sample_ode
-from diffrl.sampling.schedules import flow_sigmas
 from diffrl.train.actor import Actor, apply_lora
 from diffrl.train.checkpoint import load_optimizer_state, load_weights_into, save_checkpoint
 

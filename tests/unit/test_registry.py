@@ -3,12 +3,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from diffrl.algorithms.base import CollectionSpec, DiffusionAlgorithm
+from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.algorithms.registry import ALGORITHMS, build_algorithm
 from diffrl.algorithms.sft import SFT
-from diffrl.config import ConfigError, RewardConfig, load_config
+from diffrl.config import ConfigError, RewardConfig
+from diffrl.preflight import load_config
 from diffrl.registry import RegistryError, import_object
 from diffrl.rewards.base import FunctionReward, build_reward
+from diffrl.rollout import CollectionSpec
 
 
 class EchoAlgorithm(SFT):

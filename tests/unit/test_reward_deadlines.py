@@ -137,10 +137,11 @@ def test_the_collector_counts_the_samples_a_hung_reward_failed(tmp_path):
     """Two micro-groups of 4; the reward hangs on the second: those 4 samples fail, are counted
     as failed and as timed out, and the first micro-group keeps its scores."""
     from diffrl.algorithms.registry import build_algorithm
-    from diffrl.config import load_config
     from diffrl.data.prompts import load_prompts
     from diffrl.models.registry import load_family
+    from diffrl.preflight import load_config
     from diffrl.sampling.collector import OnlineCollector
+    from diffrl.train.stages import Rollout
 
     overrides = {
         "rollout.batch_size": 2,
@@ -157,13 +158,12 @@ def test_the_collector_counts_the_samples_a_hung_reward_failed(tmp_path):
     rewards = RewardSet(cfg.rewards)
     try:
         collector = OnlineCollector(
-            cfg,
-            load_family(cfg),
-            build_algorithm(cfg).collection_spec(),
-            load_prompts(cfg.data.prompts),
-            rewards,
+            cfg, load_family(cfg), build_algorithm(cfg).collection_spec(), load_prompts(cfg.data.prompts)
         )
-        batch, stats = collector.collect(0)
+        rollout = Rollout()  # as the driver: each micro-group is submitted as it is sampled
+        for part in collector.micro_groups(0):
+            rollout.add(part, rewards.submit(part.images, part.prompts, part.metadata))
+        batch, stats = rollout.finish()
     finally:
         rewards.close()
     assert batch.rewards[:4].tolist() == [1.0] * 4 and batch.rewards[4:].isnan().all()

@@ -3,10 +3,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from diffrl.algorithms.sft import SFT, SFTExamples, flow_matching_loss
-from diffrl.config import load_config
-from diffrl.models.base import Conditioning
+from diffrl.models.schedules import flow_sigmas
+from diffrl.preflight import load_config
+from diffrl.rollout import Conditioning
 from diffrl.sampling.kernels import ode_step
-from diffrl.sampling.schedules import flow_sigmas
 
 
 class FakeFamily:
@@ -66,7 +66,7 @@ def test_micro_batch_split_gives_the_same_gradient():
 
 
 def test_train_data_draws_depend_on_identity_not_batch_layout():
-    from diffrl.algorithms.base import RolloutBatch
+    from diffrl.rollout import RolloutBatch
 
     algo = SFT(SFT.Params(cond_dropout=0.5), load_config({}))
     n = 6

@@ -1,6 +1,7 @@
 import pytest
 
-from diffrl.config import ConfigError, load_config
+from diffrl.config import ConfigError
+from diffrl.preflight import load_config
 from diffrl.sampling.step_strategies import build_step_strategy
 
 

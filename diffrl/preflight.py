@@ -1,0 +1,391 @@
+"""Pre-flight: the whole-system checks of a config, before anything loads, every problem at once.
+
+It sits at the top of the layers (it may import everything): the checks ask the plugins a config
+names (the model family, the algorithm and its collection spec, the rewards, the runner) about
+their own settings, and check the batch arithmetic and the files and devices the config points at.
+:func:`load_config` is what every command calls: bind (:mod:`diffrl.config.binding`), then check.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from diffrl.algorithms.registry import build_algorithm
+from diffrl.config import (
+    SECTIONS,
+    Config,
+    ConfigError,
+    EvalConfig,
+    RewardConfig,
+    SamplingConfig,
+    bind_config,
+)
+from diffrl.config import number_problem as _number
+from diffrl.data.offline import DatasetError, scan_image_folder
+from diffrl.data.prompts import PromptFileError, load_prompts
+from diffrl.models.base import ModelFamily
+from diffrl.models.registry import FAMILIES
+from diffrl.registry import RegistryError
+from diffrl.rewards.registry import REWARDS
+from diffrl.train.runner import RUNNERS
+
+
+def load_config(
+    recipe: str | Path | dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+    check_files: bool = True,
+    sections: Collection[str] = SECTIONS,
+) -> Config:
+    """Recipe (path or dict) + ``key=value`` overrides -> validated :class:`Config`.
+
+    Every key of the whole config is bound (unknown keys and wrong types are errors everywhere);
+    the semantic checks run for the ``sections`` the command uses: training uses them all, ``eval``
+    ``("run", "model", "sampling", "eval")``, ``sample`` no eval, ``export`` only ``run`` and
+    ``model``. So a checkpoint whose run used a reward of the user's own package exports without
+    that package installed. ``check_files`` also checks what the config points at on this machine:
+    files and folders, the GPUs ``run.device`` names, the Ray cluster at ``ray.address``.
+    """
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:  # a programming error in a command, not a user's
+        raise ValueError(f"unknown config sections {unknown}; known: {', '.join(SECTIONS)}")
+    config, errors, source = bind_config(recipe, overrides)
+    errors.extend(validate(config, check_files=check_files, sections=sections))
+    if errors:
+        raise ConfigError(errors, source)
+    if config.sampling.guidance_scale is None:  # resolved once: everything downstream sees a number
+        config.sampling.guidance_scale = float(FAMILIES.resolve(config.model.family).default_guidance)
+    return config
+
+
+def validate(config: Config, check_files: bool = True, sections: Collection[str] = SECTIONS) -> list[str]:
+    """Semantic checks that need more than types, for the ``sections`` a command uses (see
+    :func:`load_config`). Returns every problem found."""
+    on = set(sections)
+    errors: list[str] = []
+    if "runner" in on or "ray" in on:
+        errors += _runner_checks(config, check_files)
+    if "run" in on:
+        errors += _run_checks(config, on, check_files)
+    if "train" in on:
+        errors += _train_checks(config, check_files)
+    if "sampling" in on:
+        errors += _sampling_checks(config.sampling)
+    if "model" in on:
+        errors += _model_checks(config, check_files, size="sampling" in on)
+    online = False
+    if "algorithm" in on:
+        algorithm_errors, online = _algorithm_checks(config)
+        errors += algorithm_errors
+    if "rewards" in on:
+        errors += _reward_checks("rewards", config.rewards)
+    if "eval" in on and config.eval.enabled:
+        errors += _eval_checks(config.eval, check_files)
+    if "data" in on:
+        errors += _data_checks(config, online, check_files)
+    # train.resume is checked by the driver before any model loads (it verifies the checkpoint's
+    # files, see train/run_folder.py), after this config is known to be well-formed
+    return errors
+
+
+TORCH_SEEDS = (-(2**63), 2**64 - 1)
+"""The seeds ``torch.manual_seed`` takes."""
+
+
+def _run_checks(config: Config, sections: set[str], check_files: bool) -> list[str]:
+    run, errors = config.run, []
+    if not run.name.strip():
+        errors.append("run.name must not be empty (it names the run folder runs/<name>)")
+    if not TORCH_SEEDS[0] <= run.seed <= TORCH_SEEDS[1]:
+        errors.append(f"run.seed must be in [-2**63, 2**64 - 1] (torch's seed range), got {run.seed}")
+    if run.log_every < 1:
+        errors.append(f"run.log_every must be >= 1 (print every N iterations), got {run.log_every}")
+    device = run.device
+    if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
+        errors.append(f"run.device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    elif device.startswith("cuda") and check_files and _uses_local_devices(config, sections):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(device.partition(":")[2] or 0)
+        if count == 0:
+            errors.append(
+                f"run.device={device}, but torch sees no CUDA GPU on this machine "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
+                "use run.device=cpu (or auto), or install a CUDA build of torch on a GPU machine"
+            )
+        elif index >= count:
+            errors.append(
+                f"run.device={device}, but this machine has {count} CUDA GPU(s) (cuda:0 to "
+                f"cuda:{count - 1}); pick one of them"
+            )
+    return errors
+
+
+def _uses_local_devices(config: Config, sections: set[str]) -> bool:
+    """True when the model runs on this machine (the runner says; a Ray cluster at ``host:port``
+    has GPUs of its own, checked when it starts)."""
+    if "runner" not in sections:
+        return True
+    try:
+        runner = RUNNERS.resolve(config.runner)
+    except RegistryError:
+        return True  # reported by the runner checks
+    return bool(getattr(runner, "uses_local_devices", lambda c: True)(config))
+
+
+def _runner_checks(config: Config, check_files: bool) -> list[str]:
+    """``runner`` names a runner class; the runner checks its own settings (``ray.*`` for Ray)."""
+    try:
+        runner = RUNNERS.resolve(config.runner)
+    except RegistryError as e:
+        return [f"runner: {e}"]
+    if not isinstance(runner, type):
+        return [
+            f"runner: {config.runner!r} is not a class (a runner is built as Runner(config, algorithm, spec))"
+        ]
+    check = getattr(runner, "validate", None)
+    return list(check(config, check_files)) if check is not None else []
+
+
+def _train_checks(config: Config, check_files: bool) -> list[str]:
+    t, errors = config.train, []
+    for name in ("iterations", "batch_size", "micro_batch_size"):
+        if getattr(t, name) < 1:
+            errors.append(f"train.{name} must be >= 1, got {getattr(t, name)}")
+    if t.batch_size >= 1 and t.micro_batch_size >= 1 and t.batch_size % t.micro_batch_size:
+        errors.append(
+            f"train.batch_size ({t.batch_size}) must be a multiple of train.micro_batch_size "
+            f"({t.micro_batch_size}); e.g. set train.micro_batch_size={_largest_divisor(t.batch_size, t.micro_batch_size)}"
+        )
+    errors += _number("train.lr", t.lr, 0 < t.lr <= 1, "in (0, 1] (e.g. 1e-4)")
+    errors += _number(
+        "train.weight_decay",
+        t.weight_decay,
+        0 <= t.weight_decay <= 1,
+        "in [0, 1] (AdamW's decoupled decay; e.g. 0.01)",
+    )
+    for i, beta in enumerate(t.adam_betas):
+        errors += _number(f"train.adam_betas[{i}]", beta, 0 <= beta < 1, "in [0, 1) (e.g. [0.9, 0.999])")
+    errors += _number("train.adam_eps", t.adam_eps, 0 < t.adam_eps < 1, "in (0, 1) (e.g. 1e-8)")
+    errors += _number(
+        "train.grad_clip",
+        t.grad_clip,
+        t.grad_clip is None or t.grad_clip > 0,
+        "a max gradient norm > 0, or null for none",
+    )
+    errors += _number(
+        "train.ema_decay",
+        t.ema_decay,
+        t.ema_decay is None or 0 < t.ema_decay < 1,
+        "in (0, 1) (e.g. 0.99), or null for no EMA",
+    )
+    errors += _number(
+        "train.time_budget_minutes",
+        t.time_budget_minutes,
+        t.time_budget_minutes is None or t.time_budget_minutes > 0,
+        "> 0 (or null for none)",
+    )
+    for name in ("warmup_steps", "save_every", "eval_every"):
+        if getattr(t, name) < 0:
+            errors.append(f"train.{name} must be >= 0 (0: none), got {getattr(t, name)}")
+    if t.keep_last is not None and t.keep_last < 1:
+        errors.append(f"train.keep_last must be >= 1 or null (keep all), got {t.keep_last}")
+    for name in ("max_failed_iterations", "max_nonfinite_steps"):
+        if getattr(t, name) < 1:
+            errors.append(f"train.{name} must be >= 1, got {getattr(t, name)}")
+    if check_files:
+        errors += _output_dir_checks(config.run.resolved_output_dir())
+    return errors
+
+
+def _output_dir_checks(out: Path) -> list[str]:
+    """``run.output_dir`` must be (or become) a folder: neither it nor a parent may be a file."""
+    for p in (out, *out.parents):
+        if p.exists():
+            if not p.is_dir():
+                what = "run.output_dir" if p == out else f"run.output_dir's parent {str(p)!r}"
+                return [
+                    f"run.output_dir: {str(out)!r} cannot be a folder: {what} is a file; "
+                    "set run.output_dir (or run.name) to a folder path"
+                ]
+            if not os.access(p, os.W_OK):
+                return [
+                    f"run.output_dir: cannot write in {str(p)!r} (permission denied); choose another folder"
+                ]
+            break
+    return []
+
+
+def _sampling_checks(s: SamplingConfig) -> list[str]:
+    errors = []
+    if s.num_steps < 1:
+        errors.append(f"sampling.num_steps must be >= 1, got {s.num_steps}")
+    errors += _number(
+        "sampling.shift",
+        s.shift,
+        s.shift is None or 0 < s.shift <= 100,
+        "in (0, 100] (e.g. 3.0), or null for the family's",
+    )
+    errors += _number(
+        "sampling.guidance_scale",
+        s.guidance_scale,
+        s.guidance_scale is None or 1 <= s.guidance_scale <= 100,
+        "in [1, 100] (1 disables CFG; e.g. 4.5), or null for the family's",
+    )
+    for name in ("height", "width"):
+        value = getattr(s, name)
+        if value is not None and value < 1:
+            errors.append(
+                f"sampling.{name} must be >= 1 pixel, or null for the family's default, got {value}"
+            )
+    return errors
+
+
+def _model_checks(config: Config, check_files: bool, size: bool) -> list[str]:
+    """``model.*`` and, with ``size``, the family's constraints on ``sampling.height/width``."""
+    errors = []
+    lora = config.model.lora
+    if lora is not None:
+        if lora.rank < 1:
+            errors.append(f"model.lora.rank must be >= 1, got {lora.rank}")
+        errors += _number("model.lora.alpha", lora.alpha, lora.alpha > 0, "> 0 (e.g. twice the rank)")
+        errors += _number("model.lora.dropout", lora.dropout, 0 <= lora.dropout < 1, "in [0, 1)")
+    try:
+        family_cls = FAMILIES.resolve(config.model.family)
+    except RegistryError as e:
+        return [*errors, f"model.family: {e}"]
+    if not (isinstance(family_cls, type) and issubclass(family_cls, ModelFamily)):
+        return [*errors, f"model.family: {config.model.family!r} is not a ModelFamily subclass"]
+    errors += family_cls.validate_config(config, check_files=check_files)
+    errors += family_cls.lora_problems(config, check_files=check_files)
+    if size:
+        errors += family_cls.size_problems(config, check_files=check_files)
+    return errors
+
+
+def _algorithm_checks(config: Config) -> tuple[list[str], bool]:
+    """The algorithm's own checks and what its collection spec needs; returns (errors, online)."""
+    try:
+        algorithm = build_algorithm(config)
+    except ConfigError as e:
+        return e.problems, False
+    except RegistryError as e:
+        return [f"algorithm.name: {e}"], False
+    errors = []
+    spec = algorithm.collection_spec()
+    if spec.needs_reward and not config.rewards:
+        errors.append(
+            f"algorithm {algorithm.name!r} needs a reward; add a 'rewards:' list (e.g. - name: ocr)"
+        )
+    if spec.online:
+        errors.extend(_rollout_arithmetic(config))
+    if not spec.online and not config.data.dataset:
+        errors.append(
+            f"algorithm {algorithm.name!r} trains on an offline dataset; set data.dataset "
+            "(synthetic_text or a folder of images + captions)"
+        )
+    missing = sorted(set(algorithm.requires) - spec.provides())
+    if missing:
+        errors.append(
+            f"algorithm {algorithm.name!r} trains on {', '.join(missing)}, which its collection_spec() "
+            "does not collect; have the spec provide it (online collection records images and "
+            "sigmas; keep_trajectory / keep_log_prob with a stochastic sampler and step strategy "
+            "record the trajectory) or do not require it"
+        )
+    errors.extend(algorithm.validate(config))
+    return errors, spec.online
+
+
+def _reward_checks(where: str, rewards: list[RewardConfig]) -> list[str]:
+    errors = []
+    for i, r in enumerate(rewards):
+        try:
+            REWARDS.resolve(r.name)
+        except RegistryError as e:
+            errors.append(f"{where}[{i}].name: {e}")
+        errors += _number(f"{where}[{i}].weight", r.weight, True, "a finite number (e.g. 1.0)")
+        if not r.timeout_s > 0 or r.timeout_s == float("inf"):  # NaN fails both
+            errors.append(f"{where}[{i}].timeout_s must be a number of seconds > 0, got {r.timeout_s}")
+    return errors
+
+
+def _eval_checks(e: EvalConfig, check_files: bool) -> list[str]:
+    errors = []
+    for name in ("samples_per_prompt", "batch_size", "grid_images"):
+        if getattr(e, name) < 1:
+            errors.append(f"eval.{name} must be >= 1, got {getattr(e, name)}")
+    if e.num_prompts is not None and e.num_prompts < 1:
+        errors.append(
+            f"eval.num_prompts must be >= 1, or null for every prompt of the file, got {e.num_prompts}"
+        )
+    errors += _reward_checks("eval.rewards", e.rewards)
+    if check_files:
+        count, problem = _prompt_count(e.prompts)
+        if problem:
+            errors.append(f"eval.prompts: {problem}")
+        elif e.num_prompts is not None and e.num_prompts > count:
+            errors.append(
+                f"eval.num_prompts is {e.num_prompts}, but eval.prompts {e.prompts!r} holds {count} "
+                f"prompts; ask for at most {count} (null: all of them)"
+            )
+    return errors
+
+
+def _prompt_count(path: str) -> tuple[int, str | None]:
+    """The number of prompts in a prompt file, or the problem that makes it unreadable."""
+    try:
+        return len(load_prompts(path)), None
+    except PromptFileError as e:
+        return 0, str(e)
+
+
+def _data_checks(config: Config, online: bool, check_files: bool) -> list[str]:
+    d, errors = config.data, []
+    if d.dataset_size is not None and d.dataset_size < 1:
+        errors.append(
+            f"data.dataset_size must be >= 1, or null for one example per prompt, got {d.dataset_size}"
+        )
+    if not check_files:
+        return errors
+    # online rollouts sample data.prompts; the synthetic dataset renders them
+    if online or d.dataset == "synthetic_text":
+        _, problem = _prompt_count(d.prompts)
+        if problem:
+            errors.append(f"data.prompts: {problem}")
+    if d.dataset and d.dataset != "synthetic_text" and not online:
+        try:
+            scan_image_folder(d.dataset)
+        except DatasetError as e:
+            errors.append(f"data.dataset: {e}")
+    return errors
+
+
+def _rollout_arithmetic(config: Config) -> list[str]:
+    r, t = config.rollout, config.train
+    errors = []
+    for name in ("batch_size", "n_samples_per_prompt", "num_steps_per_rollout"):
+        if getattr(r, name) < 1:
+            errors.append(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
+    if r.micro_group_size is not None and r.micro_group_size < 1:
+        errors.append(f"rollout.micro_group_size must be >= 1 or null, got {r.micro_group_size}")
+    if errors:
+        return errors
+    samples = r.batch_size * r.n_samples_per_prompt
+    if samples != t.batch_size * r.num_steps_per_rollout:
+        fix = samples // r.num_steps_per_rollout if samples % r.num_steps_per_rollout == 0 else None
+        hint = f"; e.g. set train.batch_size={fix}" if fix else ""
+        errors.append(
+            f"batch arithmetic: rollout.batch_size x rollout.n_samples_per_prompt = {r.batch_size} x "
+            f"{r.n_samples_per_prompt} = {samples} samples per rollout, but train.batch_size x "
+            f"rollout.num_steps_per_rollout = {t.batch_size} x {r.num_steps_per_rollout} = "
+            f"{t.batch_size * r.num_steps_per_rollout}; they must be equal{hint}"
+        )
+    return errors
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)

@@ -1,0 +1,162 @@
+"""The types that pass between the loop's stages, at the bottom of the layers (every layer may use them).
+
+```
+Collector --RolloutBatch--> rewards --> algorithm.postprocess_rewards --TrainSignals-->
+algorithm.build_train_data --TrainExamples--> Actor (micro-batches) --> algorithm.compute_loss
+```
+
+:class:`CollectionSpec` is what an algorithm asks the collector for; :class:`Conditioning` the
+encoded prompts a family produces and every batch carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from diffrl.batching import Batch
+
+
+@dataclass
+class Conditioning:
+    """Encoded prompts: named tensors with the batch on dim 0.
+
+    What the tensors are is the family's business, e.g. for SD3-like models
+    ``{"encoder_hidden_states": (B, L, D), "pooled_projections": (B, P)}``.
+    """
+
+    tensors: dict[str, torch.Tensor]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.tensors.values())))
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> Conditioning:
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return Conditioning({k: v[idx.to(v.device)] for k, v in self.tensors.items()})
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Conditioning:
+        return Conditioning(
+            {
+                k: v.to(device=device, dtype=dtype if v.is_floating_point() else None)
+                for k, v in self.tensors.items()
+            }
+        )
+
+    @classmethod
+    def cat(cls, parts: Sequence[Conditioning]) -> Conditioning:
+        return cls({k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors})
+
+    def repeat(self, n: int) -> Conditioning:
+        return Conditioning({k: v.expand(n, *v.shape[1:]) for k, v in self.tensors.items()})
+
+
+@dataclass(frozen=True)
+class CollectionSpec:
+    """What the collector must produce for an algorithm."""
+
+    online: bool
+    """True: sample from the policy; False: read ``data.dataset`` (no sampling, no reward)."""
+    needs_reward: bool
+    sampler: str = "ode"
+    """Transition kernel of the stochastic steps: ``sde`` or ``cps``; ``ode``: every step is Euler."""
+    noise_level: float = 0.0
+    step_strategy: Callable[[int, int, int], list[int]] | None = None
+    """``(num_steps, rollout_id, seed) -> stochastic step indices``; None: no stochastic step."""
+    keep_trajectory: bool = False
+    """Record (x_t, x_{t+Δ}) of the stochastic steps (reverse-process policy gradients only)."""
+    keep_log_prob: bool = False
+    """Record the log-prob of each recorded transition under the sampling policy."""
+
+    def provides(self) -> frozenset[str]:
+        """The optional :class:`RolloutBatch` fields a collector following this spec fills."""
+        fields = set()
+        if self.online:
+            fields |= {"images", "sigmas"} | ({"rewards"} if self.needs_reward else set())
+        if self.online and self.keep_trajectory and self.step_strategy is not None:
+            fields |= {"traj_x", "traj_next", "traj_step", "traj_sigma", "traj_sigma_next"}
+            if self.keep_log_prob:
+                fields.add("traj_log_prob")
+        return frozenset(fields)
+
+
+@dataclass
+class RolloutBatch(Batch):
+    """What the collector produced: one row per sample.
+
+    ``x0``: clean latents ``(B, *latent)``; ``cond``: the prompts' conditioning;
+    ``images``: decoded ``(B, 3, H, W)`` (videos ``(B, 3, F, H, W)``), uint8 0..255 (online rollouts;
+    :func:`~diffrl.rewards.base.quantize`);
+    ``group_id``: samples of the same prompt share a group (group-relative advantages);
+    ``micro_group``: which sampling forward batch the sample was in;
+    ``rewards``: ``(B,)`` weighted reward (online rollouts);
+    ``sigmas``: ``(B, num_steps + 1)`` the sigma schedule the sample was drawn with (online rollouts).
+    Trajectory, only when the spec keeps it, for the K stochastic steps:
+    ``traj_x, traj_next: (B, K, *latent)``; ``traj_step (B, K)`` step indices;
+    ``traj_sigma, traj_sigma_next (B, K)``; ``traj_log_prob (B, K)`` when the spec keeps log-probs.
+    """
+
+    prompts: list[str]
+    metadata: list[dict[str, Any]]
+    prompt_index: torch.Tensor
+    sample_index: torch.Tensor
+    group_id: torch.Tensor
+    micro_group: torch.Tensor
+    x0: torch.Tensor
+    cond: Conditioning
+    images: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    sigmas: torch.Tensor | None = None
+    traj_x: torch.Tensor | None = None
+    traj_next: torch.Tensor | None = None
+    traj_step: torch.Tensor | None = None
+    traj_sigma: torch.Tensor | None = None
+    traj_sigma_next: torch.Tensor | None = None
+    traj_log_prob: torch.Tensor | None = None
+
+
+@dataclass
+class TrainSignals(Batch):
+    """Reward-derived scalars per sample (GRPO advantages, NFT r, AWM weights), ``(B,)`` each."""
+
+    values: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.values.values()))) if self.values else 0
+
+    def select(self, index) -> TrainSignals:
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return TrainSignals({k: v[idx] for k, v in self.values.items()})
+
+    @classmethod
+    def cat(cls, parts) -> TrainSignals:
+        keys = parts[0].values.keys() if parts else ()
+        return cls({k: torch.cat([p.values[k] for p in parts]) for k in keys})
+
+
+class TrainExamples(Batch):
+    """Base for an algorithm's own example dataclass (its fields are per-example).
+
+    Subclasses must have a ``sample_id (N,)`` field: the row of the :class:`RolloutBatch` each
+    example came from, so the loop can split a rollout into optimizer steps by whole samples.
+    """
+
+    sample_id: torch.Tensor
+
+
+@dataclass
+class RolloutStats:
+    reward_failed: int = 0
+    errors: list[str] = field(default_factory=list)
+    sampling_time: float = 0.0
+    reward_wait_time: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Runner-specific rollout metrics (e.g. ``rollout/reissued``)."""
+
+
+def quantize(images: torch.Tensor) -> torch.Tensor:
+    """Images or videos in [0, 1] -> uint8 on the CPU, as an image file holds them (a quarter of
+    float32's bytes: what rollouts keep and send to reward workers; OCR reads uint8 anyway)."""
+    return (images.detach().clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).cpu()

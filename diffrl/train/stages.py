@@ -1,0 +1,235 @@
+"""The driver's stage helpers: gathering a rollout's scored micro-groups, its metrics, splitting it
+into optimizer steps, the eval/save schedule, the state a checkpoint keeps for the driver, and the
+batch arithmetic printed at start-up."""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from diffrl.config import Config, TrainConfig
+from diffrl.errors import Interrupted
+from diffrl.logging import MetricsLogger
+from diffrl.rewards.base import RewardOutput
+from diffrl.rollout import CollectionSpec, RolloutBatch, RolloutStats, TrainExamples
+from diffrl.seeding import generator
+from diffrl.train.evaluate import EvalResult, save_grid
+from diffrl.train.guard import Guard
+from diffrl.train.run_folder import write_atomic
+from diffrl.train.runner import PendingScore, Runner
+
+
+class Rollout:
+    """A rollout's micro-groups and their pending scores, added as they arrive (in any order)."""
+
+    def __init__(self) -> None:
+        self.start = time.time()
+        self.parts: list[tuple[RolloutBatch, PendingScore | None]] = []
+
+    def add(self, part: RolloutBatch, pending: PendingScore | None) -> None:
+        self.parts.append((part, pending))
+
+    def finish(self) -> tuple[RolloutBatch, RolloutStats]:
+        """The rollout in micro-group order, with the rewards attached once every score is in."""
+        stats = RolloutStats(sampling_time=time.time() - self.start)
+        parts = sorted(self.parts, key=lambda p: int(p[0].micro_group[0]))
+        batch = RolloutBatch.cat([part for part, _ in parts])
+        if parts and parts[0][1] is not None:
+            t0 = time.time()
+            out = RewardOutput.cat([pending.result() for _, pending in parts])
+            stats.reward_wait_time = time.time() - t0
+            batch.rewards = out.total
+            stats.errors = list(out.errors)
+            stats.reward_failed = int((~torch.isfinite(out.total)).sum())
+            # of the failed samples, those a reward's deadline failed (a hung or too slow reward)
+            stats.metrics["rollout/reward_timed_out"] = float(out.timed_out.sum())
+        return batch, stats
+
+
+def collect_rollout(
+    runner: Runner, iteration: int, should_stop: Callable[[], bool] | None = None
+) -> tuple[RolloutBatch, RolloutStats]:
+    """Sample and score one rollout as the driver does (for tests, benchmarks and tools)."""
+    rollout = Rollout()
+    for part in runner.sample(iteration, should_stop):
+        rollout.add(part, runner.score(part))
+    return rollout.finish()
+
+
+def rollout_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) -> dict[str, float]:
+    """The rollout's reward statistics (failed samples are counted, not averaged)."""
+    if stats.errors:
+        warnings.warn(
+            f"iteration {iteration}: {stats.reward_failed} sample(s) dropped: {stats.errors[0]}", stacklevel=2
+        )
+    if batch.rewards is None:
+        return dict(stats.metrics)
+    ok = torch.isfinite(batch.rewards)
+    if not ok.any():
+        return {"rollout/reward_failed": float(stats.reward_failed), **stats.metrics}
+    r, group_id = batch.rewards[ok], batch.group_id[ok]
+    groups = group_id.unique()
+    zero = sum(bool((r[group_id == g] == r[group_id == g][0]).all()) for g in groups)
+    return {
+        "rollout/reward/raw_mean": r.mean().item(),
+        "rollout/reward/raw_std": r.std(unbiased=False).item(),
+        "rollout/reward/raw_min": r.min().item(),
+        "rollout/reward/raw_max": r.max().item(),
+        "rollout/zero_std_ratio": zero / len(groups),
+        "rollout/reward_failed": float(stats.reward_failed),
+        **stats.metrics,
+    }
+
+
+def scored_samples(batch: RolloutBatch) -> RolloutBatch:
+    """The samples whose reward could be had (all of them for reward-free algorithms)."""
+    if batch.rewards is None:
+        return batch
+    return batch.select(torch.nonzero(torch.isfinite(batch.rewards)).flatten())
+
+
+def optimizer_steps(batch: RolloutBatch, examples: TrainExamples, n_steps: int, seed: int, iteration: int):
+    """Split a rollout's examples into ``n_steps`` optimizer steps by whole micro-groups, in an
+    order shuffled by (seed, iteration)."""
+    if n_steps == 1:
+        return [examples]
+    groups = batch.micro_group.unique()
+    order = groups[torch.randperm(len(groups), generator=generator(seed, "shuffle", iteration))]
+    rank = torch.empty(int(groups.max()) + 1, dtype=torch.long)
+    rank[order] = torch.arange(len(order))
+    samples = sorted(range(len(batch)), key=lambda i: (rank[batch.micro_group[i]].item(), i))
+    per_step = -(-len(samples) // n_steps)
+    chunks = [
+        torch.tensor(samples[k * per_step : (k + 1) * per_step], dtype=torch.long) for k in range(n_steps)
+    ]
+    return [
+        examples.select(torch.nonzero(torch.isin(examples.sample_id, c)).flatten()) for c in chunks if len(c)
+    ]
+
+
+def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Average each metric over the optimizer steps of one iteration."""
+    return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]} if rows else {}
+
+
+@dataclass(frozen=True)
+class Due:
+    """What follows the iteration just finished."""
+
+    last: bool
+    """The run ends here (``train.iterations`` reached or the time budget spent): eval and save
+    ``final``."""
+    eval: bool
+    save: bool
+
+
+def due_after(t: TrainConfig, step: int, train_time_s: float) -> Due:
+    """The one schedule of evals and checkpoints: every ``eval_every`` / ``save_every`` iterations,
+    and both at the end (``train_time_s``: this process's training time, for the budget)."""
+    budget = t.time_budget_minutes * 60 if t.time_budget_minutes else float("inf")
+    last = step >= t.iterations or train_time_s >= budget
+    return Due(
+        last=last,
+        eval=last or bool(t.eval_every and step % t.eval_every == 0),
+        save=last or bool(t.save_every and step % t.save_every == 0),
+    )
+
+
+def describe_batches(config: Config, spec: CollectionSpec, runner: Runner) -> str:
+    """The batch arithmetic, printed at start-up."""
+    t, r = config.train, config.rollout
+    lines = [
+        f"{runner.describe()} ({'LoRA r=' + str(config.model.lora.rank) if config.model.lora else 'full transformer'}); {t.iterations} iterations"
+    ]
+    if spec.online:
+        k = (
+            len(spec.step_strategy(config.sampling.num_steps, 0, config.run.seed))
+            if spec.step_strategy and spec.keep_trajectory
+            else 0
+        )
+        mg = r.micro_group_size or t.micro_batch_size
+        lines.append(
+            f"rollout: {r.batch_size} prompts x {r.n_samples_per_prompt} samples = {r.batch_size * r.n_samples_per_prompt} "
+            f"trajectories of {config.sampling.num_steps} steps, in micro-groups of {mg}"
+        )
+        per_step = f"{t.batch_size} samples" + (
+            f" x {k} trained steps = {t.batch_size * k} pairs" if k else ""
+        )
+        lines.append(
+            f"optimizer: {r.num_steps_per_rollout} step(s) per rollout, each {per_step}, in micro-batches of {t.micro_batch_size}"
+        )
+    else:
+        lines.append(
+            f"optimizer: 1 step per iteration of {t.batch_size} examples, in micro-batches of {t.micro_batch_size}"
+        )
+    return "batch arithmetic:\n  " + "\n  ".join(lines)
+
+
+SHOWN = [
+    "rollout/reward/raw_mean",
+    "train/loss",
+    "train/grad_norm",
+    "train/log_prob_mean_abs_diff",
+    "perf/iteration_time",
+]
+"""The metrics echoed to the terminal (every metric goes to ``metrics.jsonl``)."""
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    checkpoint: Path
+    history: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint keeps for the driver (``checkpoint.json``'s ``loop``), so a resumed run
+    goes on where it stopped: the eval history, the training time so far, the guard's counters."""
+
+    evals: list[dict[str, float]]
+    train_time_s: float
+    guard: Guard
+
+    @classmethod
+    def resumed(cls, info: dict[str, Any] | None, t: TrainConfig) -> LoopState:
+        loop = info["loop"] if info else {}
+        guard = Guard(t.max_failed_iterations, t.max_nonfinite_steps, loop.get("guard"))
+        return cls(list(loop.get("evals", [])), float(loop.get("train_time_s", 0.0)), guard)
+
+    def saved(self, final: bool) -> dict[str, Any]:
+        return {
+            "evals": self.evals,
+            "train_time_s": self.train_time_s,
+            "final": final,
+            "guard": self.guard.state(),
+        }
+
+    def record_eval(
+        self, step: int, result: EvalResult, out: Path, grid_images: int, logger: MetricsLogger
+    ) -> None:
+        """Keep an eval point: its grid image, its metrics (logged) and ``eval_curve.json``."""
+        save_grid(result.images[:grid_images], out / "eval" / f"step_{step:05d}.png")
+        metrics = result.metrics()
+        logger.log(step, metrics)
+        self.evals.append({"step": step, "train_time_s": round(self.train_time_s, 2), **metrics})
+        write_atomic(out / "eval_curve.json", json.dumps(self.evals, indent=1))
+
+
+def interrupted_error(signal_name: str, step: int, saved: Path | None) -> Interrupted:
+    """The error a stopped run ends with: where it stopped and how to go on."""
+    if saved is None:
+        return Interrupted(f"{signal_name} received before the first iteration finished: nothing to save")
+    return Interrupted(
+        f"{signal_name} received: stopped after iteration {step}, checkpoint {saved}; continue with "
+        "the same command and train.resume=latest",
+        str(saved),
+    )
