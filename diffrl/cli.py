@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from diffrl.config import ConfigError, recipes_dir
+from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError
+from diffrl.models.registry import DTYPES, load_family
+from diffrl.preflight import load_config, validate
+from diffrl.rewards.base import RewardSet
+from diffrl.train.actor import apply_lora
+from diffrl.train.checkpoint import (
+    check_checkpoint_family,
+    is_checkpoint,
+    load_weights_into,
+    lora_config_of,
+    read_checkpoint_info,
+)
+from diffrl.train.evaluate import eval_table, evaluate, generate, paired_difference, save_grid, to_pil
+from diffrl.train.loop import train
 
 DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
 
@@ -34,9 +50,6 @@ EXPORT_SECTIONS = ("run", "model")
 def _resolve_target(target: str, overrides: list[str], sections: Sequence[str] = SAMPLE_SECTIONS):
     """``base`` | a recipe YAML | a checkpoint dir | a model dir -> (config, checkpoint or None),
     the config checked for the ``sections`` the command uses."""
-    from diffrl.preflight import load_config
-    from diffrl.train.checkpoint import is_checkpoint
-
     path = Path(target).expanduser()
     if target == "base":
         return load_config({}, overrides, sections=sections), None
@@ -78,15 +91,6 @@ def _check_out_dir(path: Path, flag: str, empty: bool = False) -> None:
 
 
 def _load_for_inference(config, checkpoint):
-    from diffrl.models.registry import load_family
-    from diffrl.train.actor import apply_lora
-    from diffrl.train.checkpoint import (
-        check_checkpoint_family,
-        load_weights_into,
-        lora_config_of,
-        read_checkpoint_info,
-    )
-
     if checkpoint is not None:
         info = read_checkpoint_info(checkpoint)
         check_checkpoint_family(info, config.model.family, checkpoint)
@@ -101,15 +105,10 @@ def _load_for_inference(config, checkpoint):
 
 
 def cmd_train(args) -> int:
-    from diffrl.preflight import load_config
-    from diffrl.train.loop import train
-
     config = load_config(args.recipe, args.overrides)
     result = train(config)
     print(f"\ncheckpoint: {result.checkpoint}")
     if result.evals:
-        from diffrl.train.evaluate import eval_table
-
         first, last = result.evals[0], result.evals[-1]
         key = next((k for k in last if k.endswith("reward_mean")), None)
         if key:
@@ -121,12 +120,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    import dataclasses
-
-    from diffrl.config import ConfigError
-    from diffrl.preflight import validate
-    from diffrl.rewards.base import RewardSet
-    from diffrl.train.evaluate import evaluate, paired_difference, save_grid
 
     out = Path(args.out).expanduser()
     _check_out_dir(out, "--out")
@@ -181,9 +174,6 @@ def cmd_eval(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from diffrl.data.prompts import PromptSet, load_prompts
-    from diffrl.train.evaluate import generate, save_grid, to_pil
-
     if args.prompt and args.prompts:
         raise DiffrlError("give either --prompt TEXT (repeatable) or --prompts FILE, not both")
     if not args.prompt and not args.prompts:
@@ -226,9 +216,6 @@ def cmd_sample(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from diffrl.models.registry import DTYPES
-    from diffrl.train.checkpoint import is_checkpoint
-
     if not is_checkpoint(Path(args.checkpoint).expanduser()):
         what = (
             "no such folder"
@@ -258,8 +245,6 @@ def cmd_export(args) -> int:
 
 
 def cmd_recipes(args) -> int:
-    from diffrl.config import recipes_dir
-
     for f in sorted(recipes_dir().glob("*.yaml")):
         lines = f.read_text().splitlines()
         summary = next(

@@ -10,11 +10,14 @@ may share a unit. Gradients are reduce-scattered as the mean over ranks.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 
 @dataclass
@@ -58,8 +61,6 @@ def init_distributed(
 
 def shard_module(module: nn.Module, blocks: list[nn.Module]) -> None:
     """``fully_shard`` each block, then the root (its remaining parameters form one unit)."""
-    from torch.distributed.fsdp import fully_shard
-
     for block in blocks:
         fully_shard(block)
     fully_shard(module)
@@ -67,8 +68,6 @@ def shard_module(module: nn.Module, blocks: list[nn.Module]) -> None:
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor from a ``DTensor`` shard (a collective: every rank must call it), or ``t``."""
-    from torch.distributed.tensor import DTensor
-
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
@@ -76,16 +75,12 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 def copy_full_(dst: torch.Tensor, full: torch.Tensor) -> None:
     """Copy the whole tensor ``full`` into ``dst``, or into this rank's shard of it when ``dst`` is
     a ``DTensor`` (a collective then: every rank must call it, with the same ``full``)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     if isinstance(dst, DTensor):
         full = distribute_tensor(full.to(dst.device, dst.dtype), dst.device_mesh, dst.placements)
     dst.copy_(full)
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]

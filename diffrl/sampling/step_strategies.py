@@ -17,11 +17,14 @@ In a recipe: ``algorithm.params.step_strategy: {name: sde_window, size: 2, range
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from diffrl.config import bind_dataclass
+from diffrl.registry import Registry, RegistryError
 from diffrl.seeding import derive_seed
 
 
@@ -98,28 +101,33 @@ class FunctionStrategy:
         return []
 
 
-BUILTIN = {"all": AllSteps, "sde_window": SdeWindow, "epoch_global_random_choice": EpochGlobalRandomChoice}
+STEP_STRATEGIES = Registry(
+    "step strategy",
+    {
+        "all": "diffrl.sampling.step_strategies:AllSteps",
+        "sde_window": "diffrl.sampling.step_strategies:SdeWindow",
+        "epoch_global_random_choice": "diffrl.sampling.step_strategies:EpochGlobalRandomChoice",
+    },
+)
+"""Step strategies by name; a dotted path names a function (or a dataclass with ``__call__`` and
+``check(num_steps) -> list[str]``) of the user's own."""
 
 
 def build_step_strategy(spec: dict[str, Any], num_steps: int, where: str = "step_strategy"):
     """``{name: ..., **params}`` -> (strategy, problems). Problems name the key and the fix."""
-    from diffrl.config import bind_dataclass
-    from diffrl.registry import RegistryError, did_you_mean, import_object
-
     params = dict(spec)
     name = params.pop("name", "all")
     errors: list[str] = []
-    if name in BUILTIN:
-        strategy = bind_dataclass(BUILTIN[name], params, where, errors)
-    elif "." in str(name) or ":" in str(name):
-        try:
-            strategy = FunctionStrategy(import_object(name), params)
-        except RegistryError as e:
-            return None, [f"{where}.name: {e}"]
+    try:
+        found = STEP_STRATEGIES.resolve(str(name))
+    except RegistryError as e:
+        return None, [f"{where}.name: {e}"]
+    if dataclasses.is_dataclass(found) and isinstance(found, type):  # a strategy class: bind its params
+        strategy = bind_dataclass(found, params, where, errors)
+    elif callable(found):
+        strategy = FunctionStrategy(found, params)
     else:
-        return None, [
-            f"{where}.name: unknown step strategy {name!r}.{did_you_mean(str(name), list(BUILTIN))} Known: {', '.join(BUILTIN)}"
-        ]
+        return None, [f"{where}.name: {name!r} is neither a strategy dataclass nor a function"]
     if not errors:
         errors = [f"{where}: {e}" for e in strategy.check(num_steps)]
     return strategy, errors

@@ -8,12 +8,13 @@ import math
 import warnings
 
 import torch
+from peft import LoraConfig as PeftLoraConfig
 from torch import nn
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config, LoraConfig
 from diffrl.models.base import ModelFamily
-from diffrl.parallel import DistContext, full_tensor
+from diffrl.parallel import DistContext, full_tensor, shard_module
 from diffrl.rollout import Conditioning, TrainExamples
 from diffrl.sampling.sampler import sampling_sigmas
 from diffrl.train.ema import EMA
@@ -156,8 +157,6 @@ class Policy:
 
 
 def _peft_config(family: ModelFamily, cfg: LoraConfig):
-    from peft import LoraConfig as PeftLoraConfig
-
     return PeftLoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,
@@ -222,8 +221,6 @@ class Actor:
             family.trainable_module().requires_grad_(True)
         old = OldPolicy(family, config.model.lora) if keep_old else None
         if dist is not None and dist.world_size > 1:  # one rank holds everything: nothing to shard
-            from diffrl.parallel import shard_module
-
             for module in (family.transformer, reference, old.module if old is not None else None):
                 if module is not None:
                     shard_module(module, family.fsdp_blocks(module))

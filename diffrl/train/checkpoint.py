@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peft.utils import get_peft_model_state_dict
 from safetensors.torch import load_file, save_file
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from diffrl.config import Config, LoraConfig, dump_config
 from diffrl.errors import DiffrlError
@@ -83,8 +85,6 @@ def trainable_state(actor) -> dict[str, torch.Tensor]:
     """The trainable weights by name. On FSDP2 ranks a collective: every rank must call it."""
     module = actor.module
     if actor.config.model.lora is not None:
-        from peft.utils import get_peft_model_state_dict
-
         return {k: _whole(v) for k, v in get_peft_model_state_dict(module).items()}
     return {k: _whole(v) for k, v in module.state_dict().items()}
 
@@ -417,8 +417,6 @@ def load_weights_into(family, path: str | Path, use_ema: bool = True) -> dict[st
 def load_optimizer_state(actor, path: str | Path, info: dict[str, Any] | None = None) -> None:
     """Restore the optimizer, LR schedule and step counter (into FSDP2 shards on trainer ranks);
     ``info``: the checkpoint's verified ``checkpoint.json`` (read when not given)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     info = info if info is not None else verify_checkpoint(path)
 
     state: dict[int, dict[str, torch.Tensor]] = {}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 from PIL import Image
 
 from diffrl.config import Config
@@ -135,15 +136,11 @@ def save_grid(images: torch.Tensor, path: Path, columns: int = 8, scale: int = 2
 
 def plot_eval_curve(evals: list[dict[str, float]], path: Path, key: str = "eval/reward_mean") -> None:
     """The eval reward against the iteration (and training time), saved as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     points = [e for e in evals if key in e]
     if not points:
         return
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig = Figure(figsize=(5, 3.2))  # no pyplot: no global backend, no figure registry to close
+    ax = fig.subplots()
     ax.plot([e["step"] for e in points], [e[key] for e in points], marker="o")
     ax.set_xlabel("iteration")
     ax.set_ylabel(key)
@@ -151,7 +148,6 @@ def plot_eval_curve(evals: list[dict[str, float]], path: Path, key: str = "eval/
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def eval_table(evals: list[dict[str, float]], key: str = "eval/reward_mean") -> str:

@@ -92,7 +92,14 @@ def test_every_builtin_kernel_follows_the_contract(name):
         return v
 
     out = kernel.step(
-        x, v, sigma, sigma_next, noise_level=0.5, sigma_max=0.9, noise=torch.randn_like(x), velocity_at=velocity_at
+        x,
+        v,
+        sigma,
+        sigma_next,
+        noise_level=0.5,
+        sigma_max=0.9,
+        noise=torch.randn_like(x),
+        velocity_at=velocity_at,
     )
     assert out.prev_sample.shape == x.shape
     assert (out.log_prob is not None) == kernel.stochastic

@@ -1,0 +1,168 @@
+"""The package's layering (docs/ARCHITECTURE.md), checked on every test run.
+
+- the import-linter contract in ``pyproject.toml`` (``[tool.importlinter]``): no module imports a
+  layer above it, and the parts of one layer marked ``|`` do not import each other;
+- no import cycles between modules (counting imports made inside functions);
+- imports inside functions only for optional dependencies (``ray``).
+
+Each check is also run once on a copy of the package with one bad import added, to show it fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OPTIONAL = ("ray",)
+"""Top-level packages that may be imported inside a function: optional dependencies (extras)."""
+
+
+def _modules(package_dir: Path) -> dict[str, Path]:
+    root = package_dir.parent
+    out = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(path: Path, module: str, is_package: bool):
+    """``(imported module, line, inside a function)`` for every import statement of a file."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import):
+                found.extend((a.name, child.lineno, in_function) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:  # relative: resolve against this module's package
+                    pkg = module.split(".") if is_package else module.split(".")[:-1]
+                    base = ".".join(pkg[: len(pkg) - child.level + 1] + ([base] if base else []))
+                found.append((base, child.lineno, in_function))
+                found.extend((f"{base}.{a.name}", child.lineno, in_function) for a in child.names)
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+def import_graph(package_dir: Path) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at the top or inside functions)."""
+    modules = _modules(package_dir)
+    graph = {m: set() for m in modules}
+    for m, path in modules.items():
+        for name, _, _ in _imports(path, m, path.name == "__init__.py"):
+            if name in modules and name != m:
+                graph[m].add(name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def function_level_imports(package_dir: Path) -> list[str]:
+    """``file:line name`` of each import inside a function that is not of an optional dependency."""
+    bad = []
+    for m, path in _modules(package_dir).items():
+        for name, line, inside in _imports(path, m, path.name == "__init__.py"):
+            if inside and name.split(".")[0] not in OPTIONAL and not name.startswith(f"{m}."):
+                bad.append(f"{path.relative_to(package_dir.parent)}:{line} {name}")
+    return sorted(set(bad))
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_layer_contract_holds():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph(ROOT / "diffrl")) == []
+
+
+def test_imports_inside_functions_are_only_of_optional_dependencies():
+    assert function_level_imports(ROOT / "diffrl") == []
+
+
+@pytest.fixture(scope="module")
+def spoiled(tmp_path_factory) -> Path:
+    """A copy of the package and its pyproject.toml with three bad imports added: an upward one
+    (models -> train), a cycle inside a layer (models.base <-> models.registry) and a required
+    package imported inside a function."""
+    root = tmp_path_factory.mktemp("spoiled")
+    shutil.copytree(
+        ROOT / "diffrl", root / "diffrl", ignore=shutil.ignore_patterns("assets", "*.txt", "__pycache__")
+    )
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    with open(root / "diffrl" / "models" / "tiny.py", "a") as f:
+        f.write("\nfrom diffrl.train.loop import train  # noqa\n")
+    with open(root / "diffrl" / "models" / "base.py", "a") as f:
+        f.write(
+            "\n\ndef _spoil():\n    import numpy  # noqa\n    from diffrl.models import registry  # noqa\n"
+        )
+    return root
+
+
+def test_the_checks_catch_bad_imports(spoiled):
+    result = lint_imports(spoiled)
+    assert result.returncode != 0
+    assert "diffrl.models.tiny -> diffrl.train.loop" in result.stdout
+    assert ["diffrl.models.base", "diffrl.models.registry"] in cycles(import_graph(spoiled / "diffrl"))
+    bad = function_level_imports(spoiled / "diffrl")
+    assert any(b.startswith("diffrl/models/base.py:") and b.endswith(" numpy") for b in bad)
