@@ -61,7 +61,7 @@ class Driver:
             if self.stop.requested():  # it came while the model loaded
                 raise Abandoned
             if self.start == 0 or stages.due_after(t, self.start, 0.0).eval:  # unless it was done already
-                self.evaluate(self.start)
+                self.eval_point(self.start)
             progress, offset = Progress("train", t.iterations, "iter"), self.state.train_time_s
             for it in range(self.start, t.iterations):
                 if self.stop.requested():  # before the rollout: nothing of this iteration ran yet
@@ -81,11 +81,11 @@ class Driver:
                         print(f"time budget of {t.time_budget_minutes} min reached after {step} iterations")
                     break
                 if due.eval:
-                    self.evaluate(step)
+                    self.eval_point(step)
                 if due.save:
                     self.save(step)
             self.state.guard.finished(step - self.start)
-            self.evaluate(step)
+            self.eval_point(step)
             self.save(step, final=True)
         except Abandoned:
             raise self.interrupted(step) from None
@@ -123,7 +123,7 @@ class Driver:
         self.state.train_time_s += metrics["perf/iteration_time"]
         return metrics, steps
 
-    def evaluate(self, step: int) -> None:
+    def eval_point(self, step: int) -> None:
         if any(e["step"] == step for e in self.state.evals):  # e.g. a run resumed at its last step
             return
         result = self.runner.evaluate()
