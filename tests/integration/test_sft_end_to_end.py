@@ -85,7 +85,7 @@ def test_sft_two_iterations_then_eval_and_sample(tmp_path, capsys, lora):
             [
                 "eval",
                 str(result.checkpoint),
-                "model.family=tests.unit.test_models_and_checkpoints:OtherFamily",
+                "model.family=tests.unit.train.test_checkpoint:OtherFamily",
             ]
         )
         assert code == 2

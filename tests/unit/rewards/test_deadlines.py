@@ -20,7 +20,7 @@ from diffrl.registry import RegistryError
 from diffrl.rewards.base import Pending, Reward, RewardSet
 from tests.conftest import tiny_overrides
 
-HERE = "tests.unit.test_reward_deadlines"
+HERE = "tests.unit.rewards.test_deadlines"
 RELEASE = threading.Event()
 CALLS = itertools.count()
 

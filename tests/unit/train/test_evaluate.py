@@ -1,9 +1,9 @@
-"""The paired comparison behind ``diffrl eval --baseline``."""
+"""The paired comparison behind ``diffrl eval --baseline``, and the stills of videos in eval grids."""
 
 import pytest
 import torch
 
-from diffrl.train.evaluate import paired_difference
+from diffrl.train.evaluate import paired_difference, save_grid, still
 
 
 def test_paired_difference_is_the_mean_difference_and_its_standard_error():
@@ -25,3 +25,13 @@ def test_pairing_removes_the_variation_both_models_share():
 def test_unpaired_shapes_are_refused():
     with pytest.raises(ValueError, match="equal shapes"):
         paired_difference(torch.zeros(3), torch.zeros(4))
+
+
+def test_eval_grids_show_first_middle_and_last_frames(tmp_path):
+    v = torch.rand(2, 3, 5, 4, 6)
+    s = still(v)
+    assert s.shape == (2, 3, 4, 18)
+    torch.testing.assert_close(s[..., 6:12], v[:, :, 2])
+    image = v[:, :, 0]
+    assert still(v[:, :, :1]).shape == (2, 3, 4, 6) and still(image) is image
+    assert save_grid(v, tmp_path / "grid.png").is_file()

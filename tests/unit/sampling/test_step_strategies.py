@@ -29,7 +29,9 @@ def test_all_and_window_and_random_choice():
 
 
 def test_dotted_path_strategy():
-    s, errors = build_step_strategy({"name": "tests.unit.test_step_strategies:my_strategy", "every": 4}, 10)
+    s, errors = build_step_strategy(
+        {"name": "tests.unit.sampling.test_step_strategies:my_strategy", "every": 4}, 10
+    )
     assert not errors and s(10, 0, 0) == [0, 4, 8]
 
 

@@ -108,3 +108,11 @@ def test_every_builtin_kernel_follows_the_contract(name):
     assert len(calls) == (1 if kernel.second_evaluation else 0)
     if name == "heun":  # a constant velocity: the trapezoid is the Euler step
         torch.testing.assert_close(out.prev_sample, ode_step(x, v, sigma, sigma_next))
+
+
+def test_ode_step_is_euler():
+    x = torch.randn(2, 3, 4, 4)
+    v = torch.randn(2, 3, 4, 4)
+    s, s_next = torch.tensor([0.8, 0.5]), torch.tensor([0.6, 0.1])
+    out = ode_step(x, v, s, s_next)
+    torch.testing.assert_close(out, x + (s_next - s).view(2, 1, 1, 1) * v)

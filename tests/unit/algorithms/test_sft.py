@@ -1,12 +1,8 @@
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
 
 from diffrl.algorithms.sft import SFT, SFTExamples, flow_matching_loss
-from diffrl.models.schedules import flow_sigmas
 from diffrl.preflight import load_config
 from diffrl.rollout import Conditioning
-from diffrl.sampling.kernels import ode_step
 
 
 class FakeFamily:
@@ -89,21 +85,3 @@ def test_train_data_draws_depend_on_identity_not_batch_layout():
     other_iter = algo.build_train_data(batch, algo.postprocess_rewards(batch, None), iteration=4)
     assert not torch.equal(other_iter.noise, full.noise)
     assert 0 < full.sigma.min() and full.sigma.max() < 1
-
-
-def test_sigmas_match_diffusers_reference(reference_dir):
-    path = reference_dir / "sde_image.safetensors"
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-    ref = load_file(str(path))["sigmas"]
-    sigmas = flow_sigmas(int(meta["num_inference_steps"]), float(meta["shift"]))
-    torch.testing.assert_close(sigmas, ref.float())
-    assert sigmas[0] == 1.0 and sigmas[-1] == 0.0
-
-
-def test_ode_step_is_euler():
-    x = torch.randn(2, 3, 4, 4)
-    v = torch.randn(2, 3, 4, 4)
-    s, s_next = torch.tensor([0.8, 0.5]), torch.tensor([0.6, 0.1])
-    out = ode_step(x, v, s, s_next)
-    torch.testing.assert_close(out, x + (s_next - s).view(2, 1, 1, 1) * v)

@@ -1,5 +1,6 @@
-"""Videos ``(B, 3, F, H, W)`` through the image-oriented parts: an image reward scores each frame
-and each video gets the mean; a video reward gets the videos whole; eval grids show stills."""
+"""Videos ``(B, 3, F, H, W)`` through the image-oriented rewards: an image reward scores each
+frame and each video gets the mean; a video reward gets the videos whole (the eval grids' stills:
+``train/test_evaluate.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import torch
 
 from diffrl.config import RewardConfig
 from diffrl.rewards.base import Reward, RewardSet
-from diffrl.train.evaluate import save_grid, still
 
 CALLS: list[tuple[tuple[int, ...], list[str]]] = []
 
@@ -46,7 +46,7 @@ def videos() -> torch.Tensor:
 
 
 def rewards(*names: str) -> RewardSet:
-    return RewardSet([RewardConfig(name=f"tests.unit.test_video_rewards:{n}") for n in names])
+    return RewardSet([RewardConfig(name=f"tests.unit.rewards.test_videos:{n}") for n in names])
 
 
 def test_an_image_reward_scores_each_frame_and_averages_per_video():
@@ -69,13 +69,3 @@ def test_a_video_reward_gets_whole_videos():
 def test_a_wrong_number_of_frame_scores_is_a_reward_error():
     out = rewards("wrong_length").submit(videos(), ["a", "b"], [{}, {}]).result()
     assert out.total.isnan().all() and "one score per frame (6,)" in out.errors[0]
-
-
-def test_eval_grids_show_first_middle_and_last_frames(tmp_path):
-    v = torch.rand(2, 3, 5, 4, 6)
-    s = still(v)
-    assert s.shape == (2, 3, 4, 18)
-    torch.testing.assert_close(s[..., 6:12], v[:, :, 2])
-    image = v[:, :, 0]
-    assert still(v[:, :, :1]).shape == (2, 3, 4, 6) and still(image) is image
-    assert save_grid(v, tmp_path / "grid.png").is_file()

@@ -1,6 +1,6 @@
-"""Checkpoints are verified before use: a truncated, corrupt, mixed or incomplete checkpoint is
-refused naming the file; ``latest`` skips it; identical states write identical files; one run
-per output folder."""
+"""Checkpoints: LoRA weights, EMA and optimizer state round-trip and are refused by another
+family; they are verified before use: a truncated, corrupt, mixed or incomplete checkpoint is
+refused naming the file, ``latest`` skips it; identical states write identical files."""
 
 from __future__ import annotations
 
@@ -10,28 +10,36 @@ import shutil
 import pytest
 import torch
 
+from diffrl.models.base import FamilyMismatchError
 from diffrl.models.registry import load_family
+from diffrl.models.tiny import TinyFamily
 from diffrl.preflight import load_config
-from diffrl.train.actor import Actor
+from diffrl.sampling.sampler import initial_noise
+from diffrl.train.actor import Actor, apply_lora
 from diffrl.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
+    load_optimizer_state,
     load_resume_state,
+    load_weights_into,
     prune_checkpoints,
     remove_partial_writes,
     save_checkpoint,
     verify_checkpoint,
 )
-from diffrl.train.run_folder import RunFolder, RunFolderError
 
 
-@pytest.fixture(scope="module")
-def actor():
-    cfg = load_config({"model": {"path": "random", "lora": {"rank": 2}}, "train": {"ema_decay": 0.9}})
-    actor = Actor(load_family(cfg), cfg)
-    actor.params[0].grad = torch.ones_like(actor.params[0])
-    actor.optimizer.step()  # an optimizer state with moments
-    return actor
+class OtherFamily(TinyFamily):
+    """A second family (same code, another name) to check cross-family refusals (also named by
+    ``tests/integration/test_sft_end_to_end.py`` as ``tests.unit.train.test_checkpoint:OtherFamily``)."""
+
+    name = "other"
+
+
+def _velocity(family, prompts=('the text "AB3"', 'the number "42"')):
+    x = initial_noise(family, [(0, "t", i) for i in range(len(prompts))], 32, 64)
+    with torch.no_grad():
+        return family.velocity(x, torch.tensor([0.7, 0.3]), family.encode_prompts(list(prompts)))
 
 
 def _save(actor, path, iteration=2):
@@ -110,14 +118,6 @@ def test_latest_skips_a_damaged_newest_checkpoint_and_keep_last_prunes(tmp_path,
     ]
 
 
-def test_latest_refuses_when_no_checkpoint_verifies(tmp_path, actor):
-    out = tmp_path / "run"
-    _truncate(_save(actor, out / "checkpoints" / "step_00002"))
-    config = load_config({"run": {"output_dir": str(out)}, "train": {"resume": "latest", "iterations": 9}})
-    with pytest.raises(CheckpointError, match="no checkpoint in .* verifies"):
-        RunFolder(out).resume_point(config)
-
-
 def test_a_checkpoint_killed_while_being_replaced_is_moved_back(tmp_path, actor):
     out = tmp_path / "run"
     good = _save(actor, out / "checkpoints" / "final", iteration=4)
@@ -147,40 +147,6 @@ def test_rewriting_a_checkpoint_replaces_it_whole(tmp_path, actor):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary folder left
 
 
-def test_a_second_process_on_the_folder_is_refused_with_the_pid(tmp_path):
-    first, second = RunFolder(tmp_path / "run"), RunFolder(tmp_path / "run")
-    first.acquire()
-    try:
-        # flock locks belong to the open file: a second open is refused even in this process
-        with pytest.raises(RunFolderError, match=r"in use by another diffrl process \(PID \d+\)"):
-            second.acquire()
-    finally:
-        first.release()
-    second.acquire()  # free again once the holder lets go (or dies)
-    second.release()
-
-
-def test_a_folder_holding_a_run_needs_resume_or_a_new_name(tmp_path):
-    folder = RunFolder(tmp_path / "run")
-    folder.acquire()
-    (folder.path / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
-    config = load_config({"run": {"output_dir": str(folder.path)}})
-    with pytest.raises(
-        RunFolderError, match="train.resume=latest, or start a new one elsewhere with run.name"
-    ):
-        folder.claim(config, None)
-    folder.release()
-
-
-def test_metrics_after_the_checkpoint_are_dropped_on_resume(tmp_path):
-    folder = RunFolder(tmp_path)
-    rows = [{"step": s, "v": s} for s in (0, 1, 2, 2, 3)]
-    folder.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "v"')
-    assert folder.keep_metrics_up_to(2) == 2  # step 3 and the torn line
-    kept = [json.loads(line)["step"] for line in folder.metrics_file.read_text().splitlines()]
-    assert kept == [0, 1, 2, 2]
-
-
 def test_a_manifest_with_a_garbled_field_is_refused(tmp_path, actor):
     path = _save(actor, tmp_path / "ckpt")
     info = json.loads((path / "checkpoint.json").read_text())
@@ -198,3 +164,32 @@ def test_weights_of_another_shape_are_refused_naming_the_tensor(tmp_path, actor)
         CheckpointError, match=r"do not fit this model: .*lora_A.weight is \(2, .*\) in the checkpoint"
     ):
         load_resume_state(other, path)
+
+
+def test_lora_checkpoint_roundtrip_and_family_check(tmp_path):
+    cfg = load_config({"model": {"path": "random", "lora": {"rank": 4}}, "train": {"ema_decay": 0.9}})
+    family = load_family(cfg)
+    actor = Actor(family, cfg)
+    names = [n for n, p in family.transformer.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    with torch.no_grad():  # make the adapter do something, and give the optimizer a state
+        for p in actor.params:
+            p.add_(0.01 * torch.randn_like(p))
+    actor.params[0].grad = torch.ones_like(actor.params[0])
+    actor.optimizer.step()
+    want = _velocity(family)
+    ckpt = save_checkpoint(tmp_path / "ckpt", actor, cfg, iteration=1)
+
+    fresh = load_family(cfg)
+    apply_lora(fresh, cfg.model.lora)
+    load_weights_into(fresh, ckpt, use_ema=False)
+    torch.testing.assert_close(_velocity(fresh), want)
+
+    actor2 = Actor(load_family(cfg), cfg)
+    load_optimizer_state(actor2, ckpt)
+    s1, s2 = actor.optimizer.state_dict()["state"][0], actor2.optimizer.state_dict()["state"][0]
+    torch.testing.assert_close(s1["exp_avg"], s2["exp_avg"])
+
+    other = OtherFamily.load("random", torch.device("cpu"), torch.float32, OtherFamily.Options())
+    with pytest.raises(FamilyMismatchError, match="trained on the 'tiny' family, not 'other'"):
+        load_weights_into(other, ckpt)
