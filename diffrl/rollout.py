@@ -61,7 +61,9 @@ class CollectionSpec:
     """True: sample from the policy; False: read ``data.dataset`` (no sampling, no reward)."""
     needs_reward: bool
     sampler: str = "ode"
-    """Transition kernel of the stochastic steps: ``sde`` or ``cps``; ``ode``: every step is Euler."""
+    """A name in :data:`diffrl.sampling.kernels.KERNELS` (or a dotted path): a stochastic kernel
+    (``sde``, ``cps``) steps the steps ``step_strategy`` picks and Euler the others; a deterministic
+    one (``ode``, ``heun``) steps every step."""
     noise_level: float = 0.0
     step_strategy: Callable[[int, int, int], list[int]] | None = None
     """``(num_steps, rollout_id, seed) -> stochastic step indices``; None: no stochastic step."""
@@ -88,7 +90,7 @@ class RolloutBatch(Batch):
 
     ``x0``: clean latents ``(B, *latent)``; ``cond``: the prompts' conditioning;
     ``images``: decoded ``(B, 3, H, W)`` (videos ``(B, 3, F, H, W)``), uint8 0..255 (online rollouts;
-    :func:`~diffrl.rewards.base.quantize`);
+    :func:`quantize`);
     ``group_id``: samples of the same prompt share a group (group-relative advantages);
     ``micro_group``: which sampling forward batch the sample was in;
     ``rewards``: ``(B,)`` weighted reward (online rollouts);

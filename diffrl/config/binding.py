@@ -233,10 +233,6 @@ SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
 """The top-level sections of :class:`Config`; ``load_config(sections=...)`` checks those given."""
 
 
-SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
-"""The top-level sections of :class:`Config`."""
-
-
 def bind_config(
     recipe: str | Path | dict[str, Any] | None, overrides: list[str] | None
 ) -> tuple[Config, list[str], str]:
