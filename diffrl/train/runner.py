@@ -37,7 +37,7 @@ RUNNERS = Registry(
     "runner",
     {
         "local": "diffrl.train.runner:LocalRunner",
-        "ray": "diffrl.distributed.ray_runner:RayRunner",
+        "ray": "diffrl.distributed.ray.runner:RayRunner",
     },
 )
 

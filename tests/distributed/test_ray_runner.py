@@ -25,8 +25,11 @@ import torch
 from safetensors.torch import load_file
 
 from diffrl.algorithms.registry import build_algorithm
+from diffrl.distributed.ray.dispatch import TrainerRankDied
+from diffrl.distributed.ray.runner import RayRunner
 from diffrl.preflight import load_config
 from diffrl.train.loop import train
+from diffrl.train.stages import collect_rollout
 from tests.conftest import ROOT
 
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
@@ -72,7 +75,7 @@ def train_local(cfg):
     the same GEMM kernels, so iteration 0's images are the engines' bits."""
     assert cfg.runner == "local"
     threads = torch.get_num_threads()
-    # RayRunner._start: the machine's cores shared by the larger of the two actor groups
+    # Cluster.place: the machine's cores shared by the larger of the two actor groups
     torch.set_num_threads(
         max(1, (os.cpu_count() or 1) // max(cfg.ray.num_trainer_ranks, cfg.ray.num_engines))
     )
@@ -182,39 +185,38 @@ def test_uneven_shares_after_dropped_samples_still_match_the_local_run(tmp_path,
 def test_engine_and_reward_worker_killed_mid_rollout_are_replaced(tmp_path, ray_cluster):
     """More engines than ranks (2 engines share one rank's bundle); an engine killed with its two
     micro-groups in flight, then a reward worker killed: both re-issued, the same rewards."""
-    from diffrl.distributed.ray_runner import RayRunner
-
     cfg = config(tmp_path, "flow_grpo", "ray", **{"rollout.micro_group_size": 2, "ray.num_trainer_ranks": 1})
     algorithm = build_algorithm(cfg)
     runner = RayRunner(cfg, algorithm, algorithm.collection_spec())
     try:
-        reference, _ = runner.collect(0)
+        reference, _ = collect_rollout(runner, 0)
         killed = []
 
         def kill_engine_one(engine: int, micro_group: int) -> None:
             if engine == 1 and not killed:  # in flight: it never finishes, nor the one queued behind
                 killed.append(micro_group)
-                ray.kill(runner.engines.actors[1], no_restart=True)
+                ray.kill(runner.dispatch.engines.actors[1], no_restart=True)
 
-        runner.on_dispatch = kill_engine_one
-        batch, stats = runner.collect(0)
-        assert killed and stats.metrics["rollout/reissued"] == 2
+        runner.dispatch.on_dispatch = kill_engine_one
+        batch, _ = collect_rollout(runner, 0)
+        assert killed and runner.dispatch.reissued == 2
         assert torch.equal(batch.rewards, reference.rewards)
         assert torch.equal(batch.sample_index, reference.sample_index)
 
         def kill_reward_worker(engine: int, micro_group: int) -> None:
             if micro_group == 2:
-                ray.kill(runner.reward_pools[0].actors[0], no_restart=True)
+                ray.kill(runner.dispatch.reward_pools[0].actors[0], no_restart=True)
 
-        runner.on_dispatch = kill_reward_worker
-        batch, stats = runner.collect(0)
-        assert stats.metrics["rollout/reissued"] >= 1
+        runner.dispatch.on_dispatch = kill_reward_worker
+        batch, _ = collect_rollout(runner, 0)
+        assert runner.dispatch.reissued >= 1
         assert torch.equal(batch.rewards, reference.rewards)
         # the iteration goes on: an update, then a sync that reaches the replacement engine
         signals = algorithm.postprocess_rewards(batch, batch.rewards)
         [metrics] = runner.optimize([algorithm.build_train_data(batch, signals, 0)])
         assert metrics["train/grad_norm"] > 0
-        assert runner.end_iteration()["sync/checksum_match"] == 1.0
+        metrics = runner.end_iteration()
+        assert metrics["sync/checksum_match"] == 1.0 and metrics["rollout/reissued"] >= 1
     finally:
         runner.close()
 
@@ -222,15 +224,13 @@ def test_engine_and_reward_worker_killed_mid_rollout_are_replaced(tmp_path, ray_
 def test_dead_trainer_rank_stops_the_run_naming_the_last_checkpoint(tmp_path, ray_cluster):
     """Rank 1 dies; rank 0 is then stuck in an FSDP collective of the update: the run stops at once
     with an error naming the last checkpoint."""
-    from diffrl.distributed.ray_runner import RayRunner, TrainerRankDied
-
     cfg = config(tmp_path, "flow_grpo", "ray", **{"ray.num_engines": 1})
     algorithm = build_algorithm(cfg)
     runner = RayRunner(cfg, algorithm, algorithm.collection_spec())
     try:
         runner.save(tmp_path / "ckpt_step_0", 0, "run-id", {})
         assert (tmp_path / "ckpt_step_0" / "trainable.safetensors").is_file()
-        batch, _ = runner.collect(0)
+        batch, _ = collect_rollout(runner, 0)
         signals = algorithm.postprocess_rewards(batch, batch.rewards)
         examples = algorithm.build_train_data(batch, signals, 0)
         ray.kill(runner.ranks[1], no_restart=True)

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from diffrl.algorithms.registry import build_algorithm
+from diffrl.distributed.ray.runner import RayRunner
 from diffrl.preflight import load_config
+from diffrl.train.stages import collect_rollout
 from tests.conftest import ROOT, tiny_overrides
 
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
@@ -32,8 +34,6 @@ def warm_up(worker) -> None:
 
 
 def test_a_reward_worker_past_its_deadline_is_replaced_and_its_samples_fail(tmp_path, ray_cluster):
-    from diffrl.distributed.ray_runner import RayRunner
-
     overrides = {
         "runner": "ray",
         "rollout.batch_size": 2,
@@ -51,12 +51,12 @@ def test_a_reward_worker_past_its_deadline_is_replaced_and_its_samples_fail(tmp_
     runner = RayRunner(cfg, algorithm, algorithm.collection_spec())
     try:
         for rollout in range(2):  # the replacement worker scores the next rollout (and hangs too)
-            worker = runner.reward_pools[0].actors[0]
+            worker = runner.dispatch.reward_pools[0].actors[0]
             warm_up(worker)
-            batch, stats = runner.collect(rollout)
+            batch, stats = collect_rollout(runner, rollout)
             assert batch.rewards[:4].tolist() == [1.0] * 4 and batch.rewards[4:].isnan().all()
             assert stats.reward_failed == 4 and stats.metrics["rollout/reward_timed_out"] == 4.0
             assert "timed out after 5 s" in stats.errors[0]
-            assert runner.reward_pools[0].actors[0] is not worker
+            assert runner.dispatch.reward_pools[0].actors[0] is not worker
     finally:
         runner.close()

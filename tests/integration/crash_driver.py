@@ -109,16 +109,16 @@ def install(mode: str, iteration: int) -> None:
 
         checkpoint.save_file = save_file
     elif where == "dispatch":  # runner: ray: the driver, right after micro-group 1 went to an engine
-        from diffrl.distributed import ray_runner
+        from diffrl.distributed.ray.runner import RayRunner
 
-        original_collect = ray_runner.RayRunner.collect
+        original_sample = RayRunner.sample
 
-        def collect(self, rollout_id, *args):
+        def sample(self, rollout_id, *args):
             if rollout_id == iteration:
-                self.on_dispatch = lambda engine, group: group == 1 and once() and _hit(sig)
-            return original_collect(self, rollout_id, *args)
+                self.dispatch.on_dispatch = lambda engine, group: group == 1 and once() and _hit(sig)
+            return original_sample(self, rollout_id, *args)
 
-        ray_runner.RayRunner.collect = collect
+        RayRunner.sample = sample
     elif mode != "none":
         raise SystemExit(f"unknown mode {mode!r}")
 

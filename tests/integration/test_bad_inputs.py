@@ -411,7 +411,7 @@ def test_ray_auto_without_a_cluster(monkeypatch):
     pytest.importorskip("ray")
     import ray._private.services
 
-    from diffrl.distributed.cluster import ray_address_problem
+    from diffrl.distributed.ray.cluster import ray_address_problem
 
     def none_running(address):
         raise ConnectionError("Could not find any running Ray instance.")

@@ -4,17 +4,22 @@ With LoRA that is the adapter's A/B pairs (the engines hold the base model alrea
 fine-tune, the transformer's parameters. The tensors are gathered from the FSDP2 shards (every
 rank takes part), sent once through Ray's object store and copied into each engine's module by
 name. A SHA-256 over names and bytes, computed on each side from the tensors it holds, proves
-that the engines sample with exactly the trainer's weights.
+that the engines sample with exactly the trainer's weights (:class:`EngineWeights`; an engine that
+replaces a dead one takes the current weights first, and is checked alike).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from diffrl.distributed.ray.cluster import import_ray
+from diffrl.distributed.ray.dispatch import ActorPool
 from diffrl.parallel import full_tensor
 from diffrl.train.actor import OLD_ADAPTER
 
@@ -86,3 +91,43 @@ def checksum(state: dict[str, torch.Tensor]) -> str:
 
 def state_bytes(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
+
+
+class EngineWeights:
+    """The sampling weights the engines hold, in Ray's object store since the last sync."""
+
+    def __init__(self) -> None:
+        self.ref = None
+
+    def sync(self, gather: Callable[[], dict[str, torch.Tensor]], engines: ActorPool) -> dict[str, float]:
+        """Send the state ``gather()`` returns (the trainer's sampling weights) to every engine and
+        check that they hold it exactly; an engine that died meanwhile is replaced (and checked)."""
+        ray = import_ray()
+        t0 = time.time()
+        state = gather()
+        expected = checksum(state)
+        self.ref = ray.put(state)
+        sent = [(i, e, e.load.remote(self.ref)) for i, e in enumerate(engines.actors)]
+        match = True
+        for i, engine, ref in sent:
+            try:
+                match &= ray.get(ref) == expected
+            except ray.exceptions.RayActorError:
+                engines.replace(i, engine)  # the replacement loads the state and is checked
+        if not match:
+            raise RuntimeError("weight sync: an engine's weights differ from the trainer's after the sync")
+        return {
+            "perf/weight_sync_time": time.time() - t0,
+            "sync/checksum_match": float(match),
+            "sync/bytes": float(state_bytes(state)),
+        }
+
+    def load_into(self, i: int, engine) -> None:
+        """Ready replacement engine ``i``: it takes the current weights (if any were sent yet), and
+        its checksum must match."""
+        if self.ref is None:
+            return
+        ray = import_ray()
+        held = ray.get(engine.load.remote(self.ref))
+        if held != checksum(ray.get(self.ref)):
+            raise RuntimeError(f"weight sync: replacement engine {i} does not hold the trainer's weights")

@@ -1,0 +1,1 @@
+"""``runner: ray``: the Ray runner (:mod:`.runner`) and its parts, one job each."""

@@ -1,0 +1,137 @@
+"""The actors: plain classes that :class:`~diffrl.distributed.ray.runner.RayRunner` wraps with
+``ray.remote``. Each reuses the single-process code: an engine samples with the local collector,
+a trainer rank optimises with :class:`~diffrl.train.actor.Actor`, a reward worker scores with a
+:class:`~diffrl.rewards.base.RewardSet`."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from diffrl.algorithms.registry import build_algorithm
+from diffrl.config import Config, RewardConfig
+from diffrl.distributed.ray.cluster import import_ray
+from diffrl.distributed.ray.sharding import RankPart
+from diffrl.distributed.ray.weight_sync import checksum, live_state, load_state, module_state, sampling_state
+from diffrl.models.registry import load_family, resolve_device
+from diffrl.parallel import free_port, init_distributed
+from diffrl.rewards.base import RewardOutput, RewardSet
+from diffrl.rollout import RolloutBatch
+from diffrl.sampling.collector import RolloutPlan, build_collector
+from diffrl.train.actor import Actor, apply_lora
+from diffrl.train.checkpoint import load_resume_state, save_checkpoint
+from diffrl.train.evaluate import EvalResult, evaluate
+
+
+class RolloutEngine:
+    """Holds the base model with the sampling weights; samples micro-groups of a plan."""
+
+    def __init__(self, config: Config, threads: int):
+        torch.set_num_threads(threads)
+        self.config = config
+        self.family = load_family(config)
+        if config.model.lora is not None:
+            apply_lora(self.family, config.model.lora)
+        self.family.transformer.requires_grad_(False).eval()
+        spec = build_algorithm(config).collection_spec()
+        self.collector = build_collector(config, self.family, spec)
+        self.state: dict[str, torch.Tensor] = {}
+        self.eval_rewards = None
+
+    def sample(self, plan: RolloutPlan, micro_group: int) -> RolloutBatch:
+        return self.collector.sample(plan, micro_group).to("cpu")
+
+    def collect(self, iteration: int) -> RolloutBatch:
+        return self.collector.collect(iteration).to("cpu")
+
+    def load(self, state: dict[str, torch.Tensor]) -> str:
+        """Take the trainer's sampling weights; returns the checksum of what this engine now holds."""
+        module = self.family.transformer
+        lora = self.config.model.lora is not None
+        held = [n for n, _ in module.named_parameters() if not lora or "lora_" in n]
+        if sorted(held) != sorted(state):
+            odd = sorted(set(held) ^ set(state))[:1]
+            raise KeyError(f"weight sync: the engine's trainable tensors and the sent ones differ ({odd})")
+        load_state(module, state)
+        self.state = state
+        return checksum(module_state(module, held))
+
+    def evaluate(self, state: dict[str, torch.Tensor]) -> EvalResult:
+        """Eval with ``state`` (the live weights), then back to the sampling weights."""
+        if self.eval_rewards is None:
+            self.eval_rewards = RewardSet(self.config.eval.rewards, in_process=True)
+        load_state(self.family.transformer, state)
+        try:
+            return evaluate(self.family, self.config, self.eval_rewards)
+        finally:
+            load_state(self.family.transformer, self.state)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RewardWorker:
+    """Scores images with one reward type, in this process."""
+
+    def __init__(self, reward: RewardConfig, threads: int):
+        torch.set_num_threads(threads)
+        self.rewards = RewardSet([reward], in_process=True)
+
+    def score(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
+        return self.rewards.submit(images, prompts, metadata).result()
+
+
+class TrainerRank:
+    """One FSDP2 rank: the actor (policy + optimizer) on this rank's shard of the weights."""
+
+    def __init__(self, config: Config, rank: int, world_size: int, threads: int):
+        torch.set_num_threads(threads)
+        self.config, self.rank, self.world_size = config, rank, world_size
+
+    def address(self) -> tuple[str, int]:
+        return import_ray().util.get_node_ip_address(), free_port()
+
+    def setup(self, host: str, port: int) -> int:
+        config = self.config
+        ctx = init_distributed(
+            self.rank, self.world_size, host, port, config.ray.backend, resolve_device(config.run.device)
+        )
+        torch.manual_seed(config.run.seed)  # the same LoRA init on every rank as in one process
+        self.algorithm = build_algorithm(config)
+        family = load_family(config)
+        self.actor = Actor(
+            family,
+            config,
+            keep_reference=self.algorithm.needs_reference,
+            keep_old=self.algorithm.keeps_old_policy,
+            dist=ctx,
+        )
+        return self.actor.num_trainable()
+
+    def optimize(self, parts: list[RankPart]) -> list[dict[str, float]]:
+        """``parts``: per optimizer step, this rank's share, the step's global example count and
+        the number of micro-batches every rank runs."""
+        chunks, totals, counts = (list(column) for column in zip(*parts))
+        return self.actor.optimize(chunks, self.algorithm, totals, counts)
+
+    def end_iteration(self) -> dict[str, float]:
+        return self.actor.update_old_policy(self.algorithm)
+
+    def sampling_state(self) -> dict[str, torch.Tensor] | None:
+        state = sampling_state(self.actor)  # every rank gathers; rank 0 sends
+        return state if self.rank == 0 else None
+
+    def live_state(self) -> dict[str, torch.Tensor] | None:
+        state = live_state(self.actor)
+        return state if self.rank == 0 else None
+
+    def save(self, path: str, iteration: int, run_id: str, loop_state: dict) -> str:
+        save_checkpoint(
+            path, self.actor, self.config, iteration, self.rank == 0, run_id=run_id, loop_state=loop_state
+        )
+        return path
+
+    def resume(self, path: str) -> None:
+        """Load the checkpoint into this rank's shards (every rank reads the whole files)."""
+        load_resume_state(self.actor, path)

@@ -1,0 +1,166 @@
+"""``runner: ray``: rollout engines, reward workers and FSDP2 trainer ranks as Ray actors.
+
+```
+driver (this process: plans rollouts, runs the algorithm's postprocess/build_train_data)
+  ├─ RolloutEngine x ray.num_engines      base model + sampling weights; samples micro-groups
+  ├─ RewardWorker  x ray.num_reward_workers per reward type; scores micro-groups as they finish
+  └─ TrainerRank   x ray.num_trainer_ranks in one placement group; torch.distributed (gloo on
+                   CPU, NCCL on GPU), FSDP2 fully_shard per transformer block, peft LoRA
+```
+
+Every random draw of a rollout is keyed by (seed, prompt slot, sample, step), so the engines'
+union is the single-process rollout whatever engine samples which micro-group. Each optimizer
+step's examples are split over the ranks by whole samples; each rank weights its loss by its
+share of the global count, so the reduced gradient is the single-process one. After each update
+only the trainable tensors (LoRA A/B pairs) go to the engines, with a checksum.
+
+Faults: an engine or reward worker that dies is replaced (the new engine first takes the current
+weights) and its unfinished micro-group re-issued (``rollout/reissued``); a trainer rank that dies
+stops the run with an error naming the last checkpoint. A reward worker still busy at its reward's
+deadline (``timeout_s`` from submit) is killed and replaced, and that micro-group's samples fail
+(``rollout/reward_timed_out``).
+
+The parts: :mod:`.actors` (the actors' classes), :mod:`.cluster` (ray.init, placement),
+:mod:`.dispatch` (calls, retries, re-issues, reward deadlines), :mod:`.sharding` (the ranks' shares
+of a step), :mod:`.weight_sync` (trainer -> engines, checked).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from diffrl.algorithms.base import DiffusionAlgorithm
+from diffrl.config import Config
+from diffrl.data.prompts import load_prompts
+from diffrl.distributed.ray.actors import RewardWorker, RolloutEngine, TrainerRank
+from diffrl.distributed.ray.cluster import Cluster, import_ray, ray_checks
+from diffrl.distributed.ray.dispatch import ActorPool, Dispatch, kill, ranks_call
+from diffrl.distributed.ray.sharding import shard_steps
+from diffrl.distributed.ray.weight_sync import EngineWeights
+from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
+from diffrl.sampling.collector import RolloutPlanner
+from diffrl.train.evaluate import EvalResult
+from diffrl.train.runner import PendingScore
+
+
+class RayRunner:
+    """The :class:`~diffrl.train.runner.Runner` of ``runner: ray``: composes the cluster, the
+    actors, the dispatch, the ranks' shares and the weight sync (see the module's docstring)."""
+
+    @classmethod
+    def validate(cls, config: Config, check_files: bool = True) -> list[str]:
+        return ray_checks(config, check_files)
+
+    @classmethod
+    def uses_local_devices(cls, config: Config) -> bool:
+        """A local cluster (started here, or 'ray start' on this node) uses this machine's GPUs."""
+        return config.ray.address in (None, "auto")
+
+    def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):
+        self.config, self.algorithm, self.spec = config, algorithm, spec
+        self.last_checkpoint: str | None = None
+        self.ranks: list = []
+        self.weights = EngineWeights()
+        self.dispatch = Dispatch(config.rewards)
+        self.cluster = Cluster(config, spec.needs_reward)
+        try:
+            self._start(config, spec)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, config: Config, spec: CollectionSpec) -> None:
+        ray, cluster, r = import_ray(), self.cluster, config.ray
+        actor_config = cluster.place(config)
+        rank_cls = ray.remote(TrainerRank)
+        self.ranks = [
+            rank_cls.options(**cluster.rank_options(i)).remote(
+                actor_config, i, r.num_trainer_ranks, cluster.threads
+            )
+            for i in range(r.num_trainer_ranks)
+        ]
+        host, port = ray.get(self.ranks[0].address.remote())
+        self.trainable = self._ranks_call("setup", host, port)[0]
+        engine_cls, worker_cls = ray.remote(RolloutEngine), ray.remote(RewardWorker)
+        self.dispatch.engines = ActorPool(
+            lambda i: engine_cls.options(**cluster.engine_options(i)).remote(actor_config, cluster.threads),
+            r.num_engines,
+            on_replace=self.weights.load_into,  # a new engine first takes the current weights
+        )
+        self.dispatch.reward_pools = [
+            ActorPool(
+                lambda i, c=c: worker_cls.options(**cluster.reward_options()).remote(c, 1),
+                r.num_reward_workers,
+            )
+            for c in (actor_config.rewards if spec.needs_reward else [])
+        ]
+        self.planner = (
+            RolloutPlanner(config, spec, len(load_prompts(config.data.prompts))) if spec.online else None
+        )
+        self.sync()
+
+    def _ranks_call(self, method: str, *args, per_rank: list | None = None) -> list:
+        return ranks_call(self.ranks, method, *args, per_rank=per_rank, last_checkpoint=self.last_checkpoint)
+
+    def describe(self) -> str:
+        r = self.config.ray
+        return (
+            f"{self.trainable:,} trainable parameters; Ray: {r.num_engines} engine(s), "
+            f"{r.num_trainer_ranks} FSDP2 rank(s), {r.num_reward_workers} reward worker(s) per reward"
+        )
+
+    # ---- rollouts ----------------------------------------------------------------------------------
+    def sample(self, iteration: int, should_stop: Callable[[], bool] | None = None) -> Iterator[RolloutBatch]:
+        """The rollout's micro-groups as the engines finish them (see :meth:`Dispatch.micro_groups`)."""
+        self.dispatch.reissued = 0
+        if self.planner is None:  # offline data (SFT): one engine reads it
+            yield self.dispatch.engine_call(0, "collect", iteration)
+            return
+        yield from self.dispatch.micro_groups(self.planner.plan(iteration), should_stop, self.last_checkpoint)
+
+    def score(self, part: RolloutBatch) -> PendingScore | None:
+        """Send the micro-group to a worker of each reward (chosen by its index)."""
+        return self.dispatch.score(part, self.last_checkpoint)
+
+    # ---- training ----------------------------------------------------------------------------------
+    def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
+        per_rank, skipped = shard_steps(chunks, len(self.ranks), self.config.train.micro_batch_size)
+        if skipped:
+            warnings.warn(
+                f"{skipped} optimizer step(s) skipped: fewer samples than trainer ranks", stacklevel=2
+            )
+        if not per_rank[0]:
+            return []
+        return self._ranks_call("optimize", per_rank=[[p] for p in per_rank])[0]
+
+    def end_iteration(self) -> dict[str, float]:
+        metrics = self._ranks_call("end_iteration")[0]
+        return {**metrics, **self.sync(), "rollout/reissued": float(self.dispatch.reissued)}
+
+    def sync(self) -> dict[str, float]:
+        """Send the sampling weights to every engine and check that they hold them exactly."""
+        return self.weights.sync(lambda: self._ranks_call("sampling_state")[0], self.dispatch.engines)
+
+    # ---- eval, checkpoints -------------------------------------------------------------------------
+    def evaluate(self) -> EvalResult | None:
+        if not self.config.eval.enabled:
+            return None
+        return self.dispatch.engine_call(0, "evaluate", self._ranks_call("live_state")[0])
+
+    def save(self, path: Path, iteration: int, run_id: str, loop_state: dict) -> Path:
+        self._ranks_call("save", str(Path(path).resolve()), iteration, run_id, loop_state)
+        self.last_checkpoint = str(path)
+        return Path(path)
+
+    def resume(self, path: Path) -> None:
+        """Every rank loads its shards; then the engines take the resumed sampling weights."""
+        self._ranks_call("resume", str(Path(path).resolve()))
+        self.last_checkpoint = str(path)
+        self.sync()
+
+    def close(self) -> None:
+        for actor in [*self.ranks, *self.dispatch.actors()]:
+            kill(actor)
+        self.cluster.close()
