@@ -17,6 +17,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
@@ -43,8 +44,6 @@ def target_text(prompt: str) -> str:
 
 @functools.cache
 def _font(name: str, size: int) -> ImageFont.FreeTypeFont:
-    import matplotlib
-
     path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / name
     return ImageFont.truetype(str(path), size)
 

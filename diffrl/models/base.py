@@ -29,6 +29,9 @@ from diffrl.rollout import Conditioning
 
 FAMILY_FILE = "diffrl_model.json"
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The dtypes a recipe names (``model.dtype``, ``model.options.*_dtype``, ``diffrl export --dtype``)."""
+
 
 class FamilyMismatchError(DiffrlError, ValueError):
     """Weights or a checkpoint made for one model family given to another."""

@@ -1,17 +1,31 @@
 """What the families loaded from a local diffusers pipeline folder share: finding and checking the
-folder, the pipeline over the family's own modules, writing it back, and the LoRA export."""
+folder, loading its parts, the pipeline over the family's own modules, writing it back, and the LoRA
+export."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
+from abc import abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
+import diffusers
 import torch
+from peft.utils import get_peft_model_state_dict
 from torch import nn
 
-from diffrl.models.base import ModelFamily, check_family_dir, write_family_file
+from diffrl.models.base import DTYPES, ModelFamily, check_family_dir, write_family_file
+
+
+def load_part(folder: Path, sub: str, part_class: type, dtype: torch.dtype | None = None) -> Any:
+    """``part_class.from_pretrained(folder, subfolder=sub)``, as the pipeline loads its part ``sub``,
+    with the weights in ``dtype`` (None: a tokenizer, which has none). diffusers' and transformers'
+    models both take ``torch_dtype``."""
+    if dtype is None:
+        return part_class.from_pretrained(folder, subfolder=sub)
+    return part_class.from_pretrained(folder, subfolder=sub, torch_dtype=dtype)
 
 
 class DiffusersFolderFamily(ModelFamily):
@@ -25,8 +39,47 @@ class DiffusersFolderFamily(ModelFamily):
     transformer_class: ClassVar[str]
     """The diffusers class of the folder's ``transformer/``, e.g. ``"FluxTransformer2DModel"``."""
 
-    scheduler_config: dict[str, Any]
-    """The folder's ``scheduler/scheduler_config.json`` (set by the subclass's ``__init__``)."""
+    def __init__(
+        self,
+        parts: dict[str, Any],
+        pipeline_config: dict[str, Any],
+        scheduler_config: dict[str, Any],
+        device: torch.device,
+        options: Any,
+    ):
+        """``parts`` (from :meth:`load_parts`) become attributes of the family by name;
+        ``pipeline_config`` and ``scheduler_config`` are the folder's ``model_index.json`` and
+        ``scheduler/scheduler_config.json``."""
+        super().__init__(parts["transformer"], device, options)
+        for name, part in parts.items():
+            setattr(self, name, part)
+        self.pipeline_config = dict(pipeline_config)
+        self.scheduler_config = dict(scheduler_config)
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options: Any) -> Self:
+        """The folder's parts as the pipeline loads them (:meth:`load_parts`): the transformer in
+        ``dtype`` on ``device`` to train (with gradient checkpointing when
+        ``options.gradient_checkpointing``), every other module frozen on ``device``."""
+        folder = cls.pipeline_folder(path)
+        parts = cls.load_parts(folder, dtype, options)
+        transformer = parts["transformer"]
+        transformer.to(device)
+        cls.freeze(
+            [p for name, p in parts.items() if name != "transformer" and isinstance(p, nn.Module)], device
+        )
+        if options.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        pipeline_config = cls.read_pipeline_config(folder)
+        return cls(parts, pipeline_config, cls.read_scheduler_config(folder), device, options)
+
+    @classmethod
+    @abstractmethod
+    def load_parts(cls, folder: Path, dtype: torch.dtype, options: Any) -> dict[str, Any]:
+        """The pipeline's parts from ``folder`` by name (each with :func:`load_part`), in the order
+        the pipeline loads them: the trained ``transformer`` in ``dtype``, a part the folder may lack
+        as None."""
 
     @classmethod
     def folder_problems(cls, folder: Path) -> list[str]:
@@ -52,8 +105,6 @@ class DiffusersFolderFamily(ModelFamily):
 
     @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
-        from diffrl.models.registry import DTYPES
-
         errors = super().validate_config(config, check_files)
         path = config.model.path
         if path in ("base", "random"):
@@ -73,10 +124,6 @@ class DiffusersFolderFamily(ModelFamily):
         """``key`` of the model folder's ``sub/config.json``, else the default of diffusers'
         ``class_name`` (what ``from_pretrained`` would build), read before any weights load;
         None when the folder cannot be read (then the load reports it)."""
-        import inspect
-
-        import diffusers
-
         folder = Path(config.model.path)
         if not check_files or config.model.path in ("base", "random") or not (folder / sub).is_dir():
             return None
@@ -90,8 +137,6 @@ class DiffusersFolderFamily(ModelFamily):
 
     @classmethod
     def module_names(cls, config, check_files: bool = True) -> list[str] | None:
-        import diffusers
-
         folder = Path(config.model.path)
         settings = read_json(folder / "transformer" / "config.json") if check_files else None
         if config.model.path in ("base", "random") or settings is None:
@@ -120,6 +165,10 @@ class DiffusersFolderFamily(ModelFamily):
         return folder
 
     @staticmethod
+    def read_pipeline_config(folder: Path) -> dict[str, Any]:
+        return json.loads((folder / "model_index.json").read_text())
+
+    @staticmethod
     def read_scheduler_config(folder: Path) -> dict[str, Any]:
         return json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
 
@@ -136,8 +185,6 @@ class DiffusersFolderFamily(ModelFamily):
 
     def pipeline(self):
         """The diffusers :attr:`pipeline_class` over this family's modules, with the folder's scheduler."""
-        import diffusers
-
         scheduler = getattr(diffusers, self.scheduler_config["_class_name"]).from_config(
             self.scheduler_config
         )
@@ -155,15 +202,17 @@ class DiffusersFolderFamily(ModelFamily):
     def save_lora(self, out_dir: str | Path) -> str:
         """The transformer's adapter via ``<pipeline_class>.save_lora_weights``, with its rank and
         alpha in the metadata (``load_lora_weights(out_dir)`` reads it back)."""
-        import diffusers
-        from peft.utils import get_peft_model_state_dict
+        self.write_lora(out_dir, get_peft_model_state_dict(self.transformer))
+        return f"pipe = {self.pipeline_class}.from_pretrained(BASE); pipe.load_lora_weights({str(out_dir)!r})"
 
+    def write_lora(self, out_dir: str | Path, layers: dict[str, torch.Tensor]) -> None:
+        """``layers`` (a peft state dict of the transformer's adapter) via
+        ``<pipeline_class>.save_lora_weights``, with the adapter's config in the metadata."""
         getattr(diffusers, self.pipeline_class).save_lora_weights(
             out_dir,
-            transformer_lora_layers=get_peft_model_state_dict(self.transformer),
+            transformer_lora_layers=layers,
             transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict(),
         )
-        return f"pipe = {self.pipeline_class}.from_pretrained(BASE); pipe.load_lora_weights({str(out_dir)!r})"
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -173,3 +222,13 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def latent_stats(vae_config: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A video VAE's per-channel ``latents_mean`` and ``1 / latents_std`` (``AutoencoderKLWan``,
+    ``AutoencoderKLQwenImage``: the pipelines' latents are ``(z - mean) / std``), shaped
+    ``(1, C, 1, 1, 1)`` on ``like``'s device and dtype."""
+    shape = (1, vae_config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae_config.latents_mean).view(shape).to(like.device, like.dtype)
+    inv_std = 1.0 / torch.tensor(vae_config.latents_std).view(shape).to(like.device, like.dtype)
+    return mean, inv_std

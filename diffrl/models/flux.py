@@ -22,14 +22,18 @@ A user's checkpoint: ``model: {family: flux, path: /models/FLUX.1-dev}``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Self
+from pathlib import Path
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from torch import nn
+from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
-from diffrl.models.base import SizeRule
-from diffrl.models.diffusers_folder import DiffusersFolderFamily
-from diffrl.models.schedules import resolution_shifted_sigmas
+from diffrl.models.base import DTYPES, SizeRule
+from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part
 from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
 from diffrl.rollout import Conditioning
 
@@ -57,7 +61,62 @@ def image_ids(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch
     return ids.reshape(-1, 3).to(device=device, dtype=dtype)
 
 
-class FluxFamily(DiffusersFolderFamily):
+def resolution_shifted_sigmas(scheduler_config: dict, num_steps: int, image_seq_len: int) -> torch.Tensor:
+    """``(num_steps + 1,)`` float32 sigmas as ``FluxPipeline`` / ``QwenImagePipeline`` set them:
+    ``linspace(1, 1/N, N)`` given to the folder's ``FlowMatchEulerDiscreteScheduler`` with
+    ``mu = calculate_shift(image_seq_len, ...)`` (the shift grows with the number of image tokens when
+    the scheduler has ``use_dynamic_shifting``; otherwise its static ``shift`` applies)."""
+    cfg = dict(scheduler_config)
+    mu = calculate_shift(
+        image_seq_len,
+        cfg.get("base_image_seq_len", 256),
+        cfg.get("max_image_seq_len", 4096),
+        cfg.get("base_shift", 0.5),
+        cfg.get("max_shift", 1.15),
+    )
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(cfg)
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
+    return scheduler.sigmas.float().cpu()
+
+
+class PackedLatentFamily(DiffusersFolderFamily):
+    """A family whose transformer takes the latent as 2 x 2 patches packed into tokens (FLUX.1,
+    Qwen-Image): the geometry and the sigma schedule their pipelines share. diffrl keeps a sample's
+    latent unpacked, ``(in_channels / 4, H / v, W / v)`` for the VAE's ``v``x compression; the
+    family's ``forward`` packs it (:func:`pack`) and unpacks the velocity (:func:`unpack`)."""
+
+    default_sample_size: ClassVar[int] = 128
+    """Latent pixels per side by default (the pipelines' ``default_sample_size``: 1024 px images)."""
+    vae_scale_factor: int
+    """The VAE's spatial compression ``v`` (set by the subclass's ``__init__``)."""
+
+    # ---- geometry ------------------------------------------------------------------------------
+    @property
+    def default_size(self) -> tuple[int, int]:
+        side = self.default_sample_size * self.vae_scale_factor
+        return (side, side)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        step = self.vae_scale_factor * 2  # the VAE's compression, then 2 x 2 packing
+        if height % step or width % step:
+            raise ValueError(
+                f"{self.name}: height and width must be multiples of {step}, got {height}x{width}"
+            )
+        channels = self.transformer.config.in_channels // 4
+        return (channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
+
+    # ---- the sigma schedule --------------------------------------------------------------------
+    def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
+        """The pipeline's ``(num_steps + 1,)`` schedule: ``linspace(1, 1/N, N)`` through the
+        scheduler with ``mu`` from the image's token count, then the final 0; a numeric ``shift``
+        replaces it with a static shift (see :meth:`ModelFamily.sigmas`)."""
+        if shift is not None:
+            return super().sigmas(num_steps, shift, height, width)
+        _, h, w = self.latent_shape(height, width)
+        return resolution_shifted_sigmas(self.scheduler_config, num_steps, (h // 2) * (w // 2))
+
+
+class FluxFamily(PackedLatentFamily):
     name = "flux"
     pipeline_class = "FluxPipeline"
     transformer_class = "FluxTransformer2DModel"
@@ -97,13 +156,9 @@ class FluxFamily(DiffusersFolderFamily):
         vae = 2 ** (len(blocks) - 1)
         return SizeRule(vae * 2, f"the VAE's {vae}x downsampling, then 2 x 2 packing")
 
-    def __init__(self, transformer, vae, encoders, tokenizers, scheduler_config, device, options):
-        super().__init__(transformer, device, options)
-        self.vae = vae
-        self.text_encoder, self.text_encoder_2 = encoders
-        self.tokenizer, self.tokenizer_2 = tokenizers
-        self.scheduler_config = dict(scheduler_config)
-        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
 
     @property
     def distilled_guidance(self) -> bool:
@@ -112,49 +167,16 @@ class FluxFamily(DiffusersFolderFamily):
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:
-        from diffusers import AutoencoderKL, FluxTransformer2DModel
-        from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
-
-        from diffrl.models.registry import DTYPES
-
-        folder = cls.pipeline_folder(path)
+    def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
         frozen = DTYPES[options.text_encoder_dtype]
-        transformer = FluxTransformer2DModel.from_pretrained(
-            folder, subfolder="transformer", torch_dtype=dtype
-        )
-        vae = AutoencoderKL.from_pretrained(folder, subfolder="vae", torch_dtype=frozen)
-        encoders = [
-            CLIPTextModel.from_pretrained(folder, subfolder="text_encoder", torch_dtype=frozen),
-            T5EncoderModel.from_pretrained(folder, subfolder="text_encoder_2", torch_dtype=frozen),
-        ]
-        tokenizers = [
-            AutoTokenizer.from_pretrained(folder, subfolder=sub) for sub in ("tokenizer", "tokenizer_2")
-        ]
-        transformer.to(device)
-        cls.freeze([vae, *encoders], device)
-        if options.gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        return cls(transformer, vae, encoders, tokenizers, cls.read_scheduler_config(folder), device, options)
-
-    # ---- geometry ------------------------------------------------------------------------------
-    @property
-    def default_size(self) -> tuple[int, int]:
-        side = 128 * self.vae_scale_factor  # the pipeline's default_sample_size
-        return (side, side)
-
-    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
-        step = self.vae_scale_factor * 2  # the VAE's downsampling, then 2 x 2 packing
-        if height % step or width % step:
-            raise ValueError(f"flux: height and width must be multiples of {step}, got {height}x{width}")
-        channels = self.transformer.config.in_channels // 4
-        return (channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
-
-    def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
-        if shift is not None:
-            return super().sigmas(num_steps, shift, height, width)
-        _, h, w = self.latent_shape(height, width)
-        return resolution_shifted_sigmas(self.scheduler_config, num_steps, (h // 2) * (w // 2))
+        return {
+            "transformer": load_part(folder, "transformer", FluxTransformer2DModel, dtype),
+            "vae": load_part(folder, "vae", AutoencoderKL, frozen),
+            "text_encoder": load_part(folder, "text_encoder", CLIPTextModel, frozen),
+            "text_encoder_2": load_part(folder, "text_encoder_2", T5EncoderModel, frozen),
+            "tokenizer": load_part(folder, "tokenizer", AutoTokenizer),
+            "tokenizer_2": load_part(folder, "tokenizer_2", AutoTokenizer),
+        }
 
     # ---- text ----------------------------------------------------------------------------------
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:

@@ -29,15 +29,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Any
 
 import torch
+from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 from torch import nn
+from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from diffrl.models.base import SizeRule
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, read_json
-from diffrl.models.flux import pack, unpack
-from diffrl.models.schedules import resolution_shifted_sigmas
+from diffrl.models.base import DTYPES, SizeRule
+from diffrl.models.diffusers_folder import latent_stats, load_part, read_json
+from diffrl.models.flux import PackedLatentFamily, pack, unpack
 from diffrl.rollout import Conditioning
 
 # QwenImagePipeline.__init__'s constants (the integration test checks they still match)
@@ -50,8 +51,6 @@ PROMPT_DROP_TOKENS = 34
 """Template tokens before the prompt (the system turn), dropped from the embedding."""
 TOKENIZER_MAX_LENGTH = 1024
 """The pipeline's ``tokenizer_max_length`` (and the most ``max_sequence_length`` may be)."""
-DEFAULT_SAMPLE_SIZE = 128
-"""Latent pixels per side by default (1024 px images)."""
 
 # The attention projections of every double-stream block, image stream (to_*) and text stream (add_*)
 QWEN_IMAGE_LORA_TARGETS = [
@@ -66,7 +65,7 @@ QWEN_IMAGE_LORA_TARGETS = [
 ]
 
 
-class QwenImageFamily(DiffusersFolderFamily):
+class QwenImageFamily(PackedLatentFamily):
     name = "qwen_image"
     pipeline_class = "QwenImagePipeline"
     transformer_class = "QwenImageTransformer2DModel"
@@ -115,54 +114,20 @@ class QwenImageFamily(DiffusersFolderFamily):
         vae = 2 ** len(down)  # as the pipeline's vae_scale_factor
         return SizeRule(vae * 2, f"the VAE's {vae}x compression times the 2 x 2 packing")
 
-    def __init__(self, transformer, vae, text_encoder, tokenizer, scheduler_config, device, options):
-        super().__init__(transformer, device, options)
-        self.vae = vae
-        self.text_encoder = text_encoder
-        self.tokenizer = tokenizer
-        self.scheduler_config = dict(scheduler_config)
-        self.vae_scale_factor = 2 ** len(vae.temperal_downsample)  # as the pipeline (8 for the release)
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        self.vae_scale_factor = 2 ** len(self.vae.temperal_downsample)  # as the pipeline (8 for the release)
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:
-        from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
-        from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
-
-        from diffrl.models.registry import DTYPES
-
-        folder = cls.pipeline_folder(path)
+    def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
         frozen = DTYPES[options.text_encoder_dtype]
-        transformer = QwenImageTransformer2DModel.from_pretrained(
-            folder, subfolder="transformer", torch_dtype=dtype
-        )
-        vae = AutoencoderKLQwenImage.from_pretrained(folder, subfolder="vae", torch_dtype=frozen)
-        text_encoder = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            folder, subfolder="text_encoder", dtype=frozen
-        )
-        tokenizer = AutoTokenizer.from_pretrained(folder, subfolder="tokenizer")
-        transformer.to(device)
-        cls.freeze([vae, text_encoder], device)
-        if options.gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        return cls(
-            transformer, vae, text_encoder, tokenizer, cls.read_scheduler_config(folder), device, options
-        )
-
-    # ---- geometry ------------------------------------------------------------------------------
-    @property
-    def default_size(self) -> tuple[int, int]:
-        side = DEFAULT_SAMPLE_SIZE * self.vae_scale_factor
-        return (side, side)
-
-    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
-        step = self.vae_scale_factor * 2  # the VAE's compression times the 2 x 2 packing
-        if height % step or width % step:
-            raise ValueError(
-                f"qwen_image: height and width must be multiples of {step}, got {height}x{width}"
-            )
-        channels = self.transformer.config.in_channels // 4
-        return (channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
+        return {
+            "transformer": load_part(folder, "transformer", QwenImageTransformer2DModel, dtype),
+            "vae": load_part(folder, "vae", AutoencoderKLQwenImage, frozen),
+            "text_encoder": load_part(folder, "text_encoder", Qwen2_5_VLForConditionalGeneration, frozen),
+            "tokenizer": load_part(folder, "tokenizer", AutoTokenizer),
+        }
 
     # ---- text ----------------------------------------------------------------------------------
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
@@ -186,16 +151,6 @@ class QwenImageFamily(DiffusersFolderFamily):
             embeds[i, : len(valid)] = valid
             mask[i, : len(valid)] = 1
         return {"encoder_hidden_states": embeds, "encoder_hidden_states_mask": mask}
-
-    # ---- the sigma schedule --------------------------------------------------------------------
-    def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
-        """The pipeline's ``(num_steps + 1,)`` schedule: ``linspace(1, 1/N, N)`` through the
-        scheduler with ``mu`` from the image's token count, then the final 0; a numeric ``shift``
-        replaces it with a static shift (see :meth:`ModelFamily.sigmas`)."""
-        if shift is not None:
-            return super().sigmas(num_steps, shift, height, width)
-        _, h, w = self.latent_shape(height, width)
-        return resolution_shifted_sigmas(self.scheduler_config, num_steps, (h // 2) * (w // 2))
 
     # ---- the velocity forward ------------------------------------------------------------------
     def forward(
@@ -231,26 +186,19 @@ class QwenImageFamily(DiffusersFolderFamily):
         return unpack(comb * (cond_norm / noise_norm), h, w)
 
     # ---- pixels <-> latents --------------------------------------------------------------------
-    def _latent_stats(self, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pipeline's ``latents_mean`` and ``1 / latents_std``, shaped ``(1, C, 1, 1, 1)``."""
-        cfg = self.vae.config
-        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(device, dtype)
-        inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(device, dtype)
-        return mean, inv_std
-
     @torch.no_grad()
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         """``images (B, 3, H, W)`` in [0, 1] -> ``(B, C, H/8, W/8)``: the VAE's mode, normalised
         as the Qwen-Image img2img / edit pipelines do."""
         x = (images * 2.0 - 1.0).to(self.device, self.vae.dtype)[:, :, None]  # one frame
         z = self.vae.encode(x).latent_dist.mode()
-        mean, inv_std = self._latent_stats(z.device, z.dtype)
+        mean, inv_std = latent_stats(self.vae.config, z)
         return ((z - mean) * inv_std)[:, :, 0].float()
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """``latents (B, C, H/8, W/8)`` -> images ``(B, 3, H, W)`` in [0, 1] (the pipeline's decode)."""
         z = latents.to(self.device, self.vae.dtype)[:, :, None]
-        mean, inv_std = self._latent_stats(z.device, z.dtype)
+        mean, inv_std = latent_stats(self.vae.config, z)
         images = self.vae.decode(z / inv_std + mean, return_dict=False)[0][:, :, 0]
         return (images.float() * 0.5 + 0.5).clamp(0.0, 1.0)

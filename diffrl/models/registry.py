@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from diffrl.config import Config
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import DTYPES, ModelFamily
 from diffrl.registry import Registry
 
 FAMILIES = Registry(
@@ -18,8 +18,7 @@ FAMILIES = Registry(
         "wan": "diffrl.models.wan:WanFamily",
     },
 )
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# DTYPES lives in base (the families import it from there); it is imported here for load_family
 
 
 def resolve_device(name: str) -> torch.device:

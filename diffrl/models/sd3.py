@@ -14,13 +14,16 @@ A user's checkpoint: ``model: {family: sd3, path: /models/stable-diffusion-3.5-m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Self
+from pathlib import Path
+from typing import Any
 
 import torch
+from diffusers import AutoencoderKL, SD3Transformer2DModel
 from torch import nn
+from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
-from diffrl.models.base import SizeRule
-from diffrl.models.diffusers_folder import DiffusersFolderFamily
+from diffrl.models.base import DTYPES, SizeRule
+from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part
 from diffrl.rollout import Conditioning
 
 CLIP_MAX_TOKENS = 77
@@ -116,49 +119,26 @@ class SD3Family(DiffusersFolderFamily):
             f"the position embedding spans {extent} patches of {patch * vae} pixels",
         )
 
-    def __init__(self, transformer, vae, encoders, tokenizers, scheduler_config, device, options):
-        super().__init__(transformer, device, options)
-        self.vae = vae
-        self.text_encoder, self.text_encoder_2, self.text_encoder_3 = encoders
-        self.tokenizer, self.tokenizer_2, self.tokenizer_3 = tokenizers
-        self.scheduler_config = dict(scheduler_config)
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
         self.default_shift = float(self.scheduler_config.get("shift", 3.0))
-        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:
-        from diffusers import AutoencoderKL, SD3Transformer2DModel
-        from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
-
-        from diffrl.models.registry import DTYPES
-
-        folder = cls.pipeline_folder(path)
+    def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
         frozen = DTYPES[options.text_encoder_dtype]
-        transformer = SD3Transformer2DModel.from_pretrained(
-            folder, subfolder="transformer", torch_dtype=dtype
-        )
-        vae = AutoencoderKL.from_pretrained(folder, subfolder="vae", torch_dtype=frozen)
-        encoders = [
-            CLIPTextModelWithProjection.from_pretrained(folder, subfolder=sub, torch_dtype=frozen)
-            for sub in ("text_encoder", "text_encoder_2")
-        ]
-        tokenizers = [
-            AutoTokenizer.from_pretrained(folder, subfolder=sub) for sub in ("tokenizer", "tokenizer_2")
-        ]
-        if (folder / "text_encoder_3").is_dir():
-            encoders.append(
-                T5EncoderModel.from_pretrained(folder, subfolder="text_encoder_3", torch_dtype=frozen)
-            )
-            tokenizers.append(AutoTokenizer.from_pretrained(folder, subfolder="tokenizer_3"))
-        else:
-            encoders.append(None)
-            tokenizers.append(None)
-        transformer.to(device)
-        cls.freeze([vae, *encoders], device)
-        if options.gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        return cls(transformer, vae, encoders, tokenizers, cls.read_scheduler_config(folder), device, options)
+        t5 = (folder / "text_encoder_3").is_dir()  # optional, as in the pipeline: zeros without it
+        return {
+            "transformer": load_part(folder, "transformer", SD3Transformer2DModel, dtype),
+            "vae": load_part(folder, "vae", AutoencoderKL, frozen),
+            "text_encoder": load_part(folder, "text_encoder", CLIPTextModelWithProjection, frozen),
+            "text_encoder_2": load_part(folder, "text_encoder_2", CLIPTextModelWithProjection, frozen),
+            "tokenizer": load_part(folder, "tokenizer", AutoTokenizer),
+            "tokenizer_2": load_part(folder, "tokenizer_2", AutoTokenizer),
+            "text_encoder_3": load_part(folder, "text_encoder_3", T5EncoderModel, frozen) if t5 else None,
+            "tokenizer_3": load_part(folder, "tokenizer_3", AutoTokenizer) if t5 else None,
+        }
 
     # ---- geometry ------------------------------------------------------------------------------
     @property

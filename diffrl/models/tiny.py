@@ -12,17 +12,21 @@ On disk it is a diffusers-layout folder (``transformer/``, ``text_encoder/``, ``
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+import tokenizers
 import torch
 from diffusers import SD3Transformer2DModel
+from tokenizers.processors import TemplateProcessing
 from torch import nn
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, PreTrainedTokenizerFast
 
 from diffrl.models.base import ModelFamily, SizeRule, check_family_dir, write_family_file
+from diffrl.models.diffusers_folder import load_part
 from diffrl.models.sd3 import SD3_LORA_TARGETS, sd3_forward
 from diffrl.rollout import Conditioning
 
@@ -48,14 +52,11 @@ SPECIAL_TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"]
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer over printable ASCII (a real HF fast tokenizer)."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from tokenizers.processors import TemplateProcessing
-
     vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
     for c in (chr(i) for i in range(32, 127)):
         vocab[c] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex("."), behavior="isolated")
     tok.post_processor = TemplateProcessing(
         single="<bos> $A <eos>", special_tokens=[("<bos>", vocab["<bos>"]), ("<eos>", vocab["<eos>"])]
     )
@@ -186,12 +187,8 @@ class TinyFamily(ModelFamily):
                     "rebuild the base as described in the README or use model.path=random"
                 )
             check_family_dir(folder, cls.name)
-            transformer = SD3Transformer2DModel.from_pretrained(
-                folder, subfolder="transformer", torch_dtype=torch.float32
-            )
-            text_encoder = CLIPTextModelWithProjection.from_pretrained(
-                folder, subfolder="text_encoder", torch_dtype=torch.float32
-            )
+            transformer = load_part(folder, "transformer", SD3Transformer2DModel, torch.float32)
+            text_encoder = load_part(folder, "text_encoder", CLIPTextModelWithProjection, torch.float32)
             tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
         transformer.to(device=device)
         if dtype != torch.float32:
@@ -205,8 +202,6 @@ class TinyFamily(ModelFamily):
         path = Path(path)
         transformer = self.transformer
         if dtype is not None:
-            import copy
-
             transformer = copy.deepcopy(transformer).to(dtype)
         transformer.save_pretrained(path / "transformer")
         self.text_encoder.save_pretrained(path / "text_encoder")

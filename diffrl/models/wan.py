@@ -31,17 +31,22 @@ options: {num_frames: 81}}``. For an SFT on still images set ``num_frames: 1``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import torch
+import torch.distributed as dist
+from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from diffusers.loaders import PeftAdapterMixin
+from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+from peft.utils import get_peft_model_state_dict
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from transformers import AutoTokenizer, UMT5EncoderModel
 
-from diffrl.models.base import SizeRule
-from diffrl.models.diffusers_folder import DiffusersFolderFamily
+from diffrl.models.base import DTYPES, SizeRule
+from diffrl.models.diffusers_folder import DiffusersFolderFamily, latent_stats, load_part
 from diffrl.rollout import Conditioning
 
 # The attention projections of every block, self-attention (attn1) and cross-attention to the text
@@ -103,6 +108,11 @@ class WanExperts(nn.Module, PeftAdapterMixin):
     def dtype(self) -> torch.dtype:
         return self.transformer.patch_embedding.weight.dtype
 
+    def enable_gradient_checkpointing(self) -> None:
+        """Gradient checkpointing in every expert."""
+        for expert in self.experts:
+            expert.enable_gradient_checkpointing()
+
     def owner(self, timestep: torch.Tensor) -> torch.Tensor:
         """``timestep (B,)`` or ``(B, L)`` -> ``(B,)`` long: 0 for ``transformer``, 1 for ``transformer_2``."""
         t = timestep if timestep.ndim == 1 else timestep.amax(dim=1)
@@ -112,9 +122,6 @@ class WanExperts(nn.Module, PeftAdapterMixin):
 
     def _agree(self, used: list[bool], device: torch.device) -> list[bool]:
         """The experts any rank needs, when FSDP2 shards this module (else ``used`` as is)."""
-        import torch.distributed as dist
-        from torch.distributed.fsdp import FSDPModule
-
         # fully_shard makes this module an FSDPModule (inside forward its parameters are unsharded
         # plain tensors, so they cannot tell)
         if not (isinstance(self, FSDPModule) and dist.is_initialized()):
@@ -186,30 +193,16 @@ class WanFamily(DiffusersFolderFamily):
         vae_dtype: str = "float32"
         """dtype of the frozen VAE (diffusers' Wan examples keep it in float32)."""
 
-    def __init__(
-        self,
-        transformer: WanExperts,
-        vae,
-        text_encoder,
-        tokenizer,
-        scheduler_config: dict[str, Any],
-        pipeline_config: dict[str, Any],
-        device: torch.device,
-        options,
-    ):
-        super().__init__(transformer, device, options)
-        self.vae = vae
-        self.text_encoder = text_encoder
-        self.tokenizer = tokenizer
-        self.scheduler_config = dict(scheduler_config)
-        self.boundary_ratio = pipeline_config.get("boundary_ratio")
-        self.expand_timesteps = bool(pipeline_config.get("expand_timesteps") or False)
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        self.boundary_ratio = self.pipeline_config.get("boundary_ratio")
+        self.expand_timesteps = bool(self.pipeline_config.get("expand_timesteps") or False)
         self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
         # UniPC (what Wan folders ship) calls the shift flow_shift; FlowMatchEuler calls it shift
         shift = self.scheduler_config.get("flow_shift") or self.scheduler_config.get("shift") or 3.0
         self.default_shift = float(shift)
-        self.spatial_factor = int(vae.config.scale_factor_spatial)
-        self.temporal_factor = int(vae.config.scale_factor_temporal)
+        self.spatial_factor = int(self.vae.config.scale_factor_spatial)
+        self.temporal_factor = int(self.vae.config.scale_factor_temporal)
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -217,7 +210,7 @@ class WanFamily(DiffusersFolderFamily):
         problems = super().folder_problems(folder)
         if problems:
             return problems
-        boundary = json.loads((folder / "model_index.json").read_text()).get("boundary_ratio")
+        boundary = cls.read_pipeline_config(folder).get("boundary_ratio")
         subs = ("text_encoder", "tokenizer", "vae") + (("transformer_2",) if boundary is not None else ())
         return [
             f"{str(folder)!r} has no {sub}/ folder"
@@ -255,36 +248,27 @@ class WanFamily(DiffusersFolderFamily):
         return SizeRule(step, f"the VAE's {spatial}x spatial compression times the patch size {patch[1]}")
 
     @classmethod
-    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:
-        from diffusers import AutoencoderKLWan, WanTransformer3DModel
-        from transformers import AutoTokenizer, UMT5EncoderModel
-
-        from diffrl.models.registry import DTYPES
-
-        folder = cls.pipeline_folder(path)
-        pipeline_config = json.loads((folder / "model_index.json").read_text())
-        scheduler = cls.read_scheduler_config(folder)
-
-        def expert(sub: str) -> nn.Module:
-            model = WanTransformer3DModel.from_pretrained(folder, subfolder=sub, torch_dtype=dtype)
-            if options.gradient_checkpointing:
-                model.enable_gradient_checkpointing()
-            return model
-
-        boundary = pipeline_config.get("boundary_ratio")
+    def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
+        """As the pipeline's, but ``transformer`` is a :class:`WanExperts` holding the folder's
+        ``transformer`` and, when ``model_index.json`` sets ``boundary_ratio``, ``transformer_2``."""
+        boundary = cls.read_pipeline_config(folder).get("boundary_ratio")
         if boundary is None:  # Wan 2.1, Wan 2.2 TI2V-5B; the pipeline ignores a transformer_2 then
-            experts = WanExperts(expert("transformer"))
+            experts = WanExperts(load_part(folder, "transformer", WanTransformer3DModel, dtype))
         else:
-            steps = int(scheduler.get("num_train_timesteps", 1000))
-            experts = WanExperts(expert("transformer"), expert("transformer_2"), boundary * steps)
-        vae = AutoencoderKLWan.from_pretrained(folder, subfolder="vae", torch_dtype=DTYPES[options.vae_dtype])
-        text_encoder = UMT5EncoderModel.from_pretrained(
-            folder, subfolder="text_encoder", torch_dtype=DTYPES[options.text_encoder_dtype]
-        )
-        tokenizer = AutoTokenizer.from_pretrained(folder, subfolder="tokenizer")
-        experts.to(device)
-        cls.freeze([vae, text_encoder], device)
-        return cls(experts, vae, text_encoder, tokenizer, scheduler, pipeline_config, device, options)
+            steps = int(cls.read_scheduler_config(folder).get("num_train_timesteps", 1000))
+            experts = WanExperts(
+                load_part(folder, "transformer", WanTransformer3DModel, dtype),
+                load_part(folder, "transformer_2", WanTransformer3DModel, dtype),
+                boundary * steps,
+            )
+        return {
+            "transformer": experts,
+            "vae": load_part(folder, "vae", AutoencoderKLWan, DTYPES[options.vae_dtype]),
+            "text_encoder": load_part(
+                folder, "text_encoder", UMT5EncoderModel, DTYPES[options.text_encoder_dtype]
+            ),
+            "tokenizer": load_part(folder, "tokenizer", AutoTokenizer),
+        }
 
     def pipeline_components(self) -> dict[str, Any]:
         """With the folder's own scheduler in :meth:`pipeline` (UniPC for Wan folders): set
@@ -305,20 +289,14 @@ class WanFamily(DiffusersFolderFamily):
         ``transformer``'s adapter in ``out_dir``; for Wan 2.2 A14B the low-noise expert's in
         ``out_dir/transformer_2``, loaded with
         ``pipe.load_lora_weights(out_dir / "transformer_2", load_into_transformer_2=True)``."""
-        from diffusers import WanPipeline
-        from peft.utils import get_peft_model_state_dict
-
         state = get_peft_model_state_dict(self.transformer)
-        metadata = self.transformer.peft_config["default"].to_dict()
         out = Path(out_dir)
         how = [f"pipe = WanPipeline.from_pretrained(BASE); pipe.load_lora_weights({str(out)!r})"]
         for name, folder in (("transformer", out), ("transformer_2", out / "transformer_2")):
             prefix = f"{name}."
             layers = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             if layers:
-                WanPipeline.save_lora_weights(
-                    folder, transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata
-                )
+                self.write_lora(folder, layers)
         if self.transformer.transformer_2 is not None:
             low = out / "transformer_2"
             how.append(f"pipe.load_lora_weights({str(low)!r}, load_into_transformer_2=True)")
@@ -356,8 +334,6 @@ class WanFamily(DiffusersFolderFamily):
     # ---- text ----------------------------------------------------------------------------------
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """-> ``{"encoder_hidden_states": (B, max_sequence_length, D)}``, zeros after each prompt."""
-        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
-
         n = self.options.max_sequence_length
         inputs = self.tokenizer(
             [prompt_clean(p) for p in prompts],
@@ -393,13 +369,6 @@ class WanFamily(DiffusersFolderFamily):
         )[0]
 
     # ---- pixels <-> latents --------------------------------------------------------------------
-    def _latent_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The VAE's per-channel ``latents_mean`` and ``1 / latents_std``, ``(1, C, 1, 1, 1)``."""
-        cfg = self.vae.config
-        mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1).to(like.device, like.dtype)
-        inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1).to(like.device, like.dtype)
-        return mean, inv_std
-
     @torch.no_grad()
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         """``images (B, 3, H, W)`` (one-frame videos) or videos ``(B, 3, F, H, W)`` in [0, 1] ->
@@ -413,14 +382,14 @@ class WanFamily(DiffusersFolderFamily):
             images = images.unsqueeze(2)
         x = (images * 2.0 - 1.0).to(self.device, self.vae.dtype)
         z = torch.cat([self.vae.encode(v[None]).latent_dist.mode() for v in x])
-        mean, inv_std = self._latent_stats(z)
+        mean, inv_std = latent_stats(self.vae.config, z)
         return ((z - mean) * inv_std).float()
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """``latents (B, C, F', h, w)`` -> videos ``(B, 3, F, H, W)`` in [0, 1], one at a time."""
         z = latents.to(self.device, self.vae.dtype)
-        mean, inv_std = self._latent_stats(z)
+        mean, inv_std = latent_stats(self.vae.config, z)
         z = z / inv_std + mean  # the pipeline's exact arithmetic
         video = torch.cat([self.vae.decode(v[None], return_dict=False)[0] for v in z])
         return (video.float() * 0.5 + 0.5).clamp(0.0, 1.0)

@@ -29,6 +29,7 @@ import torch
 from diffrl.config import RewardConfig
 from diffrl.errors import DiffrlError
 from diffrl.registry import RegistryError
+from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.workers import CallThread, DeadlineExceeded, deadline_after, result_by
 
 
@@ -190,8 +191,6 @@ def submit_scores(
 
 
 def build_reward(cfg: RewardConfig) -> Reward:
-    from diffrl.rewards.registry import REWARDS
-
     obj = REWARDS.resolve(cfg.name)
     if isinstance(obj, type) and issubclass(obj, Reward):
         if "timeout" not in inspect.signature(obj.submit).parameters:
