@@ -14,7 +14,7 @@ rollout's gradient. Summing ``T`` rollouts' gradients gives a signal-to-noise (p
 is more signal than noise. Prints, per recipe: c with its jackknife standard error, that number
 of rollouts, and the seconds per rollout + gradient (measured here, side by side in one run).
 
-This is the measurement behind the README's Flow-GRPO section: it tells an estimator's variance apart
+This is the measurement behind docs/results/flow_grpo_tiny.md: it tells an estimator's variance apart
 from a wrong sign or a slow machine.
 """
 

@@ -63,7 +63,7 @@ def draw_style(text: str, rng: random.Random, height: int, width: int) -> TextSt
 
     Text starts near the left edge, so character k sits at roughly the same place in every image:
     with the start anywhere in the image a 2M-parameter model did not learn to read the prompt in
-    ~1000 steps (measured; see the README), which leaves RL nothing to improve.
+    ~1000 steps (measured; see docs/results/tiny_base.md), which leaves RL nothing to improve.
     """
     font = rng.choice(FONT_FILES)
     size = rng.randint(int(height * 0.5), int(height * 0.56))

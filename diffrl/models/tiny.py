@@ -89,7 +89,7 @@ class TinyFamily(ModelFamily):
     name = "tiny"
     default_guidance = 4.5
     """The shipped base is trained with 10% prompt dropout for CFG; 4.5 (flow_grpo's SD3 value)
-    reads best of those measured (see the README)."""
+    reads best of those measured (see docs/results/tiny_base.md)."""
     default_lora_targets = SD3_LORA_TARGETS  # the transformer is SD3's
 
     @dataclass
