@@ -146,46 +146,39 @@ class Euler(Kernel):
         return StepOutput(ode_step(x_t, velocity, sigma, sigma_next))
 
 
-class FlowSDE(Kernel):
+class _GaussianStep(Kernel):
+    """A stochastic kernel given by one of the step functions above, ``fn(x_t, velocity, sigma,
+    sigma_next, noise_level, sigma_max, noise, prev_sample) -> StepOutput``."""
+
+    stochastic = True
+    fn: ClassVar[Callable[..., StepOutput]]
+
+    def step(
+        self,
+        x_t,
+        velocity,
+        sigma,
+        sigma_next,
+        *,
+        noise_level=0.0,
+        sigma_max=1.0,
+        noise=None,
+        prev_sample=None,
+        **_,
+    ) -> StepOutput:
+        return type(self).fn(x_t, velocity, sigma, sigma_next, noise_level, sigma_max, noise, prev_sample)
+
+
+class FlowSDE(_GaussianStep):
     """``sde``: Flow-GRPO's marginal-preserving SDE (:func:`sde_step`)."""
 
-    stochastic = True
-
-    def step(
-        self,
-        x_t,
-        velocity,
-        sigma,
-        sigma_next,
-        *,
-        noise_level=0.0,
-        sigma_max=1.0,
-        noise=None,
-        prev_sample=None,
-        **_,
-    ) -> StepOutput:
-        return sde_step(x_t, velocity, sigma, sigma_next, noise_level, sigma_max, noise, prev_sample)
+    fn = staticmethod(sde_step)
 
 
-class CPS(Kernel):
+class CPS(_GaussianStep):
     """``cps``: coefficients-preserving sampling (:func:`cps_step`)."""
 
-    stochastic = True
-
-    def step(
-        self,
-        x_t,
-        velocity,
-        sigma,
-        sigma_next,
-        *,
-        noise_level=0.0,
-        sigma_max=1.0,
-        noise=None,
-        prev_sample=None,
-        **_,
-    ) -> StepOutput:
-        return cps_step(x_t, velocity, sigma, sigma_next, noise_level, sigma_max, noise, prev_sample)
+    fn = staticmethod(cps_step)
 
 
 class Heun(Kernel):
