@@ -10,21 +10,7 @@ from diffrl.preflight import load_config
 from diffrl.train.loop import train
 from diffrl.train.runner import LocalRunner
 from tests.conftest import tiny_overrides
-
-SETTINGS = {
-    "algorithm.name": "flow_grpo",
-    "algorithm.params": "{step_strategy: {name: sde_window, size: 2, range: [0, 2]}}",
-    "rewards": "[{name: tests.integration.test_flow_grpo:brightness}]",
-    "rollout.batch_size": 2,
-    "rollout.n_samples_per_prompt": 2,
-    "rollout.micro_group_size": 2,
-    "rollout.num_steps_per_rollout": 1,
-    "train.batch_size": 4,
-    "train.micro_batch_size": 2,
-    "train.iterations": 1,
-    "model.lora": "{rank: 4}",
-    "eval.enabled": "false",
-}
+from tests.integration.test_flow_grpo import grpo
 
 
 class CountingRunner(LocalRunner):
@@ -44,10 +30,10 @@ def test_a_runner_given_by_dotted_path_trains(tmp_path, monkeypatch):
     monkeypatch.setattr(CountingRunner, "rollouts", [])
     monkeypatch.setattr(CountingRunner, "micro_groups", 0)
     runner = f"{__name__}:CountingRunner"
-    config = load_config("recipes/tiny_grpo_ocr.yaml", tiny_overrides(tmp_path, runner=runner, **SETTINGS))
+    config = grpo(tmp_path, runner=runner)  # one Flow-GRPO iteration on a random tiny model
     assert config.runner == runner
     result = train(config)
-    assert CountingRunner.rollouts == [0] and CountingRunner.micro_groups == 2  # 4 samples in groups of 2
+    assert CountingRunner.rollouts == [0] and CountingRunner.micro_groups == 2  # 8 samples in groups of 4
     [metrics] = result.history
     assert metrics["train/grad_norm"] > 0 and metrics["rollout/reward_failed"] == 0
     assert (result.checkpoint / "trainable.safetensors").is_file()
@@ -59,7 +45,7 @@ def test_a_runner_given_by_dotted_path_trains(tmp_path, monkeypatch):
         ("slurm", "unknown runner 'slurm'. Known: local, ray; or give a dotted path"),
         ("rayy", "unknown runner 'rayy'. Did you mean 'ray'? Known: local, ray"),
         (f"{__name__}:NoSuchRunner", f"module {__name__!r} has no attribute 'NoSuchRunner'"),
-        (f"{__name__}:SETTINGS", "is not a class"),
+        (f"{__name__}:grpo", "is not a class"),
     ],
 )
 def test_an_unknown_runner_is_a_config_error_listing_the_known_ones(tmp_path, runner, message):
