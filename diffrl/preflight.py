@@ -32,6 +32,7 @@ from diffrl.data.prompts import PromptFileError, load_prompts
 from diffrl.models.base import ModelFamily
 from diffrl.models.registry import FAMILIES
 from diffrl.registry import RegistryError
+from diffrl.rewards.base import Reward, param_name_problems
 from diffrl.rewards.registry import REWARDS
 from diffrl.train.runner import RUNNERS
 
@@ -83,7 +84,7 @@ def validate(config: Config, check_files: bool = True, sections: Collection[str]
         algorithm_errors, online = _algorithm_checks(config)
         errors += algorithm_errors
     if "rewards" in on:
-        errors += _reward_checks("rewards", config.rewards)
+        errors += _reward_checks("rewards", config.rewards, check_files)
     if "eval" in on and config.eval.enabled:
         errors += _eval_checks(config.eval, check_files)
     if "data" in on:
@@ -300,13 +301,21 @@ def _algorithm_checks(config: Config) -> tuple[list[str], bool]:
     return errors, spec.online
 
 
-def _reward_checks(where: str, rewards: list[RewardConfig]) -> list[str]:
+def _reward_checks(where: str, rewards: list[RewardConfig], check_files: bool) -> list[str]:
     errors = []
     for i, r in enumerate(rewards):
         try:
-            REWARDS.resolve(r.name)
+            obj = REWARDS.resolve(r.name)
         except RegistryError as e:
             errors.append(f"{where}[{i}].name: {e}")
+        else:
+            if not isinstance(r.params, dict):
+                errors.append(f"{where}[{i}].params must be a mapping of name: value, got {r.params!r}")
+            else:
+                problems = param_name_problems(obj, r.params)
+                if not problems and isinstance(obj, type) and issubclass(obj, Reward):
+                    problems = obj.param_problems(r.params, check_files)
+                errors += [f"{where}[{i}] ({r.name}).params: {p}" for p in problems]
         errors += _number(f"{where}[{i}].weight", r.weight, True, "a finite number (e.g. 1.0)")
         if not r.timeout_s > 0 or r.timeout_s == float("inf"):  # NaN fails both
             errors.append(f"{where}[{i}].timeout_s must be a number of seconds > 0, got {r.timeout_s}")
@@ -322,7 +331,7 @@ def _eval_checks(e: EvalConfig, check_files: bool) -> list[str]:
         errors.append(
             f"eval.num_prompts must be >= 1, or null for every prompt of the file, got {e.num_prompts}"
         )
-    errors += _reward_checks("eval.rewards", e.rewards)
+    errors += _reward_checks("eval.rewards", e.rewards, check_files)
     if check_files:
         count, problem = _prompt_count(e.prompts)
         if problem:

@@ -28,7 +28,7 @@ import torch
 
 from diffrl.config import RewardConfig
 from diffrl.errors import DiffrlError
-from diffrl.registry import RegistryError
+from diffrl.registry import RegistryError, did_you_mean
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.workers import CallThread, DeadlineExceeded, deadline_after, result_by
 
@@ -78,6 +78,15 @@ class Reward(ABC):
         future = calls.submit(_without_grad, self, images, prompts, metadata, timeout=timeout)
         deadline = deadline_after(timeout)
         return Pending(lambda: result_by(future, deadline))
+
+    @classmethod
+    def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
+        """What is wrong with ``params`` (the recipe's ``params:`` mapping), found without loading
+        anything: preflight reports it, under the reward's place in the config, before any model
+        loads. ``check_files``: also check what the params point at on this machine (a weights
+        folder that is missing or holds another model). Unknown param names are checked already
+        (against ``__init__``'s signature)."""
+        return []
 
     def use_in_process(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Score in the calling process (a Ray reward worker is already a process of its own)."""
@@ -188,6 +197,30 @@ def submit_scores(
         return scores.view(b, f).mean(dim=1)
 
     return Pending(mean_per_video)
+
+
+def param_name_problems(obj: Any, params: dict[str, Any]) -> list[str]:
+    """Names in ``params`` that the reward ``obj`` (a Reward class or a function) does not take,
+    each with a did-you-mean; none when it takes ``**kwargs``."""
+    fn = obj.__init__ if isinstance(obj, type) else obj
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
+        return []
+    taken = [
+        n
+        for n, p in signature.parameters.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != "self"
+    ]
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        return []
+    if not isinstance(obj, type):
+        taken = taken[3:]  # images, prompts, metadata
+    return [
+        f"unknown param {k!r}.{did_you_mean(k, taken)} It takes: {', '.join(taken) or 'no params'}"
+        for k in params
+        if k not in taken
+    ]
 
 
 def build_reward(cfg: RewardConfig) -> Reward:
