@@ -15,7 +15,7 @@ from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError
 from diffrl.models.registry import DTYPES, load_family
 from diffrl.preflight import load_config, validate
-from diffrl.rewards.base import RewardSet
+from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.train.actor import apply_lora
 from diffrl.train.checkpoint import (
     check_checkpoint_family,
@@ -154,6 +154,9 @@ def cmd_eval(args) -> int:
         base = evaluate(_load_for_inference(*baseline), config, rewards) if baseline else None
     finally:
         rewards.close()
+    failed = [*result.errors, *(base.errors if base is not None else [])]
+    if failed:
+        raise RewardError(f"eval: {len(failed)} reward call(s) failed: " + "; ".join(failed))
     grid = save_grid(result.images[: config.eval.grid_images], out / "grid.png")
     for name, scores in result.rewards.items():
         print(

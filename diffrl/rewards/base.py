@@ -157,10 +157,43 @@ class RewardOutput:
         )
 
     @classmethod
-    def late(cls, cfg: RewardConfig, n: int) -> RewardOutput:
-        """``n`` samples that ``cfg``'s reward did not score by its deadline."""
+    def late(cls, cfg: RewardConfig, n: int, label: str | None = None) -> RewardOutput:
+        """``n`` samples that ``cfg``'s reward (``label``: its key in ``per_reward``, see
+        :func:`reward_labels`) did not score by its deadline."""
         nan = torch.full((n,), float("nan"))
-        return cls(nan.clone(), {cfg.name: nan}, [timeout_message(cfg)], torch.ones(n, dtype=torch.bool))
+        return cls(
+            nan.clone(), {label or cfg.name: nan}, [timeout_message(cfg)], torch.ones(n, dtype=torch.bool)
+        )
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """Each reward's raw scores: ``{prefix}/{label}/mean|std|min|max`` over the samples it
+        scored, and ``{prefix}/{label}/failed``, the samples it failed (raised, NaN, late)."""
+        out = {}
+        for label, scores in self.per_reward.items():
+            ok = torch.isfinite(scores)
+            out[f"{prefix}/{label}/failed"] = float((~ok).sum())
+            if ok.any():
+                good = scores[ok].double()
+                out[f"{prefix}/{label}/mean"] = good.mean().item()
+                out[f"{prefix}/{label}/std"] = good.std(unbiased=False).item()
+                out[f"{prefix}/{label}/min"] = good.min().item()
+                out[f"{prefix}/{label}/max"] = good.max().item()
+        return out
+
+
+def reward_labels(configs: Sequence[RewardConfig]) -> list[str]:
+    """Each reward's key in :attr:`RewardOutput.per_reward` and the metrics: its name, or
+    ``name#i`` (its index in the list) when several rewards of a run share a name (e.g. two
+    ``remote`` rewards on different servers)."""
+    names = [c.name for c in configs]
+    return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
+
+
+def prompts_note(prompts: Sequence[str], shown: int = 3, width: int = 60) -> str:
+    """The batch's prompts for an error message: the first ``shown``, each cut at ``width``."""
+    cut = [p if len(p) <= width else p[: width - 3] + "..." for p in prompts[:shown]]
+    more = f" and {len(prompts) - shown} more" if len(prompts) > shown else ""
+    return f"on prompts {', '.join(repr(p) for p in cut)}{more}"
 
 
 def timeout_message(cfg: RewardConfig) -> str:
@@ -249,8 +282,11 @@ def build_reward(cfg: RewardConfig) -> Reward:
 class RewardSet:
     """All rewards of a run, combined as a weighted sum."""
 
-    def __init__(self, configs: Sequence[RewardConfig], in_process: bool = False):
+    def __init__(
+        self, configs: Sequence[RewardConfig], in_process: bool = False, labels: Sequence[str] | None = None
+    ):
         self.configs = list(configs)
+        self.labels = list(labels) if labels is not None else reward_labels(self.configs)
         self.rewards = [build_reward(c) for c in self.configs]
         if in_process:
             for r in self.rewards:
@@ -270,7 +306,7 @@ class RewardSet:
             submit_scores(r, images, prompts, metadata, c.timeout_s)
             for r, c in zip(self.rewards, self.configs)
         ]
-        return PendingRewards(self, len(prompts), pending)
+        return PendingRewards(self, list(prompts), pending)
 
     def __call__(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
@@ -303,33 +339,37 @@ class PendingRewards:
     workers).
     """
 
-    def __init__(self, owner: RewardSet, n: int, pending: list[Pending]):
-        self.owner, self.n, self.pending = owner, n, pending
+    def __init__(self, owner: RewardSet, prompts: list[str], pending: list[Pending]):
+        self.owner, self.prompts, self.pending = owner, prompts, pending
+        self.n = len(prompts)
 
     def result(self) -> RewardOutput:
-        """Gather every reward; failures and missed deadlines become NaN totals with a message,
-        never an exception or a hang."""
+        """Gather every reward; failures and missed deadlines become NaN totals with a message
+        naming the reward and the batch's prompts, never an exception or a hang."""
         per: dict[str, torch.Tensor] = {}
         total = torch.zeros(self.n)
         timed_out = torch.zeros(self.n, dtype=torch.bool)
         errors = []
-        for cfg, pending in zip(self.owner.configs, self.pending):
+        where = prompts_note(self.prompts)
+        for cfg, label, pending in zip(self.owner.configs, self.owner.labels, self.pending):
             failed = True
             try:
                 scores = pending.result().float().cpu()
                 if scores.shape != (self.n,):
-                    raise ValueError(f"returned shape {tuple(scores.shape)}, expected ({self.n},)")
+                    raise ValueError(
+                        f"returned shape {tuple(scores.shape)}, expected one score per image ({self.n},)"
+                    )
                 failed = False
             except DeadlineExceeded:
-                errors.append(timeout_message(cfg))
+                errors.append(f"{timeout_message(cfg)} ({where})")
                 timed_out[:] = True
             except Exception as e:
-                errors.append(f"reward {cfg.name!r} raised {type(e).__name__}: {e}")
+                errors.append(f"reward {cfg.name!r} raised {type(e).__name__}: {e} ({where})")
             if failed:
                 scores = torch.full((self.n,), float("nan"))
             bad = ~torch.isfinite(scores)
             if bad.any() and not failed:
-                errors.append(f"reward {cfg.name!r} returned {int(bad.sum())} non-finite score(s)")
-            per[cfg.name] = scores
+                errors.append(f"reward {cfg.name!r} returned {int(bad.sum())} non-finite score(s) ({where})")
+            per[label] = scores
             total = total + cfg.weight * scores
         return RewardOutput(total, per, errors, timed_out)

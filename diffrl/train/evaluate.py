@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,21 +22,29 @@ from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampl
 
 @dataclass
 class EvalResult:
-    """``rewards``: reward name -> ``(N,)`` scores; ``images``: ``(N, 3, H, W)`` (videos
-    ``(N, 3, F, H, W)``) in [0, 1]."""
+    """``rewards``: reward label -> ``(N,)`` scores; ``images``: ``(N, 3, H, W)`` (videos
+    ``(N, 3, F, H, W)``) in [0, 1]. A sample a reward failed has a NaN score and total, and
+    ``errors`` says why; the means are over the samples scored."""
 
     prompts: list[str]
     images: torch.Tensor
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)
     total: torch.Tensor | None = None
+    errors: list[str] = field(default_factory=list)
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         out = {}
         if self.total is not None:
-            out[f"{prefix}/reward_mean"] = self.total.mean().item()
+            out[f"{prefix}/reward_mean"] = _finite_mean(self.total)
+            out[f"{prefix}/reward_failed"] = float((~torch.isfinite(self.total)).sum())
         for name, scores in self.rewards.items():
-            out[f"{prefix}/{name}_mean"] = scores.mean().item()
+            out[f"{prefix}/{name}_mean"] = _finite_mean(scores)
         return out
+
+
+def _finite_mean(scores: torch.Tensor) -> float:
+    ok = torch.isfinite(scores)
+    return scores[ok].mean().item() if ok.any() else float("nan")
 
 
 def generate(
@@ -79,9 +88,14 @@ def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> 
     index, images = generate(family, config, prompts, e.samples_per_prompt, e.seed, e.batch_size, "eval")
     names = [prompts.prompts[i] for i in index]
     result = EvalResult(names, images)
-    if rewards is not None:
-        out = rewards(images, names, [prompts.metadata[i] for i in index])
-        result.rewards, result.total = out.per_reward, out.total
+    if rewards is not None:  # a reward that fails costs its samples' scores, not the run
+        out = rewards.submit(images, names, [prompts.metadata[i] for i in index]).result()
+        result.rewards, result.total, result.errors = out.per_reward, out.total, out.errors
+        if out.errors:
+            warnings.warn(
+                f"eval: {int((~torch.isfinite(out.total)).sum())} sample(s) unscored: {out.errors[0]}",
+                stacklevel=2,
+            )
     return result
 
 

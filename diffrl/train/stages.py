@@ -50,6 +50,7 @@ class Rollout:
             stats.reward_failed = int((~torch.isfinite(out.total)).sum())
             # of the failed samples, those a reward's deadline failed (a hung or too slow reward)
             stats.metrics["rollout/reward_timed_out"] = float(out.timed_out.sum())
+            stats.metrics.update(out.metrics("rollout/reward"))  # each reward's raw scores
         return batch, stats
 
 
@@ -67,7 +68,9 @@ def rollout_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) ->
     """The rollout's reward statistics (failed samples are counted, not averaged)."""
     if stats.errors:
         warnings.warn(
-            f"iteration {iteration}: {stats.reward_failed} sample(s) dropped: {stats.errors[0]}", stacklevel=2
+            f"iteration {iteration}: {stats.reward_failed} sample(s) dropped: {stats.errors[0]}"
+            + (f" (and {len(stats.errors) - 1} more error(s))" if len(stats.errors) > 1 else ""),
+            stacklevel=2,
         )
     if batch.rewards is None:
         return dict(stats.metrics)

@@ -138,6 +138,31 @@ def test_reward_nan_drops_samples_and_is_counted(tmp_path):
     assert m["train/skipped_nonfinite"] == 0 and m["train/grad_norm"] > 0
 
 
+def test_each_rewards_raw_scores_and_failures_are_logged_next_to_the_total(tmp_path):
+    here = "tests.integration.test_flow_grpo"
+    cfg = grpo(
+        tmp_path,
+        **{  # brightness twice: rewards sharing a name get their index in the metric names
+            "rewards": f"[{{name: {here}:flaky, weight: 0.5}}, {{name: {REWARD}}}, {{name: {REWARD}, weight: 2}}]",
+            "rollout.batch_size": 4,
+            "train.batch_size": 16,
+        },
+    )
+    with pytest.warns(UserWarning, match=r"raised|non-finite.*\(on prompts '") as caught:
+        m = train(cfg).history[0]
+    assert "flaky' returned 1 non-finite score(s) (on prompts" in str(caught[0].message)
+    flaky, first, second = f"{here}:flaky", f"{REWARD}#1", f"{REWARD}#2"
+    assert m[f"rollout/reward/{flaky}/failed"] == 4 and m["rollout/reward_failed"] == 4
+    assert m[f"rollout/reward/{first}/failed"] == 0 == m[f"rollout/reward/{second}/failed"]
+    for label in (flaky, first, second):
+        lo, mean, hi = (m[f"rollout/reward/{label}/{k}"] for k in ("min", "mean", "max"))
+        assert lo <= mean <= hi and m[f"rollout/reward/{label}/std"] >= 0
+    # the same function on the same images: the duplicates' raw scores are equal, whatever the weight
+    assert m[f"rollout/reward/{first}/mean"] == m[f"rollout/reward/{second}/mean"]
+    # on the 12 scored samples flaky == brightness, so each total is 3.5 x its brightness
+    assert m["rollout/reward/raw_max"] <= 3.5 * m[f"rollout/reward/{first}/max"] * (1 + 1e-6)
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

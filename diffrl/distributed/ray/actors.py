@@ -74,9 +74,10 @@ class RolloutEngine:
 class RewardWorker:
     """Scores images with one reward type, in this process."""
 
-    def __init__(self, reward: RewardConfig, threads: int):
+    def __init__(self, reward: RewardConfig, threads: int, label: str | None = None):
+        """``label``: the reward's key in the run's outputs (:func:`~diffrl.rewards.base.reward_labels`)."""
         torch.set_num_threads(threads)
-        self.rewards = RewardSet([reward], in_process=True)
+        self.rewards = RewardSet([reward], in_process=True, labels=[label or reward.name])
 
     def score(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
         return self.rewards.submit(images, prompts, metadata).result()

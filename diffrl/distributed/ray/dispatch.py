@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from diffrl.config import RewardConfig
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.errors import Abandoned, RunStopped
-from diffrl.rewards.base import RewardOutput
+from diffrl.rewards.base import RewardOutput, reward_labels
 from diffrl.rollout import RolloutBatch
 from diffrl.sampling.collector import RolloutPlan
 
@@ -188,7 +188,10 @@ class Dispatch:
         being sent again."""
         ray = import_ray()
         outs, resent, deaths = [], 0, 0
-        for cfg, pool, (w, worker, ref, submitted) in zip(self.rewards, self.reward_pools, jobs):
+        labels = reward_labels(self.rewards)
+        for cfg, label, pool, (w, worker, ref, submitted) in zip(
+            self.rewards, labels, self.reward_pools, jobs
+        ):
             deadline = submitted + cfg.timeout_s
             while True:
                 try:
@@ -198,11 +201,11 @@ class Dispatch:
                     # stuck or too slow: a replacement takes the micro-groups queued behind this one
                     if pool.replace(w, worker):
                         self._timed_out_workers.add(worker)
-                    outs.append(RewardOutput.late(cfg, len(part)))
+                    outs.append(RewardOutput.late(cfg, len(part), label))
                     break
                 except ray.exceptions.RayActorError as e:
                     if time.monotonic() >= deadline:
-                        outs.append(RewardOutput.late(cfg, len(part)))
+                        outs.append(RewardOutput.late(cfg, len(part), label))
                         break
                     if worker not in self._timed_out_workers:  # it died under this micro-group
                         deaths += 1

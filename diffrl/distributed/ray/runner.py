@@ -39,6 +39,7 @@ from diffrl.distributed.ray.cluster import Cluster, import_ray, ray_checks
 from diffrl.distributed.ray.dispatch import ActorPool, Dispatch, kill, ranks_call
 from diffrl.distributed.ray.sharding import shard_steps
 from diffrl.distributed.ray.weight_sync import EngineWeights
+from diffrl.rewards.base import reward_labels
 from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.sampling.collector import RolloutPlanner
 from diffrl.train.evaluate import EvalResult
@@ -91,10 +92,13 @@ class RayRunner:
         )
         self.dispatch.reward_pools = [
             ActorPool(
-                lambda i, c=c: worker_cls.options(**cluster.reward_options()).remote(c, 1),
+                lambda i, c=c, label=label: worker_cls.options(**cluster.reward_options()).remote(
+                    c, 1, label
+                ),
                 r.num_reward_workers,
             )
-            for c in (actor_config.rewards if spec.needs_reward else [])
+            for c, label in zip(actor_config.rewards, reward_labels(actor_config.rewards))
+            if spec.needs_reward
         ]
         self.planner = (
             RolloutPlanner(config, spec, len(load_prompts(config.data.prompts))) if spec.online else None

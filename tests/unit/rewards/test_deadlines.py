@@ -78,7 +78,7 @@ def test_a_reward_that_never_returns_fails_its_samples_at_the_deadline_and_the_o
     assert out.timed_out.all()
     assert out.errors == [
         f"reward '{HERE}:never_returns' timed out after 0.5 s (counted from submit); if it is slow "
-        "rather than stuck, raise its timeout_s or give it more workers"
+        "rather than stuck, raise its timeout_s or give it more workers (on prompts 'a', 'b', 'c')"
     ]
     rewards.close()
 
@@ -122,7 +122,8 @@ def test_a_timeout_error_raised_by_the_reward_is_its_error_not_a_missed_deadline
     out = reward_set(("raises_timeout_error", 30.0)).submit(torch.rand(1, 3, 8, 8), ["a"], [{}]).result()
     assert out.total.isnan().all() and not out.timed_out.any()
     assert out.errors == [
-        f"reward '{HERE}:raises_timeout_error' raised TimeoutError: the judge server did not answer"
+        f"reward '{HERE}:raises_timeout_error' raised TimeoutError: the judge server did not answer "
+        "(on prompts 'a')"
     ]
 
 
