@@ -35,3 +35,29 @@ def test_eval_grids_show_first_middle_and_last_frames(tmp_path):
     image = v[:, :, 0]
     assert still(v[:, :, :1]).shape == (2, 3, 4, 6) and still(image) is image
     assert save_grid(v, tmp_path / "grid.png").is_file()
+
+
+def every_other_nan(images, prompts, metadata):
+    return [float("nan") if i % 2 else 0.25 for i in range(len(prompts))]
+
+
+def test_a_failing_eval_reward_costs_its_samples_not_the_run(tmp_path):
+    from diffrl.models.registry import load_family
+    from diffrl.preflight import load_config
+    from diffrl.rewards.base import RewardSet
+    from diffrl.train.evaluate import evaluate
+    from tests.conftest import tiny_overrides
+
+    here = "tests.unit.train.test_evaluate:every_other_nan"
+    config = load_config(
+        "recipes/tiny_sft.yaml", tiny_overrides(tmp_path, **{"eval.rewards": f"[{{name: {here}}}]"})
+    )
+    rewards = RewardSet(config.eval.rewards)
+    with pytest.warns(UserWarning, match=r"eval: 1 sample\(s\) unscored: .*non-finite"):
+        result = evaluate(load_family(config), config, rewards)
+    rewards.close()
+    assert result.errors and result.metrics() == {
+        "eval/reward_mean": 0.25,  # over the scored sample
+        "eval/reward_failed": 1.0,
+        f"eval/{here}_mean": 0.25,
+    }
