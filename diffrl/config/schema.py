@@ -178,6 +178,11 @@ class RayConfig:
     """FSDP2 ranks (one Ray actor each, in one placement group)."""
     colocate: bool = True
     """Engine i shares rank i's device (GPU runs); false: engines get devices of their own."""
+    rewards_on_gpu: bool = False
+    """True: the reward workers share the ranks' GPUs (placed in their bundles, as colocated
+    engines are; worker j of all goes to rank j mod ranks), for rewards with ``device: cuda``;
+    false: they run on CPUs. A reward model on GPUs of its own: ``diffrl serve-reward`` and the
+    ``remote`` reward."""
     backend: str | None = None
     """torch.distributed backend; ``null``: nccl on GPU, gloo on CPU."""
     cpus_per_actor: float = 1.0

@@ -185,7 +185,12 @@ def test_uneven_shares_after_dropped_samples_still_match_the_local_run(tmp_path,
 def test_engine_and_reward_worker_killed_mid_rollout_are_replaced(tmp_path, ray_cluster):
     """More engines than ranks (2 engines share one rank's bundle); an engine killed with its two
     micro-groups in flight, then a reward worker killed: both re-issued, the same rewards."""
-    cfg = config(tmp_path, "flow_grpo", "ray", **{"rollout.micro_group_size": 2, "ray.num_trainer_ranks": 1})
+    cfg = config(  # the reward worker in the rank's bundle (ray.rewards_on_gpu; CPUs here)
+        tmp_path,
+        "flow_grpo",
+        "ray",
+        **{"rollout.micro_group_size": 2, "ray.num_trainer_ranks": 1, "ray.rewards_on_gpu": "true"},
+    )
     algorithm = build_algorithm(cfg)
     runner = RayRunner(cfg, algorithm, algorithm.collection_spec())
     try:

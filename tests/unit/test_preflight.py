@@ -91,6 +91,10 @@ def test_guidance_defaults_to_the_familys_and_an_explicit_value_wins():
     assert load_config({}, ["sampling.guidance_scale=1"]).sampling.guidance_scale == 1.0
 
 
+def scores_on(images, prompts, metadata, device="cpu"):
+    return [0.0] * len(prompts)
+
+
 def test_ray_settings_are_checked_before_anything_starts():
     with pytest.raises(ConfigError) as e:
         load_config(
@@ -100,6 +104,11 @@ def test_ray_settings_are_checked_before_anything_starts():
     msg = str(e.value)
     assert "do not split evenly over ray.num_trainer_ranks=3" in msg
     assert "ray.num_engines must be >= 1" in msg and "ray.backend must be gloo, nccl or null" in msg
+    here = "tests.unit.test_preflight:scores_on"
+    gpu_reward = ["runner=ray", f"rewards=[{{name: ocr}}, {{name: {here}, params: {{device: cuda}}}}]"]
+    with pytest.raises(ConfigError, match=r"rewards\[1\] \(.*scores_on\).params.device=cuda, but under"):
+        load_config("recipes/tiny_grpo_ocr.yaml", gpu_reward, check_files=False)
+    load_config("recipes/tiny_grpo_ocr.yaml", [*gpu_reward, "ray.rewards_on_gpu=true"], check_files=False)
     with pytest.raises(ConfigError, match="unknown key 'ray.num_engine'"):
         load_config("recipes/tiny_grpo_ocr.yaml", ["runner=ray", "ray.num_engine=2"])
     with pytest.raises(ConfigError, match="runner"):

@@ -34,6 +34,15 @@ def ray_checks(config: Config, check_files: bool) -> list[str]:
         problem = ray_address_problem(r.address)
         if problem:
             errors.append(problem)
+    for where, rewards in (("rewards", config.rewards), ("eval.rewards", config.eval.rewards)):
+        for i, reward in enumerate(rewards):
+            device = reward.params.get("device") if isinstance(reward.params, dict) else None
+            if isinstance(device, str) and device.startswith("cuda") and not r.rewards_on_gpu:
+                errors.append(
+                    f"{where}[{i}] ({reward.name}).params.device={device}, but under runner=ray reward "
+                    "workers get no GPU unless ray.rewards_on_gpu=true (they then share the ranks' "
+                    "GPUs); or serve the reward on GPUs of its own (diffrl serve-reward, reward 'remote')"
+                )
     if r.backend not in (None, "gloo", "nccl"):
         errors.append(f"ray.backend must be gloo, nccl or null, got {r.backend!r}")
     ranks, per_step = r.num_trainer_ranks, config.train.batch_size
@@ -116,6 +125,7 @@ class Cluster:
         ray = import_ray()
         self.settings = r = config.ray
         self.pg = None
+        self.num_reward_actors = r.num_reward_workers * len(config.rewards) if needs_reward else 0
         self.owns_ray = not ray.is_initialized()
         if not self.owns_ray:
             return
@@ -152,6 +162,8 @@ class Cluster:
             config.run.device = "cuda"
         self.threads = max(1, (os.cpu_count() or 1) // max(n_ranks, n_engines))
         per_bundle = 1 + (-(-n_engines // n_ranks) if r.colocate else 0)
+        if r.rewards_on_gpu:
+            per_bundle += -(-self.num_reward_actors // n_ranks)
         self.share = (1.0 / per_bundle) if self.gpu else 0.0
         bundle = {"CPU": cpus * per_bundle, **({"GPU": 1.0} if self.gpu else {})}
         self.pg = ray.util.placement_group([dict(bundle) for _ in range(n_ranks)], strategy="PACK")
@@ -189,8 +201,16 @@ class Cluster:
             }
         return {"num_cpus": cpus, "num_gpus": 1.0 if self.gpu else 0}
 
-    def reward_options(self) -> dict:
-        return {"num_cpus": self.settings.cpus_per_actor}
+    def reward_options(self, i: int) -> dict:
+        """``.options`` of reward actor ``i`` (counted over every reward's workers): in rank
+        ``i mod ranks``'s bundle, sharing its GPU, with ``ray.rewards_on_gpu``; else CPUs only."""
+        if not self.settings.rewards_on_gpu:
+            return {"num_cpus": self.settings.cpus_per_actor}
+        return {
+            "num_cpus": self.settings.cpus_per_actor,
+            "num_gpus": self.share,
+            "scheduling_strategy": self._in_bundle(i % self.settings.num_trainer_ranks),
+        }
 
     def close(self) -> None:
         """Release the placement group; shut Ray down if this run started or joined it."""

@@ -91,13 +91,13 @@ class RayRunner:
             on_replace=self.weights.load_into,  # a new engine first takes the current weights
         )
         self.dispatch.reward_pools = [
-            ActorPool(
-                lambda i, c=c, label=label: worker_cls.options(**cluster.reward_options()).remote(
-                    c, 1, label
-                ),
+            ActorPool(  # reward k's worker i is reward actor k * workers + i (its bundle, on GPUs)
+                lambda i, k=k, c=c, label=label: worker_cls.options(
+                    **cluster.reward_options(k * r.num_reward_workers + i)
+                ).remote(c, 1, label),
                 r.num_reward_workers,
             )
-            for c, label in zip(actor_config.rewards, reward_labels(actor_config.rewards))
+            for k, (c, label) in enumerate(zip(actor_config.rewards, reward_labels(actor_config.rewards)))
             if spec.needs_reward
         ]
         self.planner = (
