@@ -13,7 +13,8 @@ distribution there::
     score = P(yes) / (P(yes) + P(no)) = sigmoid(l_yes - l_no)   normalize: true
 
 t2v_metrics runs ``generate(max_new_tokens=1)`` and reads the first step's scores; one forward
-pass gives the same logits. Judge fine-tunes of the same models (UnifiedReward's
+pass gives those logits, before any logits processors a folder's ``generation_config.json`` would
+add in ``generate`` (a repetition penalty, say), which a score should not depend on. Judge fine-tunes of the same models (UnifiedReward's
 ``UnifiedReward-qwen-*``, GenRM-style yes/no judges, an OCR judge asked whether the image shows
 the quoted text) are used the same way with their own ``question`` and ``answer``; a judge that
 writes a score as text (flow_grpo's ``unifiedreward_score_sglang`` parses "Final Score: 4") is a

@@ -251,7 +251,7 @@ def test_preflight_checks_the_folders_and_params(qwen25, tmp_path):
             "min_pixels": 512,
             "max_pixels": 256,
         },
-        {"model": qwen25.folder, "normalize": True, "negative": "Yes"},
+        {"model": qwen25.folder, "normalize": True, "negative": "Yes", "batch_size": 0},
     ]
     errors = validate(Config(rewards=[RewardConfig("judge", params=p) for p in params]), sections=["rewards"])
     where = [f"rewards[{i}] (judge).params: " for i in range(len(params))]
@@ -267,6 +267,7 @@ def test_preflight_checks_the_folders_and_params(qwen25, tmp_path):
         f"'Is it {{prompt}} and {{other}}?'; e.g. {VQASCORE_QUESTION!r}",
         where[3] + "min_pixels (512) is above max_pixels (256)",
         where[4] + "answer and negative are the same token; normalize would always give 0.5",
+        where[4] + "batch_size must be an integer >= 1, got 0",
     ]
     assert (
         validate(
