@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.pretrained import (
@@ -79,8 +80,6 @@ class JudgeReward(Reward):
         max_pixels: int | None = None,
         min_pixels: int | None = None,
     ):
-        from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
-
         self.question, self.normalize, self.batch_size = question, normalize, batch_size
         folder = Path(processor or model).expanduser()
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
