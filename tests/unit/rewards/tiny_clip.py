@@ -57,7 +57,12 @@ def write_processor(folder: Path, size: int) -> None:
     (folder / "preprocessor_config.json").write_text(json.dumps(config))
 
 
-def clip_config(projection_dim: int = 16, image_size: int = 32, logit_scale: float = 4.0) -> CLIPConfig:
+def clip_config(
+    projection_dim: int = 16, image_size: int = 32, logit_scale: float = 4.0, legacy_eos: bool = False
+) -> CLIPConfig:
+    """``legacy_eos``: text ``eos_token_id`` 2, as openai/clip-vit-large-patch14's config has it
+    (transformers then pools at ``input_ids.argmax(-1)``, the end token, instead of the first
+    ``eos_token_id``)."""
     n_vocab = len(vocabulary())
     return CLIPConfig(
         projection_dim=projection_dim,
@@ -70,7 +75,7 @@ def clip_config(projection_dim: int = 16, image_size: int = 32, logit_scale: flo
             "num_attention_heads": 4,
             "max_position_embeddings": 77,
             "bos_token_id": n_vocab - 2,
-            "eos_token_id": n_vocab - 1,
+            "eos_token_id": 2 if legacy_eos else n_vocab - 1,
         },
         vision_config={
             "hidden_size": 32,
