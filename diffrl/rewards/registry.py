@@ -2,4 +2,15 @@
 
 from diffrl.registry import Registry
 
-REWARDS = Registry("reward", {"ocr": "diffrl.rewards.ocr:OCRReward"})
+REWARDS = Registry(
+    "reward",
+    {
+        "ocr": "diffrl.rewards.ocr:OCRReward",
+        "pickscore": "diffrl.rewards.pickscore:PickScore",
+        "clip_score": "diffrl.rewards.clip_score:ClipScore",
+        "aesthetic": "diffrl.rewards.aesthetic:Aesthetic",
+        "hpsv2": "diffrl.rewards.hpsv2:HPSv2",
+        "jpeg_compressibility": "diffrl.rewards.jpeg:JpegCompressibility",
+        "jpeg_incompressibility": "diffrl.rewards.jpeg:JpegIncompressibility",
+    },
+)
