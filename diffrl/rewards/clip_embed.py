@@ -109,6 +109,8 @@ def unit(x: torch.Tensor) -> torch.Tensor:
 def in_batches(n: int, batch_size: int, score: Callable[[slice], torch.Tensor]) -> torch.Tensor:
     """``score(part)`` for consecutive slices of ``range(n)`` of at most ``batch_size``, joined
     into ``(n,)`` float32 on the CPU."""
+    if n == 0:
+        return torch.zeros(0)
     return torch.cat([score(part).float().cpu() for part in chunks(n, batch_size)])
 
 

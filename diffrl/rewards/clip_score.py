@@ -6,15 +6,16 @@ it returns ``CLIPModel(...).logits_per_image.diagonal() / 30``, and ``logits_per
 
     score = exp(logit_scale) * <e_i, e_t> / 30          e_i, e_t: (B, D), unit norm
 
-(``exp(logit_scale) = 100`` for the OpenAI weights: ``score = cosine * 10 / 3``, about 0.6-1.2 for
-matching pairs). Prompts are padded to 77 tokens there and to the longest prompt here; padding is
-masked and after the pooled end token, so the embeddings are the same.
+(``exp(logit_scale) = 100`` for the OpenAI weights: ``score = cosine * 10 / 3``; ViT-L/14
+cosines of a matching pair are typically 0.25-0.35). Prompts are padded to 77 tokens there and to
+the longest prompt here; padding is masked and after the pooled end token, so the embeddings are
+the same.
 
 One difference, on purpose: flow_grpo resizes the float image tensor with torchvision's default
 (bilinear) to 224; here the folder's ``preprocessor_config.json`` prepares the rollout's uint8
 pixels as the CLIP processor does (bicubic PIL resize of the shortest side, center crop, OpenAI
-mean / std), which is what CLIP was trained with. For 512-1024 px images the two differ by a
-fraction of a pixel value.
+mean / std), which is how CLIP's own preprocessing resizes. The two resamplers differ slightly,
+so scores are close to flow_grpo's but not bit-equal.
 """
 
 from __future__ import annotations
