@@ -55,11 +55,14 @@ class PickScore(Reward):
         problems = folder_problems(
             cls.name, "model", params.get("model"), {"clip"}, "PickScore_v1 (a CLIPModel)", check_files
         )
-        processor = params.get("processor") or params.get("model")
-        if "processor" in params or not problems:  # a bad model folder is reported once
-            problems += clip_embed.processor_problems(
-                cls.name, "processor" if "processor" in params else "model", processor, check_files
-            )
+        if params.get("processor") is not None:
+            problems += clip_embed.processor_problems(cls.name, "processor", params["processor"], check_files)
+        elif not problems:  # a bad model folder is reported once
+            problems += [
+                f"{p}; PickScore_v1 ships no processor: set processor to the "
+                "laion/CLIP-ViT-H-14-laion2B-s32B-b79K folder"
+                for p in clip_embed.processor_problems(cls.name, "model", params["model"], check_files)
+            ]
         problems += device_dtype_problems(params.get("device", "cpu"), params.get("dtype", "float32"))
         return problems + clip_embed.batch_size_problems(params.get("batch_size", 32))
 
