@@ -12,6 +12,7 @@ rescales by 1/255 and normalises with the config's mean / std.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,15 @@ def loading(reward: str, what: str, path: str, load: Callable[[], Any]) -> Any:
     try:
         return load()
     except Exception as e:
+        hint = ""
+        if isinstance(e, pickle.UnpicklingError):  # torch.load(weights_only=True) refused an object
+            hint = (
+                "; the file holds objects other than tensors, which diffrl does not unpickle: where you "
+                "trust the file, convert its state dict once with safetensors.torch.save_file to a "
+                ".safetensors file and point the param at that"
+            )
         raise RewardError(
-            f"reward {reward!r}: could not load {what} from {path!r}: {type(e).__name__}: {e}"
+            f"reward {reward!r}: could not load {what} from {path!r}: {type(e).__name__}: {e}{hint}"
         ) from e
 
 
