@@ -7,5 +7,11 @@ REWARDS = Registry(
     {
         "ocr": "diffrl.rewards.ocr:OCRReward",
         "judge": "diffrl.rewards.judge:JudgeReward",
+        "pickscore": "diffrl.rewards.pickscore:PickScore",
+        "clip_score": "diffrl.rewards.clip_score:ClipScore",
+        "aesthetic": "diffrl.rewards.aesthetic:Aesthetic",
+        "hpsv2": "diffrl.rewards.hpsv2:HPSv2",
+        "jpeg_compressibility": "diffrl.rewards.jpeg:JpegCompressibility",
+        "jpeg_incompressibility": "diffrl.rewards.jpeg:JpegIncompressibility",
     },
 )

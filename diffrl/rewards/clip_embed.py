@@ -1,0 +1,156 @@
+"""CLIP pieces the preference rewards share (``pickscore``, ``clip_score``, ``aesthetic``, ``hpsv2``):
+loading a transformers ``CLIPModel`` folder, its image processor and tokenizer from local folders,
+checking those folders before anything loads, and unit-norm embeddings of images and prompts.
+
+Images go through the folder's ``preprocessor_config.json`` (resize, center crop, rescale,
+normalise) with :class:`~transformers.CLIPImageProcessorPil`, the PIL backend, named explicitly:
+``CLIPImageProcessor`` is the torchvision backend in transformers 5, and without torchvision
+``AutoProcessor`` falls back to the PIL class with a warning. The PIL class resizes the uint8
+picture with PIL (bicubic for CLIP's ``resample: 3``), crops at ``(size - crop) // 2``, then
+rescales by 1/255 and normalises with the config's mean / std.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
+
+from diffrl.rewards.base import RewardError
+from diffrl.rewards.pretrained import chunks
+
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
+"""A CLIP tokenizer folder holds a ``tokenizers`` serialisation or the BPE vocab + merges."""
+
+
+def loading(reward: str, what: str, path: str, load: Callable[[], Any]) -> Any:
+    """``load()``, with any failure (missing or corrupt files, a wrong format) turned into a
+    :class:`RewardError` that names the reward, the path and what was expected there."""
+    try:
+        return load()
+    except Exception as e:
+        hint = ""
+        if isinstance(e, pickle.UnpicklingError):  # torch.load(weights_only=True) refused an object
+            hint = (
+                "; the file holds objects other than tensors, which diffrl does not unpickle: where you "
+                "trust the file, convert its state dict once with safetensors.torch.save_file to a "
+                ".safetensors file and point the param at that"
+            )
+        raise RewardError(
+            f"reward {reward!r}: could not load {what} from {path!r}: {type(e).__name__}: {e}{hint}"
+        ) from e
+
+
+def load_clip_model(reward: str, folder: str, device: torch.device, dtype: torch.dtype) -> CLIPModel:
+    """A ``CLIPModel`` folder on ``device`` in ``dtype``, in eval mode, without gradients."""
+    model = loading(
+        reward,
+        "a CLIPModel",
+        folder,
+        lambda: CLIPModel.from_pretrained(str(Path(folder).expanduser()), dtype=dtype),
+    )
+    return model.to(device).eval().requires_grad_(False)
+
+
+def load_image_processor(reward: str, folder: str) -> CLIPImageProcessorPil:
+    return loading(
+        reward,
+        "a CLIP image processor (preprocessor_config.json)",
+        folder,
+        lambda: CLIPImageProcessorPil.from_pretrained(str(Path(folder).expanduser())),
+    )
+
+
+def load_tokenizer(reward: str, folder: str) -> CLIPTokenizer:
+    return loading(
+        reward,
+        "a CLIP tokenizer (tokenizer.json, or vocab.json + merges.txt)",
+        folder,
+        lambda: CLIPTokenizer.from_pretrained(str(Path(folder).expanduser())),
+    )
+
+
+def pixel_values(processor: CLIPImageProcessorPil, images: Sequence[Image.Image]) -> torch.Tensor:
+    """B pictures -> ``(B, 3, S, S)`` float32, exactly as ``processor(images=...)`` prepares them."""
+    return processor(images=list(images), return_tensors="pt")["pixel_values"]
+
+
+def image_embeddings(model: CLIPModel, pixels: torch.Tensor) -> torch.Tensor:
+    """``pixels (B, 3, S, S)`` -> unit-norm image embeddings ``(B, D)`` float32 (CLIP's projected
+    pooled class token; normalised in float32 so a bfloat16 model's scores are not rounded twice)."""
+    pooled = model.vision_model(pixel_values=pixels.to(model.device, model.dtype)).pooler_output
+    return unit(model.visual_projection(pooled).float())
+
+
+def text_embeddings(
+    model: CLIPModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Token ids ``(B, L)`` -> unit-norm text embeddings ``(B, D)`` float32 (the projected
+    end-of-text token)."""
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(model.device)
+    pooled = model.text_model(
+        input_ids=input_ids.to(model.device), attention_mask=attention_mask
+    ).pooler_output
+    return unit(model.text_projection(pooled).float())
+
+
+def tokens(tokenizer: CLIPTokenizer, prompts: Sequence[str], context_length: int) -> dict[str, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` ``(B, L)``: start + text + end token, cut to
+    ``context_length`` (CLIP's 77) and padded to the longest prompt. Padding is masked and comes
+    after the end token CLIP pools, so it does not change a prompt's embedding."""
+    out = tokenizer(
+        list(prompts), padding=True, truncation=True, max_length=context_length, return_tensors="pt"
+    )
+    return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"]}
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(p=2, dim=-1, keepdim=True)
+
+
+def in_batches(n: int, batch_size: int, score: Callable[[slice], torch.Tensor]) -> torch.Tensor:
+    """``score(part)`` for consecutive slices of ``range(n)`` of at most ``batch_size``, joined
+    into ``(n,)`` float32 on the CPU."""
+    if n == 0:
+        return torch.zeros(0)
+    return torch.cat([score(part).float().cpu() for part in chunks(n, batch_size)])
+
+
+def processor_problems(
+    reward: str, param: str, folder: Any, check_files: bool, image: bool = True, text: bool = True
+) -> list[str]:
+    """Problems with ``params[param]``, a folder expected to hold a CLIP image processor config
+    (``image``) and a CLIP tokenizer (``text``), e.g. the laion/CLIP-ViT-H-14-laion2B-s32B-b79K folder."""
+    what = " and ".join(
+        w for w, needed in (("preprocessor_config.json", image), ("a CLIP tokenizer", text)) if needed
+    )
+    if not isinstance(folder, str) or not folder:
+        return [f"{param} must be the path of a local folder holding {what}, got {folder!r}"]
+    if not check_files:
+        return []
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        return [f"{param}: reward {reward!r} needs {what} in a local folder; {folder!r} is not a folder"]
+    problems = []
+    if image and not (path / "preprocessor_config.json").is_file():
+        problems.append(
+            f"{param}: {folder!r} has no preprocessor_config.json (the CLIP image processor reward "
+            f"{reward!r} needs)"
+        )
+    if text and not any(all((path / f).is_file() for f in files) for files in TOKENIZER_FILES):
+        problems.append(
+            f"{param}: {folder!r} has no CLIP tokenizer (tokenizer.json, or vocab.json + merges.txt)"
+        )
+    return problems
+
+
+def batch_size_problems(batch_size: Any) -> list[str]:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        return [f"batch_size must be a whole number >= 1 (images per forward pass), got {batch_size!r}"]
+    return []
