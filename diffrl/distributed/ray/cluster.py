@@ -34,15 +34,15 @@ def ray_checks(config: Config, check_files: bool) -> list[str]:
         problem = ray_address_problem(r.address)
         if problem:
             errors.append(problem)
-    for where, rewards in (("rewards", config.rewards), ("eval.rewards", config.eval.rewards)):
-        for i, reward in enumerate(rewards):
-            device = reward.params.get("device") if isinstance(reward.params, dict) else None
-            if isinstance(device, str) and device.startswith("cuda") and not r.rewards_on_gpu:
-                errors.append(
-                    f"{where}[{i}] ({reward.name}).params.device={device}, but under runner=ray reward "
-                    "workers get no GPU unless ray.rewards_on_gpu=true (they then share the ranks' "
-                    "GPUs); or serve the reward on GPUs of its own (diffrl serve-reward, reward 'remote')"
-                )
+    # (eval.rewards run on an engine, which holds a GPU share)
+    for i, reward in enumerate(config.rewards):
+        device = reward.params.get("device") if isinstance(reward.params, dict) else None
+        if isinstance(device, str) and device.startswith("cuda") and not r.rewards_on_gpu:
+            errors.append(
+                f"rewards[{i}] ({reward.name}).params.device={device}, but under runner=ray reward "
+                "workers get no GPU unless ray.rewards_on_gpu=true (they then share the ranks' "
+                "GPUs); or serve the reward on GPUs of its own (diffrl serve-reward, reward 'remote')"
+            )
     if r.backend not in (None, "gloo", "nccl"):
         errors.append(f"ray.backend must be gloo, nccl or null, got {r.backend!r}")
     ranks, per_step = r.num_trainer_ranks, config.train.batch_size
