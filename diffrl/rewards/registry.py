@@ -2,4 +2,10 @@
 
 from diffrl.registry import Registry
 
-REWARDS = Registry("reward", {"ocr": "diffrl.rewards.ocr:OCRReward"})
+REWARDS = Registry(
+    "reward",
+    {
+        "ocr": "diffrl.rewards.ocr:OCRReward",
+        "remote": "diffrl.rewards.remote:RemoteReward",
+    },
+)
