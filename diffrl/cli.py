@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -314,6 +315,10 @@ def _print_serving(name: str, url: str, token: str | None) -> None:
     print(f"serving reward {name!r} at {url} ({auth}); Ctrl-C stops it", flush=True)
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def cmd_serve_reward(args) -> int:
     params, token = _reward_params(args.params), _server_token(args)
     if args.max_request_mb <= 0:
@@ -337,6 +342,9 @@ def cmd_serve_reward(args) -> int:
     if args.ray_address and (problem := ray_address_problem(args.ray_address)):
         raise DiffrlError(problem.replace("ray.address", "--ray-address"))
     ray.init(address=args.ray_address, include_dashboard=False)
+    # after ray.init, which installs a SIGTERM handler that aborts: a service manager's stop must
+    # end the actor and shut down the cluster this process started or joined
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         server = start_reward_server(
             args.reward,

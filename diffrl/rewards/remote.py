@@ -75,9 +75,7 @@ def encode_png(pixels: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def encode_request(
-    images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], fmt: str, timeout_s: float | None
-) -> bytes:
+def encode_request(images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], fmt: str) -> bytes:
     """``images (B, 3, H, W)`` in [0, 1] -> the msgpack ``/score`` body (module docstring of
     :mod:`diffrl.rewards.server`), pixels through :func:`quantize` (the rollout's uint8)."""
     pixels = quantize(images)
@@ -87,8 +85,6 @@ def encode_request(
     else:
         msg["images"] = pixels.contiguous().numpy().tobytes()
         msg["shape"] = list(pixels.shape)
-    if timeout_s is not None:
-        msg["timeout_s"] = timeout_s
     try:
         return msgpack.packb(msg)
     except (TypeError, ValueError) as e:
@@ -213,8 +209,7 @@ class RemoteReward(Reward):
     ) -> torch.Tensor:
         """``images (B, 3, H, W)`` -> ``(B,)`` scores from the server, retried until ``deadline``
         (``time.monotonic()``; None: only ``retries`` bound it)."""
-        left = seconds_left(deadline)
-        body = encode_request(images, prompts, metadata, self.format, left)
+        body = encode_request(images, prompts, metadata, self.format)
         n, attempt = len(prompts), 0
         while True:
             left = seconds_left(deadline)
@@ -240,7 +235,12 @@ class RemoteReward(Reward):
     def _attempt(self, body: bytes, n: int, wait: float) -> torch.Tensor:
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         conn = cls(self._host, self._port, timeout=wait)
-        headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+        # X-Timeout-S: the server skips the request if it is still queued when this attempt gave up
+        headers = {
+            "Content-Type": "application/msgpack",
+            "Accept": "application/msgpack",
+            "X-Timeout-S": f"{wait:.3f}",
+        }
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
         try:

@@ -15,8 +15,10 @@ Wire format (any language can be a client)
     shape     raw only: [B, 3, H, W]
     prompts   array of B str
     metadata  array of B maps (optional: B empty maps)
-    timeout_s optional float: how long the client waits; a request still queued when that has
-              passed is not scored (HTTP 504), and the reward call gets what is left of it
+
+Optional header ``X-Timeout-S``: how many seconds this attempt of the client waits (a header, not
+a body field, so that a retry resends the same body with what is left): a request still queued
+when that has passed is not scored (HTTP 504), and the reward call gets what is left of it.
 
 The reward gets ``uint8 / 255`` as float32 ``(B, 3, H, W)``: exactly what it gets in the trainer
 (the rollout keeps uint8 images), so remote scores are bit-identical to in-process ones.
@@ -29,7 +31,7 @@ in-process. Every error is JSON ``{"detail": "..."}`` (FastAPI's shape), with st
   missing or wrong; 413: the body is over ``--max-request-mb`` (refused from ``Content-Length``,
   or as soon as the streamed bytes pass the limit, never read whole);
 - 500: the reward raised, or returned the wrong shape; the detail names the reward and the error;
-- 504: the client's ``timeout_s`` passed before the reward finished (or started).
+- 504: the client's ``X-Timeout-S`` passed before the reward finished (or started).
 
 ``GET /health``: JSON ``{"status": "ok", "reward": NAME, "token_required": bool,
 "max_request_mb": N}``. It needs no token, so that a load balancer's or orchestrator's probe (which
@@ -40,9 +42,12 @@ Auth: with a token (``--token-file`` / ``--token-env``) every ``/score`` must ca
 ``Authorization: Bearer <token>`` (compared with :func:`hmac.compare_digest`). Without one the
 server binds only a loopback address: anything else is refused at start.
 
-Concurrency: requests from several trainers are answered concurrently by the event loop, but the
-reward runs one batch at a time, first come first served, on a single worker thread (a reward
-need not be thread-safe nor fit on its GPU twice); the loop thread never runs the reward.
+Concurrency: requests from several trainers are read and decoded concurrently (decoding on
+worker threads), but the reward runs one batch at a time, first come first served, on a single
+worker thread (a reward need not be thread-safe nor fit on its GPU twice); the event loop thread
+never decodes nor scores, so it keeps accepting, refusing (401, 413) and answering /health while
+the reward works. A request carries no deadline of its own without ``X-Timeout-S`` (the
+``remote`` client always sends one): a reward that hangs on such a request holds the queue.
 """
 
 from __future__ import annotations
@@ -133,7 +138,8 @@ def build_served_reward(name: str, params: dict[str, Any]) -> Reward:
 
 @dataclass
 class ScoreRequest:
-    """A decoded ``/score`` body: ``images (B, 3, H, W)`` uint8."""
+    """A decoded ``/score`` body: ``images (B, 3, H, W)`` uint8; ``timeout_s``: its
+    ``X-Timeout-S`` header, counted from ``received`` (``time.monotonic()``)."""
 
     images: torch.Tensor
     prompts: list[str]
@@ -156,6 +162,20 @@ def decode_png(data: Any, i: int) -> np.ndarray:
             return np.asarray(img)  # (H, W, 3) uint8
     except OSError as e:
         raise _bad(f"images[{i}] is not a readable PNG ({e})") from e
+
+
+def request_timeout(request: Request) -> float | None:
+    """The ``X-Timeout-S`` header: seconds the client waits (None: no header)."""
+    value = request.headers.get("x-timeout-s")
+    if value is None:
+        return None
+    try:
+        timeout = float(value)
+    except ValueError:
+        timeout = math.nan
+    if not timeout > 0:  # NaN fails too
+        raise _bad(f"X-Timeout-S must be a number of seconds > 0, got {value!r}")
+    return timeout
 
 
 def decode_request(body: bytes) -> ScoreRequest:
@@ -196,10 +216,7 @@ def decode_request(body: bytes) -> ScoreRequest:
     metadata = [{} for _ in range(b)] if metadata is None else metadata
     if not isinstance(metadata, list) or len(metadata) != b or not all(isinstance(m, dict) for m in metadata):
         raise _bad(f"metadata must be an array of {b} maps (one per image)")
-    timeout = msg.get("timeout_s")
-    if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
-        raise _bad(f"timeout_s must be a number of seconds > 0, got {timeout!r}")
-    return ScoreRequest(pixels, prompts, metadata, timeout)
+    return ScoreRequest(pixels, prompts, metadata)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -216,13 +233,13 @@ def score_request(reward: Reward, name: str, req: ScoreRequest) -> list[float]:
     deadline = None if req.timeout_s is None else req.received + req.timeout_s
     left = seconds_left(deadline)
     if left == 0.0:
-        raise _Expired(f"the client's timeout_s={req.timeout_s:g} passed while the request was queued")
+        raise _Expired(f"the client's X-Timeout-S={req.timeout_s:g} passed while the request was queued")
     images = req.images.float() / 255.0  # what RewardSet.submit hands a reward in the trainer
     try:
         scores = submit_scores(reward, images, req.prompts, req.metadata, left).result()
     except DeadlineExceeded as e:
         raise _Expired(
-            f"reward {name!r} did not finish within the client's timeout_s={req.timeout_s:g}"
+            f"reward {name!r} did not finish within the client's X-Timeout-S={req.timeout_s:g}"
         ) from e
     except Exception as e:
         raise RewardError(f"reward {name!r} raised {type(e).__name__}: {e}") from e
@@ -295,7 +312,10 @@ def create_app(
     @app.post("/score")
     async def score(request: Request) -> Response:
         authorize(request)
-        req = decode_request(await read_limited(request, limit))
+        received, timeout = time.monotonic(), request_timeout(request)
+        body = await read_limited(request, limit)
+        req = await asyncio.to_thread(decode_request, body)  # PNG decoding: off the loop thread
+        req.timeout_s, req.received = timeout, received
         try:
             scores = await asyncio.get_running_loop().run_in_executor(
                 worker, score_request, reward, name, req

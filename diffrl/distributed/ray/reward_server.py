@@ -37,9 +37,14 @@ START_TIMEOUT_S = 600.0
 
 class RewardServerActor:
     """Builds the reward and serves it on a thread of this actor's process (so the actor's own
-    thread stays free for :meth:`url` and :meth:`stop`)."""
+    thread stays free for :meth:`url` and :meth:`stop`). The work is in :meth:`start`, not in
+    ``__init__``: an error raised by a method reaches the caller as itself (``.cause``), one raised
+    in ``__init__`` only as the text of a traceback."""
 
-    def __init__(
+    def __init__(self) -> None:
+        self.server: RewardServer | None = None
+
+    def start(
         self,
         name: str,
         params: dict[str, Any],
@@ -47,17 +52,19 @@ class RewardServerActor:
         port: int,
         token: str | None,
         max_request_mb: float,
-    ):
+    ) -> str:
         if host is None:
             host = import_ray().util.get_node_ip_address()
         reward = build_served_reward(name, params)
         self.server = RewardServer(reward, name, host, port, token, max_request_mb).start()
-
-    def url(self) -> str:
         return self.server.url
 
+    def url(self) -> str | None:
+        return None if self.server is None else self.server.url
+
     def stop(self) -> None:
-        self.server.stop()
+        if self.server is not None:
+            self.server.stop()
 
 
 class RayRewardServer:
@@ -95,20 +102,23 @@ def start_reward_server(
     problem = bind_problem(host or "the node's address", token)
     if problem:
         raise DiffrlError(problem)
-    actor = (
-        ray.remote(RewardServerActor)
-        .options(num_cpus=num_cpus, num_gpus=num_gpus)
-        .remote(name, dict(params or {}), host, port, token, max_request_mb)
-    )
+    actor = ray.remote(RewardServerActor).options(num_cpus=num_cpus, num_gpus=num_gpus).remote()
     try:
-        url = ray.get(actor.url.remote(), timeout=timeout_s)
+        url = ray.get(
+            actor.start.remote(name, dict(params or {}), host, port, token, max_request_mb), timeout=timeout_s
+        )
     except ray.exceptions.GetTimeoutError as e:
         ray.kill(actor)
         raise DiffrlError(
             f"the reward server actor ({num_cpus} CPU, {num_gpus} GPU) did not start within {timeout_s:g} s "
             f"(cluster: {ray.cluster_resources()}); ask for fewer --num-gpus/--num-cpus, or add nodes"
         ) from e
-    except ray.exceptions.RayActorError as e:
-        cause = getattr(e, "cause", None) or e
-        raise DiffrlError(f"the reward server actor failed to start: {cause}") from e
+    except ray.exceptions.RayTaskError as e:
+        ray.kill(actor)
+        cause = e.cause
+        if isinstance(cause, DiffrlError):
+            raise DiffrlError(str(cause)) from cause
+        raise DiffrlError(
+            f"the reward server actor failed to start: {type(cause).__name__}: {cause}"
+        ) from cause
     return RayRewardServer(actor, url)

@@ -21,8 +21,9 @@ import msgpack
 import pytest
 import torch
 
-from diffrl.cli import main
+from diffrl.cli import _reward_params, main
 from diffrl.config import RewardConfig
+from diffrl.errors import DiffrlError
 from diffrl.rewards.base import RewardSet
 from diffrl.rewards.remote import RemoteReward
 from diffrl.rewards.server import RewardServer, ServerError, build_served_reward
@@ -375,3 +376,58 @@ def test_param_problems_reports_every_bad_param_at_once(monkeypatch):
     assert RemoteReward.param_problems({"url": "http://h:1", "token_env": TOKEN_ENV}, False) == []
     assert "base address" in RemoteReward.param_problems({"url": "http://h:1/score"}, False)[0]
     assert "url is required" in RemoteReward.param_problems({}, False)[0]
+
+
+def blocks_first(images, prompts, metadata):
+    """Counts its calls; the first waits for RELEASE."""
+    ACTIVE["calls"] += 1
+    if ACTIVE["calls"] == 1:
+        RELEASE.wait()
+    return [0.0] * len(images)
+
+
+def test_a_request_whose_client_gave_up_while_queued_is_not_scored():
+    with serving("blocks_first") as server:
+        first = remote(server.url).submit(images(), ["p"] * 4, [{}] * 4)  # holds the server's worker
+        while ACTIVE["calls"] == 0:
+            time.sleep(0.01)
+        late = remote(server.url, timeout_s=0.3).submit(images(), ["p"] * 4, [{}] * 4).result()
+        assert "no answer within 0.3 s" in late.errors[0]
+        RELEASE.set()
+        assert first.result().errors == []
+        # FIFO: by the time a third request is answered, the abandoned one has had its turn
+        assert remote(server.url).submit(images(), ["p"] * 4, [{}] * 4).result().errors == []
+    assert ACTIVE["calls"] == 2  # the first and the third: the abandoned one was skipped
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def test_serve_reward_params_are_key_value_items_or_one_mapping():
+    assert _reward_params(["batch_size=8", "device=cuda", "half=true"]) == {
+        "batch_size": 8,
+        "device": "cuda",
+        "half": True,
+    }
+    assert _reward_params(['{"batch_size": 8, device: cuda}']) == {"batch_size": 8, "device": "cuda"}
+    with pytest.raises(DiffrlError, match="'batch_size' is not key=value"):
+        _reward_params(["batch_size"])
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--num-gpus", "1"], "place the server on Ray: add --ray"),
+        (
+            ["--token-env", "DIFFRL_TEST_UNSET_VAR"],
+            "--token-env DIFFRL_TEST_UNSET_VAR: that environment variable is not set",
+        ),
+        (["--token-file", "/nonexistent/token"], "--token-file '/nonexistent/token': cannot read it"),
+        (["--params", "nope=1"], "unknown param 'nope'"),
+        (["--max-request-mb", "0"], "--max-request-mb must be > 0"),
+    ],
+)
+def test_serve_reward_user_errors_are_one_line_and_exit_2(capsys, flags, message):
+    assert main(["serve-reward", "--reward", f"{HERE}:pixel_sum", "--port", "0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
