@@ -86,7 +86,7 @@ def encode_request(images: torch.Tensor, prompts: Sequence[str], metadata: Seque
         msg["images"] = pixels.contiguous().numpy().tobytes()
         msg["shape"] = list(pixels.shape)
     try:
-        return msgpack.packb(msg)
+        return msgpack.packb(msg, default=_plain)
     except (TypeError, ValueError) as e:
         raise RewardError(
             f"reward 'remote': cannot send the prompts' metadata ({e}); a remote reward's metadata "
@@ -94,11 +94,88 @@ def encode_request(images: torch.Tensor, prompts: Sequence[str], metadata: Seque
         ) from e
 
 
+def _plain(value: Any) -> Any:
+    """Metadata values msgpack cannot pack itself: numpy and torch numbers and arrays."""
+    if isinstance(value, np.generic | np.ndarray | torch.Tensor):
+        return value.tolist()
+    raise TypeError(f"a {type(value).__name__} cannot be sent")
+
+
 def _detail(body: bytes) -> str:
     try:
         return str(json.loads(body)["detail"])
     except (ValueError, KeyError, TypeError):
         return body.decode("utf-8", "replace").strip()[:500] or "(empty body)"
+
+
+def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
+    """What is wrong with the values of ``params`` (``check_env``: also that ``token_env`` is set)."""
+    problems = []
+    if "url" not in params:
+        problems.append("url is required: the reward server's address, e.g. 'http://10.0.0.7:8100'")
+    elif (p := url_problem(params["url"])) is not None:
+        problems.append(p)
+    env = params.get("token_env")
+    if env is not None:
+        if not isinstance(env, str) or not ENV_NAME.fullmatch(env):
+            problems.append(
+                f"token_env must be the name of an environment variable (e.g. REWARD_TOKEN), got {env!r}"
+            )
+        elif check_env and not os.environ.get(env):
+            problems.append(
+                f"token_env: the environment variable {env} is not set (or empty) here; export it with "
+                "the server's token before starting the run"
+            )
+    for key, positive in (("timeout_s", True), ("backoff_s", False)):
+        value = params.get(key, 1.0)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or (value <= 0 if positive else value < 0):
+            problems.append(
+                f"{key} must be a number of seconds {'> 0' if positive else '>= 0'}, got {value!r}"
+            )
+    retries = params.get("retries", 0)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        problems.append(f"retries must be an integer >= 0 (attempts after the first), got {retries!r}")
+    if params.get("format", "png") not in FORMATS:
+        problems.append(f"format must be png or raw, got {params['format']!r}")
+    return problems
+
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def server_problems(url: str, token_env: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
+    """Why ``url`` is no usable reward server (asks its ``/health``; no token needed)."""
+    parts = urllib.parse.urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        conn.request("GET", parts.path.rstrip("/") + "/health")
+        response = conn.getresponse()
+        status, data = response.status, response.read()
+    except (OSError, http.client.HTTPException) as e:
+        reason = (
+            f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+        )
+        return [
+            f"url: no reward server answers at {url} ({reason}); start it first (diffrl serve-reward "
+            "--reward NAME --host HOST --port PORT ...) or fix the url"
+        ]
+    finally:
+        conn.close()
+    try:
+        health = json.loads(data)
+        ok = status == 200 and health.get("status") == "ok"
+    except (ValueError, AttributeError):
+        ok = False
+    if not ok:
+        return [f"url: {url}/health answered HTTP {status} {_detail(data)!r}; is it a diffrl reward server?"]
+    if health.get("token_required") and token_env is None:
+        return [
+            f"token_env: the reward server at {url} needs a token; set token_env to the name of an "
+            "environment variable holding it"
+        ]
+    return []
 
 
 class _Retry(Exception):
@@ -125,17 +202,8 @@ class RemoteReward(Reward):
         backoff_s: float = 0.5,
         format: str = "png",
     ):
-        problems = self.param_problems(
-            dict(
-                url=url,
-                token_env=token_env,
-                timeout_s=timeout_s,
-                retries=retries,
-                backoff_s=backoff_s,
-                format=format,
-            ),
-            check_files=True,
-        )
+        params = dict(url=url, token_env=token_env, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s)
+        problems = param_value_problems({**params, "format": format}, check_env=True)
         if problems:
             raise RewardError("reward 'remote': " + "; ".join(problems))
         parts = urllib.parse.urlsplit(url)
@@ -153,34 +221,12 @@ class RemoteReward(Reward):
 
     @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
-        problems = []
-        if "url" not in params:
-            problems.append("url is required: the reward server's address, e.g. 'http://10.0.0.7:8100'")
-        elif (p := url_problem(params["url"])) is not None:
-            problems.append(p)
-        env = params.get("token_env")
-        if env is not None:
-            if not isinstance(env, str) or not ENV_NAME.fullmatch(env):
-                problems.append(
-                    f"token_env must be the name of an environment variable (e.g. REWARD_TOKEN), got {env!r}"
-                )
-            elif check_files and not os.environ.get(env):
-                problems.append(
-                    f"token_env: the environment variable {env} is not set (or empty) here; export it with "
-                    "the server's token before starting the run"
-                )
-        for key, positive in (("timeout_s", True), ("backoff_s", False)):
-            value = params.get(key, 1.0)
-            ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            if not ok or (value <= 0 if positive else value < 0):
-                problems.append(
-                    f"{key} must be a number of seconds {'> 0' if positive else '>= 0'}, got {value!r}"
-                )
-        retries = params.get("retries", 0)
-        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-            problems.append(f"retries must be an integer >= 0 (attempts after the first), got {retries!r}")
-        if params.get("format", "png") not in FORMATS:
-            problems.append(f"format must be png or raw, got {params['format']!r}")
+        """The params' values; with ``check_files``, also that ``token_env`` is set here and that
+        a diffrl reward server answers at ``url`` (``/health``, in seconds), wanting a token only
+        if one is given."""
+        problems = param_value_problems(params, check_env=check_files)
+        if check_files and not problems:
+            problems += server_problems(params["url"], params.get("token_env"))
         return problems
 
     # -- calls ------------------------------------------------------------------------------------

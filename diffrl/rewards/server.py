@@ -56,6 +56,7 @@ import asyncio
 import hmac
 import io
 import ipaddress
+import logging
 import math
 import socket
 import threading
@@ -78,6 +79,7 @@ from diffrl.rewards.base import Reward, RewardError, build_reward, param_name_pr
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.workers import DeadlineExceeded, seconds_left
 
+LOG = logging.getLogger(__name__)  # warnings reach stderr even unconfigured: the operator sees failures
 MSGPACK = "application/msgpack"
 DEFAULT_MAX_REQUEST_MB = 64.0
 
@@ -321,8 +323,10 @@ def create_app(
                 worker, score_request, reward, name, req
             )
         except _Expired as e:
+            LOG.warning("HTTP 504: %s", e)
             raise HTTPException(504, detail=str(e)) from e
         except RewardError as e:
+            LOG.warning("HTTP 500: %s", e)
             raise HTTPException(500, detail=str(e)) from e
         return Response(msgpack.packb({"scores": scores}), media_type=MSGPACK)
 

@@ -18,14 +18,15 @@ import threading
 import time
 
 import msgpack
+import numpy as np
 import pytest
 import torch
 
 from diffrl.cli import _reward_params, main
 from diffrl.config import RewardConfig
 from diffrl.errors import DiffrlError
-from diffrl.rewards.base import RewardSet
-from diffrl.rewards.remote import RemoteReward
+from diffrl.rewards.base import RewardError, RewardSet
+from diffrl.rewards.remote import RemoteReward, encode_request
 from diffrl.rewards.server import RewardServer, ServerError, build_served_reward
 
 HERE = "tests.unit.rewards.test_server"
@@ -431,3 +432,22 @@ def test_serve_reward_user_errors_are_one_line_and_exit_2(capsys, flags, message
     assert main(["serve-reward", "--reward", f"{HERE}:pixel_sum", "--port", "0", *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_preflight_asks_the_servers_health():
+    down = f"http://127.0.0.1:{free_port()}"
+    [problem] = RemoteReward.param_problems({"url": down}, True)
+    assert f"no reward server answers at {down} (ConnectionRefusedError" in problem
+    with serving() as server:
+        [problem] = RemoteReward.param_problems({"url": server.url}, True)
+        assert "needs a token; set token_env" in problem
+        assert RemoteReward.param_problems({"url": server.url, "token_env": TOKEN_ENV}, True) == []
+        assert RemoteReward.param_problems({"url": down}, False) == []  # check_files=False: no probe
+
+
+def test_numpy_and_torch_metadata_values_are_sent_as_plain_values():
+    meta = [{"id": np.int64(7), "box": np.arange(3), "t": torch.tensor(0.5)}]
+    msg = msgpack.unpackb(encode_request(images(1).float() / 255.0, ["p"], meta, "raw"))
+    assert msg["metadata"] == [{"id": 7, "box": [0, 1, 2], "t": 0.5}]
+    with pytest.raises(RewardError, match="cannot send the prompts' metadata"):
+        encode_request(images(1).float() / 255.0, ["p"], [{"x": object()}], "raw")
