@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError
 from diffrl.models.registry import DTYPES, load_family
 from diffrl.preflight import load_config, validate
 from diffrl.rewards.base import RewardSet
-from diffrl.rewards.server import serve
+from diffrl.rewards.server import bind_problem, serve
 from diffrl.train.actor import apply_lora
 from diffrl.train.checkpoint import (
     check_checkpoint_family,
@@ -338,6 +337,9 @@ def cmd_serve_reward(args) -> int:
             on_ready=lambda s: _print_serving(args.reward, s.url, token),
         )
         return 0
+    problem = bind_problem(args.host, token)  # before Ray starts: that takes seconds
+    if problem:
+        raise DiffrlError(problem)
     ray = import_ray()
     if args.ray_address and (problem := ray_address_problem(args.ray_address)):
         raise DiffrlError(problem.replace("ray.address", "--ray-address"))
@@ -358,8 +360,7 @@ def cmd_serve_reward(args) -> int:
         )
         _print_serving(args.reward, server.url, token)
         try:
-            while True:
-                time.sleep(3600)
+            server.wait()
         finally:
             server.stop()
     finally:

@@ -102,20 +102,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def bind_problem(host: str, token: str | None) -> str | None:
-    """Why the server must not bind ``host`` (None when it may)."""
-    if token is None and not is_loopback(host):
-        return (
-            f"--host {host} is not a loopback address, and the server has no token: anyone who can "
-            "reach it could use the reward. Give a token (--token-file FILE or --token-env VAR; "
-            "clients send it from their token_env), or bind 127.0.0.1"
-        )
-    return None
+def bind_problem(host: str | None, token: str | None) -> str | None:
+    """Why the server must not bind ``host`` (None when it may); ``host=None``: a Ray node's
+    address (:mod:`diffrl.distributed.ray.reward_server`), never loopback."""
+    if token is not None or (host is not None and is_loopback(host)):
+        return None
+    where = (
+        f"--host {host} is not a loopback address"
+        if host
+        else "without --host it binds its Ray node's address"
+    )
+    return (
+        f"{where}, and the server has no token: anyone who can reach it could use the reward. Give a "
+        "token (--token-file FILE or --token-env VAR; clients send it from their token_env), or bind 127.0.0.1"
+    )
 
 
 def build_served_reward(name: str, params: dict[str, Any]) -> Reward:
     """The reward ``name`` with ``params``, checked as preflight checks a recipe's rewards (all
-    problems at once), then built. Raises :class:`ServerError`."""
+    problems at once), then built. Raises :class:`ServerError`, also for a video reward (the
+    ``remote`` reward sends a video's frames, one image each)."""
     try:
         obj = REWARDS.resolve(name)
     except RegistryError as e:
@@ -128,9 +134,16 @@ def build_served_reward(name: str, params: dict[str, Any]) -> Reward:
     if problems:
         raise ServerError(f"reward {name!r} --params: " + "; ".join(problems))
     try:
-        return build_reward(RewardConfig(name=name, params=params))
+        reward = build_reward(RewardConfig(name=name, params=params))
     except RegistryError as e:
         raise ServerError(str(e)) from e
+    if reward.video:
+        reward.close()
+        raise ServerError(
+            f"reward {name!r} scores whole videos (video = True); a reward server serves image rewards "
+            "(the remote reward sends a video's frames, one image each, and averages their scores)"
+        )
+    return reward
 
 
 # ------------------------------------------------------------------------------------------------

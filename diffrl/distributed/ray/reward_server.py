@@ -25,12 +25,15 @@ whoever can run code on the cluster).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.errors import DiffrlError
 from diffrl.rewards.server import DEFAULT_MAX_REQUEST_MB, RewardServer, bind_problem, build_served_reward
 
+POLL_S = 10.0
+"""How often :meth:`RayRewardServer.wait` checks that the actor lives."""
 START_TIMEOUT_S = 600.0
 """How long :func:`start_reward_server` waits for the actor to be placed and its reward to load."""
 
@@ -73,6 +76,19 @@ class RayRewardServer:
     def __init__(self, actor: Any, url: str):
         self.actor, self.url = actor, url
 
+    def wait(self, poll_s: float = POLL_S) -> None:
+        """Block while the actor lives; :class:`DiffrlError` once it has died (its node lost,
+        out of memory): a URL that no longer answers must not look served."""
+        ray = import_ray()
+        while True:
+            try:
+                ray.get(self.actor.url.remote(), timeout=max(60.0, poll_s))
+            except ray.exceptions.RayActorError as e:
+                raise DiffrlError(f"the reward server actor at {self.url} died: {e}") from e
+            except ray.exceptions.GetTimeoutError:
+                pass  # busy or a slow node: not dead
+            time.sleep(poll_s)
+
     def stop(self) -> None:
         ray = import_ray()
         try:
@@ -99,7 +115,7 @@ def start_reward_server(
     returns once it serves. ``host=None``: the node's address (needs a token); ``port=0``: a free
     port. Raises :class:`DiffrlError` when the actor cannot be placed or its reward fails to load."""
     ray = import_ray()
-    problem = bind_problem(host or "the node's address", token)
+    problem = bind_problem(host, token)
     if problem:
         raise DiffrlError(problem)
     actor = ray.remote(RewardServerActor).options(num_cpus=num_cpus, num_gpus=num_gpus).remote()

@@ -82,6 +82,13 @@ def one_nan(images, prompts, metadata):
     return [math.nan] + [1.0] * (len(images) - 1)
 
 
+def video_mean(videos, prompts, metadata):
+    return videos.mean(dim=(1, 2, 3, 4))
+
+
+video_mean.video = True
+
+
 def blocks(images, prompts, metadata):
     RELEASE.wait()
     return [0.0] * len(images)
@@ -218,6 +225,11 @@ def test_a_non_loopback_address_without_a_token_is_refused(capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: --host 0.0.0.0 is not a loopback address") and err.count("\n") == 1
     RewardServer(reward, "r", "0.0.0.0", 0, token=TOKEN).sock.close()  # with a token it may
+
+
+def test_a_video_reward_is_refused_at_start():
+    with pytest.raises(ServerError, match="scores whole videos .* serves image rewards"):
+        build_served_reward(f"{HERE}:video_mean", {})
 
 
 # -- size limit -----------------------------------------------------------------------------------
@@ -426,6 +438,7 @@ def test_serve_reward_params_are_key_value_items_or_one_mapping():
         (["--token-file", "/nonexistent/token"], "--token-file '/nonexistent/token': cannot read it"),
         (["--params", "nope=1"], "unknown param 'nope'"),
         (["--max-request-mb", "0"], "--max-request-mb must be > 0"),
+        (["--ray"], "without --host it binds its Ray node's address, and the server has no token"),
     ],
 )
 def test_serve_reward_user_errors_are_one_line_and_exit_2(capsys, flags, message):
