@@ -10,7 +10,7 @@
 Each micro-group the collector submits is one ``POST /score`` (the wire format is in
 :mod:`diffrl.rewards.server`), sent from the reward's call thread in submit order, as an in-process
 reward's calls run; the images go as the rollout's exact uint8 pixels (``format: png``, lossless
-and several times smaller, or ``raw``, no encoding cost), so the server's reward sees what an
+and usually smaller for generated images, or ``raw``, no encoding cost), so the server's reward sees what an
 in-process one would.
 
 Failures: a connection error, a timeout or an HTTP 5xx is retried ``retries`` times, after
@@ -318,8 +318,8 @@ class RemoteReward(Reward):
         if status == 413:
             raise RewardError(
                 f"remote reward server {self.url}: a request of {len(body) / 2**20:.1f} MB is too large "
-                f"(HTTP 413: {detail}); raise the server's --max-request-mb, lower rollout.micro_group_size, "
-                "or send format: png"
+                f"(HTTP 413: {detail}); raise the server's --max-request-mb or lower "
+                f"rollout.micro_group_size{', or send format: png' if self.format == 'raw' else ''}"
             )
         if status >= 500:
             raise _Retry(f"HTTP {status}: {detail}")
