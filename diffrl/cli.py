@@ -1,4 +1,4 @@
-"""``diffrl`` command line: train, eval, sample, export, recipes."""
+"""``diffrl`` command line: train, eval, sample, export, recipes, serve-reward."""
 
 from __future__ import annotations
 
@@ -6,16 +6,23 @@ import argparse
 import dataclasses
 import errno
 import json
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from diffrl.config import ConfigError, recipes_dir
 from diffrl.data.prompts import PromptSet, load_prompts
+from diffrl.distributed.ray.cluster import import_ray, ray_address_problem
+from diffrl.distributed.ray.reward_server import start_reward_server
 from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError
 from diffrl.models.registry import DTYPES, load_family
 from diffrl.preflight import load_config, validate
 from diffrl.rewards.base import RewardError, RewardSet
+from diffrl.rewards.server import bind_problem, serve
 from diffrl.train.actor import apply_lora
 from diffrl.train.checkpoint import (
     check_checkpoint_family,
@@ -36,6 +43,7 @@ DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
   diffrl sample base --prompt 'the number "42"'              prompts -> PNG files and a grid
   diffrl export runs/tiny_sft/checkpoints/final OUT_DIR      a checkpoint -> diffusers-layout model
   diffrl recipes                                             list the shipped recipes
+  diffrl serve-reward --reward ocr --port 8100               serve a reward over HTTP (the remote reward)
 """
 
 
@@ -257,6 +265,111 @@ def cmd_recipes(args) -> int:
     return 0
 
 
+def _reward_params(items: list[str]) -> dict:
+    """``--params``: one YAML/JSON mapping (``'{device: cuda, batch_size: 8}'``) or ``key=value``
+    items, each value read as YAML (``8`` an int, ``true`` a bool), as config overrides are."""
+    if len(items) == 1 and items[0].lstrip().startswith("{"):
+        try:
+            params = yaml.safe_load(items[0])
+        except yaml.YAMLError as e:
+            raise DiffrlError(f"--params {items[0]!r} is not a YAML/JSON mapping ({e})") from e
+        if not isinstance(params, dict):
+            raise DiffrlError(f"--params {items[0]!r} must be a mapping, e.g. '{{device: cuda}}'")
+        return params
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise DiffrlError(
+                f"--params: {item!r} is not key=value; give key=value items or one mapping, e.g. '{{device: cuda}}'"
+            )
+        try:
+            params[key] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise DiffrlError(f"--params {item!r}: the value is not YAML ({e})") from e
+    return params
+
+
+def _server_token(args) -> str | None:
+    """The token from ``--token-file`` or ``--token-env`` (surrounding whitespace dropped)."""
+    if args.token_file and args.token_env:
+        raise DiffrlError("give either --token-file or --token-env, not both")
+    if args.token_file:
+        try:
+            token = Path(args.token_file).expanduser().read_text().strip()
+        except OSError as e:
+            raise DiffrlError(f"--token-file {args.token_file!r}: cannot read it ({e.strerror or e})") from e
+        if not token:
+            raise DiffrlError(f"--token-file {args.token_file!r} is empty; write the token into it")
+        return token
+    if args.token_env:
+        token = os.environ.get(args.token_env, "").strip()
+        if not token:
+            raise DiffrlError(
+                f"--token-env {args.token_env}: that environment variable is not set (or empty)"
+            )
+        return token
+    return None
+
+
+def _print_serving(name: str, url: str, token: str | None) -> None:
+    auth = "token required" if token else "no token: this machine only"
+    print(f"serving reward {name!r} at {url} ({auth}); Ctrl-C stops it", flush=True)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)
+
+
+def cmd_serve_reward(args) -> int:
+    params, token = _reward_params(args.params), _server_token(args)
+    if args.max_request_mb <= 0:
+        raise DiffrlError(f"--max-request-mb must be > 0, got {args.max_request_mb}")
+    if not args.ray:
+        if args.ray_address or args.num_gpus or args.num_cpus != 1:
+            raise DiffrlError("--ray-address, --num-gpus and --num-cpus place the server on Ray: add --ray")
+        host = args.host or "127.0.0.1"
+        port = 8000 if args.port is None else args.port
+        serve(
+            args.reward,
+            params,
+            host,
+            port,
+            token,
+            args.max_request_mb,
+            on_ready=lambda s: _print_serving(args.reward, s.url, token),
+        )
+        return 0
+    problem = bind_problem(args.host, token)  # before Ray starts: that takes seconds
+    if problem:
+        raise DiffrlError(problem)
+    ray = import_ray()
+    if args.ray_address and (problem := ray_address_problem(args.ray_address)):
+        raise DiffrlError(problem.replace("ray.address", "--ray-address"))
+    ray.init(address=args.ray_address, include_dashboard=False)
+    # after ray.init, which installs a SIGTERM handler that aborts: a service manager's stop must
+    # end the actor and shut down the cluster this process started or joined
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        server = start_reward_server(
+            args.reward,
+            params,
+            token=token,
+            host=args.host,
+            port=args.port or 0,
+            num_cpus=args.num_cpus,
+            num_gpus=args.num_gpus,
+            max_request_mb=args.max_request_mb,
+        )
+        _print_serving(args.reward, server.url, token)
+        try:
+            server.wait()
+        finally:
+            server.stop()
+    finally:
+        ray.shutdown()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="diffrl", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -319,6 +432,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="write into a non-empty OUT_DIR (files of the same name are replaced)",
     )
     x.set_defaults(func=cmd_export)
+
+    v = sub.add_parser(
+        "serve-reward",
+        parents=[common],
+        help="serve a reward over HTTP for the 'remote' reward (wire format: diffrl/rewards/server.py)",
+    )
+    v.add_argument("--reward", required=True, help="a reward name (e.g. ocr) or a dotted path module:obj")
+    v.add_argument(
+        "--params", nargs="*", default=[], help="the reward's params: key=value ... or one mapping '{k: v}'"
+    )
+    v.add_argument("--host", help="address to bind (default 127.0.0.1; with --ray, the node's address)")
+    v.add_argument("--port", type=int, help="default 8000 (with --ray: a free port); 0: a free port")
+    v.add_argument("--token-file", help="a file holding the token clients must send (Bearer)")
+    v.add_argument("--token-env", help="an environment variable holding the token")
+    v.add_argument("--max-request-mb", type=float, default=64.0, help="larger requests get HTTP 413")
+    v.add_argument("--ray", action="store_true", help="serve from a Ray actor (its own CPUs/GPUs)")
+    v.add_argument("--ray-address", help="with --ray: auto or HOST:PORT of a cluster (default: start one)")
+    v.add_argument("--num-gpus", type=float, default=0, help="with --ray: GPUs for the server's actor")
+    v.add_argument("--num-cpus", type=float, default=1, help="with --ray: CPUs for the server's actor")
+    v.set_defaults(func=cmd_serve_reward)
 
     r = sub.add_parser("recipes", parents=[common], help="list the shipped recipes")
     r.set_defaults(func=cmd_recipes)

@@ -13,5 +13,6 @@ REWARDS = Registry(
         "hpsv2": "diffrl.rewards.hpsv2:HPSv2",
         "jpeg_compressibility": "diffrl.rewards.jpeg:JpegCompressibility",
         "jpeg_incompressibility": "diffrl.rewards.jpeg:JpegIncompressibility",
+        "remote": "diffrl.rewards.remote:RemoteReward",
     },
 )

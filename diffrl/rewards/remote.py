@@ -1,0 +1,342 @@
+"""The ``remote`` reward: scores from a reward server (``diffrl serve-reward``, :mod:`.server`).
+
+::
+
+    rewards:
+      - name: remote
+        timeout_s: 120            # the call's deadline (RewardConfig), counted from submit
+        params: {url: "http://10.0.0.7:8100", token_env: REWARD_TOKEN, timeout_s: 60, retries: 3}
+
+Each micro-group the collector submits is one ``POST /score`` (the wire format is in
+:mod:`diffrl.rewards.server`), sent from the reward's call thread in submit order, as an in-process
+reward's calls run; the images go as the rollout's exact uint8 pixels (``format: png``, lossless
+and usually smaller for generated images, or ``raw``, no encoding cost), so the server's reward sees what an
+in-process one would.
+
+Failures: a connection error, a timeout or an HTTP 5xx is retried ``retries`` times, after
+``backoff_s * 2**k`` seconds (k = 0, 1, ...); each attempt waits at most ``min(timeout_s, what is
+left of the deadline)`` per socket operation and no attempt or pause goes past the deadline. 401
+/ 403 (token missing or refused), 413 (request too large) and other 4xx are not retried: the same
+request would fail again. On final failure :class:`~diffrl.rewards.base.RewardError` says why;
+the micro-group's samples are failed (NaN, counted in ``rollout/reward_failed``) and the run goes
+on. A NaN score from the server fails its sample in the same way.
+
+Videos: ``remote`` is an image reward; a video's frames are sent (and scored) one image each and
+the video gets their mean (:func:`~diffrl.rewards.base.submit_scores`).
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import math
+import os
+import re
+import time
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+from PIL import Image
+
+from diffrl.rewards.base import Pending, Reward, RewardError
+from diffrl.rewards.workers import CallThread, deadline_after, result_by, seconds_left
+from diffrl.rollout import quantize
+
+FORMATS = ("png", "raw")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def url_problem(url: Any) -> str | None:
+    if not isinstance(url, str):
+        return f"url must be the server's address, e.g. 'http://10.0.0.7:8100', got {url!r}"
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        return f"url must be http(s)://HOST:PORT of a reward server (diffrl serve-reward), got {url!r}"
+    if parts.query or parts.fragment:
+        return f"url {url!r}: give the server's address without a query or fragment"
+    if parts.path.rstrip("/").endswith(("/score", "/health")):
+        return f"url {url!r}: give the server's base address (the client adds /score), e.g. {url.rsplit('/', 1)[0]!r}"
+    return None
+
+
+def encode_png(pixels: np.ndarray) -> bytes:
+    """``(H, W, 3)`` uint8 -> PNG bytes (lossless: the server decodes the same pixels)."""
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG", compress_level=1)  # speed over size: it is sent once
+    return out.getvalue()
+
+
+def encode_request(images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], fmt: str) -> bytes:
+    """``images (B, 3, H, W)`` in [0, 1] -> the msgpack ``/score`` body (module docstring of
+    :mod:`diffrl.rewards.server`), pixels through :func:`quantize` (the rollout's uint8)."""
+    pixels = quantize(images)
+    msg: dict[str, Any] = {"format": fmt, "prompts": list(prompts), "metadata": list(metadata)}
+    if fmt == "png":
+        msg["images"] = [encode_png(np.ascontiguousarray(a)) for a in pixels.permute(0, 2, 3, 1).numpy()]
+    else:
+        msg["images"] = pixels.contiguous().numpy().tobytes()
+        msg["shape"] = list(pixels.shape)
+    try:
+        return msgpack.packb(msg, default=_plain)
+    except (TypeError, ValueError) as e:
+        raise RewardError(
+            f"reward 'remote': cannot send the prompts' metadata ({e}); a remote reward's metadata "
+            "must hold only strings, numbers, bools, None, lists and dicts"
+        ) from e
+
+
+def _plain(value: Any) -> Any:
+    """Metadata values msgpack cannot pack itself: numpy and torch numbers and arrays."""
+    if isinstance(value, np.generic | np.ndarray | torch.Tensor):
+        return value.tolist()
+    raise TypeError(f"a {type(value).__name__} cannot be sent")
+
+
+def _detail(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["detail"])
+    except (ValueError, KeyError, TypeError):
+        return body.decode("utf-8", "replace").strip()[:500] or "(empty body)"
+
+
+def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
+    """What is wrong with the values of ``params`` (``check_env``: also that ``token_env`` is set)."""
+    problems = []
+    if "url" not in params:
+        problems.append("url is required: the reward server's address, e.g. 'http://10.0.0.7:8100'")
+    elif (p := url_problem(params["url"])) is not None:
+        problems.append(p)
+    env = params.get("token_env")
+    if env is not None:
+        if not isinstance(env, str) or not ENV_NAME.fullmatch(env):
+            problems.append(
+                f"token_env must be the name of an environment variable (e.g. REWARD_TOKEN), got {env!r}"
+            )
+        elif check_env and not os.environ.get(env):
+            problems.append(
+                f"token_env: the environment variable {env} is not set (or empty) here; export it with "
+                "the server's token before starting the run"
+            )
+    for key, positive in (("timeout_s", True), ("backoff_s", False)):
+        value = params.get(key, 1.0)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or (value <= 0 if positive else value < 0):
+            problems.append(
+                f"{key} must be a number of seconds {'> 0' if positive else '>= 0'}, got {value!r}"
+            )
+    retries = params.get("retries", 0)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        problems.append(f"retries must be an integer >= 0 (attempts after the first), got {retries!r}")
+    if params.get("format", "png") not in FORMATS:
+        problems.append(f"format must be png or raw, got {params['format']!r}")
+    return problems
+
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def server_problems(url: str, token_env: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
+    """Why ``url`` is no usable reward server (asks its ``/health``; no token needed)."""
+    parts = urllib.parse.urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        conn.request("GET", parts.path.rstrip("/") + "/health")
+        response = conn.getresponse()
+        status, data = response.status, response.read()
+    except (OSError, http.client.HTTPException) as e:
+        reason = (
+            f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+        )
+        return [
+            f"url: no reward server answers at {url} ({reason}); start it first (diffrl serve-reward "
+            "--reward NAME --host HOST --port PORT ...) or fix the url"
+        ]
+    finally:
+        conn.close()
+    try:
+        health = json.loads(data)
+        ok = status == 200 and health.get("status") == "ok"
+    except (ValueError, AttributeError):
+        ok = False
+    if not ok:
+        return [f"url: {url}/health answered HTTP {status} {_detail(data)!r}; is it a diffrl reward server?"]
+    if health.get("token_required") and token_env is None:
+        return [
+            f"token_env: the reward server at {url} needs a token; set token_env to the name of an "
+            "environment variable holding it"
+        ]
+    return []
+
+
+class _Retry(Exception):
+    """An attempt that failed in a way worth trying again (connection, timeout, 5xx)."""
+
+
+class RemoteReward(Reward):
+    """Scores from the reward server at ``url``.
+
+    ``token_env``: the environment variable holding the server's token (None: the server has
+    none). ``timeout_s``: the most one attempt waits (per socket operation), within the call's
+    deadline. ``retries``: attempts after the first, on connection errors, timeouts and 5xx,
+    ``backoff_s * 2**k`` seconds apart. ``format``: ``png`` or ``raw`` (module docstring).
+    """
+
+    name = "remote"
+
+    def __init__(
+        self,
+        url: str,
+        token_env: str | None = None,
+        timeout_s: float = 60.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        format: str = "png",
+    ):
+        params = dict(url=url, token_env=token_env, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s)
+        problems = param_value_problems({**params, "format": format}, check_env=True)
+        if problems:
+            raise RewardError("reward 'remote': " + "; ".join(problems))
+        parts = urllib.parse.urlsplit(url)
+        self.url, self.token_env = url.rstrip("/"), token_env
+        self.timeout_s, self.retries, self.backoff_s, self.format = (
+            float(timeout_s),
+            int(retries),
+            float(backoff_s),
+            format,
+        )
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self._path = parts.path.rstrip("/") + "/score"
+        self._token = os.environ[token_env] if token_env else None
+
+    @classmethod
+    def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
+        """The params' values; with ``check_files``, also that ``token_env`` is set here and that
+        a diffrl reward server answers at ``url`` (``/health``, in seconds), wanting a token only
+        if one is given."""
+        problems = param_value_problems(params, check_env=check_files)
+        if check_files and not problems:
+            problems += server_problems(params["url"], params.get("token_env"))
+        return problems
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[dict[str, Any]],
+        timeout: float | None = None,
+    ) -> Pending:
+        """As :meth:`Reward.submit` (the call thread, submit order), with the deadline handed to
+        the requests, so that retries stop by it."""
+        calls = self.__dict__.get("_calls")  # the name RewardSet.close ends
+        if calls is None:
+            calls = self._calls = CallThread(f"reward-{self.name}")
+        deadline = deadline_after(timeout)
+        future = calls.submit(self.score, images, prompts, metadata, deadline, timeout=timeout)
+        return Pending(lambda: result_by(future, deadline))
+
+    def __call__(self, images, prompts, metadata) -> torch.Tensor:
+        return self.score(images, prompts, metadata, None)
+
+    def score(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], deadline: float | None
+    ) -> torch.Tensor:
+        """``images (B, 3, H, W)`` -> ``(B,)`` scores from the server, retried until ``deadline``
+        (``time.monotonic()``; None: only ``retries`` bound it)."""
+        body = encode_request(images, prompts, metadata, self.format)
+        n, attempt = len(prompts), 0
+        while True:
+            left = seconds_left(deadline)
+            wait = self.timeout_s if left is None else min(self.timeout_s, left)
+            try:
+                if wait <= 0:
+                    raise _Retry("no time left before the reward's deadline")
+                return self._attempt(body, n, wait)
+            except _Retry as e:
+                reason = str(e)
+            attempt += 1
+            pause = self.backoff_s * 2 ** (attempt - 1)
+            left = seconds_left(deadline)
+            if attempt > self.retries or (left is not None and left <= pause):
+                why = (
+                    f"{attempt} attempt(s)"
+                    if attempt > self.retries
+                    else f"{attempt} attempt(s), at the reward's deadline"
+                )
+                raise RewardError(f"remote reward server {self.url} failed after {why}: {reason}")
+            time.sleep(pause)
+
+    def _attempt(self, body: bytes, n: int, wait: float) -> torch.Tensor:
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=wait)
+        # X-Timeout-S: the server skips the request if it is still queued when this attempt gave up
+        headers = {
+            "Content-Type": "application/msgpack",
+            "Accept": "application/msgpack",
+            "X-Timeout-S": f"{wait:.3f}",
+        }
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        try:
+            try:
+                conn.request("POST", self._path, body=body, headers=headers)
+            except (BrokenPipeError, ConnectionResetError):
+                # the server may answer (413, 401) and close before the whole body is sent: read it
+                pass
+            response = conn.getresponse()
+            status, data = response.status, response.read()
+            ctype = response.getheader("Content-Type", "")
+        except TimeoutError as e:
+            raise _Retry(f"no answer within {wait:.3g} s") from e
+        except (OSError, http.client.HTTPException) as e:
+            raise _Retry(f"{type(e).__name__}: {e}") from e
+        finally:
+            conn.close()
+        if status == 200:
+            return self._scores(data, ctype, n)
+        detail = _detail(data)
+        if status in (401, 403):
+            if self._token is None:
+                fix = "the server needs a token: set the reward's token_env to a variable holding it"
+            else:
+                fix = f"check the token in ${self.token_env} against the server's"
+            raise RewardError(
+                f"remote reward server {self.url} refused the request (HTTP {status}: {detail}); {fix}"
+            )
+        if status == 413:
+            raise RewardError(
+                f"remote reward server {self.url}: a request of {len(body) / 2**20:.1f} MB is too large "
+                f"(HTTP 413: {detail}); raise the server's --max-request-mb or lower "
+                f"rollout.micro_group_size{', or send format: png' if self.format == 'raw' else ''}"
+            )
+        if status >= 500:
+            raise _Retry(f"HTTP {status}: {detail}")
+        raise RewardError(f"remote reward server {self.url} rejected the request (HTTP {status}: {detail})")
+
+    def _scores(self, data: bytes, ctype: str, n: int) -> torch.Tensor:
+        try:
+            scores = msgpack.unpackb(data)["scores"] if "msgpack" in ctype else json.loads(data)["scores"]
+            scores = torch.tensor(scores, dtype=torch.float64)
+        except Exception as e:  # anything unreadable: not a diffrl reward server, or a broken one
+            raise RewardError(
+                f"remote reward server {self.url} answered something that is not {{'scores': [...]}} "
+                f"({type(e).__name__}: {e}); is it a diffrl reward server?"
+            ) from e
+        if scores.shape != (n,):
+            raise RewardError(
+                f"remote reward server {self.url} answered {scores.numel()} score(s) of shape "
+                f"{tuple(scores.shape)} for {n} images"
+            )
+        return scores.float()
