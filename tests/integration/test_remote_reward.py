@@ -76,8 +76,14 @@ def health(url: str) -> dict:
         conn.close()
 
 
-def reward_rows(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in m.items() if k.startswith("rollout/reward")} for m in history]
+def reward_rows(history: list[dict], label: str) -> list[dict]:
+    """The reward metrics of each iteration, the reward's own under ``reward/`` (its label differs:
+    ``remote`` on one side, the function's path on the other)."""
+    own = f"rollout/reward/{label}/"
+    return [
+        {k.replace(own, "rollout/reward/REWARD/"): v for k, v in m.items() if k.startswith("rollout/reward")}
+        for m in history
+    ]
 
 
 def test_flow_grpo_through_a_reward_server_process(tmp_path, server):
@@ -104,7 +110,7 @@ def test_flow_grpo_through_a_reward_server_process(tmp_path, server):
     killer.join(30)
     near = train(grpo(tmp_path / "local", rewards=f"[{{name: {REWARD}}}]", **settings))
 
-    remote_rows, local_rows = reward_rows(far.history), reward_rows(near.history)
+    remote_rows, local_rows = reward_rows(far.history, "remote"), reward_rows(near.history, REWARD)
     assert len(far.history) == ITERATIONS and proc.poll() is not None  # killed, and the run went on
     # before the kill: the same rewards to the last bit (the same pixels reach the same function),
     # so the same update too
