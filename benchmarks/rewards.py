@@ -12,8 +12,11 @@ Prints
  (b) the share of reward time hidden behind sampling in a tiny Flow-GRPO rollout, for the OCR
      reward scored by the local worker pool and by a `diffrl serve-reward` server on loopback:
      hidden = 1 - (wait for scores after the last micro-group) / (time to score the same
-     micro-groups one after another, nothing else running).
-Images are 32 x 64, the tiny world's.
+     micro-groups one after another, nothing else running);
+ (c) with --real-size BATCH: seconds per image of the real architectures of PickScore / HPSv2.1
+     (CLIP ViT-H-14) and CLIPScore / the aesthetic predictor (CLIP ViT-L/14), randomly initialised
+     (the cost does not depend on the weights' values), float32 and bfloat16, on this CPU.
+Images are 32 x 64: the tiny world's digits, rendered as its training data is.
 """
 
 from __future__ import annotations
@@ -69,8 +72,18 @@ def tiny_rewards(root: Path) -> dict[str, Callable[[], object]]:
 
 
 def throughput(repeats: int) -> None:
-    prompts = [f'a sign that says "{i:03d}" in a field' for i in range(max(SIZES))]
-    images = torch.randint(0, 256, (max(SIZES), 3, HEIGHT, WIDTH), dtype=torch.uint8)
+    import random
+
+    from diffrl.data.synthetic_text import draw_style, prompt_for, render, to_tensor
+    from diffrl.rollout import quantize
+
+    # the tiny world's pictures (digits rendered on a plain ground), so OCR finds text to read
+    rng = random.Random(0)
+    texts = [f"{rng.randrange(10**4):04d}" for _ in range(max(SIZES))]
+    prompts = [prompt_for(t) for t in texts]
+    images = quantize(
+        torch.stack([to_tensor(render(t, draw_style(t, rng, HEIGHT, WIDTH), HEIGHT, WIDTH)) for t in texts])
+    )
     with tempfile.TemporaryDirectory() as tmp:
         rewards = {name: build() for name, build in tiny_rewards(Path(tmp)).items()}
         times: dict[tuple[str, int], list[float]] = {(r, n): [] for r in rewards for n in SIZES}
@@ -95,6 +108,118 @@ def throughput(repeats: int) -> None:
             rates = sorted(n / t for t in times[(name, n)])
             cells.append(f"{statistics.median(rates):9.1f} ({rates[0]:.1f}-{rates[-1]:.1f})")
         print(f"{name:34s}" + "".join(f"{c:>26s}" for c in cells))
+
+
+# The real models' architectures (their config.json), with random weights: the real compute cost.
+VIT_H_14 = {  # laion/CLIP-ViT-H-14-laion2B-s32B-b79K, PickScore_v1 (and HPSv2.1's backbone)
+    "projection_dim": 1024,
+    "text_config": {
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "hidden_act": "gelu",
+    },
+    "vision_config": {
+        "hidden_size": 1280,
+        "intermediate_size": 5120,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 16,
+        "image_size": 224,
+        "patch_size": 14,
+        "hidden_act": "gelu",
+    },
+}
+VIT_L_14 = {  # openai/clip-vit-large-patch14 (clip_score, aesthetic)
+    "projection_dim": 768,
+    "text_config": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+    },
+    "vision_config": {
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "image_size": 224,
+        "patch_size": 14,
+    },
+}
+
+
+def write_real_size(folder: Path, arch: dict) -> None:
+    """A randomly initialised CLIPModel of ``arch``'s sizes, with the tiny tokenizer (the vocabulary
+    size does not change the cost) and a 224-pixel processor config."""
+    from transformers import CLIPConfig, CLIPModel
+
+    from tests.unit.rewards.tiny_clip import vocabulary, write_processor, write_tokenizer
+
+    n = len(vocabulary())
+    text = {
+        **arch["text_config"],
+        "vocab_size": n,
+        "max_position_embeddings": 77,
+        "bos_token_id": n - 2,
+        "eos_token_id": n - 1,
+    }
+    CLIPModel(
+        CLIPConfig(
+            projection_dim=arch["projection_dim"], text_config=text, vision_config=arch["vision_config"]
+        )
+    ).save_pretrained(folder)
+    write_tokenizer(folder)
+    write_processor(folder, 224)
+
+
+def real_size(repeats: int, batch: int) -> None:
+    from diffrl.rewards.aesthetic import LINEAR_LAYERS, Aesthetic
+    from diffrl.rewards.clip_score import ClipScore
+    from diffrl.rewards.pickscore import PickScore
+
+    prompts = [f"a photo of object {i} on a wooden table, studio light" for i in range(batch)]
+    images = torch.rand(batch, 3, 512, 512)  # a real run's 512 px images, resized by the processors
+    widths = [768, 1024, 128, 64, 16, 1]  # the LAION predictor v2
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write_real_size(root / "vit_h_14", VIT_H_14)
+        write_real_size(root / "vit_l_14", VIT_L_14)
+        predictor = {}
+        for i, (d_in, d_out) in zip(LINEAR_LAYERS, zip(widths, widths[1:])):
+            predictor[f"layers.{i}.weight"] = torch.randn(d_out, d_in) / d_in**0.5
+            predictor[f"layers.{i}.bias"] = torch.zeros(d_out)
+        torch.save(predictor, root / "predictor.pth")
+        print(
+            f"\n(c) seconds per image of the real-size models on this machine's CPU ({torch.get_num_threads()} "
+            f"threads), {batch} images of 512 px per call (median of {repeats} calls, min-max)"
+        )
+        for dtype in ("float32", "bfloat16"):
+            builds = {
+                "pickscore / hpsv2 (ViT-H-14)": lambda dtype=dtype: PickScore(
+                    str(root / "vit_h_14"), dtype=dtype
+                ),
+                "clip_score (ViT-L/14)": lambda dtype=dtype: ClipScore(str(root / "vit_l_14"), dtype=dtype),
+                "aesthetic (ViT-L/14 image + MLP)": lambda dtype=dtype: Aesthetic(
+                    str(root / "vit_l_14"), str(root / "predictor.pth"), dtype=dtype
+                ),
+            }
+            for name, build in builds.items():
+                reward = build()
+                reward(images[:1], prompts[:1], [{}])  # warm-up
+                times = sorted(
+                    _timed(lambda r=reward: r(images, prompts, [{}] * batch)) / batch for _ in range(repeats)
+                )
+                print(
+                    f"{name:34s} {dtype:9s} {statistics.median(times):7.3f} s ({times[0]:.3f}-{times[-1]:.3f})"
+                )
+                del reward
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def free_port() -> int:
@@ -211,12 +336,21 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--skip-overlap", action="store_true", help="only (a)")
+    parser.add_argument("--skip-overlap", action="store_true", help="leave out (b)")
+    parser.add_argument(
+        "--real-size",
+        type=int,
+        default=0,
+        metavar="BATCH",
+        help="also (c): the real-size CLIP models (random weights) on BATCH images per call; needs ~10 GB",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     throughput(args.repeats)
     if not args.skip_overlap:
         overlap(args.repeats)
+    if args.real_size:
+        real_size(max(1, args.repeats // 2), args.real_size)
 
 
 if __name__ == "__main__":
