@@ -30,7 +30,6 @@ from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.pretrained import (
     device_and_dtype,
-    device_dtype_problems,
     file_problems,
     folder_problems,
     pil_images,
@@ -121,8 +120,7 @@ class Aesthetic(Reward):
             {".pth", ".pt", ".safetensors"},
             check_files,
         )
-        problems += device_dtype_problems(params.get("device", "cpu"), params.get("dtype", "float32"))
-        return problems + clip_embed.batch_size_problems(params.get("batch_size", 32))
+        return problems + clip_embed.runtime_problems(params)
 
     def __call__(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]

@@ -22,7 +22,7 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
 from diffrl.rewards.base import RewardError
-from diffrl.rewards.pretrained import chunks
+from diffrl.rewards.pretrained import chunks, device_dtype_problems, pil_images
 
 TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 """A CLIP tokenizer folder holds a ``tokenizers`` serialisation or the BPE vocab + merges."""
@@ -110,6 +110,30 @@ def tokens(tokenizer: CLIPTokenizer, prompts: Sequence[str], context_length: int
     return {"input_ids": out["input_ids"], "attention_mask": out["attention_mask"]}
 
 
+def scaled_cosines(
+    model: CLIPModel,
+    image_processor: CLIPImageProcessorPil,
+    tokenizer: CLIPTokenizer,
+    images: torch.Tensor,
+    prompts: Sequence[str],
+    batch_size: int,
+    divisor: float,
+) -> torch.Tensor:
+    """``images (B, 3, H, W)`` in [0, 1] + prompts -> ``(B,)`` ``exp(logit_scale) * cos(e_i, e_t) /
+    divisor``: CLIP's ``logits_per_image`` diagonal, scaled (PickScore's and CLIPScore's formula)."""
+    pictures = pil_images(images)
+    context_length = model.config.text_config.max_position_embeddings
+
+    def score(part: slice) -> torch.Tensor:
+        image_emb = image_embeddings(model, pixel_values(image_processor, pictures[part]))
+        cosine = (image_emb * text_embeddings(model, **tokens(tokenizer, prompts[part], context_length))).sum(
+            -1
+        )
+        return model.logit_scale.exp().float() * cosine / divisor
+
+    return in_batches(len(pictures), batch_size, score)
+
+
 def unit(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(p=2, dim=-1, keepdim=True)
 
@@ -148,6 +172,12 @@ def processor_problems(
             f"{param}: {folder!r} has no CLIP tokenizer (tokenizer.json, or vocab.json + merges.txt)"
         )
     return problems
+
+
+def runtime_problems(params: dict[str, Any]) -> list[str]:
+    """The ``device``, ``dtype`` and ``batch_size`` params every CLIP reward takes."""
+    problems = device_dtype_problems(params.get("device", "cpu"), params.get("dtype", "float32"))
+    return problems + batch_size_problems(params.get("batch_size", 32))
 
 
 def batch_size_problems(batch_size: Any) -> list[str]:

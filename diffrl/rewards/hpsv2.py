@@ -44,7 +44,7 @@ from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImage
 
 from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward
-from diffrl.rewards.pretrained import device_and_dtype, device_dtype_problems, file_problems, pil_images
+from diffrl.rewards.pretrained import device_and_dtype, file_problems, pil_images
 
 VISION_HEAD_WIDTH = 80
 """open_clip ViT-H-14: ``vision_cfg.head_width`` (1280 wide = 16 heads)."""
@@ -274,8 +274,7 @@ class HPSv2(Reward):
         problems += clip_embed.processor_problems(
             cls.name, "tokenizer", params.get("tokenizer"), check_files, image=False
         )
-        problems += device_dtype_problems(params.get("device", "cpu"), params.get("dtype", "float32"))
-        return problems + clip_embed.batch_size_problems(params.get("batch_size", 32))
+        return problems + clip_embed.runtime_problems(params)
 
     def __call__(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]

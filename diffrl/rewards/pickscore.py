@@ -21,7 +21,7 @@ import torch
 
 from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward
-from diffrl.rewards.pretrained import device_and_dtype, device_dtype_problems, folder_problems, pil_images
+from diffrl.rewards.pretrained import device_and_dtype, folder_problems
 
 DIVISOR = 26.0
 """flow_grpo's normalisation of PickScore ("norm to 0-1")."""
@@ -48,7 +48,6 @@ class PickScore(Reward):
         self.model = clip_embed.load_clip_model(self.name, model, torch_device, torch_dtype)
         self.image_processor = clip_embed.load_image_processor(self.name, processor)
         self.tokenizer = clip_embed.load_tokenizer(self.name, processor)
-        self.context_length = self.model.config.text_config.max_position_embeddings
 
     @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
@@ -63,20 +62,12 @@ class PickScore(Reward):
                 "laion/CLIP-ViT-H-14-laion2B-s32B-b79K folder"
                 for p in clip_embed.processor_problems(cls.name, "model", params["model"], check_files)
             ]
-        problems += device_dtype_problems(params.get("device", "cpu"), params.get("dtype", "float32"))
-        return problems + clip_embed.batch_size_problems(params.get("batch_size", 32))
+        return problems + clip_embed.runtime_problems(params)
 
     def __call__(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict[str, Any]]
     ) -> torch.Tensor:
         """``images (B, 3, H, W)`` in [0, 1] -> ``(B,)``."""
-        pictures = pil_images(images)
-
-        def score(part: slice) -> torch.Tensor:
-            pixels = clip_embed.pixel_values(self.image_processor, pictures[part])
-            text = clip_embed.tokens(self.tokenizer, prompts[part], self.context_length)
-            image_emb = clip_embed.image_embeddings(self.model, pixels)
-            cosine = (image_emb * clip_embed.text_embeddings(self.model, **text)).sum(-1)
-            return self.model.logit_scale.exp().float() * cosine / DIVISOR
-
-        return clip_embed.in_batches(len(pictures), self.batch_size, score)
+        return clip_embed.scaled_cosines(
+            self.model, self.image_processor, self.tokenizer, images, prompts, self.batch_size, DIVISOR
+        )
