@@ -368,6 +368,7 @@ def cmd_serve_reward(args) -> int:
             server.stop()
     finally:
         ray.shutdown()
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
