@@ -7,8 +7,10 @@ overlaps the sampling of the next): see :class:`~diffrl.train.stages.Rollout`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -64,6 +66,29 @@ class RolloutPlanner:
         )
 
 
+class StageClock:
+    """Seconds a collector spent per stage since the last :meth:`take` (the driver logs them as
+    ``perf/rollout_<stage>_time`` each iteration)."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, stage: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, its time added to ``stage``'s (once the device is done: CUDA runs ahead)."""
+        t0 = time.perf_counter()
+        out = fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
+        return out
+
+    def take(self) -> dict[str, float]:
+        """``{"perf/rollout_<stage>_time": seconds}`` since the last take; starts afresh."""
+        seconds, self.seconds = self.seconds, {}
+        return {f"perf/rollout_{stage}_time": t for stage, t in seconds.items()}
+
+
 class OfflineCollector:
     """Reads ``batch_size`` examples per iteration from an offline dataset (no sampling, no reward).
 
@@ -74,6 +99,8 @@ class OfflineCollector:
     def __init__(self, dataset: OfflineDataset, family: ModelFamily, batch_size: int, seed: int):
         self.dataset, self.family, self.batch_size = dataset, family, batch_size
         self.stream = EpochStream(len(dataset), seed, "epoch")
+        self.clock = StageClock(family.device)
+        """Seconds per stage: ``encode`` (the images to latents and the prompts)."""
 
     def micro_groups(
         self, iteration: int, module: nn.Module | None = None, should_stop: Callable[[], bool] | None = None
@@ -85,7 +112,10 @@ class OfflineCollector:
         start = iteration * self.batch_size
         indices = self.stream.take(start, self.batch_size)
         images, prompts = zip(*(self.dataset[i] for i in indices))
-        x0 = self.family.encode_images(torch.stack(images).to(self.family.device))
+        x0 = self.clock(
+            "encode", lambda: self.family.encode_images(torch.stack(images).to(self.family.device))
+        )
+        cond = self.clock("encode", lambda: self.family.encode_prompts(list(prompts)))
         idx = torch.tensor(indices)
         return RolloutBatch(
             prompts=list(prompts),
@@ -95,7 +125,7 @@ class OfflineCollector:
             group_id=idx,
             micro_group=torch.zeros_like(idx),
             x0=x0,
-            cond=self.family.encode_prompts(list(prompts)),
+            cond=cond,
         )
 
 
@@ -121,6 +151,8 @@ class OnlineCollector:
         self.sigmas = sampling_sigmas(config, family)
         self.height, self.width = image_size(config, family)
         self.kernel = self.planner.kernel
+        self.clock = StageClock(family.device)
+        """Seconds per stage: ``encode`` (prompts), ``denoise``, ``decode`` (VAE, to uint8)."""
 
     def plan(self, rollout_id: int) -> RolloutPlan:
         return self.planner.plan(rollout_id)
@@ -156,7 +188,7 @@ class OnlineCollector:
     def _sample(self, chunk, micro_group, rollout_id, steps, negative, module) -> RolloutBatch:
         family, b = self.family, len(chunk)
         prompts = [self.prompts.prompts[p] for _, p, _ in chunk]
-        cond = family.encode_prompts(prompts)
+        cond = self.clock("encode", lambda: family.encode_prompts(prompts))
         neg = negative.repeat(b) if negative is not None else None
         same = self.config.rollout.same_latent
         keys = [(self.seed, "init", q, 0 if same else j) for q, _, j in chunk]
@@ -165,19 +197,22 @@ class OnlineCollector:
         def step_noise(i: int) -> torch.Tensor:
             return randn_batch(x.shape[1:], [(self.seed, "sde", q, j, i) for q, _, j in chunk]).to(x.device)
 
-        out = denoise(
-            family,
-            x,
-            cond,
-            self.sigmas,
-            kernel=self.kernel,
-            stochastic_steps=steps,
-            noise_level=self.spec.noise_level,
-            step_noise=step_noise,
-            guidance_scale=self.guidance,
-            negative=neg,
-            module=module,
-            record=self.spec.keep_trajectory,
+        out = self.clock(
+            "denoise",
+            lambda: denoise(
+                family,
+                x,
+                cond,
+                self.sigmas,
+                kernel=self.kernel,
+                stochastic_steps=steps,
+                noise_level=self.spec.noise_level,
+                step_noise=step_noise,
+                guidance_scale=self.guidance,
+                negative=neg,
+                module=module,
+                record=self.spec.keep_trajectory,
+            ),
         )
         k = len(steps)
         step_idx = torch.tensor(steps, dtype=torch.long).expand(b, k)
@@ -190,7 +225,7 @@ class OnlineCollector:
             micro_group=torch.full((b,), micro_group),
             x0=out.x0,
             cond=cond,
-            images=quantize(family.decode(out.x0)),
+            images=self.clock("decode", lambda: quantize(family.decode(out.x0))),
             sigmas=self.sigmas.expand(b, -1).clone(),
         )
         if self.spec.keep_trajectory and k:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import time
 import warnings
 
 import torch
@@ -278,14 +279,17 @@ class Actor:
         totals = totals or [None] * len(chunks)
         counts = counts or [None] * len(chunks)
         try:
+            t0 = time.perf_counter()
             prepared = []
             for chunk, count in zip(chunks, counts):
                 self.policy.micro_batch_count = count
                 prepared.append(self.before_update(chunk, algorithm))
+            before = (time.perf_counter() - t0) / max(1, len(chunks))
             out = []
             for chunk, total, count in zip(prepared, totals, counts):
                 self.policy.micro_batch_count = count
-                out.append(self.train_step(chunk, algorithm, total))
+                # before_update's time shared out over the steps, so that their sum is its total
+                out.append({**self.train_step(chunk, algorithm, total), "perf/before_update_time": before})
             return out
         finally:
             self.policy.micro_batch_count = None
@@ -310,6 +314,7 @@ class Actor:
         sums: dict[str, float] = {}
         loss_sum = 0.0
         finite = True
+        t0 = time.perf_counter()
         for mb in self.policy.micro_batches(examples):
             mb = mb.to(self.family.device)
             loss, metrics = algorithm.compute_loss(self.policy, mb)
@@ -330,6 +335,8 @@ class Actor:
             reduced = self.dist.sum([loss_sum, *(sums[k] for k in keys)])
             loss_sum, sums = reduced[0], dict(zip(keys, reduced[1:]))
             finite = self.dist.all(finite)
+        self._device_done()
+        t1 = time.perf_counter()
         grad_norm = float("nan")
         if finite:
             clip = self.config.train.grad_clip
@@ -347,10 +354,18 @@ class Actor:
             )
             self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        self._device_done()
         return {
             "train/loss": loss_sum if finite else float("nan"),
             **sums,
             "train/grad_norm": grad_norm,
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/skipped_nonfinite": 0.0 if finite else 1.0,
+            "perf/train_forward_backward_time": t1 - t0,  # the micro-batches' losses and backward
+            "perf/optimizer_time": time.perf_counter() - t1,  # clipping, the step, the EMA
         }
+
+    def _device_done(self) -> None:
+        """Wait for the device (CUDA runs ahead of the host), so that a stage's time is its own."""
+        if torch.device(self.family.device).type == "cuda":
+            torch.cuda.synchronize(self.family.device)

@@ -87,6 +87,7 @@ class Driver:
             self.state.guard.finished(step - self.start)
             self.eval_point(step)
             self.save(step, final=True)
+            print(stages.stage_summary(self.result.history, self.state.evals), flush=True)
         except Abandoned:
             raise self.interrupted(step) from None
         finally:
@@ -126,9 +127,11 @@ class Driver:
     def eval_point(self, step: int) -> None:
         if any(e["step"] == step for e in self.state.evals):  # e.g. a run resumed at its last step
             return
+        t0 = time.time()
         result = self.runner.evaluate()
         if result is not None:
-            self.state.record_eval(step, result, self.out, self.config.eval.grid_images, self.logger)
+            seconds = time.time() - t0
+            self.state.record_eval(step, result, self.out, self.config.eval.grid_images, self.logger, seconds)
 
     def save(self, step: int, final: bool = False) -> Path:
         path = self.result.checkpoint if final else self.out / "checkpoints" / f"step_{step:05d}"

@@ -119,7 +119,7 @@ class LocalRunner:
 
     def end_iteration(self) -> dict[str, float]:
         # the collector samples with the actor's own module: nothing to sync
-        return self.actor.update_old_policy(self.algorithm)
+        return {**self.collector.clock.take(), **self.actor.update_old_policy(self.algorithm)}
 
     def evaluate(self) -> EvalResult | None:
         if self.eval_rewards is None:

@@ -118,8 +118,11 @@ def optimizer_steps(batch: RolloutBatch, examples: TrainExamples, n_steps: int, 
 
 
 def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Average each metric over the optimizer steps of one iteration."""
-    return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]} if rows else {}
+    """Each metric over the optimizer steps of one iteration: the mean, but for times
+    (``perf/...``), which add up."""
+    if not rows:
+        return {}
+    return {k: sum(r[k] for r in rows) / (1 if k.startswith("perf/") else len(rows)) for k in rows[0]}
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,60 @@ def describe_batches(config: Config, spec: CollectionSpec, runner: Runner) -> st
     return "batch arithmetic:\n  " + "\n  ".join(lines)
 
 
+STAGES = (
+    (
+        "rollout",
+        "perf/rollout_time",
+        (
+            ("encode", "perf/rollout_encode_time"),
+            ("denoise", "perf/rollout_denoise_time"),
+            ("decode", "perf/rollout_decode_time"),
+        ),
+    ),
+    ("reward wait", "perf/reward_wait_time", ()),
+    (
+        "training",
+        None,
+        (
+            ("before update", "perf/before_update_time"),
+            ("forward+backward", "perf/train_forward_backward_time"),
+            ("optimizer", "perf/optimizer_time"),
+        ),
+    ),
+    ("weight sync", "perf/weight_sync_time", ()),
+)
+"""The stages of an iteration in the end-of-run summary: (name, its metric or None for the sum of
+its parts, its parts)."""
+
+
+def stage_summary(history: list[dict[str, float]], evals: list[dict[str, float]]) -> str:
+    """One line: the mean seconds per iteration of each stage (and of its parts) over ``history``
+    (the iterations' metrics), then the mean seconds per eval. Stages a run did not have are left
+    out (no weight sync in one process, no reward wait for SFT)."""
+    if not history:
+        return "stage times: no iteration ran"
+
+    def mean(key: str) -> float | None:
+        values = [row[key] for row in history if key in row]
+        return sum(values) / len(history) if values else None
+
+    parts_out = []
+    for name, key, parts in STAGES:
+        shown = [(label, m) for label, k in parts if (m := mean(k)) is not None]
+        total = mean(key) if key is not None else (sum(m for _, m in shown) if shown else None)
+        if total is None:
+            continue
+        detail = f" ({', '.join(f'{label} {m:.2f}' for label, m in shown)})" if shown else ""
+        parts_out.append(f"{name} {total:.2f} s{detail}")
+    if not parts_out:
+        return f"stage times: none recorded in {len(history)} iteration(s)"
+    line = f"seconds per iteration (mean of {len(history)}): " + "; ".join(parts_out)
+    eval_times = [e["perf/eval_time"] for e in evals if "perf/eval_time" in e]
+    if eval_times:
+        line += f"; eval {sum(eval_times) / len(eval_times):.2f} s each ({len(eval_times)} evals)"
+    return line
+
+
 SHOWN = [
     "rollout/reward/raw_mean",
     "train/loss",
@@ -217,11 +274,20 @@ class LoopState:
         }
 
     def record_eval(
-        self, step: int, result: EvalResult, out: Path, grid_images: int, logger: MetricsLogger
+        self,
+        step: int,
+        result: EvalResult,
+        out: Path,
+        grid_images: int,
+        logger: MetricsLogger,
+        seconds: float | None = None,
     ) -> None:
-        """Keep an eval point: its grid image, its metrics (logged) and ``eval_curve.json``."""
+        """Keep an eval point: its grid image, its metrics (logged) and ``eval_curve.json``;
+        ``seconds``: how long the eval took (``perf/eval_time``)."""
         save_grid(result.images[:grid_images], out / "eval" / f"step_{step:05d}.png")
         metrics = result.metrics()
+        if seconds is not None:
+            metrics["perf/eval_time"] = seconds
         logger.log(step, metrics)
         self.evals.append({"step": step, "train_time_s": round(self.train_time_s, 2), **metrics})
         write_atomic(out / "eval_curve.json", json.dumps(self.evals, indent=1))

@@ -115,6 +115,8 @@ def test_ray_run_equals_local_run(tmp_path, ray_cluster, algorithm):
         assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=LOSS_RTOL)
         assert b["sync/checksum_match"] == 1.0 and b["rollout/reissued"] == 0
         assert b["sync/bytes"] == 4 * TRAINABLE  # only the LoRA tensors travel (float32)
+        # the stage breakdown: the engines' sampling stages (summed over engines), the ranks' step
+        assert b["perf/rollout_denoise_time"] > 0 and b["perf/train_forward_backward_time"] > 0
     if algorithm == "flow_grpo":  # the first replay on the ranks equals the engines' log-probs
         assert distributed.history[0]["train/log_prob_mean_abs_diff"] < 1e-6
     w_local = load_file(str(local.checkpoint / "trainable.safetensors"))

@@ -53,6 +53,11 @@ def test_first_replay_reproduces_the_recorded_log_probs_exactly(tmp_path, guidan
     assert m["train/grad_norm"] > 0 and m["rollout/reward_failed"] == 0
     for key in ("train/policy_loss", "train/kl_loss", "rollout/reward/raw_std", "rollout/zero_std_ratio"):
         assert key in m
+    # the stage breakdown: the sampling stages fit in the rollout's time, the training ones ran
+    parts = [m[f"perf/rollout_{stage}_time"] for stage in ("encode", "denoise", "decode")]
+    assert all(t >= 0 for t in parts) and m["perf/rollout_denoise_time"] > 0
+    assert sum(parts) <= m["perf/rollout_time"] + 1e-3
+    assert m["perf/train_forward_backward_time"] > 0 and m["perf/optimizer_time"] > 0
 
 
 def _collect(cfg, micro_group):

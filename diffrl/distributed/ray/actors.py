@@ -42,6 +42,10 @@ class RolloutEngine:
     def sample(self, plan: RolloutPlan, micro_group: int) -> RolloutBatch:
         return self.collector.sample(plan, micro_group).to("cpu")
 
+    def stage_times(self) -> dict[str, float]:
+        """Seconds per sampling stage since the last call (see :class:`~diffrl.sampling.collector.StageClock`)."""
+        return self.collector.clock.take()
+
     def collect(self, iteration: int) -> RolloutBatch:
         return self.collector.collect(iteration).to("cpu")
 

@@ -141,7 +141,22 @@ class RayRunner:
 
     def end_iteration(self) -> dict[str, float]:
         metrics = self._ranks_call("end_iteration")[0]
-        return {**metrics, **self.sync(), "rollout/reissued": float(self.dispatch.reissued)}
+        return {
+            **self.engine_stage_times(),
+            **metrics,
+            **self.sync(),
+            "rollout/reissued": float(self.dispatch.reissued),
+        }
+
+    def engine_stage_times(self) -> dict[str, float]:
+        """Each sampling stage's seconds, summed over the engines (they run side by side: this
+        is engine-seconds, not wall-clock)."""
+        ray = import_ray()
+        total: dict[str, float] = {}
+        for times in ray.get([e.stage_times.remote() for e in self.dispatch.engines.actors]):
+            for k, v in times.items():
+                total[k] = total.get(k, 0.0) + v
+        return total
 
     def sync(self) -> dict[str, float]:
         """Send the sampling weights to every engine and check that they hold them exactly."""

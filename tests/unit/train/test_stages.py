@@ -1,0 +1,54 @@
+"""The driver's stage helpers (:mod:`diffrl.train.stages`): per-iteration metrics of optimizer
+steps, and the end-of-run stage summary."""
+
+import pytest
+
+from diffrl.train.stages import mean_metrics, stage_summary
+
+
+def test_step_metrics_are_averaged_and_times_added_up():
+    rows = [
+        {"train/loss": 1.0, "perf/optimizer_time": 0.5, "perf/train_forward_backward_time": 2.0},
+        {"train/loss": 3.0, "perf/optimizer_time": 0.25, "perf/train_forward_backward_time": 1.0},
+    ]
+    assert mean_metrics(rows) == {
+        "train/loss": 2.0,
+        "perf/optimizer_time": 0.75,
+        "perf/train_forward_backward_time": 3.0,
+    }
+    assert mean_metrics([]) == {}
+
+
+def test_the_summary_gives_each_stages_mean_seconds_and_leaves_out_the_absent_ones():
+    history = [
+        {
+            "perf/rollout_time": 4.0,
+            "perf/rollout_encode_time": 0.5,
+            "perf/rollout_denoise_time": 3.0,
+            "perf/rollout_decode_time": 0.25,
+            "perf/reward_wait_time": 1.0,
+            "perf/train_forward_backward_time": 2.0,
+            "perf/optimizer_time": 0.5,
+        },
+        {  # an iteration whose every sample failed: no training
+            "perf/rollout_time": 2.0,
+            "perf/rollout_encode_time": 0.5,
+            "perf/rollout_denoise_time": 1.0,
+            "perf/rollout_decode_time": 0.25,
+            "perf/reward_wait_time": 0.0,
+        },
+    ]
+    evals = [{"step": 0, "perf/eval_time": 3.0}, {"step": 2, "perf/eval_time": 1.0}, {"step": 1}]
+    assert stage_summary(history, evals) == (
+        "seconds per iteration (mean of 2): rollout 3.00 s (encode 0.50, denoise 2.00, decode 0.25); "
+        "reward wait 0.50 s; training 1.25 s (forward+backward 1.00, optimizer 0.25); "
+        "eval 2.00 s each (2 evals)"
+    )  # no weight sync (one process), no before-update pass (not AWM)
+
+
+@pytest.mark.parametrize("history", [[], [{"perf/iteration_time": 1.0}]])
+def test_the_summary_of_a_run_without_stage_times(history):
+    expected = (
+        "stage times: no iteration ran" if not history else "stage times: none recorded in 1 iteration(s)"
+    )
+    assert stage_summary(history, []) == expected
