@@ -205,9 +205,9 @@ its parts, its parts)."""
 
 
 def stage_summary(history: list[dict[str, float]], evals: list[dict[str, float]]) -> str:
-    """One line: the mean seconds per iteration of each stage (and of its parts) over ``history``
-    (the iterations' metrics), then the mean seconds per eval. Stages a run did not have are left
-    out (no weight sync in one process, no reward wait for SFT)."""
+    """One line: the mean seconds per iteration of each stage (and of its parts, those of at least
+    5 ms) over ``history`` (the iterations' metrics), then the mean seconds per eval. Stages a run
+    did not have are left out (no weight sync in one process, no reward wait for SFT)."""
     if not history:
         return "stage times: no iteration ran"
 
@@ -217,10 +217,11 @@ def stage_summary(history: list[dict[str, float]], evals: list[dict[str, float]]
 
     parts_out = []
     for name, key, parts in STAGES:
-        shown = [(label, m) for label, k in parts if (m := mean(k)) is not None]
-        total = mean(key) if key is not None else (sum(m for _, m in shown) if shown else None)
+        measured = [(label, m) for label, k in parts if (m := mean(k)) is not None]
+        total = mean(key) if key is not None else (sum(m for _, m in measured) if measured else None)
         if total is None:
             continue
+        shown = [(label, m) for label, m in measured if m >= 0.005]  # what rounds to 0.00 is noise
         detail = f" ({', '.join(f'{label} {m:.2f}' for label, m in shown)})" if shown else ""
         parts_out.append(f"{name} {total:.2f} s{detail}")
     if not parts_out:
