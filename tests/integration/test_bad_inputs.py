@@ -189,7 +189,7 @@ CASES: list[Case] = [
     Case("reward-weight-nan", ["train", GRPO, "rewards=[{name: ocr, weight: .nan}]"], BAD, "rewards[0].weight must be a finite number"),
     Case("reward-timeout-zero", ["train", GRPO, "rewards=[{name: ocr, timeout_s: 0}]"], BAD, "rewards[0].timeout_s must be a number of seconds > 0"),
     Case("reward-param-misspelt", ["train", GRPO, "rewards=[{name: ocr, params: {num_worker: 2}}]"], BAD, "rewards[0] (ocr).params: unknown param 'num_worker'. Did you mean 'num_workers'?"),
-    Case("reward-weights-missing", ["train", GRPO, "rewards=[{name: pickscore, params: {model: '{tmp}/nowhere'}}]"], BAD, "rewards[0] (pickscore).params: model: reward 'pickscore' needs PickScore_v1 (a CLIPModel) in a local folder; ", in_subprocess=True),
+    Case("reward-weights-missing", ["train", GRPO, "rewards=[{name: pickscore, params: {model: '{tmp}/nowhere'}}]"], BAD, "rewards[0] (pickscore).params: model: reward 'pickscore' needs PickScore_v1 (a CLIPModel) in a local folder; "),
     Case("reward-weights-of-another-model", ["train", GRPO, "rewards=[{name: clip_score, params: {model: '{tmp}/t5'}}]"], BAD, "holds a 't5' model; reward 'clip_score' expects", files={"t5/config.json": '{"model_type": "t5"}'}),
     Case("reward-server-down", ["train", GRPO, "rewards=[{name: remote, params: {url: 'http://127.0.0.1:9'}}]"], BAD, "rewards[0] (remote).params: url: no reward server answers at http://127.0.0.1:9"),
     # ---- run folder and cluster
