@@ -29,6 +29,18 @@ def rehash_checkpoint(checkpoint: Path) -> None:
     info_file.write_text(json.dumps(info))
 
 
+SMALL_ROLLOUT = {
+    "rollout.batch_size": 2,
+    "rollout.n_samples_per_prompt": 4,
+    "rollout.micro_group_size": 4,
+    "rollout.num_steps_per_rollout": 1,
+    "train.batch_size": 8,
+    "train.micro_batch_size": 4,
+}
+"""The RL tests' rollout: 2 prompts x 4 samples in micro-groups of 4, one optimizer step of all 8
+in micro-batches of 4."""
+
+
 def tiny_overrides(tmp_path: Path, **extra) -> list[str]:
     """Small, fast settings for end-to-end runs on a random tiny model."""
     base = {

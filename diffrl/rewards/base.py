@@ -75,9 +75,21 @@ class Reward(ABC):
         calls = self.__dict__.get("_calls")  # made here: subclasses need not call super().__init__()
         if calls is None:
             calls = self._calls = CallThread(f"reward-{self.name}")
-        future = calls.submit(_without_grad, self, images, prompts, metadata, timeout=timeout)
         deadline = deadline_after(timeout)
+        future = calls.submit(_without_grad, self, images, prompts, metadata, deadline, timeout=timeout)
         return Pending(lambda: result_by(future, deadline))
+
+    def call_by(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[dict[str, Any]],
+        deadline: float | None,
+    ) -> torch.Tensor:
+        """What :meth:`submit` runs on the call thread: ``__call__``, told the call's deadline
+        (``time.monotonic()``; None: no limit). A reward that can use it (the ``remote`` reward's
+        retries stop by it) overrides this."""
+        return self(images, prompts, metadata)
 
     @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
@@ -96,10 +108,12 @@ class Reward(ABC):
         reward's call thread)."""
 
 
-def _without_grad(reward: Reward, images: torch.Tensor, prompts: Sequence[str], metadata) -> torch.Tensor:
+def _without_grad(
+    reward: Reward, images: torch.Tensor, prompts: Sequence[str], metadata, deadline: float | None
+) -> torch.Tensor:
     # grad mode is per thread: the call thread's would be on, where the collector samples without
     with torch.no_grad():
-        return reward(images, prompts, metadata)
+        return reward.call_by(images, prompts, metadata, deadline)
 
 
 class FunctionReward(Reward):

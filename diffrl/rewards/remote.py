@@ -43,8 +43,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from diffrl.rewards.base import Pending, Reward, RewardError
-from diffrl.rewards.workers import CallThread, deadline_after, result_by, seconds_left
+from diffrl.rewards.base import Reward, RewardError
+from diffrl.rewards.workers import seconds_left
 from diffrl.rollout import quantize
 
 FORMATS = ("png", "raw")
@@ -231,26 +231,10 @@ class RemoteReward(Reward):
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def submit(
-        self,
-        images: torch.Tensor,
-        prompts: Sequence[str],
-        metadata: Sequence[dict[str, Any]],
-        timeout: float | None = None,
-    ) -> Pending:
-        """As :meth:`Reward.submit` (the call thread, submit order), with the deadline handed to
-        the requests, so that retries stop by it."""
-        calls = self.__dict__.get("_calls")  # the name RewardSet.close ends
-        if calls is None:
-            calls = self._calls = CallThread(f"reward-{self.name}")
-        deadline = deadline_after(timeout)
-        future = calls.submit(self.score, images, prompts, metadata, deadline, timeout=timeout)
-        return Pending(lambda: result_by(future, deadline))
-
     def __call__(self, images, prompts, metadata) -> torch.Tensor:
-        return self.score(images, prompts, metadata, None)
+        return self.call_by(images, prompts, metadata, None)
 
-    def score(
+    def call_by(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], deadline: float | None
     ) -> torch.Tensor:
         """``images (B, 3, H, W)`` -> ``(B,)`` scores from the server, retried until ``deadline``

@@ -30,7 +30,7 @@ from diffrl.distributed.ray.runner import RayRunner
 from diffrl.preflight import load_config
 from diffrl.train.loop import train
 from diffrl.train.stages import collect_rollout
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SMALL_ROLLOUT
 
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
 
@@ -54,12 +54,7 @@ def config(tmp_path, algorithm: str, runner: str, **extra):
         "model.path": "base",
         "model.lora": "{rank: 4, alpha: 8}",
         "sampling.num_steps": 8,
-        "rollout.batch_size": 2,
-        "rollout.n_samples_per_prompt": 4,
-        "rollout.micro_group_size": 4,
-        "rollout.num_steps_per_rollout": 1,
-        "train.batch_size": 8,
-        "train.micro_batch_size": 4,
+        **SMALL_ROLLOUT,
         "train.iterations": 2,
         "train.lr": 1e-3,
         "eval.enabled": "false",

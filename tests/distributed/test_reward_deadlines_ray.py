@@ -13,7 +13,7 @@ from diffrl.algorithms.registry import build_algorithm
 from diffrl.distributed.ray.runner import RayRunner
 from diffrl.preflight import load_config
 from diffrl.train.stages import collect_rollout
-from tests.conftest import ROOT, tiny_overrides
+from tests.conftest import ROOT, SMALL_ROLLOUT, tiny_overrides
 
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
 
@@ -36,12 +36,7 @@ def warm_up(worker) -> None:
 def test_a_reward_worker_past_its_deadline_is_replaced_and_its_samples_fail(tmp_path, ray_cluster):
     overrides = {
         "runner": "ray",
-        "rollout.batch_size": 2,
-        "rollout.n_samples_per_prompt": 4,
-        "rollout.micro_group_size": 4,  # two micro-groups, sampled and scored in order
-        "rollout.num_steps_per_rollout": 1,
-        "train.batch_size": 8,
-        "train.micro_batch_size": 4,
+        **SMALL_ROLLOUT,  # two micro-groups of 4, sampled and scored in order
         "sampling.num_steps": 2,
         "eval.enabled": "false",
         "rewards": f"[{{name: {__name__}:hangs_on_second_call, timeout_s: 5}}]",

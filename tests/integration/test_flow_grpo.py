@@ -10,7 +10,7 @@ from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
 from diffrl.sampling.collector import OnlineCollector
 from diffrl.train.loop import train
-from tests.conftest import tiny_overrides
+from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
 REWARD = "tests.integration.test_flow_grpo:brightness"
 
@@ -29,12 +29,7 @@ def grpo(tmp_path, **extra):
         "algorithm.name": "flow_grpo",
         "algorithm.params": "{step_strategy: {name: sde_window, size: 2, range: [0, 2]}}",
         "rewards": f"[{{name: {REWARD}}}]",
-        "rollout.batch_size": 2,
-        "rollout.n_samples_per_prompt": 4,
-        "rollout.micro_group_size": 4,
-        "rollout.num_steps_per_rollout": 1,
-        "train.batch_size": 8,
-        "train.micro_batch_size": 4,
+        **SMALL_ROLLOUT,
         "train.iterations": 1,
         "model.lora": "{rank: 4}",
         "eval.enabled": "false",

@@ -17,7 +17,7 @@ from diffrl.rollout import CollectionSpec
 from diffrl.sampling.collector import OnlineCollector
 from diffrl.train.actor import Actor
 from diffrl.train.loop import train
-from tests.conftest import tiny_overrides
+from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
 REWARD = "tests.integration.test_flow_grpo:brightness"
 
@@ -25,12 +25,7 @@ REWARD = "tests.integration.test_flow_grpo:brightness"
 def forward_process(tmp_path, recipe, **extra):
     base = {
         "rewards": f"[{{name: {REWARD}}}]",
-        "rollout.batch_size": 2,
-        "rollout.n_samples_per_prompt": 4,
-        "rollout.micro_group_size": 4,
-        "rollout.num_steps_per_rollout": 1,
-        "train.batch_size": 8,
-        "train.micro_batch_size": 4,
+        **SMALL_ROLLOUT,
         "train.iterations": 2,
         "model.lora": "{rank: 4}",
         "eval.enabled": "false",

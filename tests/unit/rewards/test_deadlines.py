@@ -18,7 +18,7 @@ import torch
 from diffrl.config import RewardConfig
 from diffrl.registry import RegistryError
 from diffrl.rewards.base import Pending, Reward, RewardSet
-from tests.conftest import tiny_overrides
+from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
 HERE = "tests.unit.rewards.test_deadlines"
 RELEASE = threading.Event()
@@ -145,12 +145,7 @@ def test_the_collector_counts_the_samples_a_hung_reward_failed(tmp_path):
     from diffrl.train.stages import Rollout
 
     overrides = {
-        "rollout.batch_size": 2,
-        "rollout.n_samples_per_prompt": 4,
-        "rollout.micro_group_size": 4,
-        "rollout.num_steps_per_rollout": 1,
-        "train.batch_size": 8,
-        "train.micro_batch_size": 4,
+        **SMALL_ROLLOUT,
         "sampling.num_steps": 2,
         "eval.enabled": "false",
         "rewards": f"[{{name: {HERE}:hangs_on_second_call, timeout_s: 1.0}}]",
