@@ -24,6 +24,9 @@ class RunConfig:
     device: str = "auto"
     """``auto`` (cuda if available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``."""
     log_every: int = 1
+    peak_tflops: float | None = None
+    """The device's peak TFLOP/s for ``perf/*_mfu``; ``None``: the datasheet figure for known GPUs
+    (bf16 dense under autocast, else fp32), otherwise a matmul measured after the first iteration."""
 
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir or f"runs/{self.name}")
@@ -46,6 +49,14 @@ class ModelConfig:
     """``base`` (the family's shipped weights), ``random`` (initialised from the family's
     built-in config), or a local directory in diffusers layout."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The weights' dtype (trainable ones and their optimizer state included)."""
+    autocast: Literal["bfloat16", "float16"] | None = None
+    """Run every transformer forward (rollouts, training, eval) under ``torch.autocast`` in this
+    dtype while the weights, LoRA and optimizer state stay in ``model.dtype``; off on a device
+    that cannot do it (reported at start-up). ``null``: no autocast."""
+    compile: bool = False
+    """``torch.compile`` the transformer (each batch shape a run uses compiles once, on its first
+    forward; ``perf/compile_time`` reports it); off where the device cannot (reported)."""
     lora: LoraConfig | None = None
     """LoRA on the transformer; ``null`` trains all transformer weights."""
     options: dict[str, Any] = field(default_factory=dict)

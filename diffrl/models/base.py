@@ -24,6 +24,7 @@ from torch import nn
 
 from diffrl.config import Config, ConfigError, bind_dataclass
 from diffrl.errors import DiffrlError
+from diffrl.models.numerics import ForwardMeter, Numerics, autocast, prepare
 from diffrl.models.schedules import flow_sigmas
 from diffrl.rollout import Conditioning
 
@@ -74,6 +75,11 @@ class ModelFamily(ABC):
         self.device = device
         self.options = options
         self._prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
+        self.numerics = Numerics()
+        """How the transformer forwards run (``model.autocast``, ``model.compile``); set by
+        :func:`~diffrl.models.registry.load_family`."""
+        self.meter = ForwardMeter()
+        """The model FLOPs and compile seconds of the forwards so far (``perf/*_mfu``)."""
 
     @property
     def text_encoder_trainable(self) -> bool:
@@ -252,15 +258,25 @@ class ModelFamily(ABC):
         """Velocity with optional classifier-free guidance (one batched forward of [neg, pos]).
 
         ``module`` defaults to the trainable transformer; an algorithm passes another (the EMA or
-        the old policy) the same way. Returns ``(B, *latent)`` in float32.
+        the old policy) the same way. Runs under the family's :attr:`numerics` (autocast,
+        compile). Returns ``(B, *latent)`` in float32.
         """
         module = module or self.transformer
         if guidance_scale == 1.0 or negative is None:
-            return self.forward(module, x_t, sigma, cond).float()
+            return self._forward(module, x_t, sigma, cond)
         both = Conditioning.cat([negative, cond])
-        v = self.forward(module, torch.cat([x_t, x_t]), torch.cat([sigma, sigma]), both).float()
+        v = self._forward(module, torch.cat([x_t, x_t]), torch.cat([sigma, sigma]), both)
         v_neg, v_pos = v.chunk(2)
         return self.guide(v_neg, v_pos, guidance_scale)
+
+    def _forward(
+        self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+    ) -> torch.Tensor:
+        """:meth:`forward` under the run's numerics, metered; float32 ``(B, *latent)``."""
+        prepare(module, self.numerics)
+        self.meter.count(module, x_t, cond, lambda: self.forward(module, x_t, sigma, cond))
+        with self.meter.compiling(self.numerics), autocast(self.numerics, self.device):
+            return self.forward(module, x_t, sigma, cond).float()
 
     def guide(self, v_neg: torch.Tensor, v_pos: torch.Tensor, scale: float) -> torch.Tensor:
         """Classifier-free guidance of two velocities ``(B, *latent)`` as this family's pipeline does."""

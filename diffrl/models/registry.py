@@ -6,6 +6,7 @@ import torch
 
 from diffrl.config import Config
 from diffrl.models.base import DTYPES, ModelFamily
+from diffrl.models.numerics import resolve_numerics
 from diffrl.registry import Registry
 
 FAMILIES = Registry(
@@ -30,4 +31,7 @@ def resolve_device(name: str) -> torch.device:
 def load_family(config: Config) -> ModelFamily:
     cls = FAMILIES.resolve(config.model.family)
     options = cls.parse_options(config.model.options)
-    return cls.load(config.model.path, resolve_device(config.run.device), DTYPES[config.model.dtype], options)
+    device = resolve_device(config.run.device)
+    family = cls.load(config.model.path, device, DTYPES[config.model.dtype], options)
+    family.numerics = resolve_numerics(config.model.autocast, config.model.compile, device)
+    return family

@@ -79,6 +79,8 @@ def recognize(images: list[np.ndarray]) -> list[str]:
 
 def _worker_init() -> None:
     torch.set_num_threads(1)
+    if os.environ.get("OCR_NICE"):
+        os.nice(int(os.environ["OCR_NICE"]))
     _engine()
 
 

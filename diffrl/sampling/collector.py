@@ -20,6 +20,7 @@ from diffrl.data.offline import OfflineDataset, build_offline_dataset
 from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.errors import Abandoned
 from diffrl.models.base import ModelFamily
+from diffrl.models.numerics import ForwardMeter
 from diffrl.rollout import CollectionSpec, RolloutBatch, quantize
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sampler import denoise, image_size, initial_noise, sampling_sigmas
@@ -70,23 +71,31 @@ class StageClock:
     """Seconds a collector spent per stage since the last :meth:`take` (the driver logs them as
     ``perf/rollout_<stage>_time`` each iteration)."""
 
-    def __init__(self, device: torch.device | str):
+    def __init__(self, device: torch.device | str, meter: ForwardMeter | None = None):
         self.device = torch.device(device)
+        self.meter = meter
         self.seconds: dict[str, float] = {}
+        self.flops = 0.0
 
     def __call__(self, stage: str, fn: Callable[[], Any]) -> Any:
         """``fn()``, its time added to ``stage``'s (once the device is done: CUDA runs ahead)."""
-        t0 = time.perf_counter()
+        t0, flops0 = time.perf_counter(), self.meter.flops if self.meter else 0.0
         out = fn()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
+        if self.meter is not None:
+            self.flops += self.meter.flops - flops0
         return out
 
     def take(self) -> dict[str, float]:
-        """``{"perf/rollout_<stage>_time": seconds}`` since the last take; starts afresh."""
-        seconds, self.seconds = self.seconds, {}
-        return {f"perf/rollout_{stage}_time": t for stage, t in seconds.items()}
+        """``{"perf/rollout_<stage>_time": seconds}`` since the last take, and the model FLOPs
+        of those stages (``perf/rollout_flops``, when counted); starts afresh."""
+        seconds, flops, self.seconds, self.flops = self.seconds, self.flops, {}, 0.0
+        out = {f"perf/rollout_{stage}_time": t for stage, t in seconds.items()}
+        if flops:
+            out["perf/rollout_flops"] = flops
+        return out
 
 
 class OfflineCollector:
@@ -151,7 +160,7 @@ class OnlineCollector:
         self.sigmas = sampling_sigmas(config, family)
         self.height, self.width = image_size(config, family)
         self.kernel = self.planner.kernel
-        self.clock = StageClock(family.device)
+        self.clock = StageClock(family.device, family.meter)
         """Seconds per stage: ``encode`` (prompts), ``denoise``, ``decode`` (VAE, to uint8)."""
 
     def plan(self, rollout_id: int) -> RolloutPlan:

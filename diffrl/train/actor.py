@@ -314,7 +314,7 @@ class Actor:
         sums: dict[str, float] = {}
         loss_sum = 0.0
         finite = True
-        t0 = time.perf_counter()
+        t0, flops0 = time.perf_counter(), self.family.meter.flops
         for mb in self.policy.micro_batches(examples):
             mb = mb.to(self.family.device)
             loss, metrics = algorithm.compute_loss(self.policy, mb)
@@ -363,6 +363,7 @@ class Actor:
             "train/skipped_nonfinite": 0.0 if finite else 1.0,
             "perf/train_forward_backward_time": t1 - t0,  # the micro-batches' losses and backward
             "perf/optimizer_time": time.perf_counter() - t1,  # clipping, the step, the EMA
+            "perf/train_flops": self.family.meter.flops - flops0,  # model FLOPs of those forwards
         }
 
     def _device_done(self) -> None:

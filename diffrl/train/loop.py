@@ -120,6 +120,8 @@ class Driver:
         metrics.update(
             {"perf/rollout_time": stats.sampling_time, "perf/reward_wait_time": stats.reward_wait_time}
         )
+        peak = getattr(self.runner, "peak_flops", None)  # optional for a user's runner
+        metrics.update(stages.mfu_metrics(metrics, peak() if peak else None))
         metrics["perf/iteration_time"] = time.time() - t0
         self.state.train_time_s += metrics["perf/iteration_time"]
         return metrics, steps

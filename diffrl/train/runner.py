@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
+from diffrl.models.numerics import peak_flops
 from diffrl.models.registry import load_family
 from diffrl.registry import Registry
 from diffrl.rewards.base import PendingRewards, RewardOutput, RewardSet
@@ -49,7 +50,12 @@ class PendingScore(Protocol):
 
 class Runner(Protocol):
     def describe(self) -> str:
-        """One line: the trainable parameters and where the parts run."""
+        """One line: the trainable parameters, where the parts run, how the forwards run (and a
+        note line per speed option the device could not do)."""
+
+    def peak_flops(self) -> float | None:
+        """The device's peak FLOP/s for ``perf/*_mfu`` (None: not known yet). Optional: a runner
+        without it logs no MFU."""
 
     def sample(self, iteration: int, should_stop: Callable[[], bool] | None = None) -> Iterator[RolloutBatch]:
         """Sample one rollout with the current sampling policy, yielding its micro-groups as they
@@ -100,9 +106,18 @@ class LocalRunner:
         self.train_rewards = RewardSet(config.rewards) if spec.needs_reward else None
         self.eval_rewards = RewardSet(config.eval.rewards) if config.eval.enabled else None
         self.collector = build_collector(config, self.family, spec)
+        self._peak: tuple[float | None, str] = (None, "")
+        self._compiled_s = 0.0
 
     def describe(self) -> str:
-        return f"{self.actor.num_trainable():,} trainable parameters, one process on {self.family.device}"
+        n = self.family.numerics
+        return (
+            f"{self.actor.num_trainable():,} trainable parameters, one process on {self.family.device}, "
+            f"forwards {n.describe()}" + "".join(f"\n  note: {note}" for note in n.notes)
+        )
+
+    def peak_flops(self) -> float | None:
+        return self._peak[0]
 
     def sample(self, iteration: int, should_stop: Callable[[], bool] | None = None) -> Iterator[RolloutBatch]:
         self.family.transformer.eval()
@@ -119,7 +134,17 @@ class LocalRunner:
 
     def end_iteration(self) -> dict[str, float]:
         # the collector samples with the actor's own module: nothing to sync
-        return {**self.collector.clock.take(), **self.actor.update_old_policy(self.algorithm)}
+        metrics = {**self.collector.clock.take(), **self.actor.update_old_policy(self.algorithm)}
+        meter = self.family.meter
+        if self.family.numerics.compile:
+            metrics["perf/compile_time"], self._compiled_s = (
+                meter.compile_seconds - self._compiled_s,
+                meter.compile_seconds,
+            )
+        if self._peak[0] is None and meter.flops:  # measured once, after the first iteration's forwards
+            self._peak = peak_flops(self.family.device, self.family.numerics, self.config.run.peak_tflops)
+            print(f"MFU peak: {self._peak[1]}", flush=True)
+        return metrics
 
     def evaluate(self) -> EvalResult | None:
         if self.eval_rewards is None:

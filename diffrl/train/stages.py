@@ -151,8 +151,10 @@ def due_after(t: TrainConfig, step: int, train_time_s: float) -> Due:
 def describe_batches(config: Config, spec: CollectionSpec, runner: Runner) -> str:
     """The batch arithmetic, printed at start-up."""
     t, r = config.train, config.rollout
+    head, *notes = runner.describe().split("\n")  # the notes: speed options the device could not do
     lines = [
-        f"{runner.describe()} ({'LoRA r=' + str(config.model.lora.rank) if config.model.lora else 'full transformer'}); {t.iterations} iterations"
+        f"{head} ({'LoRA r=' + str(config.model.lora.rank) if config.model.lora else 'full transformer'}); {t.iterations} iterations",
+        *notes,
     ]
     if spec.online:
         k = (
@@ -204,6 +206,27 @@ STAGES = (
 its parts, its parts)."""
 
 
+MFU_PARTS = (
+    ("rollout", "perf/rollout_flops", "perf/rollout_denoise_time"),
+    ("train", "perf/train_flops", "perf/train_forward_backward_time"),
+)
+"""Each ``perf/<name>_mfu``: model FLOPs over the seconds of the stage that did them."""
+
+
+MFU_KEYS = {"rollout": "perf/rollout_mfu", "training": "perf/train_mfu"}
+"""The MFU shown with each stage of :func:`stage_summary`."""
+
+
+def mfu_metrics(metrics: dict[str, float], peak_flops: float | None) -> dict[str, float]:
+    """``perf/rollout_mfu`` and ``perf/train_mfu``: the model FLOPs an iteration's stage did per
+    second, as a fraction of the device's peak (engine-seconds on Ray: a per-device figure)."""
+    out = {}
+    for name, flops, seconds in MFU_PARTS:
+        if peak_flops and metrics.get(flops) and metrics.get(seconds):
+            out[f"perf/{name}_mfu"] = metrics[flops] / metrics[seconds] / peak_flops
+    return out
+
+
 def stage_summary(history: list[dict[str, float]], evals: list[dict[str, float]]) -> str:
     """One line: the mean seconds per iteration of each stage (and of its parts, those of at least
     5 ms) over ``history`` (the iterations' metrics), then the mean seconds per eval. Stages a run
@@ -222,7 +245,11 @@ def stage_summary(history: list[dict[str, float]], evals: list[dict[str, float]]
         if total is None:
             continue
         shown = [(label, m) for label, m in measured if m >= 0.005]  # what rounds to 0.00 is noise
-        detail = f" ({', '.join(f'{label} {m:.2f}' for label, m in shown)})" if shown else ""
+        labels = [f"{label} {m:.2f}" for label, m in shown]
+        mfu = [row[k] for row in history if (k := MFU_KEYS.get(name)) and k in row]
+        if mfu:
+            labels.append(f"MFU {sum(mfu) / len(mfu):.1%}")
+        detail = f" ({', '.join(labels)})" if labels else ""
         parts_out.append(f"{name} {total:.2f} s{detail}")
     if not parts_out:
         return f"stage times: none recorded in {len(history)} iteration(s)"

@@ -14,6 +14,7 @@ from diffrl.config import Config, RewardConfig
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.distributed.ray.sharding import RankPart
 from diffrl.distributed.ray.weight_sync import checksum, live_state, load_state, module_state, sampling_state
+from diffrl.models.numerics import peak_flops
 from diffrl.models.registry import load_family, resolve_device
 from diffrl.parallel import free_port, init_distributed
 from diffrl.rewards.base import RewardOutput, RewardSet
@@ -45,6 +46,14 @@ class RolloutEngine:
     def stage_times(self) -> dict[str, float]:
         """Seconds per sampling stage since the last call (see :class:`~diffrl.sampling.collector.StageClock`)."""
         return self.collector.clock.take()
+
+    def forwards(self) -> tuple[str, tuple[str, ...]]:
+        """How this engine's transformer forwards run, and the fallbacks taken (for the driver)."""
+        return self.family.numerics.describe(), self.family.numerics.notes
+
+    def peak_flops(self) -> float:
+        """This engine's device peak FLOP/s for ``perf/*_mfu`` (see :func:`~diffrl.models.numerics.peak_flops`)."""
+        return peak_flops(self.family.device, self.family.numerics, self.config.run.peak_tflops)[0]
 
     def collect(self, iteration: int) -> RolloutBatch:
         return self.collector.collect(iteration).to("cpu")

@@ -84,6 +84,7 @@ class RayRunner:
         ]
         host, port = ray.get(self.ranks[0].address.remote())
         self.trainable = self._ranks_call("setup", host, port)[0]
+        self._peak: float | None = None
         engine_cls, worker_cls = ray.remote(RolloutEngine), ray.remote(RewardWorker)
         self.dispatch.engines = ActorPool(
             lambda i: engine_cls.options(**cluster.engine_options(i)).remote(actor_config, cluster.threads),
@@ -109,11 +110,19 @@ class RayRunner:
         return ranks_call(self.ranks, method, *args, per_rank=per_rank, last_checkpoint=self.last_checkpoint)
 
     def describe(self) -> str:
-        r = self.config.ray
+        r, ray = self.config.ray, import_ray()
+        forwards, notes = ray.get(self.dispatch.engines.actors[0].forwards.remote())
         return (
             f"{self.trainable:,} trainable parameters; Ray: {r.num_engines} engine(s), "
-            f"{r.num_trainer_ranks} FSDP2 rank(s), {r.num_reward_workers} reward worker(s) per reward"
+            f"{r.num_trainer_ranks} FSDP2 rank(s), {r.num_reward_workers} reward worker(s) per reward; "
+            f"forwards {forwards}" + "".join(f"\n  note: {note}" for note in notes)
         )
+
+    def peak_flops(self) -> float | None:
+        """An engine's device peak (the engines and the trainer ranks share one kind of device)."""
+        if self._peak is None:
+            self._peak = import_ray().get(self.dispatch.engines.actors[0].peak_flops.remote())
+        return self._peak
 
     # ---- rollouts ----------------------------------------------------------------------------------
     def sample(self, iteration: int, should_stop: Callable[[], bool] | None = None) -> Iterator[RolloutBatch]:
