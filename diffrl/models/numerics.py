@@ -55,6 +55,13 @@ class Numerics:
         return f"{precision}, {'compiled' if self.compile else 'eager'}"
 
 
+CPU_HAS = {
+    torch.bfloat16: lambda: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    torch.float16: lambda: torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+}
+"""Whether this CPU has instructions for the dtype (oneDNN's check: AVX-512 BF16 / AMX, AVX-512 FP16)."""
+
+
 def autocast_problem(dtype: torch.dtype, device: torch.device) -> str | None:
     """Why ``dtype`` autocast would not be a speed-up on ``device`` (None: it is supported)."""
     name = str(dtype).removeprefix("torch.")
@@ -64,11 +71,7 @@ def autocast_problem(dtype: torch.dtype, device: torch.device) -> str | None:
         return None
     if device.type != "cpu":
         return f"autocast is not wired up for {device.type} devices here"
-    supported = {
-        torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported,
-        torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported,
-    }[dtype]
-    if not supported():
+    if not CPU_HAS[dtype]():
         return f"this CPU has no {name} instructions (oneDNN reports none), so {name} would be emulated and slower"
     return None
 

@@ -6,6 +6,7 @@ import torch
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import ConfigError
 from diffrl.data.prompts import load_prompts
+from diffrl.models.numerics import resolve_numerics
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
 from diffrl.sampling.collector import OnlineCollector
@@ -39,9 +40,22 @@ def grpo(tmp_path, **extra):
     return load_config("recipes/tiny_grpo_ocr.yaml", tiny_overrides(tmp_path, **base))
 
 
-@pytest.mark.parametrize("guidance", [1.0, 3.0], ids=["no_cfg", "cfg"])
-def test_first_replay_reproduces_the_recorded_log_probs_exactly(tmp_path, guidance):
-    result = train(grpo(tmp_path, **{"sampling.guidance_scale": guidance}))
+SPEED = {"model.autocast": "bfloat16", "model.compile": "true"}
+
+
+@pytest.mark.parametrize(
+    "guidance, options",
+    [(1.0, {}), (3.0, {}), (3.0, {"model.autocast": "bfloat16"}), (3.0, SPEED)],
+    ids=["no_cfg", "cfg", "cfg_bf16", "cfg_bf16_compiled"],
+)
+def test_first_replay_reproduces_the_recorded_log_probs_exactly(tmp_path, guidance, options):
+    """Rollouts and training run the same numerics with every speed option on: the first replay
+    of each recorded step is bit for bit the rollout's forward (bf16 autocast, torch.compile)."""
+    cfg = grpo(tmp_path, **{"sampling.guidance_scale": guidance, **options})
+    family_numerics = resolve_numerics(cfg.model.autocast, cfg.model.compile, torch.device("cpu"))
+    if options and family_numerics.notes:
+        pytest.skip(f"this machine cannot: {'; '.join(family_numerics.notes)}")
+    result = train(cfg)
     m = result.history[0]
     assert m["train/log_prob_mean_abs_diff"] == 0.0
     assert m["train/ratio_abs_minus_1"] == 0.0 and m["train/clipfrac"] == 0.0 and m["train/approx_kl"] == 0.0
@@ -53,6 +67,11 @@ def test_first_replay_reproduces_the_recorded_log_probs_exactly(tmp_path, guidan
     assert all(t >= 0 for t in parts) and m["perf/rollout_denoise_time"] > 0
     assert sum(parts) <= m["perf/rollout_time"] + 1e-3
     assert m["perf/train_forward_backward_time"] > 0 and m["perf/optimizer_time"] > 0
+    # the model FLOPs were counted, against a stated peak
+    assert m["perf/rollout_flops"] > 0 and m["perf/train_flops"] > 0
+    assert 0 < m["perf/rollout_mfu"] and 0 < m["perf/train_mfu"]
+    if cfg.model.compile:
+        assert m["perf/compile_time"] > 0
 
 
 def _collect(cfg, micro_group):

@@ -43,6 +43,12 @@ def ray_checks(config: Config, check_files: bool) -> list[str]:
                 "workers get no GPU unless ray.rewards_on_gpu=true (they then share the ranks' "
                 "GPUs); or serve the reward on GPUs of its own (diffrl serve-reward, reward 'remote')"
             )
+    if config.model.compile and r.num_trainer_ranks > 1:
+        errors.append(
+            f"model.compile=true with ray.num_trainer_ranks={r.num_trainer_ranks}: compiling "
+            "FSDP2-sharded transformers is not supported yet; set model.compile=false, or train on "
+            "one rank (ray.num_trainer_ranks=1; the engines compile either way)"
+        )
     if r.backend not in (None, "gloo", "nccl"):
         errors.append(f"ray.backend must be gloo, nccl or null, got {r.backend!r}")
     ranks, per_step = r.num_trainer_ranks, config.train.batch_size

@@ -3,7 +3,7 @@ steps, and the end-of-run stage summary."""
 
 import pytest
 
-from diffrl.train.stages import mean_metrics, stage_summary
+from diffrl.train.stages import mean_metrics, mfu_metrics, stage_summary
 
 
 def test_step_metrics_are_averaged_and_times_added_up():
@@ -53,3 +53,19 @@ def test_the_summary_of_a_run_without_stage_times(history):
         "stage times: no iteration ran" if not history else "stage times: none recorded in 1 iteration(s)"
     )
     assert stage_summary(history, []) == expected
+
+
+def test_mfu_is_each_stages_flops_per_second_over_the_peak_and_shown_with_the_stage():
+    metrics = {
+        "perf/rollout_flops": 6e9,
+        "perf/rollout_denoise_time": 2.0,
+        "perf/train_flops": 9e9,
+        "perf/train_forward_backward_time": 1.5,
+        "perf/optimizer_time": 0.5,
+    }
+    mfu = mfu_metrics(metrics, peak_flops=1e10)
+    assert mfu == pytest.approx({"perf/rollout_mfu": 0.3, "perf/train_mfu": 0.6})
+    assert mfu_metrics(metrics, None) == {} and mfu_metrics({"perf/train_flops": 1.0}, 1e10) == {}
+    line = stage_summary([{**metrics, **mfu, "perf/rollout_time": 2.5}], [])
+    assert "rollout 2.50 s (denoise 2.00, MFU 30.0%)" in line
+    assert "training 2.00 s (forward+backward 1.50, optimizer 0.50, MFU 60.0%)" in line

@@ -1,0 +1,98 @@
+"""The speed options' resolution and fallbacks, float32 attention under autocast, and the FLOP meter."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from diffrl.models import numerics
+from diffrl.models.numerics import Float32Attention, ForwardMeter, Numerics, peak_flops, resolve_numerics
+from diffrl.rollout import Conditioning
+
+CPU = torch.device("cpu")
+
+
+def test_an_autocast_dtype_the_cpu_lacks_falls_back_to_the_weights_dtype_with_a_note(monkeypatch):
+    monkeypatch.setitem(numerics.CPU_HAS, torch.bfloat16, lambda: False)
+    n = resolve_numerics("bfloat16", False, CPU)
+    assert n.autocast is None and not n.compile
+    assert len(n.notes) == 1 and "model.autocast=bfloat16 is off" in n.notes[0]
+    assert "no bfloat16 instructions" in n.notes[0]
+    assert n.describe() == "no autocast, eager"
+
+
+def test_compile_without_a_cxx_compiler_falls_back_to_eager_with_a_note(monkeypatch):
+    monkeypatch.setattr(numerics.shutil, "which", lambda name: None)
+    n = resolve_numerics(None, True, CPU)
+    assert not n.compile and "model.compile=true is off" in n.notes[0] and "C++ compiler" in n.notes[0]
+
+
+def test_supported_options_resolve_as_asked(monkeypatch):
+    monkeypatch.setitem(numerics.CPU_HAS, torch.bfloat16, lambda: True)
+    monkeypatch.setattr(numerics.shutil, "which", lambda name: f"/usr/bin/{name}")
+    n = resolve_numerics("bfloat16", True, CPU)
+    assert (n.autocast, n.compile, n.notes) == (torch.bfloat16, True, ())
+    assert n.float32_attention  # on CPUs
+    assert n.describe() == "autocast bfloat16 (attention in float32), compiled"
+
+
+def test_float32_attention_runs_sdpa_on_float32_inputs_and_returns_the_callers_dtype():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8).bfloat16() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16), Float32Attention():
+        out = F.scaled_dot_product_attention(q, k, v)
+        other = torch.cat([q, k])  # every other function passes through
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float()).bfloat16()
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expected)
+    assert torch.equal(other, torch.cat([q, k]))
+
+
+def test_autocast_context_keeps_the_weights_float32_and_runs_matmuls_in_bfloat16():
+    layer = nn.Linear(4, 3)
+    with numerics.autocast(Numerics(torch.bfloat16, float32_attention=True), CPU):
+        y = layer(torch.randn(2, 4))
+    assert y.dtype == torch.bfloat16 and layer.weight.dtype == torch.float32
+    with numerics.autocast(Numerics(), CPU):
+        assert layer(torch.randn(2, 4)).dtype == torch.float32
+
+
+class Dropping(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 16)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.linear(x))
+
+
+def test_the_meter_counts_matmul_flops_once_per_shape_and_3x_with_gradients():
+    module, meter = Dropping().train(), ForwardMeter()
+    x, cond = torch.randn(4, 8), Conditioning({"h": torch.zeros(4, 2)})
+    with torch.no_grad():
+        meter.count(module, x, cond, lambda: module(x))
+    assert meter.flops == 2 * 4 * 8 * 16  # one (4 x 8) @ (8 x 16)
+    meter.count(module, x, cond, lambda: module(x))  # with gradients: forward + backward
+    assert meter.flops == 4 * (2 * 4 * 8 * 16)
+    x2 = torch.randn(6, 8)
+    with torch.no_grad():
+        meter.count(module, x2, cond, lambda: module(x2))
+    assert meter.flops == 4 * (2 * 4 * 8 * 16) + 2 * 6 * 8 * 16
+
+
+def test_the_meters_dry_run_leaves_the_random_state_alone():
+    module, meter = Dropping().train(), ForwardMeter()
+    x, cond = torch.randn(4, 8), Conditioning({})
+    torch.manual_seed(3)
+    meter.count(module, x, cond, lambda: module(x))  # its dry run draws dropout masks
+    after_count = module(x)
+    torch.manual_seed(3)
+    assert torch.equal(after_count, module(x))
+
+
+def test_peak_flops_states_where_the_figure_comes_from():
+    flops, source = peak_flops(CPU, Numerics(), 2.5)
+    assert flops == 2.5e12 and source == "run.peak_tflops=2.5"
+    flops, source = peak_flops(CPU, Numerics(), None)
+    assert flops > 0 and "float32 matmul measured at" in source
