@@ -112,6 +112,9 @@ def test_ray_run_equals_local_run(tmp_path, ray_cluster, algorithm):
         assert b["sync/bytes"] == 4 * TRAINABLE  # only the LoRA tensors travel (float32)
         # the stage breakdown: the engines' sampling stages (summed over engines), the ranks' step
         assert b["perf/rollout_denoise_time"] > 0 and b["perf/train_forward_backward_time"] > 0
+        # the engines count their model FLOPs (an MFU per device); FSDP2-sharded ranks do not
+        assert b["perf/rollout_flops"] == a["perf/rollout_flops"] > 0 and b["perf/rollout_mfu"] > 0
+        assert b["perf/train_flops"] == 0 and "perf/train_mfu" not in b
     if algorithm == "flow_grpo":  # the first replay on the ranks equals the engines' log-probs
         assert distributed.history[0]["train/log_prob_mean_abs_diff"] < 1e-6
     w_local = load_file(str(local.checkpoint / "trainable.safetensors"))

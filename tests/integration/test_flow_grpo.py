@@ -45,8 +45,14 @@ SPEED = {"model.autocast": "bfloat16", "model.compile": "true"}
 
 @pytest.mark.parametrize(
     "guidance, options",
-    [(1.0, {}), (3.0, {}), (3.0, {"model.autocast": "bfloat16"}), (3.0, SPEED)],
-    ids=["no_cfg", "cfg", "cfg_bf16", "cfg_bf16_compiled"],
+    [
+        pytest.param(1.0, {}, id="no_cfg"),
+        pytest.param(3.0, {}, id="cfg"),
+        pytest.param(3.0, {"model.autocast": "bfloat16"}, id="cfg_bf16"),
+        # compiling the rollout and training graphs takes 3-4 minutes on 2 cores with a cold
+        # inductor cache (CI's): run with -m slow
+        pytest.param(3.0, SPEED, id="cfg_bf16_compiled", marks=pytest.mark.slow),
+    ],
 )
 def test_first_replay_reproduces_the_recorded_log_probs_exactly(tmp_path, guidance, options):
     """Rollouts and training run the same numerics with every speed option on: the first replay
