@@ -78,6 +78,7 @@ class ModelFamily(ABC):
         self.numerics = Numerics()
         """How the transformer forwards run (``model.autocast``, ``model.compile``); set by
         :func:`~diffrl.models.registry.load_family`."""
+        self._joint_memo: tuple[Conditioning, Conditioning, Conditioning] | None = None
         self.meter = ForwardMeter()
         """The model FLOPs and compile seconds of the forwards so far (``perf/*_mfu``)."""
 
@@ -264,10 +265,21 @@ class ModelFamily(ABC):
         module = module or self.transformer
         if guidance_scale == 1.0 or negative is None:
             return self._forward(module, x_t, sigma, cond)
-        both = Conditioning.cat([negative, cond])
-        v = self._forward(module, torch.cat([x_t, x_t]), torch.cat([sigma, sigma]), both)
+        v = self._forward(
+            module, torch.cat([x_t, x_t]), torch.cat([sigma, sigma]), self._joint(negative, cond)
+        )
         v_neg, v_pos = v.chunk(2)
         return self.guide(v_neg, v_pos, guidance_scale)
+
+    def _joint(self, negative: Conditioning, cond: Conditioning) -> Conditioning:
+        """``[negative, cond]`` concatenated on the batch; without gradients (a sampling loop
+        calls with the same two at every step) the last one is kept and reused."""
+        memo = self._joint_memo
+        if not torch.is_grad_enabled() and memo and memo[0] is negative and memo[1] is cond:
+            return memo[2]
+        both = Conditioning.cat([negative, cond])
+        self._joint_memo = (negative, cond, both) if not torch.is_grad_enabled() else None
+        return both
 
     def _forward(
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
