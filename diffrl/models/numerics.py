@@ -241,7 +241,8 @@ def measured_gemm_flops(device: torch.device, dtype: torch.dtype, n: int = 1024,
     """FLOP/s of the best of ``repeats`` ``n x n`` matmuls in ``dtype`` on ``device`` (cached)."""
     key = (str(device), dtype)
     if key not in _MEASURED:
-        a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+        gen = torch.Generator(device).manual_seed(0)  # not the global RNG: the run's draws stay as they were
+        a, b = (torch.randn(n, n, device=device, generator=gen).to(dtype) for _ in range(2))
         best = float("inf")
         for i in range(repeats + 1):
             t0 = time.perf_counter()

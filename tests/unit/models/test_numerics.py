@@ -96,3 +96,14 @@ def test_peak_flops_states_where_the_figure_comes_from():
     assert flops == 2.5e12 and source == "run.peak_tflops=2.5"
     flops, source = peak_flops(CPU, Numerics(), None)
     assert flops > 0 and "float32 matmul measured at" in source
+
+
+def test_measuring_the_peak_leaves_the_random_state_alone(monkeypatch):
+    """(It runs once, after a run's first iteration: a draw from the global RNG there would change
+    a resumed run's draws against the uninterrupted one's.)"""
+    monkeypatch.setattr(numerics, "_MEASURED", {})
+    torch.manual_seed(5)
+    numerics.measured_gemm_flops(CPU, torch.float32, n=64, repeats=1)
+    after = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(3))
