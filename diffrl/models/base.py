@@ -286,9 +286,9 @@ class ModelFamily(ABC):
     ) -> torch.Tensor:
         """:meth:`forward` under the run's numerics, metered; float32 ``(B, *latent)``."""
         prepare(module, self.numerics)
-        self.meter.count(module, x_t, cond, lambda: self.forward(module, x_t, sigma, cond))
         with self.meter.compiling(self.numerics), autocast(self.numerics, self.device):
-            return self.forward(module, x_t, sigma, cond).float()
+            forward = lambda: self.forward(module, x_t, sigma, cond)  # noqa: E731
+            return self.meter.run(module, x_t, cond, forward, dry=self.numerics.compile).float()
 
     def guide(self, v_neg: torch.Tensor, v_pos: torch.Tensor, scale: float) -> torch.Tensor:
         """Classifier-free guidance of two velocities ``(B, *latent)`` as this family's pipeline does."""

@@ -172,8 +172,9 @@ class ForwardMeter:
     """The model FLOPs the transformer forwards did, and the seconds spent compiling them.
 
     FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` (matmuls, convolutions and
-    attention) once per module and input shapes, on a dry run whose output is dropped (eager, no
-    gradient, random state restored: the real forward's numerics are untouched). A forward with
+    attention) once per module and input shapes: on that forward itself when it runs eagerly (the
+    counter only watches the ops), on a dry run before it when the module is compiled (eager, no
+    gradient, random state restored; its output is dropped). A forward with
     gradients counts 3x (forward + backward, the usual MFU convention). Modules sharded by FSDP2
     are not counted (a dry run on one rank would issue collectives the others do not).
     """
@@ -184,19 +185,38 @@ class ForwardMeter:
         """Time of the forwards that compiled a new graph (``model.compile``)."""
         self._per_call: dict[tuple, float | None] = {}
 
-    def count(
-        self, module: nn.Module, x_t: torch.Tensor, cond: Conditioning, run: Callable[[], object]
-    ) -> None:
+    def run(
+        self,
+        module: nn.Module,
+        x_t: torch.Tensor,
+        cond: Conditioning,
+        forward: Callable[[], torch.Tensor],
+        dry: bool,
+    ) -> torch.Tensor:
+        """``forward()``, its model FLOPs added. The first call per module and shapes counts them:
+        on the call itself (the counter only watches the ops), or, with ``dry`` (a compiled
+        module, whose first call compiles), on an eager dry run before it."""
         key = (
             id(module),
             tuple(x_t.shape),
             tuple(sorted((k, tuple(v.shape)) for k, v in cond.tensors.items())),
         )
-        if key not in self._per_call:
-            self._per_call[key] = None if _sharded(module) else dry_run_flops(run, x_t.device)
+        if key in self._per_call:
+            out = forward()
+        elif _sharded(module):
+            self._per_call[key] = None
+            out = forward()
+        elif dry:
+            self._per_call[key] = dry_run_flops(forward, x_t.device)
+            out = forward()
+        else:
+            with FlopCounterMode(display=False) as counter:
+                out = forward()
+            self._per_call[key] = float(counter.get_total_flops())
         flops = self._per_call[key]
         if flops is not None:
             self.flops += flops * (3 if torch.is_grad_enabled() else 1)
+        return out
 
     @contextlib.contextmanager
     def compiling(self, numerics: Numerics):

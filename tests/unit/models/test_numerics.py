@@ -70,25 +70,27 @@ class Dropping(nn.Module):
 def test_the_meter_counts_matmul_flops_once_per_shape_and_3x_with_gradients():
     module, meter = Dropping().train(), ForwardMeter()
     x, cond = torch.randn(4, 8), Conditioning({"h": torch.zeros(4, 2)})
+    calls = []
+    module.register_forward_pre_hook(lambda m, args: calls.append(1))
     with torch.no_grad():
-        meter.count(module, x, cond, lambda: module(x))
+        out = meter.run(module, x, cond, lambda: module(x), dry=False)
+    assert out.shape == (4, 16) and len(calls) == 1  # counted on the call itself
     assert meter.flops == 2 * 4 * 8 * 16  # one (4 x 8) @ (8 x 16)
-    meter.count(module, x, cond, lambda: module(x))  # with gradients: forward + backward
+    meter.run(module, x, cond, lambda: module(x), dry=False)  # with gradients: forward + backward
     assert meter.flops == 4 * (2 * 4 * 8 * 16)
     x2 = torch.randn(6, 8)
     with torch.no_grad():
-        meter.count(module, x2, cond, lambda: module(x2))
-    assert meter.flops == 4 * (2 * 4 * 8 * 16) + 2 * 6 * 8 * 16
+        meter.run(module, x2, cond, lambda: module(x2), dry=True)  # a dry run, then the call
+    assert meter.flops == 4 * (2 * 4 * 8 * 16) + 2 * 6 * 8 * 16 and len(calls) == 4
 
 
 def test_the_meters_dry_run_leaves_the_random_state_alone():
     module, meter = Dropping().train(), ForwardMeter()
     x, cond = torch.randn(4, 8), Conditioning({})
     torch.manual_seed(3)
-    meter.count(module, x, cond, lambda: module(x))  # its dry run draws dropout masks
-    after_count = module(x)
+    counted = meter.run(module, x, cond, lambda: module(x), dry=True)  # its dry run draws dropout masks
     torch.manual_seed(3)
-    assert torch.equal(after_count, module(x))
+    assert torch.equal(counted, module(x))
 
 
 def test_peak_flops_states_where_the_figure_comes_from():
