@@ -53,6 +53,28 @@ class Conditioning:
         return Conditioning({k: v.expand(n, *v.shape[1:]) for k, v in self.tensors.items()})
 
 
+@dataclass
+class RewardScores:
+    """Each reward's raw scores, ``(B,)`` by label (:func:`diffrl.rewards.base.reward_labels`): what
+    per-reward advantages normalise one by one before the weighted sum."""
+
+    scores: dict[str, torch.Tensor]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.scores.values()))) if self.scores else 0
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> RewardScores:
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return RewardScores({k: v[idx.to(v.device)] for k, v in self.scores.items()})
+
+    def to(self, device: torch.device | str) -> RewardScores:
+        return RewardScores({k: v.to(device) for k, v in self.scores.items()})
+
+    @classmethod
+    def cat(cls, parts: Sequence[RewardScores]) -> RewardScores:
+        return cls({k: torch.cat([p.scores[k] for p in parts]) for k in parts[0].scores})
+
+
 @dataclass(frozen=True)
 class CollectionSpec:
     """What the collector must produce for an algorithm."""
@@ -93,7 +115,8 @@ class RolloutBatch(Batch):
     :func:`quantize`);
     ``group_id``: samples of the same prompt share a group (group-relative advantages);
     ``micro_group``: which sampling forward batch the sample was in;
-    ``rewards``: ``(B,)`` weighted reward (online rollouts);
+    ``rewards``: ``(B,)`` weighted reward (online rollouts); ``reward_scores``: each reward's raw
+    ``(B,)`` scores (set with ``rewards`` by the driver);
     ``sigmas``: ``(B, num_steps + 1)`` the sigma schedule the sample was drawn with (online rollouts).
     Trajectory, only when the spec keeps it, for the K stochastic steps:
     ``traj_x, traj_next: (B, K, *latent)``; ``traj_step (B, K)`` step indices;
@@ -117,6 +140,7 @@ class RolloutBatch(Batch):
     traj_sigma: torch.Tensor | None = None
     traj_sigma_next: torch.Tensor | None = None
     traj_log_prob: torch.Tensor | None = None
+    reward_scores: RewardScores | None = None
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from diffrl.algorithms.advantages import group_advantages
+from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
 from diffrl.algorithms.base import DiffusionAlgorithm, x0_collection_problems, x0_only_spec
 from diffrl.algorithms.flow_grpo import ppo_clip_loss
 from diffrl.algorithms.forward_process import expand_timesteps, noised
@@ -115,6 +115,9 @@ class AWM(DiffusionAlgorithm):
         """Weight of the velocity-space KL to the reference (the base model: LoRA disabled)."""
         global_std: bool = True
         """Divide advantages by the std of the whole batch (the reference's OCR setting)."""
+        advantage_aggregation: Literal["sum", "per_reward"] = "sum"
+        """Several rewards: ``sum`` normalises their weighted sum; ``per_reward`` normalises each
+        within its group before the weighted sum (GDPO; see :mod:`diffrl.algorithms.advantages`)."""
         sampler: str = "ode"
         """How rollouts are drawn: any sampler works, AWM needs only x0."""
         noise_level: float = 0.7
@@ -140,6 +143,7 @@ class AWM(DiffusionAlgorithm):
                     f"{config.sampling.num_steps} x timestep_fraction={p.timestep_fraction}, first excluded) "
                     f"but num_timesteps={p.num_timesteps}; lower num_timesteps or raise timestep_fraction"
                 )
+        errors += aggregation_problems(p.advantage_aggregation)
         return errors + x0_collection_problems(p.sampler, p.global_std, config)
 
     @property
@@ -150,7 +154,8 @@ class AWM(DiffusionAlgorithm):
         return x0_only_spec(self.params.sampler, self.params.noise_level)
 
     def postprocess_rewards(self, batch: RolloutBatch, rewards: torch.Tensor | None) -> TrainSignals:
-        adv = group_advantages(rewards.double(), batch.group_id, self.params.global_std)
+        p = self.params
+        adv = batch_advantages(batch, rewards, self.config.rewards, p.advantage_aggregation, p.global_std)
         return TrainSignals({"advantages": adv.advantages.float()})
 
     def build_train_data(self, batch: RolloutBatch, signals: TrainSignals, iteration: int) -> AWMExamples:

@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from diffrl.algorithms.advantages import group_advantages
+from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
 from diffrl.algorithms.base import DiffusionAlgorithm, x0_collection_problems, x0_only_spec
 from diffrl.algorithms.forward_process import expand_timesteps, noised
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
@@ -131,6 +131,9 @@ class DiffusionNFT(DiffusionAlgorithm):
         """Train on this fraction of the sampler's timesteps per sample (a shuffled subset)."""
         global_std: bool = False
         """Divide advantages by the std of the whole batch instead of the prompt group."""
+        advantage_aggregation: Literal["sum", "per_reward"] = "sum"
+        """Several rewards: ``sum`` normalises their weighted sum; ``per_reward`` normalises each
+        within its group before the weighted sum (GDPO; see :mod:`diffrl.algorithms.advantages`)."""
         sampler: str = "ode"
         """How rollouts are drawn: any sampler works, NFT needs only x0."""
         noise_level: float = 0.7
@@ -156,6 +159,7 @@ class DiffusionNFT(DiffusionAlgorithm):
                 f"algorithm.params.timestep_fraction={p.timestep_fraction} of sampling.num_steps="
                 f"{config.sampling.num_steps} trains on no timestep; raise it"
             )
+        errors += aggregation_problems(p.advantage_aggregation)
         return errors + x0_collection_problems(p.sampler, p.global_std, config)
 
     @property
@@ -169,7 +173,8 @@ class DiffusionNFT(DiffusionAlgorithm):
         return x0_only_spec(self.params.sampler, self.params.noise_level)
 
     def postprocess_rewards(self, batch: RolloutBatch, rewards: torch.Tensor | None) -> TrainSignals:
-        adv = group_advantages(rewards.double(), batch.group_id, self.params.global_std)
+        p = self.params
+        adv = batch_advantages(batch, rewards, self.config.rewards, p.advantage_aggregation, p.global_std)
         r = nft_reward_weight(adv.advantages.float(), self.params.adv_clip_max, self.params.adv_mode)
         return TrainSignals({"advantages": adv.advantages.float(), "r": r})
 

@@ -12,11 +12,11 @@ transition log-probs, with group-relative advantages, as flow_grpo ``scripts/tra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from diffrl.algorithms.advantages import group_advantages
+from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.sampling.kernels import kernel_problems, resolve_kernel
@@ -108,6 +108,9 @@ class FlowGRPO(DiffusionAlgorithm):
         """Divide advantages by the std of the whole batch instead of the prompt group."""
         scale_by_std: bool = True
         """False: Dr.GRPO (no division by the std)."""
+        advantage_aggregation: Literal["sum", "per_reward"] = "sum"
+        """Several rewards: ``sum`` normalises their weighted sum; ``per_reward`` normalises each
+        within its group before the weighted sum (GDPO; see :mod:`diffrl.algorithms.advantages`)."""
         drop_zero_std_groups: bool = False
         """Drop groups whose samples all scored the same (their advantages are all 0)."""
         allow_single_sample: bool = False
@@ -127,6 +130,7 @@ class FlowGRPO(DiffusionAlgorithm):
         p = self.params
         errors = list(self._strategy_errors)
         errors += kernel_problems("algorithm.params.sampler", p.sampler, stochastic=True)
+        errors += aggregation_problems(p.advantage_aggregation, p.scale_by_std)
         if p.noise_level <= 0:
             errors.append(f"algorithm.params.noise_level must be > 0 for Flow-GRPO, got {p.noise_level}")
         if config.rollout.n_samples_per_prompt < 2 and not p.allow_single_sample:
@@ -151,7 +155,9 @@ class FlowGRPO(DiffusionAlgorithm):
 
     def postprocess_rewards(self, batch: RolloutBatch, rewards: torch.Tensor | None) -> TrainSignals:
         p = self.params
-        adv = group_advantages(rewards.double(), batch.group_id, p.global_std, p.scale_by_std)
+        adv = batch_advantages(
+            batch, rewards, self.config.rewards, p.advantage_aggregation, p.global_std, p.scale_by_std
+        )
         keep = ~adv.zero_std if p.drop_zero_std_groups else torch.ones_like(adv.zero_std)
         return TrainSignals({"advantages": adv.advantages.float(), "keep": keep, "zero_std": adv.zero_std})
 

@@ -18,7 +18,7 @@ from diffrl.config import Config, TrainConfig
 from diffrl.errors import Interrupted
 from diffrl.logging import MetricsLogger
 from diffrl.rewards.base import RewardOutput
-from diffrl.rollout import CollectionSpec, RolloutBatch, RolloutStats, TrainExamples
+from diffrl.rollout import CollectionSpec, RewardScores, RolloutBatch, RolloutStats, TrainExamples
 from diffrl.seeding import generator
 from diffrl.train.evaluate import EvalResult, save_grid
 from diffrl.train.guard import Guard
@@ -46,6 +46,7 @@ class Rollout:
             out = RewardOutput.cat([pending.result() for _, pending in parts])
             stats.reward_wait_time = time.time() - t0
             batch.rewards = out.total
+            batch.reward_scores = RewardScores(out.per_reward)
             stats.errors = list(out.errors)
             stats.reward_failed = int((~torch.isfinite(out.total)).sum())
             # of the failed samples, those a reward's deadline failed (a hung or too slow reward)

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from diffrl.algorithms.advantages import group_advantages
+from diffrl.algorithms.flow_grpo import FlowGRPO
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import ConfigError
 from diffrl.data.prompts import load_prompts
@@ -200,3 +202,43 @@ def test_each_rewards_raw_scores_and_failures_are_logged_next_to_the_total(tmp_p
 def test_bad_grpo_recipes(tmp_path, extra, message):
     with pytest.raises(ConfigError, match=message):
         grpo(tmp_path, **extra)
+
+
+def redness(images, prompts, metadata):
+    """A second reward on a scale 1000 times brightness's."""
+    return (1000 * images[:, 0].float().mean(dim=(1, 2))).tolist()
+
+
+RECORDED: list = []
+
+
+class RecordingGRPO(FlowGRPO):
+    """Flow-GRPO that keeps what its advantages were computed from."""
+
+    def postprocess_rewards(self, batch, rewards):
+        signals = super().postprocess_rewards(batch, rewards)
+        RECORDED.append((batch.group_id, batch.reward_scores.scores, signals.values["advantages"]))
+        return signals
+
+
+def test_per_reward_advantages_end_to_end(tmp_path):
+    here = "tests.integration.test_flow_grpo"
+    cfg = grpo(
+        tmp_path,
+        **{
+            "algorithm.name": f"{here}:RecordingGRPO",
+            "algorithm.params": "{step_strategy: {name: sde_window, size: 2, range: [0, 2]}, advantage_aggregation: per_reward}",
+            "rewards": f"[{{name: {REWARD}}}, {{name: {here}:redness, weight: 2.0}}]",
+        },
+    )
+    RECORDED.clear()
+    m = train(cfg).history[0]
+    assert m["train/skipped_nonfinite"] == 0 and m["train/grad_norm"] > 0
+    ((group_id, scores, adv),) = RECORDED
+    # each reward normalised in its group, weighted, summed, then normalised over the batch
+    combined = sum(
+        w * group_advantages(scores[label].double(), group_id).advantages
+        for label, w in ((REWARD, 1.0), (f"{here}:redness", 2.0))
+    )
+    expected = (combined - combined.mean()) / (combined.std(unbiased=False) + 1e-4)
+    torch.testing.assert_close(adv, expected.float())
