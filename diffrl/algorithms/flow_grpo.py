@@ -99,7 +99,7 @@ class FlowGRPO(DiffusionAlgorithm):
         dotted path to a stochastic :class:`~diffrl.sampling.kernels.Kernel` of your own."""
         noise_level: float = 0.7
         step_strategy: dict[str, Any] = field(default_factory=lambda: {"name": "all"})
-        """``{name: all | sde_window | epoch_global_random_choice | dotted.path, **params}``."""
+        """``{name: all | sde_window | epoch_global_random_choice | mix_grpo | dotted.path, **params}``."""
         clip_range: float = 1e-4
         adv_clip_max: float = 5.0
         kl_beta: float = 0.0
