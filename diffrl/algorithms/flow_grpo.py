@@ -18,15 +18,17 @@ via Regulated Clipping", arXiv 2510.22319), two options, off by default:
 
       bias = mean((μ_θ − μ_old)²) / (2·s²);   log r̂ = (logπ − logπ_old + bias)·s = mean((μ_θ − μ_old)·ε)
 
-  with ε = (x_{t+Δ} − μ_old)/s the rollout's noise: zero mean and a spread ‖μ_θ − μ_old‖ that no
-  longer depends on the step. μ_old is the rollout's mean, recorded by the collector; the bias
+  with ε = (x_{t+Δ} − μ_old)/s the rollout's noise: zero mean and a spread, rms(μ_θ − μ_old)/sqrt(D)
+  over D elements, that no longer depends on the step's s. μ_old is the rollout's mean, recorded by the collector; the bias
   keeps its gradient (only μ_old is fixed), as the reference. s is analytic in (σ, σ') (the
   reference's ``sqrt(−dt)·std_dev_t`` of the step), so it does not depend on the batch layout.
-- ``grad_reweight``: each transition's clipped term is divided by its step's −Δt = σ − σ', the
-  paper's δ = 1/Δt for Flow-GRPO's SDE (Sec. 3.2, Eq. 12: after RatioNorm the gradient of a step
-  scales with Δt; this evens the steps out). The reference divides the micro-batch's policy loss,
-  whose rows share one step, by ``sqrt_dt.mean()**2``; a diffrl micro-batch may mix steps, so the
-  weight is per row (the same thing when the rows share a step).
+- ``grad_reweight``: each transition's clipped term is divided by its step's −Δt = σ − σ'. After
+  RatioNorm the gradient of log r̂ = mean(ε·∂μ_θ/∂θ) scales with Δt (μ_θ moves by v_θ·Δt), so the
+  steps with a small Δt would barely train; 1/Δt evens them out (the paper's gradient
+  reweighting for Flow-GRPO's SDE; Flow-GRPO-style GRPO-Guard scripts, ``compute_guard_grpo_loss``,
+  divide the policy loss by ``sqrt_dt.mean()**2``; Flow-Factory's trainer has RatioNorm only). Those
+  scripts' micro-batches hold one step; a diffrl micro-batch may mix steps, so the weight is per row
+  (the same thing when the rows share a step).
 
 Both are derived for the ``sde`` kernel (Flow-Factory's ``grpo-guard`` likewise requires Flow-SDE).
 With them on, ``ratio`` and ``clipfrac`` are of r̂; ``approx_kl`` stays on the raw log-ratio.
