@@ -93,6 +93,9 @@ class CollectionSpec:
     """Record (x_t, x_{t+Δ}) of the stochastic steps (reverse-process policy gradients only)."""
     keep_log_prob: bool = False
     """Record the log-prob of each recorded transition under the sampling policy."""
+    keep_mean: bool = False
+    """Record the mean of each recorded transition's Gaussian under the sampling policy (GRPO-Guard's
+    RatioNorm needs the old policy's mean; it costs one more latent per recorded step)."""
 
     def provides(self) -> frozenset[str]:
         """The optional :class:`RolloutBatch` fields a collector following this spec fills."""
@@ -103,6 +106,8 @@ class CollectionSpec:
             fields |= {"traj_x", "traj_next", "traj_step", "traj_sigma", "traj_sigma_next"}
             if self.keep_log_prob:
                 fields.add("traj_log_prob")
+            if self.keep_mean:
+                fields.add("traj_mean")
         return frozenset(fields)
 
 
@@ -120,7 +125,8 @@ class RolloutBatch(Batch):
     ``sigmas``: ``(B, num_steps + 1)`` the sigma schedule the sample was drawn with (online rollouts).
     Trajectory, only when the spec keeps it, for the K stochastic steps:
     ``traj_x, traj_next: (B, K, *latent)``; ``traj_step (B, K)`` step indices;
-    ``traj_sigma, traj_sigma_next (B, K)``; ``traj_log_prob (B, K)`` when the spec keeps log-probs.
+    ``traj_sigma, traj_sigma_next (B, K)``; ``traj_log_prob (B, K)`` when the spec keeps log-probs;
+    ``traj_mean (B, K, *latent)`` the transitions' means (float32) when the spec keeps them.
     """
 
     prompts: list[str]
@@ -140,6 +146,7 @@ class RolloutBatch(Batch):
     traj_sigma: torch.Tensor | None = None
     traj_sigma_next: torch.Tensor | None = None
     traj_log_prob: torch.Tensor | None = None
+    traj_mean: torch.Tensor | None = None
     reward_scores: RewardScores | None = None
 
 

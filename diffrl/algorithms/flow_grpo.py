@@ -7,6 +7,31 @@ transition log-probs, with group-relative advantages, as flow_grpo ``scripts/tra
     policy_loss = mean(max(−A·ratio, −A·clamp(ratio, 1 − ε, 1 + ε)))
     kl_loss = mean(‖μ_θ − μ_ref‖² / (2·std²))   (per-sample mean over elements)
     approx_kl = ½·mean((logπ − logπ_old)²);  clipfrac = mean(|ratio − 1| > ε)
+
+GRPO-Guard (Wang et al. 2025, "GRPO-Guard: Mitigating Implicit Over-Optimization in Flow Matching
+via Regulated Clipping", arXiv 2510.22319), two options, off by default:
+
+- ``ratio_norm`` (RatioNorm): the SDE's log-ratio has a negative mean, −‖μ_θ − μ_old‖²/(2s²), and
+  a spread ∝ 1/s, both depending on the step (s = std·sqrt(−Δt) the transition's std), so one clip
+  range is lopsided and too tight or too loose depending on the step. RatioNorm adds the mean back and
+  rescales by s, as X-GenGroup/Flow-Factory ``src/flow_factory/trainers/grpo.py::GRPOGuardTrainer``:
+
+      bias = mean((μ_θ − μ_old)²) / (2·s²);   log r̂ = (logπ − logπ_old + bias)·s = mean((μ_θ − μ_old)·ε)
+
+  with ε = (x_{t+Δ} − μ_old)/s the rollout's noise: zero mean and a spread, rms(μ_θ − μ_old)/sqrt(D)
+  over D elements, that no longer depends on the step's s. μ_old is the rollout's mean, recorded by the collector; the bias
+  keeps its gradient (only μ_old is fixed), as the reference. s is analytic in (σ, σ') (the
+  reference's ``sqrt(−dt)·std_dev_t`` of the step), so it does not depend on the batch layout.
+- ``grad_reweight``: each transition's clipped term is divided by its step's −Δt = σ − σ'. After
+  RatioNorm the gradient of log r̂ = mean(ε·∂μ_θ/∂θ) scales with Δt (μ_θ moves by v_θ·Δt), so the
+  steps with a small Δt would barely train; 1/Δt evens them out (the paper's gradient
+  reweighting for Flow-GRPO's SDE; Flow-GRPO-style GRPO-Guard scripts, ``compute_guard_grpo_loss``,
+  divide the policy loss by ``sqrt_dt.mean()**2``; Flow-Factory's trainer has RatioNorm only). Those
+  scripts' micro-batches hold one step; a diffrl micro-batch may mix steps, so the weight is per row
+  (the same thing when the rows share a step).
+
+Both are derived for the ``sde`` kernel (Flow-Factory's ``grpo-guard`` likewise requires Flow-SDE).
+With them on, ``ratio`` and ``clipfrac`` are of r̂; ``approx_kl`` stays on the raw log-ratio.
 """
 
 from __future__ import annotations
@@ -19,7 +44,7 @@ import torch
 from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
-from diffrl.sampling.kernels import kernel_problems, resolve_kernel
+from diffrl.sampling.kernels import FlowSDE, kernel_problems, resolve_kernel
 from diffrl.sampling.step_strategies import build_step_strategy
 
 
@@ -48,18 +73,41 @@ def ppo_clip_loss(
     advantages: torch.Tensor,
     clip_range: float,
     adv_clip_max: float,
+    log_ratio: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
 ) -> PPOTerms:
-    """``log_prob, old_log_prob, advantages: (B,)`` -> the clipped surrogate and its diagnostics."""
+    """``log_prob, old_log_prob, advantages: (B,)`` -> the clipped surrogate and its diagnostics.
+
+    ``log_ratio (B,)``: the log-ratio to clip instead of ``log_prob − old_log_prob`` (GRPO-Guard's
+    :func:`ratio_norm_log_ratio`); ``weight (B,)``: per-row weights of the clipped terms before the
+    mean (GRPO-Guard's ``grad_reweight``). Without them this is Flow-GRPO's loss, op for op.
+    """
     adv = advantages.clamp(-adv_clip_max, adv_clip_max)
-    ratio = torch.exp(log_prob - old_log_prob)
+    ratio = torch.exp(log_prob - old_log_prob if log_ratio is None else log_ratio)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
+    per_row = torch.maximum(unclipped, clipped)
     return PPOTerms(
-        policy_loss=torch.maximum(unclipped, clipped).mean(),
+        policy_loss=(per_row if weight is None else per_row * weight).mean(),
         approx_kl=0.5 * ((log_prob - old_log_prob) ** 2).mean().detach(),
         clipfrac=((ratio - 1.0).abs() > clip_range).float().mean().detach(),
         ratio=ratio.detach(),
     )
+
+
+def ratio_norm_log_ratio(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    mean: torch.Tensor,
+    old_mean: torch.Tensor,
+    scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO-Guard's RatioNorm (arXiv 2510.22319; Flow-Factory ``GRPOGuardTrainer.optimize``):
+    ``log_prob, old_log_prob, scale: (B,)``, ``mean, old_mean: (B, *latent)`` -> ``(log r̂, bias)``,
+    both ``(B,)``, with ``bias = mean((mean − old_mean)²) / (2·scale²)`` and
+    ``log r̂ = (log_prob − old_log_prob + bias)·scale``. ``scale``: the transition's std, std·sqrt(−Δt)."""
+    bias = (mean.float() - old_mean.float()).pow(2).flatten(1).mean(1) / (2 * scale.pow(2))
+    return (log_prob - old_log_prob + bias) * scale, bias
 
 
 def mean_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -74,7 +122,8 @@ class GRPOExamples(TrainExamples):
     """One recorded transition per row (N = kept samples x stochastic steps).
 
     ``x_t, x_next: (N, *latent)``; ``sigma, sigma_next, old_log_prob, advantages: (N,)``;
-    ``sample_id, step: (N,)`` the rollout row and the step index each transition came from.
+    ``sample_id, step: (N,)`` the rollout row and the step index each transition came from;
+    ``old_mean: (N, *latent)`` the rollout's transition mean (GRPO-Guard's RatioNorm only, else None).
     """
 
     sample_id: torch.Tensor
@@ -86,6 +135,7 @@ class GRPOExamples(TrainExamples):
     old_log_prob: torch.Tensor
     advantages: torch.Tensor
     cond: Conditioning
+    old_mean: torch.Tensor | None = None
 
 
 class FlowGRPO(DiffusionAlgorithm):
@@ -99,7 +149,7 @@ class FlowGRPO(DiffusionAlgorithm):
         dotted path to a stochastic :class:`~diffrl.sampling.kernels.Kernel` of your own."""
         noise_level: float = 0.7
         step_strategy: dict[str, Any] = field(default_factory=lambda: {"name": "all"})
-        """``{name: all | sde_window | epoch_global_random_choice | dotted.path, **params}``."""
+        """``{name: all | sde_window | epoch_global_random_choice | mix_grpo | dotted.path, **params}``."""
         clip_range: float = 1e-4
         adv_clip_max: float = 5.0
         kl_beta: float = 0.0
@@ -115,9 +165,18 @@ class FlowGRPO(DiffusionAlgorithm):
         """Drop groups whose samples all scored the same (their advantages are all 0)."""
         allow_single_sample: bool = False
         """Allow ``rollout.n_samples_per_prompt = 1`` (every advantage is then 0 unless global_std)."""
+        ratio_norm: bool = False
+        """GRPO-Guard's RatioNorm: clip the log-ratio with its per-step mean shift added back and
+        scaled by the transition std (see the module docstring; ``sampler: sde`` only). The rollout
+        then also keeps each recorded step's mean (one more latent per step)."""
+        grad_reweight: bool = False
+        """GRPO-Guard's gradient reweighting: divide each transition's clipped term by its step's
+        σ − σ' (see the module docstring; ``sampler: sde`` only)."""
 
     def __init__(self, params, config):
         super().__init__(params, config)
+        if params.ratio_norm:
+            self.requires = type(self).requires | {"traj_mean"}
         self.step_strategy, self._strategy_errors = build_step_strategy(
             params.step_strategy, config.sampling.num_steps, "algorithm.params.step_strategy"
         )
@@ -129,7 +188,8 @@ class FlowGRPO(DiffusionAlgorithm):
     def validate(self, config) -> list[str]:
         p = self.params
         errors = list(self._strategy_errors)
-        errors += kernel_problems("algorithm.params.sampler", p.sampler, stochastic=True)
+        sampler_problems = kernel_problems("algorithm.params.sampler", p.sampler, stochastic=True)
+        errors += sampler_problems
         errors += aggregation_problems(p.advantage_aggregation, p.scale_by_std)
         if p.noise_level <= 0:
             errors.append(f"algorithm.params.noise_level must be > 0 for Flow-GRPO, got {p.noise_level}")
@@ -140,6 +200,13 @@ class FlowGRPO(DiffusionAlgorithm):
             )
         if p.clip_range <= 0 or p.adv_clip_max <= 0 or p.kl_beta < 0:
             errors.append("algorithm.params: clip_range and adv_clip_max must be > 0, kl_beta >= 0")
+        guard = p.ratio_norm or p.grad_reweight
+        if guard and not sampler_problems and not isinstance(resolve_kernel(p.sampler), FlowSDE):
+            errors.append(
+                f"algorithm.params.ratio_norm / grad_reweight (GRPO-Guard) are derived for Flow-GRPO's "
+                f"SDE and need algorithm.params.sampler=sde, got {p.sampler!r}; set sampler=sde or turn "
+                "them off"
+            )
         return errors
 
     def collection_spec(self) -> CollectionSpec:
@@ -151,6 +218,7 @@ class FlowGRPO(DiffusionAlgorithm):
             step_strategy=self.step_strategy,
             keep_trajectory=True,
             keep_log_prob=True,
+            keep_mean=self.params.ratio_norm,
         )
 
     def postprocess_rewards(self, batch: RolloutBatch, rewards: torch.Tensor | None) -> TrainSignals:
@@ -164,6 +232,10 @@ class FlowGRPO(DiffusionAlgorithm):
     def build_train_data(self, batch: RolloutBatch, signals: TrainSignals, iteration: int) -> GRPOExamples:
         if batch.traj_x is None or batch.traj_log_prob is None:
             raise ValueError("Flow-GRPO needs the recorded trajectory and log-probs; the rollout has none")
+        if self.params.ratio_norm and batch.traj_mean is None:
+            raise ValueError(
+                "ratio_norm needs the rollout's transition means (traj_mean); the rollout has none"
+            )
         rows = torch.nonzero(signals.values["keep"]).flatten()
         # order (micro-group, step, sample): a training micro-batch then holds the very samples
         # one rollout forward held, so the first replay reproduces the recorded log-probs exactly
@@ -182,6 +254,7 @@ class FlowGRPO(DiffusionAlgorithm):
             old_log_prob=batch.traj_log_prob[r_idx, k_idx],
             advantages=signals.values["advantages"][r_idx],
             cond=batch.cond.select(r_idx),
+            old_mean=batch.traj_mean[r_idx, k_idx] if self.params.ratio_norm else None,
         )
 
     def compute_loss(self, policy, examples: GRPOExamples) -> tuple[torch.Tensor, dict[str, float]]:
@@ -202,8 +275,26 @@ class FlowGRPO(DiffusionAlgorithm):
             sigma_max=sigma_max,
             prev_sample=examples.x_next,
         )
+        guard: dict[str, float] = {}
+        log_ratio = weight = None
+        if p.ratio_norm or p.grad_reweight:
+            minus_dt = (examples.sigma - examples.sigma_next).float()  # the step's −Δt = σ − σ'
+            if p.ratio_norm:
+                scale = out.std * torch.sqrt(minus_dt)  # the sde kernel's transition std, per row
+                log_ratio, bias = ratio_norm_log_ratio(
+                    out.log_prob, examples.old_log_prob, out.mean, examples.old_mean, scale
+                )
+                guard["train/ratio_mean_bias"] = bias.detach().mean().item()
+            if p.grad_reweight:
+                weight = 1.0 / minus_dt
         terms = ppo_clip_loss(
-            out.log_prob, examples.old_log_prob, examples.advantages, p.clip_range, p.adv_clip_max
+            out.log_prob,
+            examples.old_log_prob,
+            examples.advantages,
+            p.clip_range,
+            p.adv_clip_max,
+            log_ratio=log_ratio,
+            weight=weight,
         )
         loss = terms.policy_loss
         kl = torch.zeros(())
@@ -229,6 +320,7 @@ class FlowGRPO(DiffusionAlgorithm):
             loss = loss + p.kl_beta * kl
         return loss, {
             **terms.metrics(kl),
+            **guard,
             "train/log_prob_mean_abs_diff": (out.log_prob.detach() - examples.old_log_prob)
             .abs()
             .mean()

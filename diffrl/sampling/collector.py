@@ -221,6 +221,7 @@ class OnlineCollector:
                 negative=neg,
                 module=module,
                 record=self.spec.keep_trajectory,
+                record_mean=self.spec.keep_mean,
             ),
         )
         k = len(steps)
@@ -245,6 +246,8 @@ class OnlineCollector:
             batch.traj_sigma_next = self.sigmas[step_idx + 1]
             if self.spec.keep_log_prob:
                 batch.traj_log_prob = torch.stack(out.traj_log_prob, 1)
+            if self.spec.keep_mean:
+                batch.traj_mean = torch.stack(out.traj_mean, 1)
         return batch
 
 

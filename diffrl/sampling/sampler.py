@@ -38,12 +38,14 @@ def initial_noise(family: ModelFamily, keys: Sequence[tuple], height: int, width
 @dataclass
 class Denoised:
     """``x0 (B, *latent)``; for the K recorded stochastic steps, lists of K tensors:
-    ``traj_x, traj_next (B, *latent)`` and ``traj_log_prob (B,)``."""
+    ``traj_x, traj_next (B, *latent)``, ``traj_log_prob (B,)`` and, with ``record_mean``,
+    ``traj_mean (B, *latent)``."""
 
     x0: torch.Tensor
     traj_x: list[torch.Tensor] = field(default_factory=list)
     traj_next: list[torch.Tensor] = field(default_factory=list)
     traj_log_prob: list[torch.Tensor] = field(default_factory=list)
+    traj_mean: list[torch.Tensor] = field(default_factory=list)
 
 
 EULER = Euler()
@@ -63,11 +65,13 @@ def denoise(
     negative: Conditioning | None = None,
     module: nn.Module | None = None,
     record: bool = False,
+    record_mean: bool = False,
 ) -> Denoised:
     """Run the reverse process from ``x (B, *latent)`` along ``sigmas (num_steps + 1,)``.
 
     A stochastic ``kernel`` steps the ``stochastic_steps`` with the noise ``step_noise(i)`` (and,
-    with ``record``, keeps their transitions and log-probs); every other step is Euler. A
+    with ``record``, keeps their transitions and log-probs, and with ``record_mean`` also the
+    transitions' means); every other step is Euler. A
     deterministic kernel (``ode``, ``heun``) steps every step. ``negative``: one row or ``B``.
     """
     b = x.shape[0]
@@ -91,6 +95,8 @@ def denoise(
                 out.traj_x.append(x)
                 out.traj_next.append(step.prev_sample)
                 out.traj_log_prob.append(step.log_prob)
+                if record_mean:
+                    out.traj_mean.append(step.mean)
         elif kernel.stochastic:
             step = EULER.step(x, v, sigma, sigma_next)
         else:

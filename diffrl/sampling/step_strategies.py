@@ -7,9 +7,13 @@ how the rollout is split into micro-groups or workers.
 - ``all``: every step (Flow-GRPO's original setting).
 - ``sde_window``: a random contiguous window of ``size`` steps whose start lies in
   ``[range[0], range[1] - size]`` (flow_grpo's ``sde_window_size`` / ``sde_window_range``, the
-  "Flow-GRPO-Fast" setting; MixGRPO uses the same idea).
+  "Flow-GRPO-Fast" setting).
 - ``epoch_global_random_choice``: ``k`` steps drawn without replacement from ``candidates``
   (default: all steps), a new draw per rollout (miles' step_strategy_hub).
+- ``mix_grpo``: MixGRPO's sliding window (Li et al. 2025, "MixGRPO", arXiv 2507.21802): a
+  deterministic window of ``size`` steps that starts at the first step of ``range`` and moves
+  ``stride`` steps later every ``shift_interval`` iterations; at the end it stays (or, with
+  ``wrap``, starts over).
 - a dotted path to ``def my_strategy(num_steps: int, rollout_id: int, seed: int, **params) -> list[int]``.
 
 In a recipe: ``algorithm.params.step_strategy: {name: sde_window, size: 2, range: [0, 6]}``.
@@ -85,6 +89,69 @@ class EpochGlobalRandomChoice:
 
 
 @dataclass
+class MixGRPOWindow:
+    """MixGRPO's progressive sliding window (Li et al. 2025, arXiv 2507.21802; Tencent-
+    Hunyuan/MixGRPO ``fastvideo/utils/grpo_states.py::GRPOTrainingStates``, ``sample_strategy=
+    "progressive"``, as ``train_grpo_flux.py`` drives it once per training iteration).
+
+    At iteration ``r`` (the rollout id) the window is ``[l, l + size)`` with ``k = r //
+    shift_interval`` shifts done so far and, inside ``range = [lo, hi)``,
+    ``l = lo + min(k·stride, last)`` (it stays at the end), or ``l = lo + (k mod (last // stride
+    + 1))·stride`` with ``wrap`` (the reference's ``roll_back``), where ``last = hi − lo − size``.
+    A pure function of the iteration, so resuming from a checkpoint lands on the same window.
+
+    Defaults are those of the reference's shipped script (``finetune_flux_grpo_MixGRPO.sh``:
+    ``group_size=4``, ``iters_per_group=25``, ``prog_overlap_step=1``, ``roll_back``). Unlike the
+    reference, whose window is cut at its bound (``range(cur, min(cur + size, sampling_steps -
+    2))``, so it shrinks near the end and is empty once it reaches the bound), the window here
+    always has ``size`` steps and its last start is ``hi − size``; MixGRPO's bound of
+    ``sampling_steps − 2`` is ``range: [0, num_steps - 2]``.
+    """
+
+    size: int = 4
+    """Window size (the reference's ``group_size``)."""
+    shift_interval: int = 25
+    """Iterations between two moves (τ; the reference's ``iters_per_group``)."""
+    stride: int = 1
+    """Steps per move (the reference's ``prog_overlap_step``; ``stride = size``: non-overlapping)."""
+    wrap: bool = True
+    """At the end, start over from ``range[0]`` (the reference's ``roll_back``); False: stay there."""
+    range: list[int] | None = None
+    """``[lo, hi)``: the window lies inside these steps; default all steps."""
+
+    def bounds(self, num_steps: int) -> tuple[int, int]:
+        lo, hi = self.range if self.range is not None else (0, num_steps)
+        return lo, hi
+
+    def __call__(self, num_steps: int, rollout_id: int, seed: int) -> list[int]:
+        lo, hi = self.bounds(num_steps)
+        last = hi - lo - self.size
+        shifts = rollout_id // self.shift_interval
+        if self.wrap:
+            offset = (shifts % (last // self.stride + 1)) * self.stride
+        else:
+            offset = min(shifts * self.stride, last)
+        return list(range(lo + offset, lo + offset + self.size))
+
+    def check(self, num_steps: int) -> list[str]:
+        if self.range is not None and len(self.range) != 2:
+            return [f"mix_grpo range must be [lo, hi), got {self.range}"]
+        lo, hi = self.bounds(num_steps)
+        errors = []
+        if self.size < 1 or not (0 <= lo < hi <= num_steps) or hi - lo < self.size:
+            errors.append(
+                f"mix_grpo window of size {self.size} in range [{lo}, {hi}) does not fit a schedule of "
+                f"{num_steps} steps (need 1 <= size <= hi - lo and 0 <= lo < hi <= {num_steps}); "
+                "use a smaller size or more sampling.num_steps"
+            )
+        if self.shift_interval < 1 or self.stride < 1:
+            errors.append(
+                f"mix_grpo shift_interval ({self.shift_interval}) and stride ({self.stride}) must be >= 1"
+            )
+        return errors
+
+
+@dataclass
 class FunctionStrategy:
     fn: Callable[..., list[int]]
     params: dict[str, Any] = field(default_factory=dict)
@@ -107,6 +174,7 @@ STEP_STRATEGIES = Registry(
         "all": "diffrl.sampling.step_strategies:AllSteps",
         "sde_window": "diffrl.sampling.step_strategies:SdeWindow",
         "epoch_global_random_choice": "diffrl.sampling.step_strategies:EpochGlobalRandomChoice",
+        "mix_grpo": "diffrl.sampling.step_strategies:MixGRPOWindow",
     },
 )
 """Step strategies by name; a dotted path names a function (or a dataclass with ``__call__`` and

@@ -44,6 +44,8 @@ def test_a_trajectory_spec_provides_the_transitions_and_their_log_probs_when_kep
     assert kept.provides() == base | TRAJECTORY
     with_log_prob = dataclasses.replace(kept, keep_log_prob=True)
     assert with_log_prob.provides() == base | TRAJECTORY | {"traj_log_prob"}
+    with_mean = dataclasses.replace(with_log_prob, keep_mean=True)  # GRPO-Guard's RatioNorm
+    assert with_mean.provides() == base | TRAJECTORY | {"traj_log_prob", "traj_mean"}
     # without a step strategy there is no stochastic step, so no transition to keep
     no_steps = dataclasses.replace(with_log_prob, step_strategy=None)
     assert no_steps.provides() == base

@@ -35,12 +35,37 @@ def test_dotted_path_strategy():
     assert not errors and s(10, 0, 0) == [0, 4, 8]
 
 
+def test_mix_grpo_window_slides_every_shift_interval_and_stays_at_the_end():
+    # 10 steps, window 3, tau = 5 iterations, stride 2: starts 0, 2, 4, 6, then 7 = 10 - 3 for good
+    s, errors = build_step_strategy(
+        {"name": "mix_grpo", "size": 3, "shift_interval": 5, "stride": 2, "wrap": False}, 10
+    )
+    assert not errors
+    assert s(10, 0, 0) == [0, 1, 2] and s(10, 4, 0) == [0, 1, 2]  # iterations 0 and tau - 1
+    assert s(10, 5, 0) == [2, 3, 4]  # tau: the first move
+    assert s(10, 3 * 5, 0) == [6, 7, 8]  # k * tau
+    assert s(10, 4 * 5, 0) == [7, 8, 9] and s(10, 1000, 0) == [7, 8, 9]  # past the end: stays, full size
+    assert s(10, 7, 0) == s(10, 7, 123)  # the seed plays no part
+
+
+def test_mix_grpo_window_wraps_and_defaults_follow_the_reference_script():
+    s, errors = build_step_strategy({"name": "mix_grpo", "size": 3, "shift_interval": 5, "stride": 2}, 10)
+    assert not errors  # wrap (roll_back) is on by default: starts 0, 2, 4, 6, then 0 again
+    assert [s(10, 5 * k, 0)[0] for k in range(6)] == [0, 2, 4, 6, 0, 2]
+    s, errors = build_step_strategy({"name": "mix_grpo", "range": [2, 9]}, 12)
+    assert not errors  # size 4, tau 25, stride 1 inside [2, 9): starts 2, 3, 4, 5, then 2
+    assert s(12, 0, 0) == [2, 3, 4, 5] and s(12, 24, 0) == [2, 3, 4, 5] and s(12, 25, 0) == [3, 4, 5, 6]
+    assert s(12, 75, 0) == [5, 6, 7, 8] and s(12, 100, 0) == [2, 3, 4, 5]
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [
         ({"name": "sde_window", "size": 3, "range": [8, 12]}, "does not fit a schedule of 10 steps"),
         ({"name": "sde_window", "size": 5, "range": [0, 3]}, "does not fit"),
         ({"name": "epoch_global_random_choice", "k": 5, "candidates": [1, 2]}, "k=5 must be in"),
+        ({"name": "mix_grpo", "size": 12}, "mix_grpo window of size 12 in range \\[0, 10\\) does not fit"),
+        ({"name": "mix_grpo", "size": 2, "shift_interval": 0}, "shift_interval \\(0\\) and stride"),
         ({"name": "sde_windw"}, "Did you mean 'sde_window'"),
         ({"name": "sde_window", "sise": 2}, "Did you mean 'size'"),
     ],
