@@ -27,7 +27,7 @@ from diffrl.config import (
     bind_config,
 )
 from diffrl.config import number_problem as _number
-from diffrl.data.offline import DatasetError, scan_image_folder
+from diffrl.data.offline import DatasetError, scan_image_folder, scan_pair_folder
 from diffrl.data.prompts import PromptFileError, load_prompts
 from diffrl.models.base import ModelFamily
 from diffrl.models.registry import FAMILIES
@@ -367,7 +367,7 @@ def _data_checks(config: Config, online: bool, check_files: bool) -> list[str]:
             errors.append(f"data.prompts: {problem}")
     if d.dataset and d.dataset != "synthetic_text" and not online:
         try:
-            scan_image_folder(d.dataset)
+            (scan_pair_folder if d.dataset_format == "pairs" else scan_image_folder)(d.dataset)
         except DatasetError as e:
             errors.append(f"data.dataset: {e}")
     return errors

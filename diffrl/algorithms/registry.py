@@ -13,6 +13,7 @@ ALGORITHMS = Registry(
         "flow_grpo": "diffrl.algorithms.flow_grpo:FlowGRPO",
         "diffusion_nft": "diffrl.algorithms.diffusion_nft:DiffusionNFT",
         "awm": "diffrl.algorithms.awm:AWM",
+        "dpo": "diffrl.algorithms.dpo:DPO",
     },
 )
 

@@ -1,13 +1,19 @@
-"""Offline image datasets for SFT: the synthetic text world, or a folder of images + captions.
+"""Offline image datasets: the synthetic text world, a folder of images + captions (SFT), or a
+folder of preference pairs (offline DPO).
 
-A folder holds images (``.png``, ``.jpg``, ``.jpeg``, ``.webp``) and, for each, either a
-sidecar caption ``name.txt`` or a row in ``metadata.jsonl`` (``{"file_name": ..., "text": ...}``,
-the Hugging Face imagefolder convention).
+An image folder (``data.dataset_format: images``) holds images (``.png``, ``.jpg``, ``.jpeg``,
+``.webp``) and, for each, either a sidecar caption ``name.txt`` or a row in ``metadata.jsonl``
+(``{"file_name": ..., "text": ...}``, the Hugging Face imagefolder convention).
+
+A pair folder (``data.dataset_format: pairs``) holds images and a ``metadata.jsonl`` with one pair
+per line, ``{"prompt": "...", "chosen": "a.png", "rejected": "b.png"}``: the preferred and the
+dispreferred image for the prompt, file names relative to the folder (other fields are ignored).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -29,10 +35,18 @@ class DatasetError(DiffrlError, ValueError):
 CAPTIONS = 'add NAME.txt beside each image or a metadata.jsonl row {"file_name": ..., "text": ...}'
 
 
+PAIRS = (
+    "a pair folder holds images and a metadata.jsonl with one row per pair, "
+    '{"prompt": "...", "chosen": "FILE", "rejected": "FILE"} (files relative to the folder)'
+)
+PAIR_FIELDS = ("prompt", "chosen", "rejected")
+
+
 class OfflineDataset(Protocol):
     def __len__(self) -> int: ...
     def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
-        """``(image (3, H, W) in [0, 1], caption)``."""
+        """``(image (3, H, W) in [0, 1], caption)``, or ``(images (K, 3, H, W), caption)``: K
+        images of one caption, best first (a preference pair: chosen, rejected)."""
 
 
 def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
@@ -117,14 +131,114 @@ class ImageFolderDataset:
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
         path, caption = self.items[i]
+        return load_image(path, self.height, self.width), caption
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One row of a pair folder's ``metadata.jsonl`` (``line``: its 1-based line number)."""
+
+    prompt: str
+    chosen: Path
+    rejected: Path
+    line: int
+
+
+def scan_pair_folder(folder: str | Path) -> list[PreferencePair]:
+    """Every pair of a pair folder's ``metadata.jsonl``, checked without decoding an image: each
+    line a JSON object with a non-empty string ``prompt``, ``chosen`` and ``rejected``, naming two
+    different image files of the folder. Every problem is reported at once, by line and field."""
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        what = "is a file" if root.is_file() else "does not exist"
+        raise DatasetError(f"pair folder {str(folder)!r} {what}; {PAIRS}")
+    meta = root / "metadata.jsonl"
+    if not meta.is_file():
+        raise DatasetError(f"pair folder {str(folder)!r} has no metadata.jsonl; {PAIRS}")
+    try:
+        lines = meta.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{str(meta)!r} is not UTF-8 text (byte {e.start}); {PAIRS}") from e
+    pairs: list[PreferencePair] = []
+    problems: list[str] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        pair, row_problems = _parse_pair_row(line, n, root)
+        problems += [f"line {n}: {p}" for p in row_problems]
+        if pair is not None:
+            pairs.append(pair)
+    if problems:
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise DatasetError(f"{str(meta)!r}: {'; '.join(problems[:10])}{more}; {PAIRS}")
+    if not pairs:
+        raise DatasetError(f"{str(meta)!r} holds no pairs; {PAIRS}")
+    return pairs
+
+
+def _parse_pair_row(line: str, n: int, root: Path) -> tuple[PreferencePair | None, list[str]]:
+    """Line ``n`` of a pair folder's ``metadata.jsonl``: its pair, or None and its problems."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        return None, [f"not valid JSON ({e.msg} at column {e.colno})"]
+    if not isinstance(row, dict):
+        return None, [f"a JSON {type(row).__name__}, not an object"]
+    missing = [f for f in PAIR_FIELDS if f not in row]
+    if missing:
+        fields = " / ".join(repr(f) for f in missing)
+        return None, [f"no {fields} field (the row has {', '.join(map(repr, row)) or 'none'})"]
+    problems = [
+        f"field {f!r} must be a non-empty string, got {row[f]!r}"
+        for f in PAIR_FIELDS
+        if not isinstance(row[f], str) or not row[f].strip()
+    ]
+    if problems:
+        return None, problems
+    files = []
+    for f in ("chosen", "rejected"):
+        path = root / row[f]
+        if not path.is_file():
+            problems.append(f"field {f!r}: image {row[f]!r} not found in {str(root)!r}")
+        elif path.suffix.lower() not in IMAGE_SUFFIXES:
+            problems.append(f"field {f!r}: {row[f]!r} is not an image ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        files.append(path)
+    if not problems and files[0].resolve() == files[1].resolve():
+        problems.append(f"'chosen' and 'rejected' are the same file {row['chosen']!r}")
+    if problems:
+        return None, problems
+    return PreferencePair(row["prompt"], files[0], files[1], n), []
+
+
+class PreferencePairDataset:
+    """A pair folder: item ``i`` is ``(images (2, 3, H, W) in [0, 1]: chosen then rejected, prompt)``."""
+
+    def __init__(self, folder: str | Path, height: int, width: int):
+        self.height, self.width = height, width
+        self.pairs = scan_pair_folder(folder)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
+        pair = self.pairs[i]
         try:
-            with Image.open(path) as img:
-                img = img.convert("RGB")
-        except (UnidentifiedImageError, OSError) as e:
-            raise DatasetError(f"cannot decode image {str(path)!r}: {e}; remove or replace the file") from e
-        if img.size != (self.width, self.height):
-            img = _resize_center_crop(img, self.height, self.width)
-        return to_tensor(img), caption
+            images = [load_image(path, self.height, self.width) for path in (pair.chosen, pair.rejected)]
+        except DatasetError as e:
+            raise DatasetError(f"metadata.jsonl line {pair.line}: {e}") from e
+        return torch.stack(images), pair.prompt
+
+
+def load_image(path: Path, height: int, width: int) -> torch.Tensor:
+    """An image file as ``(3, height, width)`` in [0, 1] (resized and center-cropped to fit)."""
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+    except (UnidentifiedImageError, OSError) as e:
+        raise DatasetError(f"cannot decode image {str(path)!r}: {e}; remove or replace the file") from e
+    if img.size != (width, height):
+        img = _resize_center_crop(img, height, width)
+    return to_tensor(img)
 
 
 def _resize_center_crop(img: Image.Image, height: int, width: int) -> Image.Image:
@@ -141,4 +255,6 @@ def build_offline_dataset(config: Config, height: int, width: int) -> OfflineDat
     if ds == "synthetic_text":
         prompts = load_prompts(config.data.prompts).prompts
         return SyntheticTextDataset(prompts, config.data.dataset_size, config.run.seed, height, width)
+    if config.data.dataset_format == "pairs":
+        return PreferencePairDataset(ds, height, width)
     return ImageFolderDataset(ds, height, width)

@@ -118,20 +118,27 @@ class OfflineCollector:
         yield self.collect(iteration)
 
     def collect(self, iteration: int, module: nn.Module | None = None) -> RolloutBatch:
+        """One row per image. An item of one image: ``group_id`` its dataset index,
+        ``sample_index`` its stream position (unique per draw). An item of K images (a preference
+        pair): K rows with ``group_id`` its stream position, ``sample_index`` 0..K-1 (0 = best),
+        laid out as an online rollout's prompt groups."""
         start = iteration * self.batch_size
         indices = self.stream.take(start, self.batch_size)
-        images, prompts = zip(*(self.dataset[i] for i in indices))
-        x0 = self.clock(
-            "encode", lambda: self.family.encode_images(torch.stack(images).to(self.family.device))
-        )
-        cond = self.clock("encode", lambda: self.family.encode_prompts(list(prompts)))
-        idx = torch.tensor(indices)
+        items = [self.dataset[i] for i in indices]
+        grouped = items[0][0].ndim == 4  # (K, 3, H, W): K images of one caption
+        k = len(items[0][0]) if grouped else 1
+        images = (torch.cat if grouped else torch.stack)([img for img, _ in items])
+        prompts = [caption for _, caption in items for _ in range(k)]
+        x0 = self.clock("encode", lambda: self.family.encode_images(images.to(self.family.device)))
+        cond = self.clock("encode", lambda: self.family.encode_prompts(prompts))
+        idx = torch.tensor(indices).repeat_interleave(k)
+        position = torch.arange(start, start + self.batch_size)
         return RolloutBatch(
-            prompts=list(prompts),
+            prompts=prompts,
             metadata=[{} for _ in prompts],
             prompt_index=idx,
-            sample_index=torch.arange(start, start + self.batch_size),  # stream position: unique per draw
-            group_id=idx,
+            sample_index=torch.arange(k).repeat(len(items)) if grouped else position,
+            group_id=position.repeat_interleave(k) if grouped else idx,
             micro_group=torch.zeros_like(idx),
             x0=x0,
             cond=cond,

@@ -29,6 +29,13 @@ from tests.conftest import rehash_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 SFT = "recipes/tiny_sft.yaml"
 GRPO = "recipes/tiny_grpo_ocr.yaml"
+DPO = "recipes/tiny_dpo_ocr.yaml"
+OFFLINE_DPO = [
+    "algorithm.params={pairs: offline}",
+    "data.dataset={tmp}/pairs",
+    "data.dataset_format=pairs",
+    "rewards=[]",
+]
 BAD = EXIT_USER_ERROR
 PNG = bytes.fromhex(  # a 1 x 1 PNG: an image the dataset scan finds (it decodes nothing)
     "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c4890000000d49444154789c63000100000500010d0a2db40000000049454e44ae426082"
@@ -218,6 +225,11 @@ CASES: list[Case] = [
     Case("dataset-caption-not-text", ["train", SFT, "data.dataset={tmp}/images"], BAD, "are not text (e.g. a.png (caption 5)); a caption is a UTF-8 string", files={"images/a.png": PNG, "images/metadata.jsonl": '{"file_name": "a.png", "text": 5}\n'}),
     Case("dataset-size-zero", ["train", SFT, "data.dataset_size=0"], BAD, "data.dataset_size must be >= 1"),
     Case("sft-without-dataset", ["train", SFT, "data.dataset=null"], BAD, "set data.dataset (synthetic_text or a folder"),
+    Case("dpo-one-sample-per-prompt", ["train", DPO, "rollout.n_samples_per_prompt=1", "rollout.batch_size=64"], BAD, "online DPO pairs each prompt's best and worst sample: rollout.n_samples_per_prompt must be >= 2, got 1"),
+    Case("dpo-offline-image-folder", ["train", DPO, "algorithm.params={pairs: offline}"], BAD, "set data.dataset to the folder"),
+    Case("dpo-pairs-row-lacks-a-field", ["train", DPO, *OFFLINE_DPO], BAD, "line 2: no 'rejected' field", files={"pairs/a.png": PNG, "pairs/b.png": PNG, "pairs/metadata.jsonl": '{"prompt": "a", "chosen": "a.png", "rejected": "b.png"}\n{"prompt": "a", "chosen": "a.png"}\n'}),
+    Case("dpo-pairs-image-missing", ["train", DPO, *OFFLINE_DPO], BAD, "line 1: field 'chosen': image 'gone.png' not found", files={"pairs/b.png": PNG, "pairs/metadata.jsonl": '{"prompt": "a", "chosen": "gone.png", "rejected": "b.png"}\n'}),
+    Case("dpo-pairs-bad-json", ["train", DPO, *OFFLINE_DPO], BAD, "line 1: not valid JSON", files={"pairs/metadata.jsonl": '{"prompt": "a",\n'}),
     # ---- recipes and overrides
     Case("recipe-missing", ["train", "{tmp}/missing.yaml"], BAD, "missing.yaml' does not exist", in_subprocess=True),
     Case("recipe-folder", ["train", "{tmp}"], BAD, "is a folder; give a recipe .yaml file"),
