@@ -1,19 +1,24 @@
-"""Flow-GRPO, DiffusionNFT and AWM side by side on the same tiny OCR task, seed and wall-clock budget.
+"""Every algorithm side by side on the same tiny OCR task, seed and wall-clock budget.
 
-    python benchmarks/algorithms.py [--minutes 10] [--eval-every 5] [--out runs/bench_algorithms]
+    python benchmarks/algorithms.py [--minutes 10] [--eval-every 5] [--only NAME ...] [--out runs/bench_algorithms]
 
-Each algorithm trains from the shipped base with its recipe (``recipes/tiny_{grpo,nft,awm}_ocr.yaml``)
-for the same training time (evals not counted), one after the other in fresh processes. Prints for
-each: the eval OCR reward after the budget, the training time to reach base + 0.15 (or "not
-reached"), and what its rollout keeps in memory per sample (the collector's output tensors, and the
-peak memory of one rollout in a fresh process: peak RSS on CPU, max allocated on CUDA). Writes
-``algorithms.png`` (the three eval curves against training time) and ``algorithms.json``.
+Each contender (:data:`CONTENDERS`: Flow-GRPO at the recipe's and at the reference's geometry,
+GRPO-Guard, online DPO, DiffusionNFT, AWM) trains from the shipped base with its recipe for the
+same training time (evals not counted), one after the other in fresh processes. The headline is the
+paired eval of its final checkpoint against the base (``diffrl eval final --baseline base
+--num-prompts 100 --samples-per-prompt 4``: all 100 test prompts x 4 seeds, the same noise for both
+models): the gain in mean OCR reward and its standard error. Also printed: the in-run eval (64
+test prompts) after the budget and at its best, the iterations done, and what the rollout keeps in
+memory per sample (the collector's output tensors; the peak memory of one rollout in a fresh
+process: ``VmHWM`` on CPU, max allocated on CUDA). Writes ``algorithms.png`` (the in-run eval
+curves against training time) and ``algorithms.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -21,14 +26,24 @@ from pathlib import Path
 
 import torch
 
-ALGORITHMS = {"flow_grpo": "tiny_grpo_ocr", "diffusion_nft": "tiny_nft_ocr", "awm": "tiny_awm_ocr"}
+GUARD_OVERRIDES = ["algorithm.params.ratio_norm=true", "algorithm.params.grad_reweight=true"]
+CONTENDERS: dict[str, tuple[str, list[str]]] = {
+    "flow_grpo": ("tiny_grpo_ocr", []),
+    "flow_grpo_reference": ("tiny_grpo_ocr_reference_fast", []),
+    "grpo_guard": ("tiny_grpo_ocr", GUARD_OVERRIDES),
+    "dpo": ("tiny_dpo_ocr", []),
+    "diffusion_nft": ("tiny_nft_ocr", []),
+    "awm": ("tiny_awm_ocr", []),
+}
+"""name -> (recipe, overrides). ``flow_grpo_reference`` is the reference's geometry (48 groups x 24
+images, two optimizer steps per epoch) with Flow-GRPO-Fast's 2-step window: the all-steps recipe
+takes about 10 minutes an iteration here."""
 TARGET_GAIN = 0.15
+PAIRED = ["--baseline", "base", "--num-prompts", "100", "--samples-per-prompt", "4"]
 
 
 def memory_child(recipe: str) -> None:
     """One rollout of ``recipe``'s collector; prints what it keeps and the peak memory as JSON."""
-    import resource
-
     from diffrl.algorithms.registry import build_algorithm
     from diffrl.data.prompts import load_prompts
     from diffrl.models.registry import load_family
@@ -50,12 +65,32 @@ def memory_child(recipe: str) -> None:
     peak = (
         torch.cuda.max_memory_allocated()
         if torch.cuda.is_available()
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        else peak_rss_bytes()
     )
     print(json.dumps({"kept_bytes": kept, "peak_bytes": peak, "samples": len(batch)}))
 
 
-def run_algorithm(name: str, recipe: str, args, out: Path) -> list[dict]:
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (``VmHWM``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def paired_gain(run_dir: Path) -> tuple[float, float]:
+    """The final checkpoint against the base on the paired eval: (gain, standard error)."""
+    cmd = [sys.executable, "-m", "diffrl.cli", "eval", str(run_dir / "checkpoints" / "final"), *PAIRED]
+    cmd += ["--out", str(run_dir / "paired")]
+    print(f"== paired eval: {' '.join(cmd[3:])}", flush=True)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    m = re.search(r"difference ([+-][0-9.]+) \+- ([0-9.]+)", out)
+    if m is None:
+        raise RuntimeError(f"no paired difference in the eval's output:\n{out}")
+    return float(m.group(1)), float(m.group(2))
+
+
+def run_algorithm(name: str, recipe: str, overrides: list[str], args, out: Path) -> list[dict]:
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time (diffrl refuses a used folder)
     cmd = [
@@ -70,6 +105,7 @@ def run_algorithm(name: str, recipe: str, args, out: Path) -> list[dict]:
         f"train.time_budget_minutes={args.minutes}",
         f"train.eval_every={args.eval_every}",
         "train.save_every=0",
+        *overrides,
         *args.overrides,
     ]
     print(f"== {name}: {' '.join(cmd[3:])}", flush=True)
@@ -115,7 +151,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5, help="iterations between evals")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_algorithms")
-    parser.add_argument("--only", nargs="*", choices=list(ALGORITHMS), help="a subset of the algorithms")
+    parser.add_argument("--only", nargs="*", choices=list(CONTENDERS), help="a subset of the contenders")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -125,17 +161,19 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    names = args.only or list(ALGORITHMS)
-    curves, memory = {}, {}
+    names = args.only or list(CONTENDERS)
+    curves, memory, paired = {}, {}, {}
     for name in names:
+        recipe, overrides = CONTENDERS[name]
         child = subprocess.run(
-            [sys.executable, __file__, "--memory-child", ALGORITHMS[name]],
+            [sys.executable, __file__, "--memory-child", recipe],
             capture_output=True,
             text=True,
             check=True,
         )
         memory[name] = json.loads(child.stdout.strip().splitlines()[-1])
-        curves[name] = run_algorithm(name, ALGORITHMS[name], args, out)
+        curves[name] = run_algorithm(name, recipe, overrides, args, out)
+        paired[name] = paired_gain(out / name)
 
     base = curves[names[0]][0]["eval/reward_mean"]
     target = base + TARGET_GAIN
@@ -143,9 +181,13 @@ def main() -> None:
     for name in names:
         curve, mem = curves[name], memory[name]
         reached = time_to_reach(curve, target)
+        gain, se = paired[name]
         rows.append(
             {
                 "algorithm": name,
+                "recipe": CONTENDERS[name][0],
+                "paired_gain": gain,
+                "paired_se": se,
                 "base": curve[0]["eval/reward_mean"],
                 "final": curve[-1]["eval/reward_mean"],
                 "best": max(p["eval/reward_mean"] for p in curve),
@@ -164,15 +206,16 @@ def main() -> None:
         f"\nsame task, seed {args.seed}, {args.minutes} min of training each; target = base {base:.3f} + 0.15"
     )
     print(
-        "| algorithm | eval OCR after budget (best) | iterations | time to base+0.15 | rollout keeps / sample | rollout peak |"
+        "| algorithm | paired gain over the base +- SE | eval OCR after budget (best) | iterations | time to base+0.15 | rollout keeps / sample | rollout peak |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         reached = (
             f"{r['time_to_target_s'] / 60:.1f} min" if r["time_to_target_s"] is not None else "not reached"
         )
         print(
-            f"| {r['algorithm']} | {r['final']:.3f} ({r['best']:.3f}) | {r['iterations']} | {reached} | "
+            f"| {r['algorithm']} | {r['paired_gain']:+.3f} +- {r['paired_se']:.3f} | {r['final']:.3f} ({r['best']:.3f}) | "
+            f"{r['iterations']} | {reached} | "
             f"{r['kept_kib_per_sample']:.1f} KiB | {r['peak_mib_rollout']:.0f} MiB |"
         )
     print(f"plot: {out / 'algorithms.png'}")

@@ -34,6 +34,7 @@ from diffrl.models.registry import FAMILIES
 from diffrl.registry import RegistryError
 from diffrl.rewards.base import Reward, param_name_problems
 from diffrl.rewards.registry import REWARDS
+from diffrl.rollout import CollectionSpec
 from diffrl.train.runner import RUNNERS
 
 
@@ -79,16 +80,16 @@ def validate(config: Config, check_files: bool = True, sections: Collection[str]
         errors += _sampling_checks(config.sampling)
     if "model" in on:
         errors += _model_checks(config, check_files, size="sampling" in on)
-    online = False
+    spec = None
     if "algorithm" in on:
-        algorithm_errors, online = _algorithm_checks(config)
+        algorithm_errors, spec = _algorithm_checks(config)
         errors += algorithm_errors
     if "rewards" in on:
         errors += _reward_checks("rewards", config.rewards, check_files)
     if "eval" in on and config.eval.enabled:
         errors += _eval_checks(config.eval, check_files)
     if "data" in on:
-        errors += _data_checks(config, online, check_files)
+        errors += _data_checks(config, spec, check_files)
     # train.resume is checked by the driver before any model loads (it verifies the checkpoint's
     # files, see train/run_folder.py), after this config is known to be well-formed
     return errors
@@ -268,14 +269,14 @@ def _model_checks(config: Config, check_files: bool, size: bool) -> list[str]:
     return errors
 
 
-def _algorithm_checks(config: Config) -> tuple[list[str], bool]:
-    """The algorithm's own checks and what its collection spec needs; returns (errors, online)."""
+def _algorithm_checks(config: Config) -> tuple[list[str], CollectionSpec | None]:
+    """The algorithm's own checks and what its collection spec needs; returns (errors, spec)."""
     try:
         algorithm = build_algorithm(config)
     except ConfigError as e:
-        return e.problems, False
+        return e.problems, None
     except RegistryError as e:
-        return [f"algorithm.name: {e}"], False
+        return [f"algorithm.name: {e}"], None
     errors = []
     spec = algorithm.collection_spec()
     if spec.needs_reward and not config.rewards:
@@ -298,7 +299,7 @@ def _algorithm_checks(config: Config) -> tuple[list[str], bool]:
             "record the trajectory) or do not require it"
         )
     errors.extend(algorithm.validate(config))
-    return errors, spec.online
+    return errors, spec
 
 
 def _reward_checks(where: str, rewards: list[RewardConfig], check_files: bool) -> list[str]:
@@ -352,8 +353,10 @@ def _prompt_count(path: str) -> tuple[int, str | None]:
         return 0, str(e)
 
 
-def _data_checks(config: Config, online: bool, check_files: bool) -> list[str]:
+def _data_checks(config: Config, spec: CollectionSpec | None, check_files: bool) -> list[str]:
+    """``spec``: the algorithm's collection spec (None when its config did not build)."""
     d, errors = config.data, []
+    online = spec is not None and spec.online
     if d.dataset_size is not None and d.dataset_size < 1:
         errors.append(
             f"data.dataset_size must be >= 1, or null for one example per prompt, got {d.dataset_size}"
@@ -367,7 +370,8 @@ def _data_checks(config: Config, online: bool, check_files: bool) -> list[str]:
             errors.append(f"data.prompts: {problem}")
     if d.dataset and d.dataset != "synthetic_text" and not online:
         try:
-            (scan_pair_folder if d.dataset_format == "pairs" else scan_image_folder)(d.dataset)
+            pairs = spec is not None and spec.offline_items == "pairs"
+            (scan_pair_folder if pairs else scan_image_folder)(d.dataset)
         except DatasetError as e:
             errors.append(f"data.dataset: {e}")
     return errors

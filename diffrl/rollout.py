@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -93,6 +93,9 @@ class CollectionSpec:
     """Record (x_t, x_{t+Δ}) of the stochastic steps (reverse-process policy gradients only)."""
     keep_log_prob: bool = False
     """Record the log-prob of each recorded transition under the sampling policy."""
+    offline_items: Literal["images", "pairs"] = "images"
+    """Offline: what a ``data.dataset`` folder holds, captioned ``images`` (SFT) or preference
+    ``pairs`` (offline DPO; see :mod:`diffrl.data.offline`)."""
     keep_mean: bool = False
     """Record the mean of each recorded transition's Gaussian under the sampling policy (GRPO-Guard's
     RatioNorm needs the old policy's mean; it costs one more latent per recorded step)."""

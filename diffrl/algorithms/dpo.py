@@ -23,7 +23,7 @@ Pairs (``pairs``):
   ``rollout.n_samples_per_prompt`` images per prompt, keep only x0 and the conditioning, and pair
   each prompt group's best sample against its worst by reward; groups whose rewards are all equal
   give no pair (``train/dpo_skipped_groups``).
-- ``offline``: ``data.dataset`` is a pair folder (``data.dataset_format: pairs``, see
+- ``offline``: ``data.dataset`` is a pair folder (see
   :mod:`diffrl.data.offline`); ``train.batch_size`` pairs per iteration.
 
 Timesteps are logit-normal (or uniform) and shifted like the sampler's schedule, as flow_grpo's
@@ -118,7 +118,7 @@ class DPO(DiffusionAlgorithm):
         """DPO's β (the reference code's ``beta_dpo``; flow_grpo's ``train.beta`` = 100 on SD3.5)."""
         pairs: Literal["online", "offline"] = "online"
         """``online``: each prompt group's best vs worst rollout sample by reward; ``offline``: the
-        pair folder in ``data.dataset`` (with ``data.dataset_format: pairs``)."""
+        pair folder in ``data.dataset``."""
         num_timesteps: int = 1
         """Timesteps per pair (one per stratum of the distribution), each with its own noise."""
         timestep_sampling: Literal["logit_normal", "uniform"] = "logit_normal"
@@ -147,23 +147,17 @@ class DPO(DiffusionAlgorithm):
                     "online DPO pairs each prompt's best and worst sample: rollout.n_samples_per_prompt "
                     f"must be >= 2, got {config.rollout.n_samples_per_prompt}"
                 )
-            if d.dataset_format == "pairs":
-                errors.append(
-                    "data.dataset_format=pairs, but algorithm.params.pairs=online samples its pairs; set "
-                    "algorithm.params.pairs=offline to train on the pair folder in data.dataset"
-                )
-        elif d.dataset_format != "pairs" or d.dataset in (None, "synthetic_text"):
+        elif d.dataset in (None, "synthetic_text"):
             errors.append(
                 "algorithm.params.pairs=offline trains on a folder of preference pairs: set data.dataset "
                 'to the folder (a metadata.jsonl of {"prompt": ..., "chosen": FILE, "rejected": FILE} '
-                f"rows) and data.dataset_format=pairs (got data.dataset={d.dataset!r}, "
-                f"data.dataset_format={d.dataset_format})"
+                f"rows), got data.dataset={d.dataset!r}"
             )
         return errors
 
     def collection_spec(self) -> CollectionSpec:
         if self.params.pairs == "offline":
-            return CollectionSpec(online=False, needs_reward=False)
+            return CollectionSpec(online=False, needs_reward=False, offline_items="pairs")
         return x0_only_spec(self.params.sampler, self.params.noise_level)
 
     def postprocess_rewards(self, batch: RolloutBatch, rewards: torch.Tensor | None) -> TrainSignals:

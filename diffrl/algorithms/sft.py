@@ -70,11 +70,6 @@ class SFT(DiffusionAlgorithm):
             errors.append(f"algorithm.params.cond_dropout must be in [0, 1), got {p.cond_dropout}")
         if p.logit_std <= 0 or p.timestep_shift <= 0:
             errors.append("algorithm.params.logit_std and timestep_shift must be > 0")
-        if config.data.dataset_format != "images":
-            errors.append(
-                f"data.dataset_format={config.data.dataset_format}: SFT trains on captioned images; set "
-                "data.dataset_format=images (preference pairs train with algorithm dpo, pairs: offline)"
-            )
         return errors
 
     def collection_spec(self) -> CollectionSpec:

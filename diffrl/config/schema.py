@@ -92,11 +92,9 @@ class DataConfig:
     """Prompt set for online algorithms: ``.txt`` (one a line) or ``.jsonl``
     (``{"prompt": ..., "metadata": {...}}``). ``builtin:`` names a file shipped in diffrl."""
     dataset: str | None = "synthetic_text"
-    """Offline dataset: ``synthetic_text`` or a folder (of the ``dataset_format`` below)."""
-    dataset_format: Literal["images", "pairs"] = "images"
-    """What the ``dataset`` folder holds: ``images`` with captions (SFT), or ``pairs``: preference
+    """Offline dataset: ``synthetic_text`` or a folder: of captioned images (SFT), or of preference
     pairs, a ``metadata.jsonl`` of ``{"prompt": ..., "chosen": FILE, "rejected": FILE}`` rows
-    (offline DPO, ``algorithm.params.pairs: offline``)."""
+    (DPO with ``algorithm.params.pairs: offline``)."""
     dataset_size: int | None = None
     """Synthetic datasets: number of distinct examples (``None``: one per train prompt)."""
 

@@ -1,11 +1,11 @@
 """Offline image datasets: the synthetic text world, a folder of images + captions (SFT), or a
 folder of preference pairs (offline DPO).
 
-An image folder (``data.dataset_format: images``) holds images (``.png``, ``.jpg``, ``.jpeg``,
+An image folder (SFT) holds images (``.png``, ``.jpg``, ``.jpeg``,
 ``.webp``) and, for each, either a sidecar caption ``name.txt`` or a row in ``metadata.jsonl``
 (``{"file_name": ..., "text": ...}``, the Hugging Face imagefolder convention).
 
-A pair folder (``data.dataset_format: pairs``) holds images and a ``metadata.jsonl`` with one pair
+A pair folder (offline DPO) holds images and a ``metadata.jsonl`` with one pair
 per line, ``{"prompt": "...", "chosen": "a.png", "rejected": "b.png"}``: the preferred and the
 dispreferred image for the prompt, file names relative to the folder (other fields are ignored).
 """
@@ -250,11 +250,12 @@ def _resize_center_crop(img: Image.Image, height: int, width: int) -> Image.Imag
     return img.crop((left, top, left + width, top + height))
 
 
-def build_offline_dataset(config: Config, height: int, width: int) -> OfflineDataset:
+def build_offline_dataset(config: Config, height: int, width: int, items: str = "images") -> OfflineDataset:
+    """``data.dataset`` as the algorithm's collection spec reads it (``items``: ``images`` | ``pairs``)."""
     ds = config.data.dataset
     if ds == "synthetic_text":
         prompts = load_prompts(config.data.prompts).prompts
         return SyntheticTextDataset(prompts, config.data.dataset_size, config.run.seed, height, width)
-    if config.data.dataset_format == "pairs":
+    if items == "pairs":
         return PreferencePairDataset(ds, height, width)
     return ImageFolderDataset(ds, height, width)

@@ -266,5 +266,8 @@ def build_collector(
         return OnlineCollector(config, family, spec, load_prompts(config.data.prompts))
     height, width = image_size(config, family)
     return OfflineCollector(
-        build_offline_dataset(config, height, width), family, config.train.batch_size, config.run.seed
+        build_offline_dataset(config, height, width, spec.offline_items),
+        family,
+        config.train.batch_size,
+        config.run.seed,
     )

@@ -33,7 +33,6 @@ DPO = "recipes/tiny_dpo_ocr.yaml"
 OFFLINE_DPO = [
     "algorithm.params={pairs: offline}",
     "data.dataset={tmp}/pairs",
-    "data.dataset_format=pairs",
     "rewards=[]",
 ]
 BAD = EXIT_USER_ERROR

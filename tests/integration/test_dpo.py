@@ -47,7 +47,6 @@ def test_offline_dpo_iteration(tmp_path):
         "model.lora": "null",
         "algorithm.params": "{pairs: offline, beta: 100.0}",
         "data.dataset": str(folder),
-        "data.dataset_format": "pairs",
         "train.batch_size": 2,
     }
     cfg = load_config("recipes/tiny_dpo_ocr.yaml", tiny_overrides(tmp_path, **overrides))

@@ -51,7 +51,7 @@ def test_user_algorithm_by_dotted_path_gets_its_own_params():
 def test_unknown_name_lists_known_ones():
     with pytest.raises(RegistryError) as e:
         ALGORITHMS.resolve("sfft")
-    assert "Did you mean 'sft'" in str(e.value) and "Known: awm, diffusion_nft, flow_grpo, sft" in str(
+    assert "Did you mean 'sft'" in str(e.value) and "Known: awm, diffusion_nft, dpo, flow_grpo, sft" in str(
         e.value
     )
 

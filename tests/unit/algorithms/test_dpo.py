@@ -233,7 +233,7 @@ def test_pair_folder_missing_folder_or_metadata(tmp_path):
 def _offline(folder, **extra) -> dict:
     return {
         "algorithm": {"name": "dpo", "params": {"pairs": "offline"}},
-        "data": {"dataset": str(folder), "dataset_format": "pairs"},
+        "data": {"dataset": str(folder)},
         "train": {"batch_size": 2, "micro_batch_size": 2},
         **extra,
     }
@@ -243,14 +243,10 @@ def test_config_errors():
     base = {"algorithm": {"name": "dpo"}, "rewards": [{"name": "ocr"}]}
     with pytest.raises(ConfigError, match="rollout.n_samples_per_prompt must be >= 2, got 1"):
         load_config({**base, "rollout": {"n_samples_per_prompt": 1, "batch_size": 16}})
-    with pytest.raises(ConfigError, match="set algorithm.params.pairs=offline"):
-        load_config({**base, "data": {"dataset_format": "pairs"}}, check_files=False)
-    with pytest.raises(ConfigError, match="data.dataset_format=pairs"):
+    with pytest.raises(ConfigError, match="trains on a folder of preference pairs: set data.dataset"):
         load_config({"algorithm": {"name": "dpo", "params": {"pairs": "offline"}}}, check_files=False)
     with pytest.raises(ConfigError, match="beta must be > 0"):
         load_config({**base, "algorithm": {"name": "dpo", "params": {"beta": 0}}})
-    with pytest.raises(ConfigError, match="SFT trains on captioned images"):
-        load_config({"data": {"dataset_format": "pairs"}}, check_files=False)
 
 
 class FakeFamily:
