@@ -39,7 +39,6 @@ CONTENDERS: dict[str, tuple[str, list[str]]] = {
 images, two optimizer steps per epoch) with Flow-GRPO-Fast's 2-step window: the all-steps recipe
 takes about 10 minutes an iteration here."""
 TARGET_GAIN = 0.15
-PAIRED = ["--baseline", "base", "--num-prompts", "100", "--samples-per-prompt", "4"]
 
 
 def memory_child(recipe: str) -> None:
@@ -62,11 +61,7 @@ def memory_child(recipe: str) -> None:
     for v in vars(batch).values():
         tensors = v.tensors.values() if hasattr(v, "tensors") else [v]
         kept += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-    peak = (
-        torch.cuda.max_memory_allocated()
-        if torch.cuda.is_available()
-        else peak_rss_bytes()
-    )
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else peak_rss_bytes()
     print(json.dumps({"kept_bytes": kept, "peak_bytes": peak, "samples": len(batch)}))
 
 
@@ -78,9 +73,11 @@ def peak_rss_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def paired_gain(run_dir: Path) -> tuple[float, float]:
-    """The final checkpoint against the base on the paired eval: (gain, standard error)."""
-    cmd = [sys.executable, "-m", "diffrl.cli", "eval", str(run_dir / "checkpoints" / "final"), *PAIRED]
+def paired_gain(run_dir: Path, prompts: int, samples: int) -> tuple[float, float]:
+    """The final checkpoint against the base on the paired eval (the first ``prompts`` test prompts
+    x ``samples`` seeds): (gain, standard error)."""
+    cmd = [sys.executable, "-m", "diffrl.cli", "eval", str(run_dir / "checkpoints" / "final")]
+    cmd += ["--baseline", "base", "--num-prompts", str(prompts), "--samples-per-prompt", str(samples)]
     cmd += ["--out", str(run_dir / "paired")]
     print(f"== paired eval: {' '.join(cmd[3:])}", flush=True)
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -150,6 +147,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0, help="training-time budget per algorithm")
     parser.add_argument("--eval-every", type=int, default=5, help="iterations between evals")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--paired-prompts", type=int, default=100, help="test prompts of the paired eval")
+    parser.add_argument("--paired-samples", type=int, default=4, help="seeds per prompt of the paired eval")
     parser.add_argument("--out", default="runs/bench_algorithms")
     parser.add_argument("--only", nargs="*", choices=list(CONTENDERS), help="a subset of the contenders")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
@@ -173,7 +172,7 @@ def main() -> None:
         )
         memory[name] = json.loads(child.stdout.strip().splitlines()[-1])
         curves[name] = run_algorithm(name, recipe, overrides, args, out)
-        paired[name] = paired_gain(out / name)
+        paired[name] = paired_gain(out / name, args.paired_prompts, args.paired_samples)
 
     base = curves[names[0]][0]["eval/reward_mean"]
     target = base + TARGET_GAIN
@@ -203,7 +202,9 @@ def main() -> None:
     plot(curves, target, out / "algorithms.png")
 
     print(
-        f"\nsame task, seed {args.seed}, {args.minutes} min of training each; target = base {base:.3f} + 0.15"
+        f"\nsame task, seed {args.seed}, {args.minutes} min of training each; paired eval: "
+        f"{args.paired_prompts} test prompts x {args.paired_samples} seeds against the base; "
+        f"in-run eval target = base {base:.3f} + 0.15"
     )
     print(
         "| algorithm | paired gain over the base +- SE | eval OCR after budget (best) | iterations | time to base+0.15 | rollout keeps / sample | rollout peak |"
