@@ -42,14 +42,36 @@ class AllSteps:
 
 
 @dataclass
-class SdeWindow:
+class Window:
+    """A contiguous window of ``size`` stochastic steps inside ``range``: what the window strategies
+    share (where the window starts is theirs)."""
+
     size: int = 2
     range: list[int] | None = None
     """``[lo, hi)``: the window lies inside these steps; default all steps."""
 
+    label = "window"
+
     def bounds(self, num_steps: int) -> tuple[int, int]:
         lo, hi = self.range if self.range is not None else (0, num_steps)
         return lo, hi
+
+    def window_problems(self, num_steps: int) -> list[str]:
+        if self.range is not None and len(self.range) != 2:
+            return [f"{self.label} range must be [lo, hi), got {self.range}"]
+        lo, hi = self.bounds(num_steps)
+        if self.size < 1 or not (0 <= lo < hi <= num_steps) or hi - lo < self.size:
+            return [
+                f"{self.label} window of size {self.size} in range [{lo}, {hi}) does not fit a schedule of "
+                f"{num_steps} steps (need 1 <= size <= hi - lo and 0 <= lo < hi <= {num_steps}); "
+                "use a smaller size or more sampling.num_steps"
+            ]
+        return []
+
+
+@dataclass
+class SdeWindow(Window):
+    label = "sde_window"
 
     def __call__(self, num_steps: int, rollout_id: int, seed: int) -> list[int]:
         lo, hi = self.bounds(num_steps)
@@ -57,15 +79,7 @@ class SdeWindow:
         return list(range(start, start + self.size))
 
     def check(self, num_steps: int) -> list[str]:
-        lo, hi = self.bounds(num_steps)
-        if self.range is not None and len(self.range) != 2:
-            return [f"sde_window range must be [lo, hi), got {self.range}"]
-        if self.size < 1 or not (0 <= lo < hi <= num_steps) or hi - lo < self.size:
-            return [
-                f"sde_window of size {self.size} in range [{lo}, {hi}) does not fit a schedule of "
-                f"{num_steps} steps (need 1 <= size <= hi - lo and 0 <= lo < hi <= {num_steps})"
-            ]
-        return []
+        return self.window_problems(num_steps)
 
 
 @dataclass
@@ -89,7 +103,7 @@ class EpochGlobalRandomChoice:
 
 
 @dataclass
-class MixGRPOWindow:
+class MixGRPOWindow(Window):
     """MixGRPO's progressive sliding window (Li et al. 2025, arXiv 2507.21802; Tencent-
     Hunyuan/MixGRPO ``fastvideo/utils/grpo_states.py::GRPOTrainingStates``, ``sample_strategy=
     "progressive"``, as ``train_grpo_flux.py`` drives it once per training iteration).
@@ -116,12 +130,7 @@ class MixGRPOWindow:
     """Steps per move (the reference's ``prog_overlap_step``; ``stride = size``: non-overlapping)."""
     wrap: bool = True
     """At the end, start over from ``range[0]`` (the reference's ``roll_back``); False: stay there."""
-    range: list[int] | None = None
-    """``[lo, hi)``: the window lies inside these steps; default all steps."""
-
-    def bounds(self, num_steps: int) -> tuple[int, int]:
-        lo, hi = self.range if self.range is not None else (0, num_steps)
-        return lo, hi
+    label = "mix_grpo"
 
     def __call__(self, num_steps: int, rollout_id: int, seed: int) -> list[int]:
         lo, hi = self.bounds(num_steps)
@@ -134,16 +143,7 @@ class MixGRPOWindow:
         return list(range(lo + offset, lo + offset + self.size))
 
     def check(self, num_steps: int) -> list[str]:
-        if self.range is not None and len(self.range) != 2:
-            return [f"mix_grpo range must be [lo, hi), got {self.range}"]
-        lo, hi = self.bounds(num_steps)
-        errors = []
-        if self.size < 1 or not (0 <= lo < hi <= num_steps) or hi - lo < self.size:
-            errors.append(
-                f"mix_grpo window of size {self.size} in range [{lo}, {hi}) does not fit a schedule of "
-                f"{num_steps} steps (need 1 <= size <= hi - lo and 0 <= lo < hi <= {num_steps}); "
-                "use a smaller size or more sampling.num_steps"
-            )
+        errors = self.window_problems(num_steps)
         if self.shift_interval < 1 or self.stride < 1:
             errors.append(
                 f"mix_grpo shift_interval ({self.shift_interval}) and stride ({self.stride}) must be >= 1"
