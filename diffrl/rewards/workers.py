@@ -111,13 +111,17 @@ def _settle(future: cf.Future, value: Any = None, error: BaseException | None = 
 # ------------------------------------------------------------------------------------------------
 
 
-def _call_into(future: cf.Future, fn: Callable[..., Any], args: tuple) -> None:
+def _call_into(
+    future: cf.Future, fn: Callable[..., Any], args: tuple, returned: threading.Event | None = None
+) -> None:
     try:
         value = fn(*args)
     except BaseException as e:  # handed to whoever waits for the future
         _settle(future, error=e)
     else:
         _settle(future, value)
+    if returned is not None:
+        returned.set()
 
 
 class CallThread:
@@ -128,12 +132,22 @@ class CallThread:
     the first call) waits for it until its deadline, then fails it and goes on: a stuck call keeps
     only its own thread. A call that could not start by its deadline never starts. Thread-local
     state (torch's grad mode, the current CUDA device) is not the caller's.
+
+    :meth:`close` joins the threads whose calls returned: a daemon thread still tearing down (its
+    frames' tensors, torch's thread-local state) when the interpreter finalizes is ended inside
+    torch's C++ by ``pthread_exit``, which aborts the process ("terminate called without an active
+    exception", pytorch/pytorch#38228): a finished run would exit with SIGABRT, not its code.
     """
+
+    JOIN_S = 5.0
+    """At most this long in :meth:`close` for the threads to end (they only have to unwind)."""
 
     def __init__(self, name: str):
         self.name = name
         self._lock = threading.Lock()
         self._calls: queue.SimpleQueue | None = None
+        self._lane: threading.Thread | None = None
+        self._callers: list[tuple[threading.Thread, threading.Event]] = []
 
     def submit(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> cf.Future:
         """Queue ``fn(*args)``; its future fails with :class:`DeadlineExceeded` ``timeout`` s from now."""
@@ -141,7 +155,10 @@ class CallThread:
         with self._lock:
             if self._calls is None:
                 self._calls = queue.SimpleQueue()
-                threading.Thread(target=self._run, args=(self._calls,), name=self.name, daemon=True).start()
+                self._lane = threading.Thread(
+                    target=self._run, args=(self._calls,), name=self.name, daemon=True
+                )
+                self._lane.start()
             self._calls.put((future, fn, args, deadline_after(timeout)))
         return future
 
@@ -154,18 +171,33 @@ class CallThread:
             if left == 0.0:
                 _settle(future, error=DeadlineExceeded("not started by its deadline"))
                 continue
-            threading.Thread(
-                target=_call_into, args=(future, fn, args), name=f"{self.name}-call", daemon=True
-            ).start()
+            returned = threading.Event()
+            caller = threading.Thread(
+                target=_call_into, args=(future, fn, args, returned), name=f"{self.name}-call", daemon=True
+            )
+            caller.start()
+            with self._lock:
+                self._callers = [(t, r) for t, r in self._callers if t.is_alive()] + [(caller, returned)]
             if not cf.wait([future], left).done:
                 _settle(future, error=DeadlineExceeded("unfinished at its deadline"))
 
     def close(self) -> None:
-        """End the lane thread once the calls queued now are done or overdue."""
+        """End the lane thread once the calls queued now are done or overdue; wait (up to
+        :attr:`JOIN_S`) for it and for the threads whose calls returned. A thread still inside a
+        call that overran its deadline is left to itself: nothing can end it."""
         with self._lock:
+            lane, self._lane = self._lane, None
             if self._calls is not None:
                 self._calls.put(None)
                 self._calls = None
+        until = time.monotonic() + self.JOIN_S
+        if lane is not None and lane is not threading.current_thread():
+            lane.join(max(0.0, until - time.monotonic()))
+        with self._lock:
+            callers, self._callers = self._callers, []
+        for thread, returned in callers:
+            if returned.is_set():
+                thread.join(max(0.0, until - time.monotonic()))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -180,3 +180,29 @@ class OldStyleSubmit(Reward):
 def test_a_submit_without_a_timeout_is_refused_with_the_signature_to_write():
     with pytest.raises(RegistryError, match=r"submit\(self, images, prompts, metadata, timeout=None\)"):
         RewardSet([RewardConfig(f"{HERE}:OldStyleSubmit")])
+
+
+def _new_threads(before: set[threading.Thread], name: str) -> set[str]:
+    return {
+        t.name
+        for t in threading.enumerate()
+        if t not in before and t.name.startswith(f"reward-{HERE}:{name}")
+    }
+
+
+def test_close_waits_for_the_threads_of_finished_calls_and_leaves_a_hung_one():
+    """A daemon thread still unwinding a finished call when the interpreter finalizes aborts the
+    process inside torch (pytorch/pytorch#38228); close() must not return before such threads end.
+    A call stuck past its deadline cannot be ended and must not hold close() up."""
+    before = set(threading.enumerate())  # other tests' hung calls may still be around
+    images = torch.rand(2, 3, 8, 8)
+    rewards = reward_set(("brightness", 30.0), ("never_returns", 0.3))
+    for _ in range(3):
+        rewards.submit(images, ["a", "b"], [{}] * 2).result()
+    assert _new_threads(before, "brightness")  # the lane thread at least, until close
+    start = time.monotonic()
+    rewards.close()
+    assert time.monotonic() - start < 4.0  # not the 5 s join budget: the hung thread is not waited for
+    assert _new_threads(before, "brightness") == set()
+    # the hung calls' threads are left; the lane ended
+    assert _new_threads(before, "never_returns") == {f"reward-{HERE}:never_returns-call"}
