@@ -191,7 +191,7 @@ class CallThread:
                 self._calls.put(None)
                 self._calls = None
         until = time.monotonic() + self.JOIN_S
-        if lane is not None and lane is not threading.current_thread():
+        if lane is not None:
             lane.join(max(0.0, until - time.monotonic()))
         with self._lock:
             callers, self._callers = self._callers, []

@@ -18,6 +18,7 @@ import torch
 from diffrl.config import RewardConfig
 from diffrl.registry import RegistryError
 from diffrl.rewards.base import Pending, Reward, RewardSet
+from diffrl.rewards.workers import CallThread
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
 HERE = "tests.unit.rewards.test_deadlines"
@@ -190,10 +191,11 @@ def _new_threads(before: set[threading.Thread], name: str) -> set[str]:
     }
 
 
-def test_close_waits_for_the_threads_of_finished_calls_and_leaves_a_hung_one():
+def test_close_waits_for_the_threads_of_finished_calls_and_leaves_a_hung_one(monkeypatch):
     """A daemon thread still unwinding a finished call when the interpreter finalizes aborts the
     process inside torch (pytorch/pytorch#38228); close() must not return before such threads end.
     A call stuck past its deadline cannot be ended and must not hold close() up."""
+    monkeypatch.setattr(CallThread, "JOIN_S", 60.0)  # waiting for the hung thread would take all of it
     before = set(threading.enumerate())  # other tests' hung calls may still be around
     images = torch.rand(2, 3, 8, 8)
     rewards = reward_set(("brightness", 30.0), ("never_returns", 0.3))
@@ -202,7 +204,7 @@ def test_close_waits_for_the_threads_of_finished_calls_and_leaves_a_hung_one():
     assert _new_threads(before, "brightness")  # the lane thread at least, until close
     start = time.monotonic()
     rewards.close()
-    assert time.monotonic() - start < 4.0  # not the 5 s join budget: the hung thread is not waited for
+    assert time.monotonic() - start < 30.0  # the hung thread was not waited for
     assert _new_threads(before, "brightness") == set()
     # the hung calls' threads are left; the lane ended
     assert _new_threads(before, "never_returns") == {f"reward-{HERE}:never_returns-call"}
