@@ -2,7 +2,7 @@
 
     python benchmarks/algorithms.py [--minutes 10] [--eval-every 5] [--only NAME ...] [--out runs/bench_algorithms]
 
-Each contender (:data:`CONTENDERS`: Flow-GRPO at the recipe's and at the reference's geometry,
+Each contender (:data:`CONTENDERS`: Flow-GRPO at the reference's geometry (the shipped recipe) and at 8 x 8,
 GRPO-Guard, online DPO, DiffusionNFT, AWM) trains from the shipped base with its recipe for the
 same training time (evals not counted), one after the other in fresh processes. The headline is the
 paired eval of its final checkpoint against the base (``diffrl eval final --baseline base
@@ -29,15 +29,17 @@ import torch
 GUARD_OVERRIDES = ["algorithm.params.ratio_norm=true", "algorithm.params.grad_reweight=true"]
 CONTENDERS: dict[str, tuple[str, list[str]]] = {
     "flow_grpo": ("tiny_grpo_ocr", []),
-    "flow_grpo_reference": ("tiny_grpo_ocr_reference_fast", []),
-    "grpo_guard": ("tiny_grpo_ocr", GUARD_OVERRIDES),
+    "flow_grpo_small": ("tiny_grpo_ocr_small", []),
+    "grpo_guard": ("tiny_grpo_ocr_small", GUARD_OVERRIDES),
     "dpo": ("tiny_dpo_ocr", []),
     "diffusion_nft": ("tiny_nft_ocr", []),
     "awm": ("tiny_awm_ocr", []),
 }
-"""name -> (recipe, overrides). ``flow_grpo_reference`` is the reference's geometry (48 groups x 24
-images, two optimizer steps per epoch) with Flow-GRPO-Fast's 2-step window: the all-steps recipe
-takes about 10 minutes an iteration here."""
+"""name -> (recipe, overrides). ``flow_grpo`` is the shipped recipe: the reference's geometry (48
+groups x 24 images, two optimizer steps per epoch) with Flow-GRPO-Fast's 2-step window (the all-steps
+``tiny_grpo_ocr_reference`` takes about 10 minutes an iteration here). ``flow_grpo_small`` is 8 groups x
+8 images and one optimizer step of 64 per iteration; GRPO-Guard runs on it, so that the two differ
+by the Guard options alone."""
 TARGET_GAIN = 0.15
 
 

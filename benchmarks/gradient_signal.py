@@ -1,6 +1,6 @@
 """How much of one rollout's gradient is signal: Flow-GRPO, DiffusionNFT and AWM on the tiny OCR task.
 
-    python benchmarks/gradient_signal.py [--rollouts 10] [--recipes tiny_grpo_ocr tiny_nft_ocr tiny_awm_ocr]
+    python benchmarks/gradient_signal.py [--rollouts 10] [--recipes tiny_grpo_ocr_small tiny_nft_ocr tiny_awm_ocr]
                                          [--set KEY=VALUE ...]
 
 For each recipe, from the shipped base (LoRA freshly initialised, no optimizer step taken), draws
@@ -74,7 +74,7 @@ def signal_fraction(grads: list[torch.Tensor]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=10)
-    parser.add_argument("--recipes", nargs="+", default=["tiny_grpo_ocr", "tiny_nft_ocr", "tiny_awm_ocr"])
+    parser.add_argument("--recipes", nargs="+", default=["tiny_grpo_ocr_small", "tiny_nft_ocr", "tiny_awm_ocr"])
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every recipe"
     )

@@ -283,7 +283,7 @@ def overlap(repeats: int) -> None:
         try:
             for name, rewards in contenders.items():
                 config = load_config(
-                    "recipes/tiny_grpo_ocr.yaml",
+                    "recipes/tiny_grpo_ocr_small.yaml",
                     [
                         f"rewards={rewards}",
                         "eval.enabled=false",

@@ -116,7 +116,7 @@ def build(overrides: list[str]):
     from diffrl.preflight import load_config
     from diffrl.sampling.collector import OnlineCollector
 
-    cfg = load_config(str(ROOT / "recipes" / "tiny_grpo_ocr.yaml"), overrides)
+    cfg = load_config(str(ROOT / "recipes" / "tiny_grpo_ocr_small.yaml"), overrides)
     family = load_family(cfg)
     family.transformer.requires_grad_(False).eval()
     spec = build_algorithm(cfg).collection_spec()

@@ -1,6 +1,6 @@
 """The cost of runner=ray against one process, on the tiny Flow-GRPO recipe, measured in one run.
 
-    python benchmarks/scale.py [--iterations 6] [--recipe recipes/tiny_grpo_ocr.yaml]
+    python benchmarks/scale.py [--iterations 6] [--recipe recipes/tiny_grpo_ocr_small.yaml]
 
 Prints, side by side: the time per iteration of ``runner: local`` and of ``runner: ray`` with 1
 rollout engine, 1 FSDP2 trainer rank and 1 OCR worker (the first iteration is warm-up and not
@@ -50,7 +50,7 @@ def median(rows: list[dict], key: str, skip: int = 1) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--recipe", default="recipes/tiny_grpo_ocr.yaml")
+    ap.add_argument("--recipe", default="recipes/tiny_grpo_ocr_small.yaml")
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--out", default="runs/bench_scale")
     args = ap.parse_args()

@@ -72,7 +72,7 @@ from diffrl.train.stages import optimizer_steps
 from diffrl.train.stop import StopSignals
 
 RECIPES = {
-    "flow_grpo": "tiny_grpo_ocr",
+    "flow_grpo": "tiny_grpo_ocr_small",
     "diffusion_nft": "tiny_nft_ocr",
     "awm": "tiny_awm_ocr",
     "sft": "tiny_sft",

@@ -61,7 +61,7 @@ def config(tmp_path, algorithm: str, runner: str, **extra):
         "rewards": "[{name: ocr}]",
         **extra,
     }
-    recipe = ROOT / "recipes" / "tiny_grpo_ocr.yaml"
+    recipe = ROOT / "recipes" / "tiny_grpo_ocr_small.yaml"
     return load_config(str(recipe), [f"{k}={v}" for k, v in overrides.items()])
 
 

@@ -52,7 +52,7 @@ def family_config(tmp_path: Path, family: dict[str, object], **extra) -> Config:
     ``sampling.*``) and ``extra`` on top."""
     overrides = {"run.output_dir": str(tmp_path / "run"), **ITERATION, **family, **extra}
     return load_config(
-        str(ROOT / "recipes" / "tiny_grpo_ocr.yaml"), [f"{k}={v}" for k, v in overrides.items()]
+        str(ROOT / "recipes" / "tiny_grpo_ocr_small.yaml"), [f"{k}={v}" for k, v in overrides.items()]
     )
 
 

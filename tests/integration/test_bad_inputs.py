@@ -28,7 +28,7 @@ from tests.conftest import rehash_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT = "recipes/tiny_sft.yaml"
-GRPO = "recipes/tiny_grpo_ocr.yaml"
+GRPO = "recipes/tiny_grpo_ocr_small.yaml"
 DPO = "recipes/tiny_dpo_ocr.yaml"
 OFFLINE_DPO = [
     "algorithm.params={pairs: offline}",

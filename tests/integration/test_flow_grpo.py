@@ -39,7 +39,7 @@ def grpo(tmp_path, **extra):
         "sampling.num_steps": 3,
     }
     base.update(extra)
-    return load_config("recipes/tiny_grpo_ocr.yaml", tiny_overrides(tmp_path, **base))
+    return load_config("recipes/tiny_grpo_ocr_small.yaml", tiny_overrides(tmp_path, **base))
 
 
 SPEED = {"model.autocast": "bfloat16", "model.compile": "true"}

@@ -35,7 +35,7 @@ SMALL = {
 ALGORITHMS = {
     # DiffusionNFT samples with a trailing old policy (flat_ramp: old = live for 75 steps, so 'ramp')
     "tiny_nft_ocr": {"algorithm.params.decay_schedule": "ramp"},
-    "tiny_grpo_ocr": {"algorithm.params.step_strategy": "{name: all}"},
+    "tiny_grpo_ocr_small": {"algorithm.params.step_strategy": "{name: all}"},
 }
 
 

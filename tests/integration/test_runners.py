@@ -50,5 +50,5 @@ def test_a_runner_given_by_dotted_path_trains(tmp_path, monkeypatch):
 )
 def test_an_unknown_runner_is_a_config_error_listing_the_known_ones(tmp_path, runner, message):
     with pytest.raises(ConfigError) as e:
-        load_config("recipes/tiny_grpo_ocr.yaml", tiny_overrides(tmp_path, runner=runner))
+        load_config("recipes/tiny_grpo_ocr_small.yaml", tiny_overrides(tmp_path, runner=runner))
     assert message in str(e.value)

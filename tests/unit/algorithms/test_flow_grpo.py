@@ -112,4 +112,4 @@ def test_guard_options_need_the_sde_sampler(option):
                 "rewards": [{"name": "ocr"}],
             }
         )
-    load_config("recipes/tiny_grpo_ocr.yaml", [f"algorithm.params.{option}=true"])  # sde: fine
+    load_config("recipes/tiny_grpo_ocr_small.yaml", [f"algorithm.params.{option}=true"])  # sde: fine
