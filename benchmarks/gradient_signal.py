@@ -88,7 +88,7 @@ def main() -> None:
         rows.append((recipe, c, se, seconds))
         print(f"{recipe}: c = {c:.4f} +- {se:.4f}", flush=True)
     print(f"\nsignal fraction of one rollout's gradient ({args.rollouts} rollouts each, from the base):")
-    print(f"{'recipe':<16} {'c':>8} {'+-':>7} {'rollouts to SNR 1':>18} {'s / rollout':>12}")
+    print(f"{'recipe':<20} {'c':>8} {'+-':>7} {'rollouts to SNR 1':>18} {'s / rollout':>12}")
     for recipe, c, se, seconds in rows:
         high = c + 2 * se  # the largest c the pairs allow (2 standard errors)
         if c - 2 * se > 0:
@@ -97,7 +97,7 @@ def main() -> None:
             needed = f"> {(1 - high) / high:.0f}"
         else:
             needed = "no signal seen"
-        print(f"{recipe:<16} {c:8.4f} {se:7.4f} {needed:>18} {seconds:12.1f}")
+        print(f"{recipe:<20} {c:8.4f} {se:7.4f} {needed:>18} {seconds:12.1f}")
 
 
 if __name__ == "__main__":
