@@ -74,7 +74,9 @@ def signal_fraction(grads: list[torch.Tensor]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=10)
-    parser.add_argument("--recipes", nargs="+", default=["tiny_grpo_ocr_small", "tiny_nft_ocr", "tiny_awm_ocr"])
+    parser.add_argument(
+        "--recipes", nargs="+", default=["tiny_grpo_ocr_small", "tiny_nft_ocr", "tiny_awm_ocr"]
+    )
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every recipe"
     )

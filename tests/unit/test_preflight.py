@@ -106,13 +106,16 @@ def test_ray_settings_are_checked_before_anything_starts():
     assert "ray.num_engines must be >= 1" in msg and "ray.backend must be gloo, nccl or null" in msg
     with pytest.raises(ConfigError, match="model.compile=true with ray.num_trainer_ranks=2"):
         load_config(
-            "recipes/tiny_grpo_ocr_small.yaml", ["runner=ray", "ray.num_trainer_ranks=2", "model.compile=true"]
+            "recipes/tiny_grpo_ocr_small.yaml",
+            ["runner=ray", "ray.num_trainer_ranks=2", "model.compile=true"],
         )
     here = "tests.unit.test_preflight:scores_on"
     gpu_reward = ["runner=ray", f"rewards=[{{name: ocr}}, {{name: {here}, params: {{device: cuda}}}}]"]
     with pytest.raises(ConfigError, match=r"rewards\[1\] \(.*scores_on\).params.device=cuda, but under"):
         load_config("recipes/tiny_grpo_ocr_small.yaml", gpu_reward, check_files=False)
-    load_config("recipes/tiny_grpo_ocr_small.yaml", [*gpu_reward, "ray.rewards_on_gpu=true"], check_files=False)
+    load_config(
+        "recipes/tiny_grpo_ocr_small.yaml", [*gpu_reward, "ray.rewards_on_gpu=true"], check_files=False
+    )
     with pytest.raises(ConfigError, match="unknown key 'ray.num_engine'"):
         load_config("recipes/tiny_grpo_ocr_small.yaml", ["runner=ray", "ray.num_engine=2"])
     with pytest.raises(ConfigError, match="runner"):
