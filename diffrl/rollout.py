@@ -54,6 +54,74 @@ class Conditioning:
 
 
 @dataclass
+class Audio:
+    """Sound with the batch on dim 0: ``waveform (B, channels, samples)`` in [-1, 1] at
+    ``sample_rate`` Hz (what an audio-video family's vocoder writes, e.g. ``ltx2``'s).
+
+    Rollouts keep it as float16 on the CPU (:meth:`compact`: half of float32's bytes, and a 16-bit
+    PCM file's precision); rewards get float32 (:meth:`float`)."""
+
+    waveform: torch.Tensor
+    sample_rate: int
+
+    def __len__(self) -> int:
+        return len(self.waveform)
+
+    @property
+    def seconds(self) -> float:
+        """The duration of each clip."""
+        return self.waveform.shape[-1] / self.sample_rate
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> Audio:
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return Audio(self.waveform[idx.to(self.waveform.device)], self.sample_rate)
+
+    def to(self, device: torch.device | str) -> Audio:
+        return Audio(self.waveform.to(device), self.sample_rate)
+
+    def compact(self) -> Audio:
+        """float16 on the CPU, clamped to [-1, 1] (what a rollout keeps)."""
+        return Audio(self.waveform.detach().clamp(-1.0, 1.0).to("cpu", torch.float16), self.sample_rate)
+
+    def float(self) -> Audio:
+        """A float32 CPU copy of its own (what a reward is given)."""
+        return Audio(self.waveform.detach().to("cpu", torch.float32, copy=True), self.sample_rate)
+
+    @classmethod
+    def cat(cls, parts: Sequence[Audio]) -> Audio:
+        rates = {p.sample_rate for p in parts}
+        if len(rates) != 1:
+            raise ValueError(f"cannot join audio at different sample rates {sorted(rates)}")
+        return cls(torch.cat([p.waveform for p in parts]), parts[0].sample_rate)
+
+
+@dataclass
+class Media:
+    """What a family decodes latents to (:meth:`~diffrl.models.base.ModelFamily.decode_media`):
+    ``images (B, 3, H, W)`` or videos ``(B, 3, F, H, W)`` in [0, 1]; ``audio`` the sound that goes
+    with them (audio-video families; None: silent); ``fps`` the videos' frame rate (None: stills,
+    or a family that does not say)."""
+
+    images: torch.Tensor
+    audio: Audio | None = None
+    fps: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    @classmethod
+    def cat(cls, parts: Sequence[Media]) -> Media:
+        audio = [p.audio for p in parts]
+        if any(a is None for a in audio) and not all(a is None for a in audio):
+            raise ValueError("cannot join media with and without sound")
+        return cls(
+            torch.cat([p.images for p in parts]),
+            None if audio[0] is None else Audio.cat(audio),
+            parts[0].fps,
+        )
+
+
+@dataclass
 class RewardScores:
     """Each reward's raw scores, ``(B,)`` by label (:func:`diffrl.rewards.base.reward_labels`): what
     per-reward advantages normalise one by one before the weighted sum."""
@@ -120,7 +188,8 @@ class RolloutBatch(Batch):
 
     ``x0``: clean latents ``(B, *latent)``; ``cond``: the prompts' conditioning;
     ``images``: decoded ``(B, 3, H, W)`` (videos ``(B, 3, F, H, W)``), uint8 0..255 (online rollouts;
-    :func:`quantize`);
+    :func:`quantize`); ``audio``: the sound of audio-video families' rollouts, float16
+    ``(B, channels, samples)`` on the CPU (:meth:`Audio.compact`), None for silent ones;
     ``group_id``: samples of the same prompt share a group (group-relative advantages);
     ``micro_group``: which sampling forward batch the sample was in;
     ``rewards``: ``(B,)`` weighted reward (online rollouts); ``reward_scores``: each reward's raw
@@ -151,6 +220,7 @@ class RolloutBatch(Batch):
     traj_log_prob: torch.Tensor | None = None
     traj_mean: torch.Tensor | None = None
     reward_scores: RewardScores | None = None
+    audio: Audio | None = None
 
 
 @dataclass

@@ -26,7 +26,7 @@ from diffrl.config import Config, ConfigError, bind_dataclass
 from diffrl.errors import DiffrlError
 from diffrl.models.numerics import ForwardMeter, Numerics, autocast, prepare
 from diffrl.models.schedules import flow_sigmas
-from diffrl.rollout import Conditioning
+from diffrl.rollout import Conditioning, Media
 
 FAMILY_FILE = "diffrl_model.json"
 
@@ -65,6 +65,9 @@ class ModelFamily(ABC):
     by image size override :meth:`sigmas` instead)."""
     default_guidance: ClassVar[float] = 1.0
     """``sampling.guidance_scale`` when the recipe does not set it (1: no guidance)."""
+    sound: ClassVar[bool] = False
+    """True: an audio-video family, whose :meth:`decode_media` returns a waveform with the frames
+    (its latent state holds the audio stream too); rewards that hear (``Reward.audio``) need one."""
 
     @dataclass
     class Options:
@@ -309,6 +312,11 @@ class ModelFamily(ABC):
     @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """``latents (B, *latent)`` -> images ``(B, 3, H, W)`` (or ``(B, 3, F, H, W)``) in [0, 1]."""
+
+    def decode_media(self, latents: torch.Tensor) -> Media:
+        """``latents (B, *latent)`` -> :class:`~diffrl.rollout.Media`: :meth:`decode`'s images or
+        videos and, for an audio-video family (:attr:`sound`), the waveform and the frame rate."""
+        return Media(self.decode(latents))
 
     # ---- LoRA ----------------------------------------------------------------------------------
     def lora_targets(self, configured: list[str] | None) -> list[str]:

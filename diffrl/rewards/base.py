@@ -10,6 +10,12 @@ unless it says otherwise (``Reward.video = True``, or a function with ``my_rewar
 an image reward scores every frame (``(B * F, 3, H, W)``, each video's prompt and metadata
 repeated per frame) and each video gets the mean of its frames' scores (:func:`submit_scores`).
 
+Sound (audio-video families such as ``ltx2``): a reward hears only if it says so (``Reward.audio =
+True``, or ``my_reward.audio = True`` on a function). It is then called with ``audio=`` an
+:class:`~diffrl.rollout.Audio` (float32 ``waveform (B, channels, samples)`` in [-1, 1] and its
+``sample_rate``) and gets videos whole, one clip per row; every other reward sees the frames as
+before and never the sound. The preflight refuses a reward that hears on a silent family.
+
 Deadlines: every call has ``timeout_s`` seconds (its :class:`RewardConfig`) from submit; a call
 still unfinished then fails its samples (NaN, "timed out") and the run goes on. An in-process
 reward is called on a daemon thread of its own (:class:`~diffrl.rewards.workers.CallThread`), so
@@ -31,6 +37,7 @@ from diffrl.errors import DiffrlError
 from diffrl.registry import RegistryError, did_you_mean
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.workers import CallThread, DeadlineExceeded, deadline_after, result_by
+from diffrl.rollout import Audio
 
 
 class RewardError(DiffrlError, RuntimeError):
@@ -54,6 +61,10 @@ class Reward(ABC):
     video: bool = False
     """True: ``__call__`` takes videos ``(B, 3, F, H, W)`` whole; False: an image reward (videos
     are scored frame by frame and averaged, see :func:`submit_scores`)."""
+    audio: bool = False
+    """True: the reward hears. ``submit``, ``call_by`` and ``__call__`` take ``audio=`` (an
+    :class:`~diffrl.rollout.Audio`, float32, one clip per row) and videos come whole, as for a video
+    reward. False: it never sees the sound."""
 
     @abstractmethod
     def __call__(
@@ -67,16 +78,20 @@ class Reward(ABC):
         prompts: Sequence[str],
         metadata: Sequence[dict[str, Any]],
         timeout: float | None = None,
+        audio: Audio | None = None,
     ) -> Pending:
         """Start scoring and return at once; the call has ``timeout`` seconds from now (``None``:
         no limit). By default ``__call__`` runs on this reward's call thread, one call at a time in
         submit order. A reward that runs elsewhere (worker processes, a remote server) overrides
-        this; its :class:`Pending` must give up at the deadline."""
+        this; its :class:`Pending` must give up at the deadline. ``audio`` is given only to a
+        reward that hears (:attr:`audio`)."""
         calls = self.__dict__.get("_calls")  # made here: subclasses need not call super().__init__()
         if calls is None:
             calls = self._calls = CallThread(f"reward-{self.name}")
         deadline = deadline_after(timeout)
-        future = calls.submit(_without_grad, self, images, prompts, metadata, deadline, timeout=timeout)
+        future = calls.submit(
+            _without_grad, self, images, prompts, metadata, deadline, audio, timeout=timeout
+        )
         return Pending(lambda: result_by(future, deadline))
 
     def call_by(
@@ -85,10 +100,13 @@ class Reward(ABC):
         prompts: Sequence[str],
         metadata: Sequence[dict[str, Any]],
         deadline: float | None,
+        audio: Audio | None = None,
     ) -> torch.Tensor:
         """What :meth:`submit` runs on the call thread: ``__call__``, told the call's deadline
         (``time.monotonic()``; None: no limit). A reward that can use it (the ``remote`` reward's
-        retries stop by it) overrides this."""
+        retries stop by it) overrides this. ``audio`` is passed on to a reward that hears."""
+        if self.audio:
+            return self(images, prompts, metadata, audio=audio)
         return self(images, prompts, metadata)
 
     @classmethod
@@ -109,23 +127,33 @@ class Reward(ABC):
 
 
 def _without_grad(
-    reward: Reward, images: torch.Tensor, prompts: Sequence[str], metadata, deadline: float | None
+    reward: Reward,
+    images: torch.Tensor,
+    prompts: Sequence[str],
+    metadata,
+    deadline: float | None,
+    audio: Audio | None,
 ) -> torch.Tensor:
     # grad mode is per thread: the call thread's would be on, where the collector samples without
     with torch.no_grad():
+        if reward.audio:
+            return reward.call_by(images, prompts, metadata, deadline, audio=audio)
         return reward.call_by(images, prompts, metadata, deadline)
 
 
 class FunctionReward(Reward):
-    """Adapts ``fn(images, prompts, metadata, **params) -> list[float]``."""
+    """Adapts ``fn(images, prompts, metadata, **params) -> list[float]`` (with ``fn.audio = True``:
+    ``fn(images, prompts, metadata, audio=..., **params)``)."""
 
     def __init__(self, fn: Callable[..., Any], name: str, **params: Any):
         self.fn, self.name, self.params = fn, name, params
         self.video = bool(getattr(fn, "video", False))
+        self.audio = bool(getattr(fn, "audio", False))
 
-    def __call__(self, images, prompts, metadata):
+    def __call__(self, images, prompts, metadata, audio: Audio | None = None):
+        sound = {"audio": audio} if self.audio else {}
         return torch.as_tensor(
-            self.fn(images, list(prompts), list(metadata), **self.params), dtype=torch.float32
+            self.fn(images, list(prompts), list(metadata), **sound, **self.params), dtype=torch.float32
         )
 
 
@@ -223,9 +251,13 @@ def submit_scores(
     prompts: Sequence[str],
     metadata: Sequence[dict[str, Any]],
     timeout: float | None = None,
+    audio: Audio | None = None,
 ) -> Pending:
     """``reward.submit`` for images ``(B, 3, H, W)`` or videos ``(B, 3, F, H, W)``: an image reward
-    given videos scores their ``B * F`` frames and the ``(B,)`` result is each video's mean."""
+    given videos scores their ``B * F`` frames and the ``(B,)`` result is each video's mean. A
+    reward that hears gets the videos whole and ``audio``; no other reward sees ``audio``."""
+    if reward.audio:
+        return reward.submit(images, prompts, metadata, timeout, audio=audio)
     if images.ndim != 5 or reward.video:
         return reward.submit(images, prompts, metadata, timeout)
     b, f = images.shape[0], images.shape[2]
@@ -263,6 +295,8 @@ def param_name_problems(obj: Any, params: dict[str, Any]) -> list[str]:
         return []
     if not isinstance(obj, type):
         taken = taken[3:]  # images, prompts, metadata
+        if getattr(obj, "audio", False):
+            taken = [n for n in taken if n != "audio"]
     return [
         f"unknown param {k!r}.{did_you_mean(k, taken)} It takes: {', '.join(taken) or 'no params'}"
         for k in params
@@ -306,27 +340,44 @@ class RewardSet:
             for r in self.rewards:
                 r.use_in_process()
 
+    @property
+    def hears(self) -> bool:
+        """True when a reward of the set takes the sound (:attr:`Reward.audio`)."""
+        return any(r.audio for r in self.rewards)
+
     def submit(
-        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[dict],
+        audio: Audio | None = None,
     ) -> PendingRewards:
         """Start every reward on ``images``: float in [0, 1], or uint8 (:func:`quantize`, what
         rollouts keep); every reward gets float32 in [0, 1] on the CPU, a copy of its own (it may
-        read it on another thread while the caller goes on). Each reward's deadline starts now."""
+        read it on another thread while the caller goes on). ``audio`` (the rollout's sound, any
+        float dtype) goes, as float32 copies, to the rewards that hear. Each reward's deadline
+        starts now."""
         images = images.detach().cpu()
         images = (
             images.float() / 255.0 if images.dtype == torch.uint8 else images.to(torch.float32, copy=True)
         )
         pending = [
-            submit_scores(r, images, prompts, metadata, c.timeout_s)
+            submit_scores(
+                r, images, prompts, metadata, c.timeout_s, audio.float() if r.audio and audio else None
+            )
             for r, c in zip(self.rewards, self.configs)
         ]
         return PendingRewards(self, list(prompts), pending)
 
     def __call__(
-        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[dict],
+        audio: Audio | None = None,
     ) -> RewardOutput:
         """Score now; raise :class:`RewardError` if any reward fails, returns NaN or times out."""
-        out = self.submit(images, prompts, metadata).result()
+        out = self.submit(images, prompts, metadata, audio).result()
         if out.errors:
             raise RewardError("; ".join(out.errors))
         return out

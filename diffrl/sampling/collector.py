@@ -242,9 +242,11 @@ class OnlineCollector:
             micro_group=torch.full((b,), micro_group),
             x0=out.x0,
             cond=cond,
-            images=self.clock("decode", lambda: quantize(family.decode(out.x0))),
             sigmas=self.sigmas.expand(b, -1).clone(),
         )
+        media = self.clock("decode", lambda: family.decode_media(out.x0))
+        batch.images = quantize(media.images)
+        batch.audio = media.audio.compact() if media.audio is not None else None
         if self.spec.keep_trajectory and k:
             batch.traj_x = torch.stack(out.traj_x, 1)
             batch.traj_next = torch.stack(out.traj_next, 1)

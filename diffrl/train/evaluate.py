@@ -16,18 +16,20 @@ from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.logging import Progress
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardSet
-from diffrl.rollout import quantize
+from diffrl.rollout import Audio, Media, quantize
 from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampling_sigmas
 
 
 @dataclass
 class EvalResult:
     """``rewards``: reward label -> ``(N,)`` scores; ``images``: ``(N, 3, H, W)`` (videos
-    ``(N, 3, F, H, W)``) in [0, 1]. A sample a reward failed has a NaN score and total, and
-    ``errors`` says why; the means are over the samples scored."""
+    ``(N, 3, F, H, W)``) in [0, 1]; ``audio``: their sound (audio-video families), else None. A
+    sample a reward failed has a NaN score and total, and ``errors`` says why; the means are over
+    the samples scored."""
 
     prompts: list[str]
     images: torch.Tensor
+    audio: Audio | None = None
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)
     total: torch.Tensor | None = None
     errors: list[str] = field(default_factory=list)
@@ -55,10 +57,11 @@ def generate(
     seed: int,
     batch_size: int,
     label: str = "sampling",
-) -> tuple[list[int], torch.Tensor]:
+) -> tuple[list[int], Media]:
     """ODE-sample ``samples_per_prompt`` images per prompt; noise keyed by (seed, prompt, sample).
 
-    Returns the prompt index of each image and the images ``(N, 3, H, W)`` in [0, 1].
+    Returns the prompt index of each sample and the samples decoded (:class:`Media`: images
+    ``(N, 3, H, W)`` or videos in [0, 1], on the CPU, with their sound for audio-video families).
     """
     s = config.sampling
     height, width = image_size(config, family)
@@ -77,19 +80,22 @@ def generate(
         texts = [prompts.prompts[i] for i, _ in chunk]
         noise = initial_noise(family, [(seed, "eval", i, j) for i, j in chunk], height, width)
         x0 = sample_ode(family, noise, family.encode_prompts(texts), sigmas, s.guidance_scale, negative)
-        out.append(family.decode(x0).cpu())
+        media = family.decode_media(x0)
+        audio = media.audio.to("cpu") if media.audio is not None else None
+        out.append(Media(media.images.cpu(), audio, media.fps))
         progress.update(start + len(chunk))
-    return [i for i, _ in jobs], torch.cat(out)
+    return [i for i, _ in jobs], Media.cat(out)
 
 
 def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> EvalResult:
     e = config.eval
     prompts = load_prompts(e.prompts).head(e.num_prompts)
-    index, images = generate(family, config, prompts, e.samples_per_prompt, e.seed, e.batch_size, "eval")
+    index, media = generate(family, config, prompts, e.samples_per_prompt, e.seed, e.batch_size, "eval")
     names = [prompts.prompts[i] for i in index]
-    result = EvalResult(names, images)
+    result = EvalResult(names, media.images, media.audio)
     if rewards is not None:  # a reward that fails costs its samples' scores, not the run
-        out = rewards.submit(images, names, [prompts.metadata[i] for i in index]).result()
+        meta = [prompts.metadata[i] for i in index]
+        out = rewards.submit(media.images, names, meta, audio=media.audio).result()
         result.rewards, result.total, result.errors = out.per_reward, out.total, out.errors
         if out.errors:
             warnings.warn(

@@ -127,7 +127,7 @@ class LocalRunner:
     def score(self, part: RolloutBatch) -> PendingRewards | None:
         if self.train_rewards is None:
             return None
-        return self.train_rewards.submit(part.images, part.prompts, part.metadata)
+        return self.train_rewards.submit(part.images, part.prompts, part.metadata, part.audio)
 
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
         return self.actor.optimize(chunks, self.algorithm)

@@ -18,7 +18,7 @@ from diffrl.models.numerics import peak_flops
 from diffrl.models.registry import load_family, resolve_device
 from diffrl.parallel import free_port, init_distributed
 from diffrl.rewards.base import RewardOutput, RewardSet
-from diffrl.rollout import RolloutBatch
+from diffrl.rollout import Audio, RolloutBatch
 from diffrl.sampling.collector import RolloutPlan, build_collector
 from diffrl.train.actor import Actor, apply_lora
 from diffrl.train.checkpoint import load_resume_state, save_checkpoint
@@ -92,8 +92,11 @@ class RewardWorker:
         torch.set_num_threads(threads)
         self.rewards = RewardSet([reward], in_process=True, labels=[label or reward.name])
 
-    def score(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> RewardOutput:
-        return self.rewards.submit(images, prompts, metadata).result()
+    def score(
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict], audio: Audio | None = None
+    ) -> RewardOutput:
+        """``audio``: the rollout's sound (reaches the reward only if it hears)."""
+        return self.rewards.submit(images, prompts, metadata, audio).result()
 
 
 class TrainerRank:

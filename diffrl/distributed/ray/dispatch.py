@@ -223,4 +223,4 @@ class Dispatch:
 
 
 def _submit(worker, part: RolloutBatch):
-    return worker.score.remote(part.images, part.prompts, part.metadata)
+    return worker.score.remote(part.images, part.prompts, part.metadata, part.audio)
