@@ -90,6 +90,8 @@ def validate(config: Config, check_files: bool = True, sections: Collection[str]
         errors += _eval_checks(config.eval, check_files)
     if "data" in on:
         errors += _data_checks(config, spec, check_files)
+    if "model" in on:
+        errors += _hearing_checks(config, "rewards" in on, "eval" in on and config.eval.enabled)
     # train.resume is checked by the driver before any model loads (it verifies the checkpoint's
     # files, see train/run_folder.py), after this config is known to be well-formed
     return errors
@@ -320,6 +322,31 @@ def _reward_checks(where: str, rewards: list[RewardConfig], check_files: bool) -
         errors += _number(f"{where}[{i}].weight", r.weight, True, "a finite number (e.g. 1.0)")
         if not r.timeout_s > 0 or r.timeout_s == float("inf"):  # NaN fails both
             errors.append(f"{where}[{i}].timeout_s must be a number of seconds > 0, got {r.timeout_s}")
+    return errors
+
+
+def _hearing_checks(config: Config, rewards: bool, eval_rewards: bool) -> list[str]:
+    """A reward that hears (``Reward.audio``) needs a family that makes sound (``ModelFamily.sound``)."""
+    try:
+        family_cls = FAMILIES.resolve(config.model.family)
+    except RegistryError:
+        return []  # reported by _model_checks
+    if getattr(family_cls, "sound", False):
+        return []
+    lists = [("rewards", config.rewards)] * rewards + [("eval.rewards", config.eval.rewards)] * eval_rewards
+    errors = []
+    for where, configs in lists:
+        for i, r in enumerate(configs):
+            try:
+                obj = REWARDS.resolve(r.name)
+            except RegistryError:
+                continue  # reported by _reward_checks
+            if getattr(obj, "audio", False):
+                errors.append(
+                    f"{where}[{i}] ({r.name}) scores sound, but model family {config.model.family!r} "
+                    "makes none (its samples are silent); use an audio-video family (e.g. ltx2) or "
+                    "drop this reward"
+                )
     return errors
 
 

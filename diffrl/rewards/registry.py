@@ -14,5 +14,6 @@ REWARDS = Registry(
         "jpeg_compressibility": "diffrl.rewards.jpeg:JpegCompressibility",
         "jpeg_incompressibility": "diffrl.rewards.jpeg:JpegIncompressibility",
         "remote": "diffrl.rewards.remote:RemoteReward",
+        "clap": "diffrl.rewards.clap:ClapScore",
     },
 )

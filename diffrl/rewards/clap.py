@@ -1,0 +1,143 @@
+"""CLAP score: how well a clip's sound matches its prompt, by LAION's CLAP (text-audio contrastive).
+
+The model is transformers' ``ClapModel`` (the port of LAION-AI/CLAP, e.g. ``laion/clap-htsat-unfused``
+or ``laion/larger_clap_general``) from a local folder with its ``ClapProcessor`` files (the
+feature extractor's ``preprocessor_config.json`` and the RoBERTa tokenizer). The score is the
+cosine of the projected, L2-normalised audio and text embeddings, the usual "CLAP score" of
+text-to-audio evaluation (AudioLDM's and Make-An-Audio's, which take LAION-CLAP's
+``get_audio_embedding`` . ``get_text_embedding`` of unit vectors):
+
+    score = <e_a, e_t>        e_a = normalize(audio_projection(HTSAT(mel(x)))),
+                              e_t = normalize(text_projection(RoBERTa(prompt)))       (B, D) each
+
+so it lies in [-1, 1]; ``ClapModel.forward``'s ``logits_per_audio`` are the same cosines times
+``exp(logit_scale_a)``.
+
+The waveform: the rollout's ``(B, channels, samples)`` at the family's rate is averaged to mono
+(CLAP is trained on mono), resampled to the feature extractor's ``sampling_rate`` (48 kHz for LAION's
+folders) with a windowed-sinc filter (torchaudio's ``functional.resample`` algorithm: Hann window,
+6 zero crossings, rolloff 0.99), and made into log-mel features by the folder's
+``ClapFeatureExtractor`` (clips shorter than its ``max_length_s`` are repeated then padded, as it
+does). A clip longer than ``max_length_s`` is cut to its first ``max_length_s`` seconds here: the
+extractor would take random crops (``fusion`` / ``rand_trunc``), and a reward must not draw from an
+unseeded generator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import AutoTokenizer, ClapFeatureExtractor, ClapModel
+
+from diffrl.rewards.base import Reward
+from diffrl.rewards.pretrained import chunks, device_and_dtype, device_dtype_problems, folder_problems
+from diffrl.rollout import Audio
+
+LOWPASS_WIDTH = 6
+"""Zero crossings of the sinc on each side (torchaudio's ``lowpass_filter_width`` default)."""
+ROLLOFF = 0.99
+"""The filter's cutoff as a fraction of the lower Nyquist frequency (torchaudio's default)."""
+
+
+def resample(waveform: torch.Tensor, orig: int, new: int) -> torch.Tensor:
+    """``waveform (..., samples)`` at ``orig`` Hz -> ``(..., ceil(samples * new / orig))`` at ``new``
+    Hz, band-limited: torchaudio's ``functional.resample`` (``sinc_interp_hann``) written out
+    (pytorch/audio, ``torchaudio/functional/functional.py``, ``_get_sinc_resample_kernel`` and
+    ``_apply_sinc_resample_kernel``). float64 internally."""
+    if orig == new:
+        return waveform
+    g = math.gcd(orig, new)
+    orig, new = orig // g, new // g
+    base = min(orig, new) * ROLLOFF
+    width = math.ceil(LOWPASS_WIDTH * orig / base)
+    idx = torch.arange(-width, width + orig, dtype=torch.float64)[None, None] / orig
+    t = (torch.arange(0, -new, -1, dtype=torch.float64)[:, None, None] / new + idx) * base
+    t = t.clamp(-LOWPASS_WIDTH, LOWPASS_WIDTH)
+    window = torch.cos(t * math.pi / LOWPASS_WIDTH / 2) ** 2
+    t = t * math.pi
+    kernel = torch.where(t == 0, torch.ones_like(t), torch.sin(t) / t) * window * (base / orig)
+    shape, length = waveform.shape, waveform.shape[-1]
+    x = F.pad(waveform.reshape(-1, 1, length).double(), (width, width + orig))
+    y = F.conv1d(x, kernel, stride=orig).transpose(1, 2).reshape(x.shape[0], -1)
+    out = y[:, : math.ceil(new * length / orig)]
+    return out.reshape(*shape[:-1], out.shape[-1]).to(waveform.dtype)
+
+
+class ClapScore(Reward):
+    """``model``: a CLAP folder (``ClapModel`` weights and config, ``preprocessor_config.json``,
+    tokenizer files), e.g. a local copy of ``laion/clap-htsat-unfused``."""
+
+    name = "clap"
+    audio = True  # gets the clips whole (one row per clip) and their sound; the frames are not looked at
+
+    def __init__(self, model: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 16):
+        self.batch_size = batch_size
+        self.device, torch_dtype = device_and_dtype(device, dtype)
+        folder = Path(model).expanduser()
+        self.model = ClapModel.from_pretrained(folder, torch_dtype=torch_dtype).to(self.device).eval()
+        self.features = ClapFeatureExtractor.from_pretrained(folder)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+
+    @classmethod
+    def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
+        problems = folder_problems(
+            cls.name, "model", params.get("model"), {"clap"}, "LAION CLAP (a ClapModel)", check_files
+        )
+        if not problems and check_files:
+            path = Path(params["model"]).expanduser()
+            if not (path / "preprocessor_config.json").is_file():
+                problems.append(
+                    f"model: {params['model']!r} has no preprocessor_config.json (the ClapFeatureExtractor "
+                    "settings the CLAP folders on the Hub ship); copy it from the model's repository"
+                )
+            if not any(
+                (path / f).is_file() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json")
+            ):
+                problems.append(
+                    f"model: {params['model']!r} has no tokenizer files (tokenizer.json or vocab.json)"
+                )
+        problems += device_dtype_problems(params.get("device", "cpu"), params.get("dtype", "float32"))
+        size = params.get("batch_size", 16)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            problems.append(f"batch_size must be an integer >= 1, got {size!r}")
+        return problems
+
+    def mono(self, audio: Audio) -> list[np.ndarray]:
+        """``audio.waveform (B, C, S)`` -> B mono float64 clips at the extractor's rate, each at most
+        ``max_length_s`` long (see the module docstring)."""
+        rate = int(self.features.sampling_rate)
+        clips = resample(audio.waveform.double().mean(dim=1), audio.sample_rate, rate)
+        return list(clips[:, : self.features.nb_max_samples].numpy())
+
+    def __call__(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[dict[str, Any]],
+        audio: Audio | None = None,
+    ) -> torch.Tensor:
+        """``audio``: ``waveform (B, C, S)``; ``prompts`` B texts -> cosines ``(B,)`` float32."""
+        if audio is None:
+            raise ValueError("the clap reward scores sound, and these samples have none")
+        if len(audio) != len(prompts):
+            raise ValueError(f"{len(audio)} clips for {len(prompts)} prompts")
+        clips, out = self.mono(audio), []
+        dtype = next(self.model.parameters()).dtype
+        for part in chunks(len(prompts), self.batch_size):
+            feats = self.features(clips[part], sampling_rate=self.features.sampling_rate, return_tensors="pt")
+            text = self.tokenizer(list(prompts[part]), padding=True, truncation=True, return_tensors="pt")
+            a = self.model.get_audio_features(
+                input_features=feats.input_features.to(self.device, dtype),
+                is_longer=feats["is_longer"].to(self.device) if "is_longer" in feats else None,
+            ).pooler_output
+            t = self.model.get_text_features(
+                input_ids=text.input_ids.to(self.device), attention_mask=text.attention_mask.to(self.device)
+            ).pooler_output
+            out.append((F.normalize(a.float(), dim=-1) * F.normalize(t.float(), dim=-1)).sum(-1))
+        return torch.cat(out).cpu()
