@@ -33,6 +33,7 @@ from diffrl.train.checkpoint import (
 )
 from diffrl.train.evaluate import eval_table, evaluate, generate, paired_difference, save_grid, to_pil
 from diffrl.train.loop import train
+from diffrl.train.media import write_video_sample
 
 DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
 
@@ -214,15 +215,24 @@ def cmd_sample(args) -> int:
             )
         prompts = prompts.head(n)
     family = _load_for_inference(config, checkpoint)
-    index, images = generate(
+    index, media = generate(
         family, config, prompts, args.samples_per_prompt, args.seed, config.eval.batch_size
     )
     names = [prompts.prompts[i] for i in index]
     out.mkdir(parents=True, exist_ok=True)
+    images = media.images
     for k, img in enumerate(images):
-        to_pil(img).save(out / f"{k:04d}.png")
+        if img.ndim == 4:  # a video (3, F, H, W): an .mp4 with its sound, and its frames
+            sound = media.audio.select([k]) if media.audio is not None else None
+            write_video_sample(out, f"{k:04d}", img, media.fps, sound)
+        else:
+            to_pil(img).save(out / f"{k:04d}.png")
     (out / "prompts.txt").write_text("\n".join(names) + "\n")
-    print(f"wrote {len(images)} images and grid {save_grid(images, out / 'grid.png')}")
+    n = len(images)
+    what = f"image{'s' * (n != 1)}" if images.ndim == 4 else f"video{'s' * (n != 1)}"
+    if images.ndim == 5:
+        what += " (.mp4" + (" with sound" if media.audio else "") + ", frames in NNNN/)"
+    print(f"wrote {n} {what} and grid {save_grid(images, out / 'grid.png')}")
     return 0
 
 
@@ -405,7 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", default="runs/eval")
     e.set_defaults(func=cmd_eval)
 
-    s = sub.add_parser("sample", parents=[common], help="prompts -> PNG files and a grid")
+    s = sub.add_parser(
+        "sample",
+        parents=[common],
+        help="prompts -> PNG files (videos: .mp4 with sound, and frames) and a grid",
+    )
     s.add_argument("target")
     s.add_argument("overrides", nargs="*")
     s.add_argument("--prompt", action="append", help="a prompt (repeatable)")

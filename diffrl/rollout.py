@@ -11,11 +11,13 @@ encoded prompts a family produces and every batch carries.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 
 from diffrl.batching import Batch
 
@@ -53,6 +55,36 @@ class Conditioning:
         return Conditioning({k: v.expand(n, *v.shape[1:]) for k, v in self.tensors.items()})
 
 
+RESAMPLE_ZERO_CROSSINGS = 6
+"""Zero crossings of the sinc on each side (torchaudio's ``lowpass_filter_width`` default)."""
+RESAMPLE_ROLLOFF = 0.99
+"""The filter's cutoff as a fraction of the lower Nyquist frequency (torchaudio's default)."""
+
+
+def resample(waveform: torch.Tensor, orig: int, new: int) -> torch.Tensor:
+    """``waveform (..., samples)`` at ``orig`` Hz -> ``(..., ceil(samples * new / orig))`` at ``new``
+    Hz, band-limited: torchaudio's ``functional.resample`` (``sinc_interp_hann``) written out
+    (pytorch/audio, ``torchaudio/functional/functional.py``, ``_get_sinc_resample_kernel`` and
+    ``_apply_sinc_resample_kernel``). float64 internally."""
+    if orig == new:
+        return waveform
+    g = math.gcd(orig, new)
+    orig, new = orig // g, new // g
+    base = min(orig, new) * RESAMPLE_ROLLOFF
+    width = math.ceil(RESAMPLE_ZERO_CROSSINGS * orig / base)
+    idx = torch.arange(-width, width + orig, dtype=torch.float64)[None, None] / orig
+    t = (torch.arange(0, -new, -1, dtype=torch.float64)[:, None, None] / new + idx) * base
+    t = t.clamp(-RESAMPLE_ZERO_CROSSINGS, RESAMPLE_ZERO_CROSSINGS)
+    window = torch.cos(t * math.pi / RESAMPLE_ZERO_CROSSINGS / 2) ** 2
+    t = t * math.pi
+    kernel = torch.where(t == 0, torch.ones_like(t), torch.sin(t) / t) * window * (base / orig)
+    shape, length = waveform.shape, waveform.shape[-1]
+    x = F.pad(waveform.reshape(-1, 1, length).double(), (width, width + orig))
+    y = F.conv1d(x, kernel, stride=orig).transpose(1, 2).reshape(x.shape[0], -1)
+    out = y[:, : math.ceil(new * length / orig)]
+    return out.reshape(*shape[:-1], out.shape[-1]).to(waveform.dtype)
+
+
 @dataclass
 class Audio:
     """Sound with the batch on dim 0: ``waveform (B, channels, samples)`` in [-1, 1] at
@@ -78,6 +110,12 @@ class Audio:
 
     def to(self, device: torch.device | str) -> Audio:
         return Audio(self.waveform.to(device), self.sample_rate)
+
+    def resample(self, rate: int) -> Audio:
+        """The same sound at ``rate`` Hz (:func:`resample`; itself when the rate is already that)."""
+        if rate == self.sample_rate:
+            return self
+        return Audio(resample(self.waveform, self.sample_rate, rate), rate)
 
     def compact(self) -> Audio:
         """float16 on the CPU, clamped to [-1, 1] (what a rollout keeps)."""

@@ -65,6 +65,9 @@ class ModelFamily(ABC):
     by image size override :meth:`sigmas` instead)."""
     default_guidance: ClassVar[float] = 1.0
     """``sampling.guidance_scale`` when the recipe does not set it (1: no guidance)."""
+    fps: ClassVar[float | None] = None
+    """The frame rate a video family's videos play at (what ``diffrl sample`` writes into its
+    .mp4 files); None: stills, or not known."""
     sound: ClassVar[bool] = False
     """True: an audio-video family, whose :meth:`decode_media` returns a waveform with the frames
     (its latent state holds the audio stream too); rewards that hear (``Reward.audio``) need one."""
@@ -316,7 +319,7 @@ class ModelFamily(ABC):
     def decode_media(self, latents: torch.Tensor) -> Media:
         """``latents (B, *latent)`` -> :class:`~diffrl.rollout.Media`: :meth:`decode`'s images or
         videos and, for an audio-video family (:attr:`sound`), the waveform and the frame rate."""
-        return Media(self.decode(latents))
+        return Media(self.decode(latents), fps=self.fps)
 
     # ---- LoRA ----------------------------------------------------------------------------------
     def lora_targets(self, configured: list[str] | None) -> list[str]:

@@ -180,6 +180,8 @@ class WanFamily(DiffusersFolderFamily):
     default_guidance = 5.0
     """``WanPipeline``'s default ``guidance_scale`` (its ``guidance_scale_2`` defaults to it)."""
     default_lora_targets = WAN_LORA_TARGETS
+    fps = 16.0
+    """Wan's frame rate (diffusers' Wan examples export with ``export_to_video(..., fps=16)``)."""
 
     @dataclass
     class Options:

@@ -15,8 +15,7 @@ so it lies in [-1, 1]; ``ClapModel.forward``'s ``logits_per_audio`` are the same
 
 The waveform: the rollout's ``(B, channels, samples)`` at the family's rate is averaged to mono
 (CLAP is trained on mono), resampled to the feature extractor's ``sampling_rate`` (48 kHz for LAION's
-folders) with a windowed-sinc filter (torchaudio's ``functional.resample`` algorithm: Hann window,
-6 zero crossings, rolloff 0.99), and made into log-mel features by the folder's
+folders) band-limited (:meth:`~diffrl.rollout.Audio.resample`, torchaudio's algorithm), and made into log-mel features by the folder's
 ``ClapFeatureExtractor`` (clips shorter than its ``max_length_s`` are repeated then padded, as it
 does). A clip longer than ``max_length_s`` is cut to its first ``max_length_s`` seconds here: the
 extractor would take random crops (``fusion`` / ``rand_trunc``), and a reward must not draw from an
@@ -25,7 +24,6 @@ unseeded generator.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,35 +36,6 @@ from transformers import AutoTokenizer, ClapFeatureExtractor, ClapModel
 from diffrl.rewards.base import Reward
 from diffrl.rewards.pretrained import chunks, device_and_dtype, device_dtype_problems, folder_problems
 from diffrl.rollout import Audio
-
-LOWPASS_WIDTH = 6
-"""Zero crossings of the sinc on each side (torchaudio's ``lowpass_filter_width`` default)."""
-ROLLOFF = 0.99
-"""The filter's cutoff as a fraction of the lower Nyquist frequency (torchaudio's default)."""
-
-
-def resample(waveform: torch.Tensor, orig: int, new: int) -> torch.Tensor:
-    """``waveform (..., samples)`` at ``orig`` Hz -> ``(..., ceil(samples * new / orig))`` at ``new``
-    Hz, band-limited: torchaudio's ``functional.resample`` (``sinc_interp_hann``) written out
-    (pytorch/audio, ``torchaudio/functional/functional.py``, ``_get_sinc_resample_kernel`` and
-    ``_apply_sinc_resample_kernel``). float64 internally."""
-    if orig == new:
-        return waveform
-    g = math.gcd(orig, new)
-    orig, new = orig // g, new // g
-    base = min(orig, new) * ROLLOFF
-    width = math.ceil(LOWPASS_WIDTH * orig / base)
-    idx = torch.arange(-width, width + orig, dtype=torch.float64)[None, None] / orig
-    t = (torch.arange(0, -new, -1, dtype=torch.float64)[:, None, None] / new + idx) * base
-    t = t.clamp(-LOWPASS_WIDTH, LOWPASS_WIDTH)
-    window = torch.cos(t * math.pi / LOWPASS_WIDTH / 2) ** 2
-    t = t * math.pi
-    kernel = torch.where(t == 0, torch.ones_like(t), torch.sin(t) / t) * window * (base / orig)
-    shape, length = waveform.shape, waveform.shape[-1]
-    x = F.pad(waveform.reshape(-1, 1, length).double(), (width, width + orig))
-    y = F.conv1d(x, kernel, stride=orig).transpose(1, 2).reshape(x.shape[0], -1)
-    out = y[:, : math.ceil(new * length / orig)]
-    return out.reshape(*shape[:-1], out.shape[-1]).to(waveform.dtype)
 
 
 class ClapScore(Reward):
@@ -112,8 +81,8 @@ class ClapScore(Reward):
         """``audio.waveform (B, C, S)`` -> B mono float64 clips at the extractor's rate, each at most
         ``max_length_s`` long (see the module docstring)."""
         rate = int(self.features.sampling_rate)
-        clips = resample(audio.waveform.double().mean(dim=1), audio.sample_rate, rate)
-        return list(clips[:, : self.features.nb_max_samples].numpy())
+        mono = Audio(audio.waveform.double().mean(dim=1, keepdim=True), audio.sample_rate)
+        return list(mono.resample(rate).waveform[:, 0, : self.features.nb_max_samples].numpy())
 
     def __call__(
         self,

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 
+import av
 import pytest
 import torch
 
+from diffrl.cli import main
 from diffrl.models.registry import load_family
 from diffrl.models.tiny import build_tokenizer
 from diffrl.rollout import Conditioning
@@ -360,3 +362,24 @@ def _fsdp_rank(rank, split, wan_dir, tmp_path, port, out):
     # skip the interpreter's teardown: gloo's threads racing C++ static destructors there have
     # aborted a child ("terminate called without an active exception") after its work was done
     os._exit(0)
+
+
+def test_sample_writes_each_video_as_an_mp4_and_its_frames(tmp_path, wan21_dir, capsys):
+    """``diffrl sample`` on a video family: ``NNNN.mp4`` (H.264, Wan's 16 fps, no sound track) that
+    a decoder reads back with the frame count and size sampled, and the frames as PNGs."""
+    out = tmp_path / "samples"
+    args = [
+        "sample",
+        str(wan21_dir),
+        "model.family=wan",
+        f"model.options={{num_frames: {FRAMES}, max_sequence_length: 16}}",
+    ]
+    sizes = [f"sampling.height={SIZE}", f"sampling.width={SIZE * 2}", "sampling.num_steps=2"]
+    assert main([*args, *sizes, "--prompt", "ab", "--out", str(out)]) == 0
+    assert "wrote 1 video (.mp4, frames in NNNN/)" in capsys.readouterr().out
+    with av.open(str(out / "0000.mp4")) as container:
+        [video] = container.streams.video
+        assert not container.streams.audio
+        assert (video.width, video.height, video.average_rate) == (SIZE * 2, SIZE, 16)
+        assert sum(1 for _ in container.decode(video=0)) == FRAMES
+    assert sorted(p.name for p in (out / "0000").iterdir()) == [f"frame_{i:04d}.png" for i in range(FRAMES)]
