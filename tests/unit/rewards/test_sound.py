@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from diffrl.config import ConfigError, RewardConfig
+from diffrl.distributed.ray.actors import RewardWorker
 from diffrl.preflight import load_config
 from diffrl.rewards.base import Reward, RewardSet
 from diffrl.rollout import Audio, Media
@@ -96,3 +97,12 @@ def test_a_reward_that_hears_is_refused_on_a_silent_family():
     with pytest.raises(ConfigError) as e:
         load_config(str(ROOT / "recipes" / "tiny_demo.yaml"), [f"rewards=[{{name: '{HERE}:loudness'}}]"])
     assert "scores sound, but model family 'tiny' makes none" in str(e.value)
+
+
+def test_a_ray_reward_worker_passes_the_sound_on():
+    """What a Ray reward worker runs (here in this process: the actor wraps this class as is)."""
+    video, audio = clips()
+    worker = RewardWorker(RewardConfig(f"{HERE}:loudness"), threads=1)
+    out = worker.score(video, ["a", "b"], [{}, {}], audio)
+    worker.rewards.close()
+    torch.testing.assert_close(out.total, torch.tensor([0.5, 0.25]))
