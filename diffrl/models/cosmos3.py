@@ -35,10 +35,10 @@ pipeline's exact ids. mRoPE positions are the pipeline's own functions
 The schedule: the pipeline samples with the folder's ``UniPCMultistepScheduler``, a multistep
 predictor-corrector solver, not Euler. Its sigmas are whatever that scheduler's ``set_timesteps``
 gives (``:1693-1701``): with ``use_native_flow_schedule`` (Cosmos3 Edge) the sigmas
-``linspace(1 - 1/1000, 0, N + 1)[:-1]`` through the scheduler (its ``flow_shift``, 5.0 there); else
-the scheduler's own grid (Cosmos3 Nano / Super ship ``use_karras_sigmas`` with ``sigma_max=200``,
-``sigma_min=0.147``: Karras sigmas mapped to flow sigmas ``s / (1 + s)``, 0.995 down to 0.128, then
-0). :meth:`Cosmos3Family.sigmas` builds that scheduler from ``scheduler_config.json`` and returns
+``linspace(1 - 1/1000, 0, N + 1)[:-1]`` through the scheduler (its ``flow_shift``, 5.0 in diffusers'
+``scripts/convert_cosmos3_to_diffusers.py`` for Edge); else the scheduler's own grid (that script
+writes Nano / Super folders with ``use_karras_sigmas``, ``sigma_max=200``, ``sigma_min=0.147``: Karras
+sigmas mapped to flow sigmas ``s / (1 + s)``, 0.995 down to 0.128, then 0). :meth:`Cosmos3Family.sigmas` builds that scheduler from ``scheduler_config.json`` and returns
 exactly those sigmas; diffrl steps them with its own Euler / SDE kernels. ODE sampling therefore
 equals ``Cosmos3OmniPipeline`` with a ``FlowMatchEulerDiscreteScheduler`` stepping the same sigmas
 (the integration test), not the UniPC solver. Two more differences from UniPC, both small: UniPC

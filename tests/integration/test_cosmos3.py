@@ -277,6 +277,8 @@ def test_a_tiny_checkpoint_and_bad_settings_are_refused(tmp_path, cosmos3_dir, t
         cosmos3_config(tmp_path, cosmos3_dir, frames=6)
     with pytest.raises(ConfigError, match="prompt states the resolution"):
         cosmos3_config(tmp_path, cosmos3_dir, **{"sampling.height": 2 * SIZE})
+    with pytest.raises(ConfigError, match="matches no module of the cosmos3"):  # read on the meta device
+        cosmos3_config(tmp_path, cosmos3_dir, **{"model.lora": "{rank: 4, target_modules: [attn.to_q]}"})
     with pytest.raises(ConfigError, match="multiple of 8"):
         cosmos3_config(tmp_path, cosmos3_dir, **{"sampling.height": 36, "model.options": "{height: 36}"})
 
