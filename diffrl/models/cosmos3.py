@@ -355,10 +355,10 @@ class Cosmos3Family(DiffusersFolderFamily):
 
     # ---- the velocity forward ------------------------------------------------------------------
     def _sequence(self, length: int, latent: tuple[int, int, int]) -> tuple[dict[str, Any], int]:
-        """The packed sequence of one sample without its noisy tokens, and its number of vision tokens: ``length`` prompt tokens,
-        then the vision tokens of a ``latent = (T, H, W)`` latent, all frames noisy (text-to-image
-        and text-to-video), as ``_prepare_text_segment`` / ``_prepare_vision_segment`` (``:532``,
-        ``:561``) build it."""
+        """The packed sequence of one sample but its noisy tokens (``length`` prompt tokens, then
+        the vision tokens of a ``latent = (T, H, W)`` latent, every frame noisy: text-to-image and
+        text-to-video), as ``_prepare_text_segment`` / ``_prepare_vision_segment`` (``:532``,
+        ``:561``) build it, and its number of vision tokens."""
         config = self.transformer.config
         text_mrope, offset = get_3d_mrope_ids_text_tokens(
             num_tokens=length, temporal_offset=0, use_float_positions=config.enable_fps_modulation
@@ -394,7 +394,8 @@ class Cosmos3Family(DiffusersFolderFamily):
     ) -> torch.Tensor:
         """``x_t (B, C, T, H, W)``, ``sigma (B,)`` -> velocity ``(B, C, T, H, W)``: one
         transformer call per row (the transformer packs one sample per sequence), each the
-        pipeline's; the timestep is ``1000 sigma`` in float32 (the Euler scheduler's ``t``)."""
+        pipeline's; the timestep is ``1000 sigma`` in float32 (the Euler scheduler's ``t``). Each
+        prompt length is its own sequence length: ``model.compile`` builds one graph per length."""
         expected = self.latent_shape(self.options.height, self.options.width)
         if tuple(x_t.shape[1:]) != expected:
             raise ValueError(

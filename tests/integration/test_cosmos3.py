@@ -4,7 +4,7 @@ Cosmos3 Nano / Super ship (Karras flow sigmas): diffrl's ODE sampler equals the 
 the same sigmas with Euler (text-to-image and text-to-video, with CFG; the native schedule of
 Cosmos3 Edge too), the decode is the pipeline's, a batch equals its rows, the SDE's first step stays
 finite, Flow-GRPO replays exactly, DiffusionNFT / AWM / SFT run, the exported LoRA loads the diffusers
-way, and a checkpoint of another family is refused."""
+way (and merges into a whole folder), and a checkpoint of another family is refused."""
 
 from __future__ import annotations
 
@@ -303,3 +303,12 @@ def _exported_lora_matches(tmp_path, folder, checkpoint):
     print(f"cosmos3 exported LoRA: max |diff| = {(v_diffusers - v_ours).abs().max().item():.2e}")
     torch.testing.assert_close(v_diffusers, v_ours, rtol=0, atol=ATOL)
     assert (v_plain - v_ours).abs().max() > 1e-3
+    # --merge: a whole Cosmos3OmniPipeline folder with the adapter fused into the transformer
+    from diffrl.cli import main
+
+    assert main(["export", str(checkpoint), str(tmp_path / "merged"), "--merge"]) == 0
+    fused = load_family(cosmos3_config(tmp_path, tmp_path / "merged", **{"model.lora": "null"}))
+    with torch.no_grad():
+        v_fused = fused.velocity(x, sigma, cond, 3.0, fused.negative("", 3.0))
+    print(f"cosmos3 merged export: max |diff| = {(v_fused - v_ours).abs().max().item():.2e}")
+    torch.testing.assert_close(v_fused, v_ours, rtol=0, atol=ATOL)
