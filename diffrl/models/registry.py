@@ -17,6 +17,7 @@ FAMILIES = Registry(
         "flux": "diffrl.models.flux:FluxFamily",
         "qwen_image": "diffrl.models.qwen_image:QwenImageFamily",
         "wan": "diffrl.models.wan:WanFamily",
+        "cosmos3": "diffrl.models.cosmos3:Cosmos3Family",
     },
 )
 # DTYPES lives in base (the families import it from there); it is imported here for load_family

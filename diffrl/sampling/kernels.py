@@ -16,7 +16,9 @@ Shapes: ``x_t, velocity: (B, *latent)`` (image ``(B, C, H, W)`` or video ``(B, C
 - ``sde``: Flow-GRPO's marginal-preserving SDE (Liu et al. 2025, "Flow-GRPO", Eq. 8-9;
   flow_grpo ``diffusers_patch/sd3_sde_with_logprob.py::sde_step_with_logprob``, ``sde_type="sde"``).
   std = η·sqrt(σ / (1 − σ)) with σ_max = sigmas[1] in the denominator where σ == 1; the log-prob is
-  the full Gaussian log-density with standard deviation std·sqrt(−dt).
+  the full Gaussian log-density with standard deviation std·sqrt(−dt). The denominator takes
+  min(σ, σ_max): the same at σ == 1 and below σ_max, and it also covers a schedule whose first σ
+  lies just below 1 (Cosmos 3's 0.995 or 0.9998, where 1 − σ ≈ 0 would make std explode).
 - ``cps``: coefficients-preserving sampling (Wang & Yu 2025, "Coefficients-Preserving Sampling for
   Reinforcement Learning with Flow Matching"; flow_grpo ``sde_type="cps"``): std = σ'·sin(η·π/2),
   the log-prob is −(x' − μ)² with all constants dropped.
@@ -77,7 +79,7 @@ def sde_step(
     x, v = x_t.float(), velocity.float()
     s, s_next = _bcast(sigma, x), _bcast(sigma_next, x)
     dt = s_next - s
-    std = torch.sqrt(s / (1 - torch.where(s == 1, torch.full_like(s, sigma_max), s))) * noise_level
+    std = torch.sqrt(s / (1 - torch.clamp(s, max=sigma_max))) * noise_level  # sigma_max at the first step
     mean = x * (1 + std**2 / (2 * s) * dt) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt
     scale = std * torch.sqrt(-dt)
     if prev_sample is None:
