@@ -17,6 +17,7 @@ FAMILIES = Registry(
         "flux": "diffrl.models.flux:FluxFamily",
         "qwen_image": "diffrl.models.qwen_image:QwenImageFamily",
         "wan": "diffrl.models.wan:WanFamily",
+        "ltx2": "diffrl.models.ltx2:LTX2Family",
     },
 )
 # DTYPES lives in base (the families import it from there); it is imported here for load_family
