@@ -9,7 +9,7 @@ Parts, loaded as diffusers' ``LTX2Pipeline`` (0.42) would (``pipelines/ltx2/pipe
   ``Gemma3ForConditionalGeneration``) and its tokenizer: prompts are stripped, left-padded to
   ``max_sequence_length`` (1024, the ``__call__`` default) and every layer's hidden states are
   stacked (``pipeline_ltx2.py:330-355``); ``LTX2TextConnectors`` turn them into the video and the
-  audio text embeddings and their mask (``pipeline_ltx2.py:1248``, ``connectors.py:399``).
+  audio text embeddings and their mask (``pipeline_ltx2.py:1251``, ``connectors.py:399``).
   Both are frozen and run once per prompt (cached).
 - ``AutoencoderKLLTX2Video``: ``num_frames`` frames (``(num_frames - 1) % 8 == 0`` for LTX-2's
   8x temporal compression; 32x spatial) -> ``(128, (num_frames - 1) // 8 + 1, H / 32, W / 32)``,
@@ -19,7 +19,7 @@ Parts, loaded as diffusers' ``LTX2Pipeline`` (0.42) would (``pipelines/ltx2/pipe
   feature, ``pipeline_ltx2.py:707``) and the vocoder (``LTX2Vocoder``: mel -> stereo waveform at
   ``output_sampling_rate``). A clip of ``num_frames / frame_rate`` seconds has
   ``L = round(seconds * sample_rate / mel_hop_length / 4)`` audio latent frames
-  (``pipeline_ltx2.py:1300-1304``).
+  (``pipeline_ltx2.py:1306-1310``).
 
 **The latent state.** A sample's ``x_t`` is one flat tensor, ``latent_shape(h, w) = (N,)``: the
 packed video tokens ``(F' * H' * W', C)`` (``LTX2Pipeline._pack_latents``) flattened, then the
@@ -237,6 +237,12 @@ class LTX2Family(DiffusersFolderFamily):
                     f"LTX2Pipeline's packing) takes patch size 1, as every LTX-2 checkpoint"
                 )
         index = cls.read_pipeline_config(folder)
+        text_encoder = (index.get("text_encoder") or [None, None])[1]
+        if not (isinstance(text_encoder, str) and hasattr(transformers, text_encoder)):
+            problems.append(
+                f"{str(folder)!r}: text encoder class {text_encoder!r} (model_index.json) is not a "
+                f"class of the installed transformers {transformers.__version__}"
+            )
         vocoder = (index.get("vocoder") or [None, None])[1]
         if vocoder not in VOCODERS:
             problems.append(f"{str(folder)!r}: vocoder class {vocoder!r} is not one of {', '.join(VOCODERS)}")
@@ -365,7 +371,7 @@ class LTX2Family(DiffusersFolderFamily):
     def grid(self, height: int, width: int) -> Grid:
         """The latent :class:`Grid` of a ``height x width`` video of ``options.num_frames`` frames
         (the pipeline's ``latent_num_frames``, ``latent_height``, ``latent_width`` and
-        ``audio_num_frames``, ``pipeline_ltx2.py:1287-1304``)."""
+        ``audio_num_frames``, ``pipeline_ltx2.py:1272-1310``)."""
         if (
             height % PIPELINE_MULTIPLE
             or width % PIPELINE_MULTIPLE
@@ -442,7 +448,7 @@ class LTX2Family(DiffusersFolderFamily):
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """-> ``encoder_hidden_states (B, T, D)`` and ``audio_encoder_hidden_states (B, T, D_a)``
         (the connectors' outputs) and their ``encoder_attention_mask (B, T)`` (int64), with
-        ``T = max_sequence_length`` (``pipeline_ltx2.py:303-365`` and ``:1245-1250``)."""
+        ``T = max_sequence_length`` (``pipeline_ltx2.py:303-365`` and ``:1248-1253``)."""
         inputs = self.tokenizer(
             [p.strip() for p in prompts],
             padding="max_length",

@@ -30,9 +30,10 @@ OPTIONS = f"{{num_frames: {FRAMES}, max_sequence_length: 16, stg_blocks: [1]}}" 
 ATOL = 1e-5  # float32 on CPU
 
 
-def write_tiny_ltx2(path) -> None:
-    """A random LTX-2 with every part of the real one, sized for a CPU, saved by the pipeline: the
-    LTX-2.3-style transformer (perturbed attention: STG acts), non-trivial latent statistics."""
+def write_tiny_ltx2(path, perturbed_attn: bool = True) -> None:
+    """A random LTX-2 with every part of the real one, sized for a CPU, saved by the pipeline, with
+    non-trivial latent statistics; ``perturbed_attn``: LTX-2.3's transformer (STG acts), else
+    LTX-2.0's (STG changes nothing)."""
     from diffusers import (
         AutoencoderKLLTX2Audio,
         AutoencoderKLLTX2Video,
@@ -105,7 +106,7 @@ def write_tiny_ltx2(path) -> None:
         num_layers=2,
         caption_channels=16,
         rope_type="split",
-        perturbed_attn=True,
+        perturbed_attn=perturbed_attn,
     )
     vae = AutoencoderKLLTX2Video(  # patch 2 x one spatiotemporal block: 4x spatial, 2x temporal
         latent_channels=4,
@@ -170,6 +171,13 @@ def ltx2_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def ltx20_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_ltx20")
+    write_tiny_ltx2(path, perturbed_attn=False)
+    return path
+
+
 def ltx2_config(tmp_path, folder, **extra):
     family = {
         "model.family": "ltx2",
@@ -184,6 +192,9 @@ def ltx2_config(tmp_path, folder, **extra):
 
 GUIDANCE = {  # the pipeline's defaults (audio CFG 7, STG 1, modality 3, rescale 0.7), and none at all
     "full": dict(guidance_scale=3.0),
+    # LTX-2.0's transformer (no perturbed attention): the pipeline runs an STG pass equal to the
+    # conditional one, diffrl skips it
+    "full_ltx2.0": dict(guidance_scale=3.0, use_cross_timestep=False),
     "off": dict(
         guidance_scale=1.0,
         audio_guidance_scale=1.0,
@@ -197,16 +208,18 @@ GUIDANCE = {  # the pipeline's defaults (audio CFG 7, STG 1, modality 3, rescale
 
 
 @pytest.mark.parametrize("guidance", list(GUIDANCE))
-def test_ode_sampling_and_decoding_match_the_diffusers_pipeline(tmp_path, ltx2_dir, guidance):
+def test_ode_sampling_and_decoding_match_the_diffusers_pipeline(tmp_path, ltx2_dir, ltx20_dir, guidance):
     """Same noise (handed to the pipeline as its ``latents`` / ``audio_latents``), prompts, steps,
     size, frames and guidance: diffrl's ODE sampler gives ``LTX2Pipeline``'s video and audio latents
     to 1e-5 (float32, CPU); ``decode_media`` gives its frames and its waveform (same length)."""
     settings = dict(GUIDANCE[guidance])
     g = settings.pop("guidance_scale")
     options = {"num_frames": FRAMES, "stg_blocks": [1], **settings}
+    folder = ltx20_dir if guidance.endswith("2.0") else ltx2_dir
     family = load_family(
-        ltx2_config(tmp_path, ltx2_dir, **{"model.lora": "null", "model.options": json.dumps(options)})
+        ltx2_config(tmp_path, folder, **{"model.lora": "null", "model.options": json.dumps(options)})
     )
+    assert family.transformer.config.perturbed_attn == (folder == ltx2_dir)
     assert family.options.max_sequence_length == 1024 and family.sound
     prompts = ['the word "cat"', "  a dog "]  # stripped, as the pipeline
     noise = initial_noise(family, [(0, "test", i) for i in range(2)], SIZE, SIZE)
@@ -277,6 +290,10 @@ def test_guidance_terms_each_change_the_velocity(tmp_path, ltx2_dir):
 def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, ltx2_dir):
     """The exported LoRA loaded by ``LTX2Pipeline.load_lora_weights`` into the base transformer gives
     diffrl's policy's velocity (both streams, conditional and fully guided) to 1e-5."""
+    from diffusers import LTX2Pipeline
+
+    from diffrl.cli import main
+
     grpo = train_one(ltx2_config(tmp_path / "grpo", ltx2_dir))
     out, ours = export_lora(tmp_path, grpo.checkpoint)
     base = load_family(ltx2_config(tmp_path, ltx2_dir, **{"model.lora": "null"}))
@@ -304,6 +321,27 @@ def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp
         "video_to_audio_attn",
     ):
         assert any(f".{attn}.to_q" in n for n in names), attn  # every attention of both streams
+    # --merge: a whole LTX2Pipeline folder with the adapter fused, read back by diffusers
+    merged = tmp_path / "merged"
+    assert main(["export", str(grpo.checkpoint), str(merged), "--merge"]) == 0
+    transformer = LTX2Pipeline.from_pretrained(merged).transformer
+    with torch.no_grad():
+        v_merged = base.velocity(x, sigma, cond, module=transformer)
+        torch.testing.assert_close(v_merged, ours.velocity(x, sigma, cond), rtol=0, atol=ATOL)
+
+
+def test_bf16_with_float32_lora_and_gradient_checkpointing_replays_exactly(tmp_path, ltx2_dir):
+    """The GPU recipes' memory options: a bfloat16 transformer, Gemma and connectors, the LoRA
+    weights in float32, gradient checkpointing, the guidance and log-prob math in float32: the
+    replay still equals the rollout exactly."""
+    options = "{num_frames: 5, max_sequence_length: 16, stg_blocks: [1], gradient_checkpointing: true, text_encoder_dtype: bfloat16}"
+    config = ltx2_config(tmp_path, ltx2_dir, **{"model.dtype": "bfloat16", "model.options": options})
+    family = load_family(config)
+    assert family.transformer.dtype == torch.bfloat16 and family.text_encoder.dtype == torch.bfloat16
+    assert family.connectors.dtype == torch.bfloat16 and family.vae.dtype == torch.float32
+    assert family.transformer.is_gradient_checkpointing
+    del family
+    train_one(config)
 
 
 @OTHER_ALGORITHMS
