@@ -410,10 +410,9 @@ class LTX2Family(DiffusersFolderFamily):
     def grid_of(self, latents: torch.Tensor) -> Grid:
         """The :class:`Grid` of ``latents (B, N)``: of a size :meth:`latent_shape` was asked for."""
         n = latents.shape[-1]
+        if latents.ndim == 2 and n not in self._grids and self.grid(*self.default_size).size == n:
+            self.latent_shape(*self.default_size)  # the pipeline's default size needs no asking
         if latents.ndim != 2 or n not in self._grids:
-            if n not in self._grids and self.grid(*self.default_size).size == n:
-                self.latent_shape(*self.default_size)
-                return self._grids[n]
             raise ValueError(
                 f"ltx2: a latent of shape {tuple(latents.shape)} is not (B, N) of a size this family "
                 f"was asked for ({sorted(self._grids)}); call family.latent_shape(height, width) first"
