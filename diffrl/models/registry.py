@@ -18,6 +18,7 @@ FAMILIES = Registry(
         "qwen_image": "diffrl.models.qwen_image:QwenImageFamily",
         "wan": "diffrl.models.wan:WanFamily",
         "cosmos3": "diffrl.models.cosmos3:Cosmos3Family",
+        "ltx2": "diffrl.models.ltx2:LTX2Family",
     },
 )
 # DTYPES lives in base (the families import it from there); it is imported here for load_family
