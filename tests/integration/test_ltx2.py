@@ -8,14 +8,22 @@ family or a bad option is refused."""
 from __future__ import annotations
 
 import json
+import math
 
+import av
 import pytest
 import torch
 
+from diffrl.algorithms.registry import build_algorithm
+from diffrl.cli import _resolve_target, main
 from diffrl.config import ConfigError
+from diffrl.data.prompts import PromptSet
 from diffrl.models.registry import load_family
 from diffrl.models.tiny import build_tokenizer
+from diffrl.rewards.base import RewardSet
+from diffrl.sampling.collector import build_collector
 from diffrl.sampling.sampler import initial_noise, sample_ode
+from diffrl.train.evaluate import generate
 from tests.integration.family_checks import (
     OTHER_ALGORITHMS,
     assert_refuses,
@@ -23,6 +31,9 @@ from tests.integration.family_checks import (
     family_config,
     train_one,
 )
+from tests.integration.test_flow_grpo import REWARD
+from tests.unit.rewards.test_clap import formula
+from tests.unit.rewards.tiny_clap import write_clap
 
 SIZE = 32  # pixels: LTX2Pipeline takes multiples of 32; the tiny VAE divides by 4 -> 8 x 8 latents
 FRAMES = 5  # the tiny VAE's 2x temporal compression -> 3 latent frames; 5/24 s -> 5 audio latents
@@ -385,3 +396,60 @@ def test_a_tiny_checkpoint_and_bad_options_are_refused(tmp_path, ltx2_dir, tiny_
     (other / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
     with pytest.raises(ConfigError, match="LTX2Pipeline"):
         ltx2_config(tmp_path, other)
+
+
+def test_a_rollouts_sound_reaches_clap_and_an_image_reward_still_scores_the_frames(tmp_path, ltx2_dir):
+    """The collector keeps uint8 frames and float16 sound; given to a run's rewards, ``clap`` scores
+    the sound (the cosine formula on the tiny CLAP, computed from the rollout's audio) and
+    ``brightness`` (an image reward) the frames, one by one, averaged per video. A training
+    iteration with both scores every sample (clap would fail them if the sound were not passed)."""
+    clap_dir = tmp_path / "clap-htsat-unfused"
+    clap = write_clap(clap_dir, seed=1)
+    rewards = f"[{{name: clap, params: {{model: '{clap_dir}'}}}}, {{name: {REWARD}}}]"
+    config = ltx2_config(tmp_path, ltx2_dir, rewards=rewards)
+    family = load_family(config)
+    batch = build_collector(config, family, build_algorithm(config).collection_spec()).collect(0)
+    assert batch.images.dtype == torch.uint8 and batch.images.shape == (4, 3, FRAMES, SIZE, SIZE)
+    audio = batch.audio
+    assert audio.waveform.dtype == torch.float16 and audio.waveform.device.type == "cpu"
+    assert audio.sample_rate == 16000 and audio.waveform.shape[:2] == (4, 2)
+    scorer = RewardSet(config.rewards)
+    out = scorer.submit(batch.images, batch.prompts, batch.metadata, batch.audio).result()
+    scorer.close()
+    assert not out.errors
+    expected = formula((clap_dir, clap), scorer.rewards[0], audio.float(), batch.prompts)
+    torch.testing.assert_close(out.per_reward["clap"], expected, atol=1e-5, rtol=0)
+    frames = batch.images.float() / 255.0
+    torch.testing.assert_close(
+        out.per_reward[REWARD], frames.mean(dim=(1, 3, 4)).mean(dim=1), atol=1e-6, rtol=0
+    )
+
+    m = train_one(config).history[0]
+    assert m["rollout/reward/clap/failed"] == 0 and m[f"rollout/reward/{REWARD}/failed"] == 0
+    assert math.isfinite(m["rollout/reward/clap/mean"])
+
+
+def test_sample_writes_an_mp4_with_the_sound(tmp_path, ltx2_dir, capsys):
+    """``diffrl sample`` on the tiny LTX-2: ``0000.mp4`` read back by FFmpeg (PyAV) has the frames
+    sampled, their size and frame rate, and an AAC track as long as the family's waveform."""
+    out = tmp_path / "samples"
+    settings = [
+        "model.family=ltx2",
+        f"model.options={OPTIONS}",
+        f"sampling.height={SIZE}",
+        f"sampling.width={SIZE * 2}",
+    ]
+    settings.append("sampling.num_steps=2")
+    assert main(["sample", str(ltx2_dir), *settings, "--prompt", "a dog barks", "--out", str(out)]) == 0
+    assert "wrote 1 video (.mp4 with sound, frames in NNNN/)" in capsys.readouterr().out
+    config, _ = _resolve_target(str(ltx2_dir), settings)
+    _, media = generate(load_family(config), config, PromptSet(["a dog barks"]), 1, 0, 1)
+    with av.open(str(out / "0000.mp4")) as container:
+        [video], [sound] = container.streams.video, container.streams.audio
+        assert (video.width, video.height, video.average_rate) == (SIZE * 2, SIZE, 24)
+        assert (sound.rate, sound.channels) == (16000, 2)
+        seconds = float(sound.duration * sound.time_base)
+        # the edit list that trims AAC's padding counts in the movie's timescale, 1/1000 s
+        assert abs(seconds - media.audio.seconds) <= 1e-3, (seconds, media.audio.seconds)
+        assert sum(1 for _ in container.decode(video=0)) == FRAMES
+    assert len(list((out / "0000").glob("frame_*.png"))) == FRAMES
