@@ -86,7 +86,12 @@ from torch import nn
 from transformers import AutoTokenizer
 
 from diffrl.models.base import DTYPES, SizeRule
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, latent_stats, load_part
+from diffrl.models.diffusers_folder import (
+    DiffusersFolderFamily,
+    encode_normalised_videos,
+    latent_stats,
+    load_part,
+)
 from diffrl.rollout import Conditioning, Media
 
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
@@ -426,17 +431,7 @@ class Cosmos3Family(DiffusersFolderFamily):
         """``images (B, 3, H, W)`` (``num_frames: 1``) or videos ``(B, 3, F, H, W)`` in [0, 1] ->
         ``x0 (B, C, F', H / 16, W / 16)``: the VAE's mode, normalised as ``_encode_video``; one
         sample at a time (VAE memory grows with frames x pixels)."""
-        if images.ndim == 4:
-            if self.options.num_frames != 1:
-                raise ValueError(
-                    f"cosmos3: still images (B, 3, H, W) given while model.options.num_frames="
-                    f"{self.options.num_frames}; train on an image dataset with num_frames: 1"
-                )
-            images = images.unsqueeze(2)
-        x = (images * 2.0 - 1.0).to(self.device, self.vae.dtype)
-        z = torch.cat([self.vae.encode(v[None]).latent_dist.mode() for v in x])
-        mean, inv_std = latent_stats(self.vae.config, z)
-        return ((z - mean) * inv_std).float()
+        return encode_normalised_videos(self, self.vae, images)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

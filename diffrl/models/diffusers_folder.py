@@ -232,3 +232,21 @@ def latent_stats(vae_config: Any, like: torch.Tensor) -> tuple[torch.Tensor, tor
     mean = torch.tensor(vae_config.latents_mean).view(shape).to(like.device, like.dtype)
     inv_std = 1.0 / torch.tensor(vae_config.latents_std).view(shape).to(like.device, like.dtype)
     return mean, inv_std
+
+
+def encode_normalised_videos(family: ModelFamily, vae: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """``images (B, 3, H, W)`` (one-frame videos, only when ``family.options.num_frames`` is 1) or
+    videos ``(B, 3, F, H, W)`` in [0, 1] -> the VAE's mode normalised by :func:`latent_stats`,
+    ``(B, C, F', h, w)`` float32; one video at a time (VAE memory grows with frames x pixels). The
+    ``AutoencoderKLWan`` families' ``encode_images``."""
+    if images.ndim == 4:
+        if family.options.num_frames != 1:
+            raise ValueError(
+                f"{family.name}: still images (B, 3, H, W) given while model.options.num_frames="
+                f"{family.options.num_frames}; train on an image dataset with num_frames: 1"
+            )
+        images = images.unsqueeze(2)
+    x = (images * 2.0 - 1.0).to(family.device, vae.dtype)
+    z = torch.cat([vae.encode(v[None]).latent_dist.mode() for v in x])
+    mean, inv_std = latent_stats(vae.config, z)
+    return ((z - mean) * inv_std).float()

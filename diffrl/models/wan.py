@@ -46,7 +46,12 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import AutoTokenizer, UMT5EncoderModel
 
 from diffrl.models.base import DTYPES, SizeRule
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, latent_stats, load_part
+from diffrl.models.diffusers_folder import (
+    DiffusersFolderFamily,
+    encode_normalised_videos,
+    latent_stats,
+    load_part,
+)
 from diffrl.rollout import Conditioning
 
 # The attention projections of every block, self-attention (attn1) and cross-attention to the text
@@ -375,17 +380,7 @@ class WanFamily(DiffusersFolderFamily):
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         """``images (B, 3, H, W)`` (one-frame videos) or videos ``(B, 3, F, H, W)`` in [0, 1] ->
         ``x0 (B, C, F', H / 8, W / 8)``; one video at a time (VAE memory grows with frames x pixels)."""
-        if images.ndim == 4:
-            if self.options.num_frames != 1:
-                raise ValueError(
-                    f"wan: still images (B, 3, H, W) given while model.options.num_frames="
-                    f"{self.options.num_frames}; train on an image dataset with num_frames: 1"
-                )
-            images = images.unsqueeze(2)
-        x = (images * 2.0 - 1.0).to(self.device, self.vae.dtype)
-        z = torch.cat([self.vae.encode(v[None]).latent_dist.mode() for v in x])
-        mean, inv_std = latent_stats(self.vae.config, z)
-        return ((z - mean) * inv_std).float()
+        return encode_normalised_videos(self, self.vae, images)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
