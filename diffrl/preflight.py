@@ -341,7 +341,12 @@ def _hearing_checks(config: Config, rewards: bool, eval_rewards: bool) -> list[s
                 obj = REWARDS.resolve(r.name)
             except RegistryError:
                 continue  # reported by _reward_checks
-            if getattr(obj, "audio", False):
+            is_reward = isinstance(obj, type) and issubclass(obj, Reward)
+            if (
+                obj.hears(r.params)
+                if is_reward and isinstance(r.params, dict)
+                else getattr(obj, "audio", False)
+            ):
                 errors.append(
                     f"{where}[{i}] ({r.name}) scores sound, but model family {config.model.family!r} "
                     "makes none (its samples are silent); use an audio-video family (e.g. ltx2) or "

@@ -110,6 +110,12 @@ class Reward(ABC):
         return self(images, prompts, metadata)
 
     @classmethod
+    def hears(cls, params: dict[str, Any]) -> bool:
+        """Whether the reward built from ``params`` hears (:attr:`audio`), known before it is built
+        (a reward whose params decide it, as ``remote``'s ``audio``, overrides this)."""
+        return cls.audio
+
+    @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
         """What is wrong with ``params`` (the recipe's ``params:`` mapping), found without loading
         anything: preflight reports it, under the reward's place in the config, before any model

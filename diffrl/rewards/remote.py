@@ -23,6 +23,11 @@ on. A NaN score from the server fails its sample in the same way.
 
 Videos: ``remote`` is an image reward; a video's frames are sent (and scored) one image each and
 the video gets their mean (:func:`~diffrl.rewards.base.submit_scores`).
+
+Sound: with ``audio: true`` it is a reward that hears (``Reward.audio``): each clip goes whole, its
+frames and its sound (float16, as the rollout keeps it), for a server whose reward hears (``diffrl
+serve-reward --reward clap``; its ``/health`` says ``"audio": true``, and preflight checks the two
+agree).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from PIL import Image
 
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.workers import seconds_left
-from diffrl.rollout import quantize
+from diffrl.rollout import Audio, quantize
 
 FORMATS = ("png", "raw")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -75,16 +80,30 @@ def encode_png(pixels: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def encode_request(images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], fmt: str) -> bytes:
-    """``images (B, 3, H, W)`` in [0, 1] -> the msgpack ``/score`` body (module docstring of
-    :mod:`diffrl.rewards.server`), pixels through :func:`quantize` (the rollout's uint8)."""
+def encode_request(
+    images: torch.Tensor,
+    prompts: Sequence[str],
+    metadata: Sequence[dict],
+    fmt: str,
+    audio: Audio | None = None,
+) -> bytes:
+    """``images (B, 3, H, W)`` or clips ``(B, 3, F, H, W)`` in [0, 1], and their ``audio``, -> the
+    msgpack ``/score`` body (module docstring of :mod:`diffrl.rewards.server`), pixels through
+    :func:`quantize` (the rollout's uint8), sound as float16 (the rollout's precision)."""
     pixels = quantize(images)
     msg: dict[str, Any] = {"format": fmt, "prompts": list(prompts), "metadata": list(metadata)}
     if fmt == "png":
-        msg["images"] = [encode_png(np.ascontiguousarray(a)) for a in pixels.permute(0, 2, 3, 1).numpy()]
+        stills = pixels.transpose(1, 2).flatten(0, 1) if pixels.ndim == 5 else pixels  # video-major
+        msg["images"] = [encode_png(np.ascontiguousarray(a)) for a in stills.permute(0, 2, 3, 1).numpy()]
+        if pixels.ndim == 5:
+            msg["frames"] = pixels.shape[2]
     else:
         msg["images"] = pixels.contiguous().numpy().tobytes()
         msg["shape"] = list(pixels.shape)
+    if audio is not None:
+        wave = audio.waveform.detach().to("cpu", torch.float16).contiguous()
+        msg["audio"] = wave.numpy().astype("<f2").tobytes()
+        msg["audio_shape"], msg["sample_rate"] = list(wave.shape), int(audio.sample_rate)
     try:
         return msgpack.packb(msg, default=_plain)
     except (TypeError, ValueError) as e:
@@ -136,6 +155,10 @@ def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
     retries = params.get("retries", 0)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         problems.append(f"retries must be an integer >= 0 (attempts after the first), got {retries!r}")
+    if not isinstance(params.get("audio", False), bool):
+        problems.append(
+            f"audio must be true or false (does the server's reward hear?), got {params['audio']!r}"
+        )
     if params.get("format", "png") not in FORMATS:
         problems.append(f"format must be png or raw, got {params['format']!r}")
     return problems
@@ -144,7 +167,9 @@ def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
 PROBE_TIMEOUT_S = 3.0
 
 
-def server_problems(url: str, token_env: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
+def server_problems(
+    url: str, token_env: str | None, timeout_s: float = PROBE_TIMEOUT_S, audio: bool = False
+) -> list[str]:
     """Why ``url`` is no usable reward server (asks its ``/health``; no token needed)."""
     parts = urllib.parse.urlsplit(url)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
@@ -175,6 +200,16 @@ def server_problems(url: str, token_env: str | None, timeout_s: float = PROBE_TI
             f"token_env: the reward server at {url} needs a token; set token_env to the name of an "
             "environment variable holding it"
         ]
+    hears = bool(health.get("audio", False))
+    if hears != audio:
+        return [
+            f"audio: the reward server at {url} serves {health.get('reward')!r}, which "
+            + (
+                "hears: set audio: true to send the clips with their sound"
+                if hears
+                else "does not hear: leave audio out (false)"
+            )
+        ]
     return []
 
 
@@ -189,6 +224,7 @@ class RemoteReward(Reward):
     none). ``timeout_s``: the most one attempt waits (per socket operation), within the call's
     deadline. ``retries``: attempts after the first, on connection errors, timeouts and 5xx,
     ``backoff_s * 2**k`` seconds apart. ``format``: ``png`` or ``raw`` (module docstring).
+    ``audio``: the server's reward hears; send each clip whole with its sound.
     """
 
     name = "remote"
@@ -201,9 +237,10 @@ class RemoteReward(Reward):
         retries: int = 3,
         backoff_s: float = 0.5,
         format: str = "png",
+        audio: bool = False,
     ):
         params = dict(url=url, token_env=token_env, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s)
-        problems = param_value_problems({**params, "format": format}, check_env=True)
+        problems = param_value_problems({**params, "format": format, "audio": audio}, check_env=True)
         if problems:
             raise RewardError("reward 'remote': " + "; ".join(problems))
         parts = urllib.parse.urlsplit(url)
@@ -218,6 +255,11 @@ class RemoteReward(Reward):
         self._host, self._port = parts.hostname, parts.port
         self._path = parts.path.rstrip("/") + "/score"
         self._token = os.environ[token_env] if token_env else None
+        self.audio = audio  # this instance hears when its server's reward does
+
+    @classmethod
+    def hears(cls, params: dict[str, Any]) -> bool:
+        return params.get("audio", False) is True
 
     @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
@@ -226,20 +268,28 @@ class RemoteReward(Reward):
         if one is given."""
         problems = param_value_problems(params, check_env=check_files)
         if check_files and not problems:
-            problems += server_problems(params["url"], params.get("token_env"))
+            problems += server_problems(
+                params["url"], params.get("token_env"), audio=params.get("audio", False)
+            )
         return problems
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def __call__(self, images, prompts, metadata) -> torch.Tensor:
-        return self.call_by(images, prompts, metadata, None)
+    def __call__(self, images, prompts, metadata, audio: Audio | None = None) -> torch.Tensor:
+        return self.call_by(images, prompts, metadata, None, audio)
 
     def call_by(
-        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], deadline: float | None
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[dict],
+        deadline: float | None,
+        audio: Audio | None = None,
     ) -> torch.Tensor:
-        """``images (B, 3, H, W)`` -> ``(B,)`` scores from the server, retried until ``deadline``
-        (``time.monotonic()``; None: only ``retries`` bound it)."""
-        body = encode_request(images, prompts, metadata, self.format)
+        """``images (B, 3, H, W)`` (with ``audio``: clips ``(B, 3, F, H, W)`` and their sound) ->
+        ``(B,)`` scores from the server, retried until ``deadline`` (``time.monotonic()``; None:
+        only ``retries`` bound it)."""
+        body = encode_request(images, prompts, metadata, self.format, audio)
         n, attempt = len(prompts), 0
         while True:
             left = seconds_left(deadline)

@@ -11,10 +11,20 @@ Wire format (any language can be a client)
 
     format    "png" | "raw"
     images    png: an array of B PNG files (bin), 8-bit RGB, all of one size
+                   (clips: B*F PNGs, clip by clip, with frames = F)
               raw: one bin of B*3*H*W uint8 bytes, C-order (B, 3, H, W)
-    shape     raw only: [B, 3, H, W]
+                   (clips: B*3*F*H*W bytes, (B, 3, F, H, W))
+    shape     raw only: [B, 3, H, W] or [B, 3, F, H, W]
+    frames    png only, optional: F, the frames of each clip
     prompts   array of B str
     metadata  array of B maps (optional: B empty maps)
+    audio     optional: one bin of B*C*S float16 little-endian samples in [-1, 1], C-order
+              (B, C, S): each clip's sound
+    audio_shape, sample_rate   with audio: [B, C, S] and the rate in Hz
+
+A server whose reward hears (``Reward.audio``, e.g. ``clap``) gets clips whole with their sound
+(the ``remote`` reward with ``audio: true`` sends them so); an image reward given clips scores their
+frames and each clip gets the mean, as in the trainer.
 
 Optional header ``X-Timeout-S``: how many seconds this attempt of the client waits (a header, not
 a body field, so that a retry resends the same body with what is left): a request still queued
@@ -34,7 +44,7 @@ in-process. Every error is JSON ``{"detail": "..."}`` (FastAPI's shape), with st
 - 504: the client's ``X-Timeout-S`` passed before the reward finished (or started).
 
 ``GET /health``: JSON ``{"status": "ok", "reward": NAME, "token_required": bool,
-"max_request_mb": N}``. It needs no token, so that a load balancer's or orchestrator's probe (which
+"max_request_mb": N, "audio": bool}`` (``audio``: the reward hears). It needs no token, so that a load balancer's or orchestrator's probe (which
 seldom carries secrets) can use it; it tells nothing a caller could score with, never runs the
 reward, and ``/score`` is what the token protects.
 
@@ -78,6 +88,7 @@ from diffrl.registry import RegistryError
 from diffrl.rewards.base import Reward, RewardError, build_reward, param_name_problems, submit_scores
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.workers import DeadlineExceeded, seconds_left
+from diffrl.rollout import Audio
 
 LOG = logging.getLogger(__name__)  # warnings reach stderr even unconfigured: the operator sees failures
 MSGPACK = "application/msgpack"
@@ -153,12 +164,14 @@ def build_served_reward(name: str, params: dict[str, Any]) -> Reward:
 
 @dataclass
 class ScoreRequest:
-    """A decoded ``/score`` body: ``images (B, 3, H, W)`` uint8; ``timeout_s``: its
-    ``X-Timeout-S`` header, counted from ``received`` (``time.monotonic()``)."""
+    """A decoded ``/score`` body: ``images (B, 3, H, W)`` or clips ``(B, 3, F, H, W)`` uint8;
+    ``audio`` their sound (float16 ``(B, C, S)``), if sent; ``timeout_s``: its ``X-Timeout-S``
+    header, counted from ``received`` (``time.monotonic()``)."""
 
     images: torch.Tensor
     prompts: list[str]
     metadata: list[dict[str, Any]]
+    audio: Audio | None = None
     timeout_s: float | None = None
     received: float = field(default_factory=time.monotonic)
 
@@ -205,16 +218,25 @@ def decode_request(body: bytes) -> ScoreRequest:
     if fmt == "png":
         if not isinstance(images, list) or not images:
             raise _bad("format png: images must be a non-empty array of PNG files")
+        frames = msg.get("frames")
+        if frames is not None and not (isinstance(frames, int) and frames > 0 and len(images) % frames == 0):
+            raise _bad(f"frames must be a positive int dividing the {len(images)} PNGs, got {frames!r}")
         arrays = [decode_png(d, i) for i, d in enumerate(images)]
         if len({a.shape for a in arrays}) > 1:
             raise _bad(f"images differ in size: {sorted({a.shape[:2] for a in arrays})}; send one size")
         pixels = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+        if frames is not None:  # (B * F, 3, H, W), clip by clip -> (B, 3, F, H, W)
+            pixels = pixels.view(-1, frames, *pixels.shape[1:]).transpose(1, 2).contiguous()
     elif fmt == "raw":
         shape = msg.get("shape")
         if not (
-            isinstance(shape, list) and len(shape) == 4 and all(isinstance(s, int) and s > 0 for s in shape)
+            isinstance(shape, list)
+            and len(shape) in (4, 5)
+            and all(isinstance(s, int) and s > 0 for s in shape)
         ):
-            raise _bad(f"format raw needs shape [B, 3, H, W] of positive ints, got {shape!r}")
+            raise _bad(
+                f"format raw needs shape [B, 3, H, W] or [B, 3, F, H, W] of positive ints, got {shape!r}"
+            )
         if shape[1] != 3:
             raise _bad(f"shape {shape}: images must have 3 channels (RGB)")
         if not isinstance(images, bytes) or len(images) != math.prod(shape):
@@ -231,7 +253,29 @@ def decode_request(body: bytes) -> ScoreRequest:
     metadata = [{} for _ in range(b)] if metadata is None else metadata
     if not isinstance(metadata, list) or len(metadata) != b or not all(isinstance(m, dict) for m in metadata):
         raise _bad(f"metadata must be an array of {b} maps (one per image)")
-    return ScoreRequest(pixels, prompts, metadata)
+    return ScoreRequest(pixels, prompts, metadata, decode_audio(msg, b))
+
+
+def decode_audio(msg: dict[str, Any], b: int) -> Audio | None:
+    """The body's optional ``audio`` -> float16 ``Audio (B, C, S)``."""
+    data = msg.get("audio")
+    if data is None:
+        return None
+    shape, rate = msg.get("audio_shape"), msg.get("sample_rate")
+    if (
+        not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(s, int) and s > 0 for s in shape))
+        or shape[0] != b
+    ):
+        raise _bad(f"audio_shape must be [{b}, C, S] of positive ints (one clip per prompt), got {shape!r}")
+    if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
+        raise _bad(f"sample_rate must be a positive int (Hz), got {rate!r}")
+    if not isinstance(data, bytes) or len(data) != 2 * math.prod(shape):
+        got = len(data) if isinstance(data, bytes) else type(data).__name__
+        raise _bad(f"audio must be {2 * math.prod(shape)} bytes of float16 for shape {shape}, got {got}")
+    wave = torch.from_numpy(np.frombuffer(data, dtype="<f2").astype(np.float16).reshape(shape))
+    if not torch.isfinite(wave).all():
+        raise _bad("audio holds NaN or infinite samples")
+    return Audio(wave, rate)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -250,8 +294,9 @@ def score_request(reward: Reward, name: str, req: ScoreRequest) -> list[float]:
     if left == 0.0:
         raise _Expired(f"the client's X-Timeout-S={req.timeout_s:g} passed while the request was queued")
     images = req.images.float() / 255.0  # what RewardSet.submit hands a reward in the trainer
+    audio = req.audio.float() if req.audio is not None and reward.audio else None
     try:
-        scores = submit_scores(reward, images, req.prompts, req.metadata, left).result()
+        scores = submit_scores(reward, images, req.prompts, req.metadata, left, audio).result()
     except DeadlineExceeded as e:
         raise _Expired(
             f"reward {name!r} did not finish within the client's X-Timeout-S={req.timeout_s:g}"
@@ -322,6 +367,7 @@ def create_app(
             "reward": name,
             "token_required": token is not None,
             "max_request_mb": max_request_mb,
+            "audio": bool(reward.audio),
         }
 
     @app.post("/score")
@@ -331,6 +377,11 @@ def create_app(
         body = await read_limited(request, limit)
         req = await asyncio.to_thread(decode_request, body)  # PNG decoding: off the loop thread
         req.timeout_s, req.received = timeout, received
+        if reward.audio and req.audio is None:
+            raise _bad(
+                f"reward {name!r} scores sound and the request has none; send audio (the remote reward: "
+                "audio: true)"
+            )
         try:
             scores = await asyncio.get_running_loop().run_in_executor(
                 worker, score_request, reward, name, req

@@ -26,8 +26,9 @@ from diffrl.cli import _reward_params, main
 from diffrl.config import RewardConfig
 from diffrl.errors import DiffrlError
 from diffrl.rewards.base import RewardError, RewardSet
-from diffrl.rewards.remote import RemoteReward, encode_request
+from diffrl.rewards.remote import RemoteReward, encode_request, server_problems
 from diffrl.rewards.server import RewardServer, ServerError, build_served_reward
+from diffrl.rollout import Audio
 
 HERE = "tests.unit.rewards.test_server"
 TOKEN = "s3cret-token"
@@ -186,6 +187,7 @@ def test_health_needs_no_token_and_names_the_reward():
             "reward": "pixel_sum",
             "token_required": True,
             "max_request_mb": 64.0,
+            "audio": False,
         }
         conn.close()
 
@@ -464,3 +466,69 @@ def test_numpy_and_torch_metadata_values_are_sent_as_plain_values():
     assert msg["metadata"] == [{"id": 7, "box": [0, 1, 2], "t": 0.5}]
     with pytest.raises(RewardError, match="cannot send the prompts' metadata"):
         encode_request(images(1).float() / 255.0, ["p"], [{"x": object()}], "raw")
+
+
+# -- sound ----------------------------------------------------------------------------------------
+
+
+def loudness(images, prompts, metadata, audio):
+    """A reward that hears: each clip's mean absolute sample plus its frames' mean (both reach it)."""
+    return (audio.waveform.abs().mean(dim=(1, 2)) + images.mean(dim=(1, 2, 3, 4))).tolist()
+
+
+loudness.audio = True
+
+
+def clips(b: int = 3, seed: int = 0) -> tuple[torch.Tensor, Audio]:
+    """Rollout clips: uint8 ``(B, 3, F, H, W)`` and float16 stereo sound, as the collector keeps them."""
+    g = torch.Generator().manual_seed(seed)
+    video = torch.randint(0, 256, (b, 3, 2, 8, 10), generator=g, dtype=torch.uint8)
+    return video, Audio(torch.rand(b, 2, 50, generator=g) * 2 - 1, 16_000).compact()
+
+
+@pytest.mark.parametrize("fmt", ["png", "raw"])
+def test_a_reward_that_hears_scores_remotely_as_in_process_bit_for_bit(fmt):
+    """``remote`` with ``audio: true`` sends each clip whole and its float16 sound: the server's
+    reward gets what the in-process one gets, float32 of the same float16 samples."""
+    video, audio = clips()
+    prompts, meta = ["a", "b", "c"], [{}] * 3
+    local = RewardSet([RewardConfig(name=f"{HERE}:loudness")])(video, prompts, meta, audio)
+    with serving("loudness") as server:
+        assert not server_problems(server.url, TOKEN_ENV, audio=True)
+        [problem] = server_problems(server.url, TOKEN_ENV)
+        assert "hears: set audio: true" in problem
+        far = remote(server.url, format=fmt, audio=True)
+        out = far(video, prompts, meta, audio)
+        far.close()
+    assert torch.equal(out.total, local.total), (out.total, local.total)
+
+
+def test_an_image_reward_served_scores_the_frames_of_clips_and_refuses_audio_true():
+    video, audio = clips(2, seed=1)
+    local = RewardSet([RewardConfig(name=f"{HERE}:pixel_sum")])(video, ["a", "b"], [{}, {}], audio)
+    with serving() as server:
+        [problem] = server_problems(server.url, TOKEN_ENV, audio=True)
+        assert "does not hear: leave audio out" in problem
+        far = remote(server.url)  # frames, one image each; the sound is not sent
+        out = far(video, ["a", "b"], [{}, {}], audio)
+        far.close()
+    assert torch.equal(out.total, local.total)
+
+
+def test_a_request_without_sound_to_a_reward_that_hears_is_a_400():
+    with serving("loudness") as server:
+        status, answer = post(server.url, body(), {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 400 and "scores sound and the request has none" in answer["detail"]
+
+
+def test_malformed_sound_is_a_400_naming_the_field():
+    video, audio = clips(2)
+    msg = msgpack.unpackb(encode_request(video.float() / 255.0, ["a", "b"], [{}, {}], "raw", audio))
+    assert msg["audio_shape"] == [2, 2, 50] and msg["sample_rate"] == 16_000
+    bad = {**msg, "audio_shape": [3, 2, 50]}
+    with serving("loudness") as server:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        status, answer = post(server.url, msgpack.packb(bad), headers)
+        assert status == 400 and "audio_shape must be [2, C, S]" in answer["detail"]
+        status, answer = post(server.url, msgpack.packb({**msg, "audio": msg["audio"][:-2]}), headers)
+        assert status == 400 and "bytes of float16" in answer["detail"]

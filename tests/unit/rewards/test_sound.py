@@ -106,3 +106,15 @@ def test_a_ray_reward_worker_passes_the_sound_on():
     out = worker.score(video, ["a", "b"], [{}, {}], audio)
     worker.rewards.close()
     torch.testing.assert_close(out.total, torch.tensor([0.5, 0.25]))
+
+
+def test_a_remote_reward_that_hears_is_refused_on_a_silent_family():
+    """``remote`` hears when its params say so (``Reward.hears``), and is checked like any other."""
+    remote = "rewards=[{name: remote, params: {url: 'http://127.0.0.1:9', audio: true}}]"
+    with pytest.raises(ConfigError) as e:
+        load_config(str(ROOT / "recipes" / "tiny_demo.yaml"), [remote])
+    assert "(remote) scores sound, but model family 'tiny' makes none" in str(e.value)
+    silent = remote.replace("audio: true", "audio: false")
+    with pytest.raises(ConfigError) as e:  # only the unreachable server is reported then
+        load_config(str(ROOT / "recipes" / "tiny_demo.yaml"), [silent])
+    assert "scores sound" not in str(e.value) and "no reward server answers" in str(e.value)
