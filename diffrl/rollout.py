@@ -90,8 +90,9 @@ class Audio:
     """Sound with the batch on dim 0: ``waveform (B, channels, samples)`` in [-1, 1] at
     ``sample_rate`` Hz (what an audio-video family's vocoder writes, e.g. ``ltx2``'s).
 
-    Rollouts keep it as float16 on the CPU (:meth:`compact`: half of float32's bytes, and a 16-bit
-    PCM file's precision); rewards get float32 (:meth:`float`)."""
+    Rollouts and evals keep it as float16 on the CPU (:meth:`compact`: half of float32's bytes; a
+    relative precision of 2^-11, about 12 bits near full scale, below what 16-bit PCM holds but
+    far finer than a reward model's features resolve); rewards get float32 copies (:meth:`float`)."""
 
     waveform: torch.Tensor
     sample_rate: int

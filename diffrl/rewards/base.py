@@ -284,9 +284,45 @@ def submit_scores(
     return Pending(mean_per_video)
 
 
+def takes_audio(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` can be called with ``audio=`` (it names it, or takes ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: cannot tell, let it be
+        return True
+    return "audio" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def hearing_problems(obj: Any, params: dict[str, Any]) -> list[str]:
+    """A reward that hears but cannot be called with ``audio=``: a function with ``fn.audio = True``
+    and no ``audio`` parameter, or a :class:`Reward` whose ``__call__``, ``submit`` or ``call_by``
+    takes no ``audio`` (each is called with it)."""
+    if isinstance(obj, type) and issubclass(obj, Reward):
+        if not obj.hears(params):
+            return []
+        missing = [m for m in ("__call__", "submit", "call_by") if not takes_audio(getattr(obj, m))]
+        return [
+            f"{obj.__name__} hears (audio = True), so its {m} is called with audio=; add an "
+            f"audio: Audio | None = None parameter to it"
+            for m in missing
+        ]
+    if callable(obj) and getattr(obj, "audio", False) and not takes_audio(obj):
+        name = getattr(obj, "__name__", "the function")
+        return [
+            f"{name} hears ({name}.audio = True), so it is called with audio=; give it an audio "
+            "parameter: def {name}(images, prompts, metadata, audio, ...)".replace("{name}", name)
+        ]
+    return []
+
+
 def param_name_problems(obj: Any, params: dict[str, Any]) -> list[str]:
     """Names in ``params`` that the reward ``obj`` (a Reward class or a function) does not take,
-    each with a did-you-mean; none when it takes ``**kwargs``."""
+    each with a did-you-mean (none when it takes ``**kwargs``), and :func:`hearing_problems`."""
+    problems = hearing_problems(obj, params)
+    return problems + _unknown_params(obj, params)
+
+
+def _unknown_params(obj: Any, params: dict[str, Any]) -> list[str]:
     fn = obj.__init__ if isinstance(obj, type) else obj
     try:
         signature = inspect.signature(fn)
@@ -312,6 +348,8 @@ def param_name_problems(obj: Any, params: dict[str, Any]) -> list[str]:
 
 def build_reward(cfg: RewardConfig) -> Reward:
     obj = REWARDS.resolve(cfg.name)
+    if problems := hearing_problems(obj, cfg.params if isinstance(cfg.params, dict) else {}):
+        raise RegistryError(f"reward {cfg.name!r}: " + "; ".join(problems))
     if isinstance(obj, type) and issubclass(obj, Reward):
         if "timeout" not in inspect.signature(obj.submit).parameters:
             raise RegistryError(

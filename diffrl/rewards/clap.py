@@ -19,7 +19,12 @@ folders) band-limited (:meth:`~diffrl.rollout.Audio.resample`, torchaudio's algo
 ``ClapFeatureExtractor`` (clips shorter than its ``max_length_s`` are repeated then padded, as it
 does). A clip longer than ``max_length_s`` is cut to its first ``max_length_s`` seconds here: the
 extractor would take random crops (``fusion`` / ``rand_trunc``), and a reward must not draw from an
-unseeded generator.
+unseeded generator. For the same reason every clip is passed as not longer than the window
+(``is_longer`` all False, which it is once cut): with a fused model (``enable_fusion``, e.g.
+``laion/clap-htsat-fused``) the extractor marks one random clip of each call as longer when none is
+(``feature_extraction_clap.py``, "if no audio is longer than 10s, then randomly select one audio to
+be longer"), which would send it through the fusion branch and change its score from call to call.
+Prompts are cut at 77 tokens, as LAION-CLAP's ``tokenizer`` does (``max_length=77``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ from transformers import AutoTokenizer, ClapFeatureExtractor, ClapModel
 from diffrl.rewards.base import Reward
 from diffrl.rewards.pretrained import chunks, device_and_dtype, device_dtype_problems, folder_problems
 from diffrl.rollout import Audio
+
+MAX_TOKENS = 77
+"""LAION-CLAP's text length (its ``tokenizer``: ``padding="max_length", max_length=77``)."""
 
 
 class ClapScore(Reward):
@@ -100,10 +108,12 @@ class ClapScore(Reward):
         dtype = next(self.model.parameters()).dtype
         for part in chunks(len(prompts), self.batch_size):
             feats = self.features(clips[part], sampling_rate=self.features.sampling_rate, return_tensors="pt")
-            text = self.tokenizer(list(prompts[part]), padding=True, truncation=True, return_tensors="pt")
+            text = self.tokenizer(
+                list(prompts[part]), padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"
+            )
             a = self.model.get_audio_features(
                 input_features=feats.input_features.to(self.device, dtype),
-                is_longer=feats["is_longer"].to(self.device) if "is_longer" in feats else None,
+                is_longer=torch.zeros(len(clips[part]), 1, dtype=torch.bool, device=self.device),
             ).pooler_output
             t = self.model.get_text_features(
                 input_ids=text.input_ids.to(self.device), attention_mask=text.attention_mask.to(self.device)

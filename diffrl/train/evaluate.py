@@ -81,7 +81,7 @@ def generate(
         noise = initial_noise(family, [(seed, "eval", i, j) for i, j in chunk], height, width)
         x0 = sample_ode(family, noise, family.encode_prompts(texts), sigmas, s.guidance_scale, negative)
         media = family.decode_media(x0)
-        audio = media.audio.to("cpu") if media.audio is not None else None
+        audio = media.audio.compact() if media.audio is not None else None  # as rollouts keep it
         out.append(Media(media.images.cpu(), audio, media.fps))
         progress.update(start + len(chunk))
     return [i for i, _ in jobs], Media.cat(out)

@@ -453,3 +453,16 @@ def test_sample_writes_an_mp4_with_the_sound(tmp_path, ltx2_dir, capsys):
         assert abs(seconds - media.audio.seconds) <= 1e-3, (seconds, media.audio.seconds)
         assert sum(1 for _ in container.decode(video=0)) == FRAMES
     assert len(list((out / "0000").glob("frame_*.png"))) == FRAMES
+
+
+def test_a_flat_state_of_a_size_never_asked_for_or_ambiguous_is_refused(tmp_path, ltx2_dir):
+    """The flat state does not say its frame's aspect: the family decodes only sizes it was asked
+    for, and refuses a second size with the same number of elements."""
+    family = load_family(ltx2_config(tmp_path, ltx2_dir, **{"model.lora": "null"}))
+    wide = torch.zeros(1, family.grid(SIZE, 2 * SIZE).size)
+    with pytest.raises(ValueError, match="call family.latent_shape"):
+        family.decode_media(wide)
+    family.latent_shape(SIZE, 2 * SIZE)
+    assert family.decode_media(wide).images.shape == (1, 3, FRAMES, SIZE, 2 * SIZE)
+    with pytest.raises(ValueError, match="cannot tell them apart"):
+        family.latent_shape(2 * SIZE, SIZE)

@@ -118,3 +118,34 @@ def test_a_remote_reward_that_hears_is_refused_on_a_silent_family():
     with pytest.raises(ConfigError) as e:  # only the unreachable server is reported then
         load_config(str(ROOT / "recipes" / "tiny_demo.yaml"), [silent])
     assert "scores sound" not in str(e.value) and "no reward server answers" in str(e.value)
+
+
+def deaf_signature(images, prompts, metadata):
+    return [0.0] * len(prompts)
+
+
+deaf_signature.audio = True
+
+
+class OldSubmit(Reward):
+    audio = True
+
+    def __call__(self, images, prompts, metadata, audio=None):
+        return torch.zeros(len(prompts))
+
+    def submit(self, images, prompts, metadata, timeout=None):  # the pre-sound signature
+        return super().submit(images, prompts, metadata, timeout)
+
+
+def test_a_reward_that_hears_without_an_audio_parameter_is_refused_before_the_run():
+    for name, what in (
+        ("deaf_signature", "give it an audio parameter"),
+        ("OldSubmit", "its submit is called with audio="),
+    ):
+        with pytest.raises(ConfigError) as e:
+            load_config(
+                str(ROOT / "recipes" / "ltx2_grpo.yaml"),
+                [f"rewards=[{{name: '{HERE}:{name}'}}]"],
+                check_files=False,
+            )
+        assert what in str(e.value), str(e.value)

@@ -29,8 +29,10 @@ def write_tokenizer(folder: Path) -> RobertaTokenizer:
     return tokenizer
 
 
-def write_clap(folder: Path, seed: int = 0) -> ClapModel:
-    """Save a random ``ClapModel`` + tokenizer + feature extractor to ``folder``; return the model."""
+def write_clap(folder: Path, seed: int = 0, fused: bool = False) -> ClapModel:
+    """Save a random ``ClapModel`` + tokenizer + feature extractor to ``folder``; return the model.
+    ``fused``: as ``laion/clap-htsat-fused`` (``enable_fusion``, the extractor's ``fusion``
+    truncation), else as ``laion/clap-htsat-unfused``."""
     torch.manual_seed(seed)
     tokenizer = write_tokenizer(folder)
     config = ClapConfig(
@@ -54,12 +56,16 @@ def write_clap(folder: Path, seed: int = 0) -> ClapModel:
             num_attention_heads=[2, 2],
             patch_embeds_hidden_size=16,
             hidden_size=32,
+            enable_fusion=fused,
         ),
         projection_dim=16,
     )
     model = ClapModel(config).eval()
     model.save_pretrained(folder)
     ClapFeatureExtractor(
-        feature_size=MEL_BINS, max_length_s=MAX_SECONDS, truncation="rand_trunc", padding="repeatpad"
+        feature_size=MEL_BINS,
+        max_length_s=MAX_SECONDS,
+        truncation="fusion" if fused else "rand_trunc",
+        padding="repeatpad",
     ).save_pretrained(folder)
     return model
