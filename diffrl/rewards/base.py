@@ -384,11 +384,6 @@ class RewardSet:
             for r in self.rewards:
                 r.use_in_process()
 
-    @property
-    def hears(self) -> bool:
-        """True when a reward of the set takes the sound (:attr:`Reward.audio`)."""
-        return any(r.audio for r in self.rewards)
-
     def submit(
         self,
         images: torch.Tensor,
