@@ -88,7 +88,13 @@ def reward_rows(history: list[dict], label: str) -> list[dict]:
 
 def test_flow_grpo_through_a_reward_server_process(tmp_path, server):
     proc, url, marker = server
-    assert health(url) == {"status": "ok", "reward": REWARD, "token_required": True, "max_request_mb": 64.0}
+    assert health(url) == {
+        "status": "ok",
+        "reward": REWARD,
+        "token_required": True,
+        "max_request_mb": 64.0,
+        "audio": False,
+    }
 
     # no token: refused (401), and the client says the server wants one; the reward never ran
     no_token = RewardSet([RewardConfig(name="remote", params={"url": url, "retries": 0})])
