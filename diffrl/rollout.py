@@ -59,6 +59,9 @@ RESAMPLE_ZERO_CROSSINGS = 6
 """Zero crossings of the sinc on each side (torchaudio's ``lowpass_filter_width`` default)."""
 RESAMPLE_ROLLOFF = 0.99
 """The filter's cutoff as a fraction of the lower Nyquist frequency (torchaudio's default)."""
+RESAMPLE_MAX_KERNEL = 2**22
+"""The most numbers a resampling kernel may hold (32 MB of float64): rates in awkward ratios (e.g.
+22222 to 48000 Hz, reduced 11111:24000) would need hundreds of millions."""
 
 
 def resample(waveform: torch.Tensor, orig: int, new: int) -> torch.Tensor:
@@ -72,6 +75,13 @@ def resample(waveform: torch.Tensor, orig: int, new: int) -> torch.Tensor:
     orig, new = orig // g, new // g
     base = min(orig, new) * RESAMPLE_ROLLOFF
     width = math.ceil(RESAMPLE_ZERO_CROSSINGS * orig / base)
+    size = new * (2 * width + orig)
+    if size > RESAMPLE_MAX_KERNEL:
+        raise ValueError(
+            f"resampling {orig * g} Hz to {new * g} Hz: the rates reduce to {orig}:{new}, whose "
+            f"band-limited kernel would hold {size:,} numbers; give the sound at a rate in a simpler "
+            "ratio to it (e.g. 16000, 22050, 24000, 44100 or 48000 Hz)"
+        )
     idx = torch.arange(-width, width + orig, dtype=torch.float64)[None, None] / orig
     t = (torch.arange(0, -new, -1, dtype=torch.float64)[:, None, None] / new + idx) * base
     t = t.clamp(-RESAMPLE_ZERO_CROSSINGS, RESAMPLE_ZERO_CROSSINGS)

@@ -4,7 +4,7 @@ writes for video families.
 
 H.264 needs even sides for its 4:2:0 chroma; a video with an odd side is written 4:4:4 instead
 (``yuv444p``: fewer players read it). AAC takes the rates of its standard (8 to 96 kHz, see
-:data:`AAC_RATES`); sound at another rate is resampled to 48 kHz first (:meth:`Audio.resample`).
+:data:`AAC_RATES`); sound at another rate is written at 48 kHz, resampled by FFmpeg's swresample.
 """
 
 from __future__ import annotations
@@ -66,14 +66,12 @@ def _audio_stream(container, audio: Audio):
 
 
 def _encode_audio(container, stream, audio: Audio) -> None:
-    """The clip in AAC's 1024-sample frames (its encoder takes no other size but the last)."""
-    clip = audio.resample(stream.rate).waveform[0].float().clamp(-1.0, 1.0).numpy()  # (C, S)
-    size = stream.codec_context.frame_size or 1024
-    for start in range(0, clip.shape[1], size):
-        part = np.ascontiguousarray(clip[:, start : start + size])
-        frame = av.AudioFrame.from_ndarray(part, format="fltp", layout=stream.layout.name)
-        frame.sample_rate, frame.pts = stream.rate, start
-        container.mux(stream.encode(frame))
+    """The clip as one frame at its own rate: PyAV's encoder resamples it to the stream's rate
+    (FFmpeg's swresample) and cuts it into AAC's 1024-sample frames."""
+    clip = audio.waveform[0].float().clamp(-1.0, 1.0).numpy()  # (C, S)
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(clip), format="fltp", layout=stream.layout.name)
+    frame.sample_rate, frame.pts, frame.time_base = audio.sample_rate, 0, Fraction(1, audio.sample_rate)
+    container.mux(stream.encode(frame))
     container.mux(stream.encode())
 
 

@@ -137,6 +137,8 @@ def test_resampling_keeps_a_tone_and_its_length():
     down = resample(tone[None], RATE, 16_000)[0]  # a rational ratio (3:2)
     assert down.shape == (1600,)
     assert torch.equal(resample(tone, RATE, RATE), tone)
+    with pytest.raises(ValueError, match="reduce to 11111:24000"):  # a kernel of 267M numbers
+        resample(tone, 22_222, 48_000)
 
 
 def test_silent_samples_are_refused(reward):
