@@ -234,11 +234,9 @@ def latent_stats(vae_config: Any, like: torch.Tensor) -> tuple[torch.Tensor, tor
     return mean, inv_std
 
 
-def encode_normalised_videos(family: ModelFamily, vae: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """``images (B, 3, H, W)`` (one-frame videos, only when ``family.options.num_frames`` is 1) or
-    videos ``(B, 3, F, H, W)`` in [0, 1] -> the VAE's mode normalised by :func:`latent_stats`,
-    ``(B, C, F', h, w)`` float32; one video at a time (VAE memory grows with frames x pixels). The
-    ``AutoencoderKLWan`` families' ``encode_images``."""
+def as_videos(family: ModelFamily, images: torch.Tensor) -> torch.Tensor:
+    """``images (B, 3, H, W)`` as one-frame videos ``(B, 3, 1, H, W)`` (only when
+    ``family.options.num_frames`` is 1), videos ``(B, 3, F, H, W)`` as they are."""
     if images.ndim == 4:
         if family.options.num_frames != 1:
             raise ValueError(
@@ -246,7 +244,15 @@ def encode_normalised_videos(family: ModelFamily, vae: nn.Module, images: torch.
                 f"{family.options.num_frames}; train on an image dataset with num_frames: 1"
             )
         images = images.unsqueeze(2)
-    x = (images * 2.0 - 1.0).to(family.device, vae.dtype)
+    return images
+
+
+def encode_normalised_videos(family: ModelFamily, vae: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """``images (B, 3, H, W)`` (one-frame videos, only when ``family.options.num_frames`` is 1) or
+    videos ``(B, 3, F, H, W)`` in [0, 1] -> the VAE's mode normalised by :func:`latent_stats`,
+    ``(B, C, F', h, w)`` float32; one video at a time (VAE memory grows with frames x pixels). The
+    ``AutoencoderKLWan`` families' ``encode_images``."""
+    x = (as_videos(family, images) * 2.0 - 1.0).to(family.device, vae.dtype)
     z = torch.cat([vae.encode(v[None]).latent_dist.mode() for v in x])
     mean, inv_std = latent_stats(vae.config, z)
     return ((z - mean) * inv_std).float()

@@ -92,7 +92,7 @@ from torch import nn
 from transformers import AutoTokenizer
 
 from diffrl.models.base import DTYPES, SizeRule
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
+from diffrl.models.diffusers_folder import DiffusersFolderFamily, as_videos, load_part, read_json
 from diffrl.models.flux import resolution_shifted_sigmas
 from diffrl.rollout import Audio, Conditioning, Media
 
@@ -587,13 +587,7 @@ class LTX2Family(DiffusersFolderFamily):
         the audio VAE's encoding of silence (a log-mel spectrogram at its floor,
         :data:`SILENCE_LOG_MEL`) of the clip's length: what a silent clip is to LTX-2, the one
         defensible sound for a still image or a video without a track."""
-        if images.ndim == 4:
-            if self.options.num_frames != 1:
-                raise ValueError(
-                    f"ltx2: still images (B, 3, H, W) given while model.options.num_frames="
-                    f"{self.options.num_frames}; train on an image dataset with num_frames: 1"
-                )
-            images = images.unsqueeze(2)
+        images = as_videos(self, images)
         if images.shape[2] != self.options.num_frames:
             raise ValueError(
                 f"ltx2: videos of {images.shape[2]} frames given while model.options.num_frames="

@@ -310,7 +310,7 @@ def hearing_problems(obj: Any, params: dict[str, Any]) -> list[str]:
         name = getattr(obj, "__name__", "the function")
         return [
             f"{name} hears ({name}.audio = True), so it is called with audio=; give it an audio "
-            "parameter: def {name}(images, prompts, metadata, audio, ...)".replace("{name}", name)
+            f"parameter: def {name}(images, prompts, metadata, audio, ...)"
         ]
     return []
 

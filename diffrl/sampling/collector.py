@@ -21,7 +21,7 @@ from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.errors import Abandoned
 from diffrl.models.base import ModelFamily
 from diffrl.models.numerics import ForwardMeter
-from diffrl.rollout import CollectionSpec, RolloutBatch, quantize
+from diffrl.rollout import Audio, CollectionSpec, RolloutBatch, quantize
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sampler import denoise, image_size, initial_noise, sampling_sigmas
 from diffrl.seeding import EpochStream, randn_batch
@@ -244,9 +244,12 @@ class OnlineCollector:
             cond=cond,
             sigmas=self.sigmas.expand(b, -1).clone(),
         )
-        media = self.clock("decode", lambda: family.decode_media(out.x0))
-        batch.images = quantize(media.images)
-        batch.audio = media.audio.compact() if media.audio is not None else None
+
+        def decode() -> tuple[torch.Tensor, Audio | None]:  # what a rollout keeps: uint8, float16
+            media = family.decode_media(out.x0)
+            return quantize(media.images), media.audio.compact() if media.audio is not None else None
+
+        batch.images, batch.audio = self.clock("decode", decode)
         if self.spec.keep_trajectory and k:
             batch.traj_x = torch.stack(out.traj_x, 1)
             batch.traj_next = torch.stack(out.traj_next, 1)

@@ -34,8 +34,7 @@ def write_mp4(path: Path, video: torch.Tensor, fps: float | None, audio: Audio |
     ``waveform (1, C, S)``, C in 1, 2) -> ``path`` (an .mp4). Returns ``path``."""
     if video.ndim != 4 or video.shape[0] != 3:
         raise ValueError(f"write_mp4 takes one video (3, F, H, W), got {tuple(video.shape)}")
-    frames = quantize(video.float() / 255.0 if video.dtype == torch.uint8 else video)
-    frames = frames.permute(1, 2, 3, 0).numpy()  # (F, H, W, 3)
+    frames = _frames(video)
     _, h, w, _ = frames.shape
     rate = Fraction(fps or DEFAULT_FPS).limit_denominator(1001)
     with av.open(str(path), "w", format="mp4") as container:
@@ -51,6 +50,12 @@ def write_mp4(path: Path, video: torch.Tensor, fps: float | None, audio: Audio |
         if sound is not None:
             _encode_audio(container, sound, audio)
     return path
+
+
+def _frames(video: torch.Tensor) -> np.ndarray:
+    """``video (3, F, H, W)``, uint8 or float in [0, 1] -> ``(F, H, W, 3)`` uint8."""
+    pixels = video.cpu() if video.dtype == torch.uint8 else quantize(video)
+    return pixels.permute(1, 2, 3, 0).numpy()
 
 
 def _audio_stream(container, audio: Audio):
@@ -81,8 +86,7 @@ def write_video_sample(
     """``out/name.mp4`` and its frames ``out/name/frame_0000.png, ...``; returns the mp4's path."""
     frames = out / name
     frames.mkdir(parents=True, exist_ok=True)
-    pixels = quantize(video.float() / 255.0 if video.dtype == torch.uint8 else video).permute(1, 2, 3, 0)
-    for i, frame in enumerate(pixels.numpy()):
+    for i, frame in enumerate(_frames(video)):
         Image.fromarray(np.ascontiguousarray(frame)).save(frames / f"frame_{i:04d}.png")
     try:
         return write_mp4(out / f"{name}.mp4", video, fps, audio)
