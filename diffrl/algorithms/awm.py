@@ -193,7 +193,7 @@ class AWM(DiffusionAlgorithm):
             examples.t,
             examples.cond,
             guidance_scale=self.config.sampling.guidance_scale,
-            negative=policy.negative(len(examples)),
+            negative=policy.negative(examples.cond),
         )
 
     def _log_prob(self, v: torch.Tensor, examples: AWMExamples) -> torch.Tensor:

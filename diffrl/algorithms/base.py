@@ -50,8 +50,9 @@ class Policy(Protocol):
     def old_velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
         """The old (sampling) policy's velocity (no gradient); needs ``keeps_old_policy``."""
 
-    def negative(self, n: int) -> Conditioning | None:
-        """The negative-prompt conditioning for CFG, ``n`` rows (None when CFG is off)."""
+    def negative(self, cond: Conditioning) -> Conditioning | None:
+        """The negative-prompt conditioning for CFG of the rows of ``cond``, one row each (None
+        when CFG is off)."""
 
     def micro_batches(self, examples: TrainExamples) -> list[TrainExamples]:
         """The micro-batches an update runs (a ``before_update`` pass uses the very same)."""

@@ -203,7 +203,7 @@ class DiffusionNFT(DiffusionAlgorithm):
         p = self.params
         x_t = noised(examples.x0, examples.noise, examples.t)
         guidance = self.config.sampling.guidance_scale if p.train_cfg else 1.0
-        negative = policy.negative(len(examples)) if p.train_cfg else None
+        negative = policy.negative(examples.cond) if p.train_cfg else None
         v_old = policy.old_velocity(
             x_t, examples.t, examples.cond, guidance_scale=guidance, negative=negative
         )

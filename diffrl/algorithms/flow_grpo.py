@@ -262,7 +262,7 @@ class FlowGRPO(DiffusionAlgorithm):
         s = self.config.sampling
         kernel = resolve_kernel(p.sampler)  # the rollout's kernel: the replay scores the recorded step
         sigma_max = policy.sigmas[1].item()
-        negative = policy.negative(len(examples))
+        negative = policy.negative(examples.cond)
         v = policy.velocity(
             examples.x_t, examples.sigma, examples.cond, guidance_scale=s.guidance_scale, negative=negative
         )

@@ -65,6 +65,10 @@ class ModelFamily(ABC):
     by image size override :meth:`sigmas` instead)."""
     default_guidance: ClassVar[float] = 1.0
     """``sampling.guidance_scale`` when the recipe does not set it (1: no guidance)."""
+    no_guidance_scale: ClassVar[float] = 1.0
+    """The guidance scale at and below which there is no CFG (the conditional velocity alone, no
+    negative forward): 1 for ``neg + s * (pos - neg)``; 0 for a pipeline that guides as
+    ``pos + s * (pos - neg)`` (Z-Image)."""
     fps: ClassVar[float | None] = None
     """The frame rate a video family's videos play at (what ``diffrl sample`` writes into its
     .mp4 files); None: stills, or not known."""
@@ -269,7 +273,7 @@ class ModelFamily(ABC):
         compile). Returns ``(B, *latent)`` in float32.
         """
         module = module or self.transformer
-        if guidance_scale == 1.0 or negative is None:
+        if guidance_scale == self.no_guidance_scale or negative is None:
             return self._forward(module, x_t, sigma, cond)
         v = self._forward(
             module, torch.cat([x_t, x_t]), torch.cat([sigma, sigma]), self._joint(negative, cond)
@@ -300,12 +304,16 @@ class ModelFamily(ABC):
         """Classifier-free guidance of two velocities ``(B, *latent)`` as this family's pipeline does."""
         return v_neg + scale * (v_pos - v_neg)
 
-    def negative(self, prompt: str, guidance_scale: float) -> Conditioning | None:
-        """The one-row conditioning of the negative prompt when ``guidance_scale`` asks for CFG
-        (None when it is <= 1: no negative forward)."""
-        if guidance_scale <= 1.0:
+    def negative(
+        self, prompt: str, guidance_scale: float, cond: Conditioning | None = None
+    ) -> Conditioning | None:
+        """The negative prompt's conditioning when ``guidance_scale`` asks for CFG (None when it is
+        <= :attr:`no_guidance_scale`: no negative forward): one row for each row of ``cond`` (an
+        editing family's negative carries each row's source image), or one row without ``cond``."""
+        if guidance_scale <= self.no_guidance_scale:
             return None
-        return self.encode_prompts([prompt])
+        one = self.encode_prompts([prompt])
+        return one if cond is None else one.repeat(len(cond))
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     @abstractmethod

@@ -349,14 +349,17 @@ class Cosmos3Family(DiffusersFolderFamily):
         ``prompt_length (B,)`` (long)."""
         return self._token_tensors(prompts, negative=False)
 
-    def negative(self, prompt: str, guidance_scale: float) -> Conditioning | None:
+    def negative(
+        self, prompt: str, guidance_scale: float, cond: Conditioning | None = None
+    ) -> Conditioning | None:
         """The negative prompt's one row, with the inverse size sentences (``tokenize_prompt``'s
         ``uncond_input_ids``), whenever ``guidance_scale != 1`` (the pipeline's CFG test)."""
         if guidance_scale == 1.0:
             return None
         if prompt not in self._negatives:
             self._negatives[prompt] = Conditioning(self._token_tensors([prompt], negative=True))
-        return self._negatives[prompt]
+        one = self._negatives[prompt]
+        return one if cond is None else one.repeat(len(cond))
 
     # ---- the velocity forward ------------------------------------------------------------------
     def _sequence(self, length: int, latent: tuple[int, int, int]) -> tuple[dict[str, Any], int]:

@@ -525,13 +525,16 @@ class LTX2Family(DiffusersFolderFamily):
             rescale=(o.guidance_rescale, o.audio_guidance_rescale or o.guidance_rescale),
         )
 
-    def negative(self, prompt: str, guidance_scale: float) -> Conditioning | None:
+    def negative(
+        self, prompt: str, guidance_scale: float, cond: Conditioning | None = None
+    ) -> Conditioning | None:
         """The negative prompt's conditioning whenever any guidance is on (CFG of either stream,
         STG or modality isolation: the pipeline guides even at ``guidance_scale`` 1); None: off."""
         s = self.scales(guidance_scale)
         if not (s.do_cfg or s.do_stg or s.do_modality):
             return None
-        return self.encode_prompts([prompt])
+        one = self.encode_prompts([prompt])
+        return one if cond is None else one.repeat(len(cond))
 
     def velocity(
         self,

@@ -21,7 +21,7 @@ from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.errors import Abandoned
 from diffrl.models.base import ModelFamily
 from diffrl.models.numerics import ForwardMeter
-from diffrl.rollout import Audio, CollectionSpec, RolloutBatch, quantize
+from diffrl.rollout import Audio, CollectionSpec, Conditioning, RolloutBatch, quantize
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sampler import denoise, image_size, initial_noise, sampling_sigmas
 from diffrl.seeding import EpochStream, randn_batch
@@ -173,15 +173,13 @@ class OnlineCollector:
     def plan(self, rollout_id: int) -> RolloutPlan:
         return self.planner.plan(rollout_id)
 
-    def negative(self):
-        """The negative-prompt conditioning for CFG (None when CFG is off)."""
-        return self.family.negative(self.config.sampling.negative_prompt, self.guidance)
+    def negative(self, cond: Conditioning) -> Conditioning | None:
+        """The negative-prompt conditioning for CFG of the rows of ``cond`` (None when CFG is off)."""
+        return self.family.negative(self.config.sampling.negative_prompt, self.guidance, cond)
 
     def sample(self, plan: RolloutPlan, micro_group: int, module: nn.Module | None = None) -> RolloutBatch:
         """Sample one micro-group of ``plan`` (what a rollout engine does for its share)."""
-        return self._sample(
-            plan.micro_groups[micro_group], micro_group, plan.rollout_id, plan.steps, self.negative(), module
-        )
+        return self._sample(plan.micro_groups[micro_group], micro_group, plan.rollout_id, plan.steps, module)
 
     def micro_groups(
         self, rollout_id: int, module: nn.Module | None = None, should_stop: Callable[[], bool] | None = None
@@ -189,23 +187,22 @@ class OnlineCollector:
         """Sample rollout ``rollout_id`` micro-group by micro-group; ``should_stop`` is asked before
         each (a stop signal: the rollout is abandoned with :class:`~diffrl.errors.Abandoned`)."""
         plan = self.plan(rollout_id)
-        negative = self.negative()
         for g, chunk in enumerate(plan.micro_groups):
             if should_stop is not None and should_stop():
                 raise Abandoned
             # sampled before the yield: the consumer between two parts runs in its own grad mode
-            yield self._sample(chunk, g, rollout_id, plan.steps, negative, module)
+            yield self._sample(chunk, g, rollout_id, plan.steps, module)
 
     def collect(self, rollout_id: int, module: nn.Module | None = None) -> RolloutBatch:
         """The whole rollout in one batch, unscored."""
         return RolloutBatch.cat(list(self.micro_groups(rollout_id, module)))
 
     @torch.no_grad()
-    def _sample(self, chunk, micro_group, rollout_id, steps, negative, module) -> RolloutBatch:
+    def _sample(self, chunk, micro_group, rollout_id, steps, module) -> RolloutBatch:
         family, b = self.family, len(chunk)
         prompts = [self.prompts.prompts[p] for _, p, _ in chunk]
         cond = self.clock("encode", lambda: family.encode_prompts(prompts))
-        neg = negative.repeat(b) if negative is not None else None
+        neg = self.negative(cond)
         same = self.config.rollout.same_latent
         keys = [(self.seed, "init", q, 0 if same else j) for q, _, j in chunk]
         x = initial_noise(family, keys, self.height, self.width)

@@ -151,10 +151,10 @@ class Policy:
             raise RuntimeError("this algorithm asked for a reference policy but the actor keeps none")
         return self.family.velocity(x_t, sigma, cond, module=self._reference, **kw)
 
-    def negative(self, n: int) -> Conditioning | None:
-        """The negative-prompt conditioning for CFG, ``n`` rows (None when CFG is off)."""
-        negative = self.family.negative(self.negative_prompt, self.guidance_scale)
-        return None if negative is None else negative.repeat(n)
+    def negative(self, cond: Conditioning) -> Conditioning | None:
+        """The negative-prompt conditioning for CFG of the rows of ``cond``, one row each (None
+        when CFG is off)."""
+        return self.family.negative(self.negative_prompt, self.guidance_scale, cond)
 
 
 def _peft_config(family: ModelFamily, cfg: LoraConfig):
