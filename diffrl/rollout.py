@@ -55,6 +55,20 @@ class Conditioning:
         return Conditioning({k: v.expand(n, *v.shape[1:]) for k, v in self.tensors.items()})
 
 
+@dataclass(frozen=True)
+class Source:
+    """A prompt's source image: what an editing family (``ModelFamily.edits``) edits.
+
+    ``pixels (3, H, W)`` uint8 on the CPU: the prompt file's image, centre-cropped to the aspect
+    ratio of the output (``sampling.height : sampling.width``) and otherwise at the file's
+    resolution (the family resizes it as its pipeline does); ``key`` names it for the prompt
+    caches (the file and the crop).
+    """
+
+    pixels: torch.Tensor
+    key: str
+
+
 RESAMPLE_ZERO_CROSSINGS = 6
 """Zero crossings of the sinc on each side (torchaudio's ``lowpass_filter_width`` default)."""
 RESAMPLE_ROLLOFF = 0.99

@@ -1,5 +1,11 @@
 """Prompt sets: plain text (one prompt a line, as flow_grpo's train.txt/test.txt) or JSONL
-(``{"prompt": ..., "metadata": {...}}`` a line)."""
+(``{"prompt": ..., "metadata": {...}}`` a line).
+
+An editing data set is JSONL whose lines also name a source image,
+``{"prompt": "write the number 42 on the sign", "image": "signs/0001.png", "metadata": {...}}``:
+the path is relative to the prompt file (or absolute). Every image is checked when the file is
+read (it exists and decodes as an image), so a bad line is reported before any model loads.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from PIL import Image, UnidentifiedImageError
+
 from diffrl.config import resolve_data_path
 from diffrl.errors import DiffrlError
+from diffrl.rollout import Source
 
 FORMATS = 'a .txt file (one prompt a line) or a .jsonl file (one {"prompt": ...} object a line)'
 
@@ -23,10 +33,36 @@ class PromptSet:
     prompts: list[str]
     metadata: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
+    """The file the prompts came from (for messages)."""
+    images: list[Path | None] = field(default_factory=list)
+    """Each prompt's source image file (an editing data set's ``"image"``), None for none."""
 
     def __post_init__(self):
         if not self.metadata:
             self.metadata = [{} for _ in self.prompts]
+        if not self.images:
+            self.images = [None for _ in self.prompts]
+        self._sources: dict[tuple[int, int, int], Source] = {}
+
+    @property
+    def edits(self) -> bool:
+        """True when the prompts carry source images (an editing data set)."""
+        return any(image is not None for image in self.images)
+
+    def sources(self, indices: list[int], height: int, width: int) -> list[Source] | None:
+        """The source images of prompts ``indices``, centre-cropped to ``height : width``
+        (:func:`load_source`, each read once); None for a set without images."""
+        if not self.edits:
+            return None
+        for i in indices:
+            if (i, height, width) not in self._sources:
+                image = self.images[i]
+                if image is None:
+                    raise PromptFileError(
+                        f"prompt {i + 1} of {self.source!r} has no image; every line of an editing set needs one"
+                    )
+                self._sources[i, height, width] = load_source(image, height, width)
+        return [self._sources[i, height, width] for i in indices]
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -41,7 +77,7 @@ class PromptSet:
                 f"asked for {n} prompts of {self.source or 'the prompt set'!r}, which holds "
                 f"{len(self)}; ask for 1 to {len(self)}"
             )
-        return PromptSet(self.prompts[:n], self.metadata[:n], self.source)
+        return PromptSet(self.prompts[:n], self.metadata[:n], self.source, self.images[:n])
 
 
 def load_prompts(path: str | Path) -> PromptSet:
@@ -67,7 +103,7 @@ def load_prompts(path: str | Path) -> PromptSet:
     if "\x00" in text:
         raise PromptFileError(f"prompt file {str(path)!r} holds NUL bytes: not a text file; give {FORMATS}")
     lines = text.splitlines()
-    prompts, metadata, problems = [], [], []
+    prompts, metadata, images, problems = [], [], [], []
     jsonl = file.suffix == ".jsonl"
     for n, line in enumerate(lines, start=1):
         if not line.strip():
@@ -94,14 +130,62 @@ def load_prompts(path: str | Path) -> PromptSet:
             if not isinstance(meta, dict):
                 problems.append(f"line {n}: metadata must be an object")
                 continue
+            image, problem = _image_field(row, file.parent)
+            if problem:
+                problems.append(f"line {n}: {problem}")
+                continue
             prompts.append(row["prompt"])
             metadata.append(meta)
+            images.append(image)
         else:
             prompts.append(line.strip())
             metadata.append({})
+            images.append(None)
     if problems:
         shown = "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else "")
         raise PromptFileError(f"prompt file {str(path)!r} has {len(problems)} malformed line(s):\n  {shown}")
     if not prompts:
         raise PromptFileError(f"prompt file {str(path)!r} holds no prompts; give {FORMATS}")
-    return PromptSet(prompts, metadata, str(path))
+    if any(images) and not all(images):
+        n = images.index(None) + 1
+        raise PromptFileError(
+            f'prompt file {str(path)!r} line {n}: no "image", while other lines have one; an editing '
+            'set needs a source image on every line ({"prompt": ..., "image": "file.png"})'
+        )
+    return PromptSet(prompts, metadata, str(path), images)
+
+
+def _image_field(row: dict[str, Any], folder: Path) -> tuple[Path | None, str]:
+    """A JSONL line's ``"image"``: the file (relative to the prompt file's ``folder``) and ""; or
+    None and what is wrong with it."""
+    if "image" not in row or row["image"] is None:
+        return None, ""
+    value = row["image"]
+    if not isinstance(value, str) or not value.strip():
+        return None, f'"image" must be a path to an image file (a string), got {json.dumps(value)}'
+    image = folder / Path(value).expanduser()
+    if not image.is_file():
+        return None, f'"image" {value!r}: no such file ({str(image)!r})'
+    try:
+        with Image.open(image) as img:
+            img.verify()  # the header and the data's integrity, without decoding every pixel
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        return None, f'"image" {value!r} is not a readable image ({e}); replace the file'
+    return image, ""
+
+
+def load_source(path: Path, height: int, width: int) -> Source:
+    """``path``'s image as a :class:`~diffrl.rollout.Source`: RGB, centre-cropped to the aspect
+    ratio ``height : width`` (the largest such window of the image), not resized."""
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+    except (UnidentifiedImageError, OSError) as e:
+        raise PromptFileError(f"cannot decode the source image {str(path)!r}: {e}; replace the file") from e
+    w, h = img.size
+    cw, ch = min(w, round(h * width / height)), min(h, round(w * height / width))
+    left, top = (w - cw) // 2, (h - ch) // 2
+    if (cw, ch) != (w, h):
+        img = img.crop((left, top, left + cw, top + ch))
+    pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(ch, cw, 3).permute(2, 0, 1)
+    return Source(pixels.contiguous(), f"{path.resolve()}@{left},{top},{cw}x{ch}")

@@ -26,7 +26,7 @@ from diffrl.config import Config, ConfigError, bind_dataclass
 from diffrl.errors import DiffrlError
 from diffrl.models.numerics import ForwardMeter, Numerics, autocast, prepare
 from diffrl.models.schedules import flow_sigmas
-from diffrl.rollout import Conditioning, Media
+from diffrl.rollout import Conditioning, Media, Source
 
 FAMILY_FILE = "diffrl_model.json"
 
@@ -72,6 +72,10 @@ class ModelFamily(ABC):
     fps: ClassVar[float | None] = None
     """The frame rate a video family's videos play at (what ``diffrl sample`` writes into its
     .mp4 files); None: stills, or not known."""
+    edits: ClassVar[bool] = False
+    """True: an editing family. Every prompt comes with a source image (the prompt file's
+    ``"image"``), which :meth:`encode_prompts` takes as ``sources`` and which conditions every
+    forward through the conditioning (:meth:`_encode_edits`)."""
     sound: ClassVar[bool] = False
     """True: an audio-video family, whose :meth:`decode_media` returns a waveform with the frames
     (its latent state holds the audio stream too); rewards that hear (``Reward.audio``) need one."""
@@ -84,7 +88,8 @@ class ModelFamily(ABC):
         self.transformer = transformer
         self.device = device
         self.options = options
-        self._prompt_cache: dict[str, dict[str, torch.Tensor]] = {}
+        self._prompt_cache: dict[Any, dict[str, torch.Tensor]] = {}
+        """Encoded rows by prompt (by (prompt, source key) for an editing family)."""
         self.numerics = Numerics()
         """How the transformer forwards run (``model.autocast``, ``model.compile``); set by
         :func:`~diffrl.models.registry.load_family`."""
@@ -224,22 +229,43 @@ class ModelFamily(ABC):
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """Run the text encoders: tensors with the batch on dim 0."""
 
-    def encode_prompts(self, prompts: Sequence[str]) -> Conditioning:
-        """Encode with a per-prompt cache while the text encoders are frozen; with gradients and no
-        cache while they train."""
-        if self.text_encoder_trainable:
-            return Conditioning(self._encode_prompts(list(prompts)))
-        with torch.no_grad():
-            return self._encode_cached(prompts)
+    def _encode_edits(self, prompts: list[str], sources: list[Source]) -> dict[str, torch.Tensor]:
+        """An editing family's conditioning of ``prompts`` with their source images, one each
+        (e.g. the prompt's embedding and the source's latents): tensors with the batch on dim 0."""
+        raise NotImplementedError(f"the {self.name} family does not edit images (it takes no sources)")
 
-    def _encode_cached(self, prompts: Sequence[str]) -> Conditioning:
-        missing = list(dict.fromkeys(p for p in prompts if p not in self._prompt_cache))
+    def encode_prompts(self, prompts: Sequence[str], sources: Sequence[Source] | None = None) -> Conditioning:
+        """Encode ``prompts`` (with their ``sources``, one each, for an editing family; None
+        otherwise) with a cache per (prompt, source) while the encoders are frozen; with
+        gradients and no cache while they train."""
+        if (sources is not None) != self.edits or (sources is not None and len(sources) != len(prompts)):
+            what = "one source image per prompt" if self.edits else "no source images"
+            raise ValueError(
+                f"the {self.name} family takes {what}; got {len(sources or [])} for {len(prompts)}"
+            )
+        if self.text_encoder_trainable:
+            return Conditioning(self._encode(list(prompts), None if sources is None else list(sources)))
+        with torch.no_grad():
+            return self._encode_cached(prompts, sources)
+
+    def _encode(self, prompts: list[str], sources: list[Source] | None) -> dict[str, torch.Tensor]:
+        return self._encode_prompts(prompts) if sources is None else self._encode_edits(prompts, sources)
+
+    def _encode_cached(self, prompts: Sequence[str], sources: Sequence[Source] | None) -> Conditioning:
+        keys = list(prompts) if sources is None else [(p, s.key) for p, s in zip(prompts, sources)]
+        first: dict[Any, int] = {}  # the first row of each key not cached yet
+        for i, key in enumerate(keys):
+            if key not in self._prompt_cache:
+                first.setdefault(key, i)
+        missing = list(first.values())
         if missing:
-            encoded = self._encode_prompts(missing)
-            for i, p in enumerate(missing):
-                self._prompt_cache[p] = {k: v[i].detach() for k, v in encoded.items()}
-        keys = self._prompt_cache[prompts[0]].keys()
-        return Conditioning({k: torch.stack([self._prompt_cache[p][k] for p in prompts]) for k in keys})
+            encoded = self._encode(
+                [prompts[i] for i in missing], None if sources is None else [sources[i] for i in missing]
+            )
+            for row, i in enumerate(missing):
+                self._prompt_cache[keys[i]] = {k: v[row].detach() for k, v in encoded.items()}
+        names = self._prompt_cache[keys[0]].keys()
+        return Conditioning({k: torch.stack([self._prompt_cache[key][k] for key in keys]) for k in names})
 
     # ---- the sigma schedule --------------------------------------------------------------------
     def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
