@@ -12,10 +12,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 import yaml
 
 from diffrl.config import ConfigError, recipes_dir
-from diffrl.data.prompts import PromptSet, load_prompts
+from diffrl.data.prompts import given_prompts, load_prompts
 from diffrl.distributed.ray.cluster import import_ray, ray_address_problem
 from diffrl.distributed.ray.reward_server import start_reward_server
 from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError
@@ -166,7 +167,7 @@ def cmd_eval(args) -> int:
     failed = [*result.errors, *(base.errors if base is not None else [])]
     if failed:
         raise RewardError(f"eval: {len(failed)} reward call(s) failed: " + "; ".join(failed))
-    grid = save_grid(result.images[: config.eval.grid_images], out / "grid.png")
+    grid = save_grid(result.images[: config.eval.grid_images], out / "grid.png", sources=result.sources)
     for name, scores in result.rewards.items():
         print(
             f"{name}: mean {scores.mean():.4f}  (n={len(scores)}, exact {(scores == 1).float().mean():.2%})"
@@ -203,8 +204,10 @@ def cmd_sample(args) -> int:
         raise DiffrlError(
             f"eval.batch_size (images per sampling forward) must be >= 1, got {config.eval.batch_size}"
         )
+    if args.image and not args.prompt:
+        raise DiffrlError("--image goes with --prompt (one each); a prompt file names its images itself")
     if args.prompt:
-        prompts = PromptSet(list(args.prompt))
+        prompts = given_prompts(list(args.prompt), args.image)
     else:
         prompts = load_prompts(args.prompts)
         n = args.num_prompts
@@ -232,7 +235,11 @@ def cmd_sample(args) -> int:
     what = f"image{'s' * (n != 1)}" if images.ndim == 4 else f"video{'s' * (n != 1)}"
     if images.ndim == 5:
         what += " (.mp4" + (" with sound" if media.audio else "") + ", frames in NNNN/)"
-    print(f"wrote {n} {what} and grid {save_grid(images, out / 'grid.png')}")
+    h, w = images.shape[-2:]
+    sources = prompts.sources(index, h, w)
+    if sources is not None:  # the grid shows source | result
+        sources = torch.stack([s.resized(h, w) for s in sources])
+    print(f"wrote {n} {what} and grid {save_grid(images, out / 'grid.png', sources=sources)}")
     return 0
 
 
@@ -423,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("target")
     s.add_argument("overrides", nargs="*")
     s.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    s.add_argument(
+        "--image", action="append", help="an editing family's source image for each --prompt (repeatable)"
+    )
     s.add_argument("--prompts", help="prompt file")
     s.add_argument("--num-prompts", type=int, help="the first N prompts of --prompts (default: all)")
     s.add_argument("--samples-per-prompt", type=int, default=1)

@@ -27,8 +27,8 @@ from diffrl.config import (
     bind_config,
 )
 from diffrl.config import number_problem as _number
-from diffrl.data.offline import DatasetError, scan_image_folder, scan_pair_folder
-from diffrl.data.prompts import PromptFileError, load_prompts
+from diffrl.data.offline import SYNTHETIC, DatasetError, scan_image_folder, scan_pair_folder
+from diffrl.data.prompts import PromptFileError, PromptSet, edit_mismatch, load_prompts
 from diffrl.models.base import ModelFamily
 from diffrl.models.registry import FAMILIES
 from diffrl.registry import RegistryError
@@ -92,6 +92,8 @@ def validate(config: Config, check_files: bool = True, sections: Collection[str]
         errors += _data_checks(config, spec, check_files)
     if "model" in on:
         errors += _hearing_checks(config, "rewards" in on, "eval" in on and config.eval.enabled)
+    if "model" in on:
+        errors += _editing_checks(config, spec, check_files, "data" in on, "eval" in on)
     # train.resume is checked by the driver before any model loads (it verifies the checkpoint's
     # files, see train/run_folder.py), after this config is known to be well-formed
     return errors
@@ -379,10 +381,49 @@ def _eval_checks(e: EvalConfig, check_files: bool) -> list[str]:
 
 def _prompt_count(path: str) -> tuple[int, str | None]:
     """The number of prompts in a prompt file, or the problem that makes it unreadable."""
+    prompts, problem = _prompt_set(path)
+    return (0, problem) if prompts is None else (len(prompts), None)
+
+
+def _prompt_set(path: str) -> tuple[PromptSet | None, str | None]:
+    """A prompt file's prompts (each source image checked), or the problem that makes it unreadable."""
     try:
-        return len(load_prompts(path)), None
+        return load_prompts(path), None
     except PromptFileError as e:
-        return 0, str(e)
+        return None, str(e)
+
+
+def _editing_checks(
+    config: Config, spec: CollectionSpec | None, check_files: bool, data: bool, evals: bool
+) -> list[str]:
+    """An editing family (``ModelFamily.edits``) needs source images on every prompt it samples
+    (``data.prompts`` online, ``eval.prompts``) and edit pairs offline (``synthetic_edit``);
+    any other family takes none."""
+    try:
+        family = FAMILIES.resolve(config.model.family)
+    except RegistryError:
+        return []  # reported by _model_checks
+    edits, errors = bool(getattr(family, "edits", False)), []
+    name, d = config.model.family, config.data
+    online = spec is not None and spec.online
+    files = [("data.prompts", d.prompts)] * (data and online)
+    files += [("eval.prompts", config.eval.prompts)] * (evals and config.eval.enabled)
+    for where, path in files if check_files else []:
+        prompts, _ = _prompt_set(path)  # unreadable files are reported by the data / eval checks
+        if prompts is not None and prompts.edits != edits:
+            errors.append(f"{where}: {edit_mismatch(name, edits, repr(path))}")
+    if data and spec is not None and not online and spec.offline_items == "images":
+        if edits and d.dataset != "synthetic_edit":
+            errors.append(
+                f"data.dataset: model family {name!r} edits images, so it trains offline on edit pairs "
+                f"(a source, an instruction, the edited image): data.dataset=synthetic_edit, got {d.dataset!r}"
+            )
+        elif not edits and d.dataset == "synthetic_edit":
+            errors.append(
+                f"data.dataset=synthetic_edit holds edit pairs, but model family {name!r} does not "
+                "edit images; use synthetic_text or an image folder"
+            )
+    return errors
 
 
 def _data_checks(config: Config, spec: CollectionSpec | None, check_files: bool) -> list[str]:
@@ -395,12 +436,12 @@ def _data_checks(config: Config, spec: CollectionSpec | None, check_files: bool)
         )
     if not check_files:
         return errors
-    # online rollouts sample data.prompts; the synthetic dataset renders them
-    if online or d.dataset == "synthetic_text":
+    # online rollouts sample data.prompts; the synthetic datasets render them
+    if online or d.dataset in SYNTHETIC:
         _, problem = _prompt_count(d.prompts)
         if problem:
             errors.append(f"data.prompts: {problem}")
-    if d.dataset and d.dataset != "synthetic_text" and not online:
+    if d.dataset and d.dataset not in SYNTHETIC and not online:
         try:
             pairs = spec is not None and spec.offline_items == "pairs"
             (scan_pair_folder if pairs else scan_image_folder)(d.dataset)

@@ -68,6 +68,14 @@ class Source:
     pixels: torch.Tensor
     key: str
 
+    def resized(self, height: int, width: int) -> torch.Tensor:
+        """The source as uint8 ``(3, height, width)`` (antialiased bilinear): what rewards and
+        eval grids set beside the result (it has the output's aspect ratio already)."""
+        if tuple(self.pixels.shape[1:]) == (height, width):
+            return self.pixels
+        x = F.interpolate(self.pixels[None].float(), (height, width), mode="bilinear", antialias=True)
+        return x[0].round().clamp(0, 255).to(torch.uint8)
+
 
 RESAMPLE_ZERO_CROSSINGS = 6
 """Zero crossings of the sinc on each side (torchaudio's ``lowpass_filter_width`` default)."""

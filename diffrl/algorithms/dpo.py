@@ -147,7 +147,7 @@ class DPO(DiffusionAlgorithm):
                     "online DPO pairs each prompt's best and worst sample: rollout.n_samples_per_prompt "
                     f"must be >= 2, got {config.rollout.n_samples_per_prompt}"
                 )
-        elif d.dataset in (None, "synthetic_text"):
+        elif d.dataset in (None, "synthetic_text", "synthetic_edit"):
             errors.append(
                 "algorithm.params.pairs=offline trains on a folder of preference pairs: set data.dataset "
                 'to the folder (a metadata.jsonl of {"prompt": ..., "chosen": FILE, "rejected": FILE} '

@@ -90,9 +90,11 @@ class AlgorithmConfig:
 class DataConfig:
     prompts: str = "builtin:tiny_text/train.txt"
     """Prompt set for online algorithms: ``.txt`` (one a line) or ``.jsonl``
-    (``{"prompt": ..., "metadata": {...}}``). ``builtin:`` names a file shipped in diffrl."""
+    (``{"prompt": ..., "metadata": {...}}``; an editing family's lines also name their source image,
+    ``"image": "path/relative/to/the/file.png"``). ``builtin:`` names a file shipped in diffrl."""
     dataset: str | None = "synthetic_text"
-    """Offline dataset: ``synthetic_text`` or a folder: of captioned images (SFT), or of preference
+    """Offline dataset: ``synthetic_text``, ``synthetic_edit`` (its edit pairs: a sign, an
+    instruction, the edited sign; for editing families) or a folder: of captioned images (SFT), or of preference
     pairs, a ``metadata.jsonl`` of ``{"prompt": ..., "chosen": FILE, "rejected": FILE}`` rows
     (DPO with ``algorithm.params.pairs: offline``)."""
     dataset_size: int | None = None

@@ -1,5 +1,5 @@
-"""Offline image datasets: the synthetic text world, a folder of images + captions (SFT), or a
-folder of preference pairs (offline DPO).
+"""Offline image datasets: the synthetic text world, its edit pairs (``synthetic_edit``: SFT of an
+editing family), a folder of images + captions (SFT), or a folder of preference pairs (offline DPO).
 
 An image folder (SFT) holds images (``.png``, ``.jpg``, ``.jpeg``,
 ``.webp``) and, for each, either a sidecar caption ``name.txt`` or a row in ``metadata.jsonl``
@@ -22,8 +22,12 @@ from PIL import Image, UnidentifiedImageError
 
 from diffrl.config import Config
 from diffrl.data.prompts import load_prompts
-from diffrl.data.synthetic_text import SyntheticTextDataset, to_tensor
+from diffrl.data.synthetic_text import SyntheticEditDataset, SyntheticTextDataset, to_tensor
 from diffrl.errors import DiffrlError
+from diffrl.rollout import Source
+
+SYNTHETIC = {"synthetic_text": SyntheticTextDataset, "synthetic_edit": SyntheticEditDataset}
+"""The built-in datasets, rendered from ``data.prompts`` (edit pairs for editing families)."""
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 
@@ -44,9 +48,10 @@ PAIR_FIELDS = ("prompt", "chosen", "rejected")
 
 class OfflineDataset(Protocol):
     def __len__(self) -> int: ...
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str] | tuple[torch.Tensor, str, Source]:
         """``(image (3, H, W) in [0, 1], caption)``, or ``(images (K, 3, H, W), caption)``: K
-        images of one caption, best first (a preference pair: chosen, rejected)."""
+        images of one caption, best first (a preference pair: chosen, rejected); an edit pair
+        adds its :class:`~diffrl.rollout.Source`, ``(target, instruction, source)``."""
 
 
 def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
@@ -253,9 +258,9 @@ def _resize_center_crop(img: Image.Image, height: int, width: int) -> Image.Imag
 def build_offline_dataset(config: Config, height: int, width: int, items: str = "images") -> OfflineDataset:
     """``data.dataset`` as the algorithm's collection spec reads it (``items``: ``images`` | ``pairs``)."""
     ds = config.data.dataset
-    if ds == "synthetic_text":
+    if ds in SYNTHETIC:
         prompts = load_prompts(config.data.prompts).prompts
-        return SyntheticTextDataset(prompts, config.data.dataset_size, config.run.seed, height, width)
+        return SYNTHETIC[ds](prompts, config.data.dataset_size, config.run.seed, height, width)
     if items == "pairs":
         return PreferencePairDataset(ds, height, width)
     return ImageFolderDataset(ds, height, width)

@@ -64,6 +64,18 @@ class PromptSet:
                 self._sources[i, height, width] = load_source(image, height, width)
         return [self._sources[i, height, width] for i in indices]
 
+    def reward_metadata(self, indices: list[int], height: int, width: int) -> list[dict[str, Any]]:
+        """The metadata rewards get for prompts ``indices``: each line's ``"metadata"`` and, for
+        an editing set, ``"source_image"`` (the source as uint8 ``(3, height, width)``, as the
+        result is laid out, so an edit reward can compare the two) and ``"source_file"``."""
+        sources = self.sources(indices, height, width)
+        if sources is None:
+            return [self.metadata[i] for i in indices]
+        return [
+            {**self.metadata[i], "source_image": s.resized(height, width), "source_file": str(self.images[i])}
+            for i, s in zip(indices, sources)
+        ]
+
     def __len__(self) -> int:
         return len(self.prompts)
 
@@ -153,6 +165,41 @@ def load_prompts(path: str | Path) -> PromptSet:
             'set needs a source image on every line ({"prompt": ..., "image": "file.png"})'
         )
     return PromptSet(prompts, metadata, str(path), images)
+
+
+def edit_mismatch(family: str, edits: bool, where: str) -> str:
+    """Why the prompts of ``where`` do not suit model family ``family`` (which ``edits`` images or
+    not): an editing family without source images, or source images for one that does not edit."""
+    if edits:
+        return (
+            f"model family {family!r} edits images: every prompt of {where} needs a source image "
+            '(a .jsonl prompt file with lines {"prompt": ..., "image": "file.png"})'
+        )
+    return (
+        f'{where} gives source images ("image"), but model family {family!r} does not edit images '
+        "(it would ignore them); use an editing family (qwen_image_edit, flux_kontext) or drop the images"
+    )
+
+
+def given_prompts(prompts: list[str], images: list[str] | None = None) -> PromptSet:
+    """Prompts given on the command line (``--prompt``), with their source images (``--image``,
+    one per prompt, relative to the working directory) for an editing family."""
+    if images is None:
+        return PromptSet(list(prompts), source="--prompt")
+    if len(images) != len(prompts):
+        raise PromptFileError(
+            f"give one --image per --prompt (an editing family edits each prompt's image): got "
+            f"{len(prompts)} prompts and {len(images)} images"
+        )
+    files, problems = [], []
+    for n, image in enumerate(images, 1):
+        path, problem = _image_field({"image": image}, Path.cwd())
+        files.append(path)
+        if problem:
+            problems.append(f"--image {n}: {problem}")
+    if problems:
+        raise PromptFileError("; ".join(problems))
+    return PromptSet(list(prompts), source="--prompt", images=files)
 
 
 def _image_field(row: dict[str, Any], folder: Path) -> tuple[Path | None, str]:

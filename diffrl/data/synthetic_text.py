@@ -7,12 +7,19 @@ few pixels of jitter (see :func:`draw_style`).
 
 The shipped splits ``data/tiny_text/{train,test}.txt`` are disjoint; rebuild them with
 ``python -m diffrl.data.synthetic_text`` (deterministic).
+
+The synthetic edit world (editing families): a sign showing one number, the instruction
+``replace the number with "42"`` (:func:`edit_prompt_for`: the OCR reward reads the quoted text),
+and the same sign with the new number as the target. ``data.dataset: synthetic_edit`` serves the
+pairs for SFT; ``python -m diffrl.data.synthetic_text --edit-set DIR`` writes an editing prompt
+set (``prompts.jsonl`` + the source PNGs) for online RL and eval.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +29,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
+from diffrl.rollout import Source
 from diffrl.seeding import derive_seed
 
 ALPHABET = "0123456789"
@@ -32,6 +40,11 @@ SPLITS_DIR = Path(__file__).resolve().parent / "tiny_text"
 def prompt_for(text: str) -> str:
     # one template, so the quoted characters sit at the same token positions in every prompt
     return f'the number "{text}"'
+
+
+def edit_prompt_for(text: str) -> str:
+    """The edit instruction that turns a sign into one showing ``text``."""
+    return f'replace the number with "{text}"'
 
 
 def target_text(prompt: str) -> str:
@@ -110,6 +123,57 @@ class SyntheticTextDataset:
         return to_tensor(render(text, style, self.height, self.width)), prompt
 
 
+class SyntheticEditDataset:
+    """Example ``i``: the sign of another prompt's text (drawn by (seed, i)) as the source, the
+    instruction to write ``prompts[i % len(prompts)]``'s text, and that text in the same style as
+    the target: ``(target (3, H, W) in [0, 1], instruction, source)``."""
+
+    def __init__(self, prompts: list[str], size: int | None, seed: int, height: int, width: int):
+        self.texts = [target_text(p) for p in prompts]
+        self.size = size or len(prompts)
+        self.seed = seed
+        self.height, self.width = height, width
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str, Source]:
+        source, target, style = self.pair(i)
+        h, w = self.height, self.width
+        pixels = torch.from_numpy(np.asarray(render(source, style, h, w))).permute(2, 0, 1).contiguous()
+        key = f"synthetic_edit:{self.seed}:{i}:{h}x{w}"
+        return to_tensor(render(target, style, h, w)), edit_prompt_for(target), Source(pixels, key)
+
+    def pair(self, i: int) -> tuple[str, str, TextStyle]:
+        """Example ``i``'s source text, target text and style."""
+        rng = random.Random(derive_seed(self.seed, "synthetic_edit", i))
+        target = self.texts[i % len(self.texts)]
+        source = rng.choice([t for t in self.texts if t != target] or [target[::-1]])
+        longer = max(source, target, key=len)  # one style that fits both texts
+        return source, target, draw_style(longer, rng, self.height, self.width)
+
+
+def write_edit_set(out: Path, prompts: list[str], seed: int, height: int, width: int) -> Path:
+    """An editing prompt set of :class:`SyntheticEditDataset`'s examples, one per prompt: the
+    sources as ``out/images/NNNN.png`` and ``out/prompts.jsonl`` lines
+    ``{"prompt": ..., "image": "images/NNNN.png", "metadata": {"source_text": ...}}``."""
+    data = SyntheticEditDataset(prompts, None, seed, height, width)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(len(data)):
+        source, target, style = data.pair(i)
+        name = f"images/{i:04d}.png"
+        render(source, style, height, width).save(out / name)
+        lines.append(
+            json.dumps(
+                {"prompt": edit_prompt_for(target), "image": name, "metadata": {"source_text": source}}
+            )
+        )
+    path = out / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def make_splits(n_train: int = 900, n_test: int = 100, seed: int = 2026) -> tuple[list[str], list[str]]:
     rng = random.Random(seed)
     seen: set[str] = set()
@@ -131,7 +195,22 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=SPLITS_DIR)
     parser.add_argument("--n-train", type=int, default=900)
     parser.add_argument("--n-test", type=int, default=100)
+    parser.add_argument(
+        "--edit-set",
+        type=Path,
+        metavar="DIR",
+        help="instead, write an editing prompt set of the train prompts' texts into DIR",
+    )
+    parser.add_argument("--size", type=int, nargs=2, default=(64, 64), metavar=("H", "W"))
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.edit_set is not None:
+        prompts = (SPLITS_DIR / "train.txt").read_text().split("\n")
+        path = write_edit_set(args.edit_set, [p for p in prompts if p][: args.n_train], args.seed, *args.size)
+        print(
+            f"wrote {path} ({min(args.n_train, len(prompts))} edits of {args.size[0]}x{args.size[1]} signs)"
+        )
+        return
     train, test = make_splits(args.n_train, args.n_test)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "train.txt").write_text("\n".join(train) + "\n")

@@ -127,15 +127,20 @@ class OfflineCollector:
         items = [self.dataset[i] for i in indices]
         grouped = items[0][0].ndim == 4  # (K, 3, H, W): K images of one caption
         k = len(items[0][0]) if grouped else 1
-        images = (torch.cat if grouped else torch.stack)([img for img, _ in items])
-        prompts = [caption for _, caption in items for _ in range(k)]
+        images = (torch.cat if grouped else torch.stack)([item[0] for item in items])
+        prompts = [item[1] for item in items for _ in range(k)]
+        edits = len(items[0]) == 3  # (target, instruction, source): an edit pair
+        sources = [item[2] for item in items for _ in range(k)] if edits else None
         x0 = self.clock("encode", lambda: self.family.encode_images(images.to(self.family.device)))
-        cond = self.clock("encode", lambda: self.family.encode_prompts(prompts))
+        cond = self.clock("encode", lambda: self.family.encode_prompts(prompts, sources))
         idx = torch.tensor(indices).repeat_interleave(k)
         position = torch.arange(start, start + self.batch_size)
+        h, w = images.shape[-2:]
         return RolloutBatch(
             prompts=prompts,
-            metadata=[{} for _ in prompts],
+            metadata=[{"source_image": s.resized(h, w)} for s in sources]
+            if sources
+            else [{} for _ in prompts],
             prompt_index=idx,
             sample_index=torch.arange(k).repeat(len(items)) if grouped else position,
             group_id=position.repeat_interleave(k) if grouped else idx,
@@ -200,8 +205,10 @@ class OnlineCollector:
     @torch.no_grad()
     def _sample(self, chunk, micro_group, rollout_id, steps, module) -> RolloutBatch:
         family, b = self.family, len(chunk)
-        prompts = [self.prompts.prompts[p] for _, p, _ in chunk]
-        cond = self.clock("encode", lambda: family.encode_prompts(prompts))
+        index = [p for _, p, _ in chunk]
+        prompts = [self.prompts.prompts[p] for p in index]
+        sources = self.prompts.sources(index, self.height, self.width)
+        cond = self.clock("encode", lambda: family.encode_prompts(prompts, sources))
         neg = self.negative(cond)
         same = self.config.rollout.same_latent
         keys = [(self.seed, "init", q, 0 if same else j) for q, _, j in chunk]
@@ -232,7 +239,7 @@ class OnlineCollector:
         step_idx = torch.tensor(steps, dtype=torch.long).expand(b, k)
         batch = RolloutBatch(
             prompts=prompts,
-            metadata=[self.prompts.metadata[p] for _, p, _ in chunk],
+            metadata=self.prompts.reward_metadata(index, self.height, self.width),
             prompt_index=torch.tensor([p for _, p, _ in chunk]),
             sample_index=torch.tensor([j for _, _, j in chunk]),
             group_id=torch.tensor([q for q, _, _ in chunk]),

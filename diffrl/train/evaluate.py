@@ -12,7 +12,8 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from diffrl.config import Config
-from diffrl.data.prompts import PromptSet, load_prompts
+from diffrl.data.prompts import PromptSet, edit_mismatch, load_prompts
+from diffrl.errors import DiffrlError
 from diffrl.logging import Progress
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardSet
@@ -23,13 +24,16 @@ from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampl
 @dataclass
 class EvalResult:
     """``rewards``: reward label -> ``(N,)`` scores; ``images``: ``(N, 3, H, W)`` (videos
-    ``(N, 3, F, H, W)``) in [0, 1]; ``audio``: their sound (audio-video families), else None. A
+    ``(N, 3, F, H, W)``) in [0, 1]; ``audio``: their sound (audio-video families), else None;
+    ``sources``: an editing family's source images, uint8 ``(N, 3, H, W)`` laid out as the results
+    (the grid shows them side by side), else None. A
     sample a reward failed has a NaN score and total, and ``errors`` says why; the means are over
     the samples scored."""
 
     prompts: list[str]
     images: torch.Tensor
     audio: Audio | None = None
+    sources: torch.Tensor | None = None
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)
     total: torch.Tensor | None = None
     errors: list[str] = field(default_factory=list)
@@ -65,12 +69,13 @@ def generate(
     """
     s = config.sampling
     height, width = image_size(config, family)
+    if family.edits != prompts.edits:
+        raise DiffrlError(edit_mismatch(family.name, family.edits, prompts.source or "the prompts"))
     jobs = [(i, j) for i in range(len(prompts)) for j in range(samples_per_prompt)]
     if not jobs or batch_size < 1:  # the commands check these; a caller's bug otherwise
         raise ValueError(
             f"nothing to sample: {len(prompts)} prompts x {samples_per_prompt} samples in batches of {batch_size}"
         )
-    negative = family.negative(s.negative_prompt, s.guidance_scale)
     sigmas = sampling_sigmas(config, family)
     out = []
     progress = Progress(label, len(jobs), "img")
@@ -78,8 +83,10 @@ def generate(
     for start in range(0, len(jobs), batch_size):
         chunk = jobs[start : start + batch_size]
         texts = [prompts.prompts[i] for i, _ in chunk]
+        cond = family.encode_prompts(texts, prompts.sources([i for i, _ in chunk], height, width))
+        negative = family.negative(s.negative_prompt, s.guidance_scale, cond)
         noise = initial_noise(family, [(seed, "eval", i, j) for i, j in chunk], height, width)
-        x0 = sample_ode(family, noise, family.encode_prompts(texts), sigmas, s.guidance_scale, negative)
+        x0 = sample_ode(family, noise, cond, sigmas, s.guidance_scale, negative)
         media = family.decode_media(x0)
         audio = media.audio.compact() if media.audio is not None else None  # as rollouts keep it
         out.append(Media(media.images.cpu(), audio, media.fps))
@@ -92,9 +99,10 @@ def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> 
     prompts = load_prompts(e.prompts).head(e.num_prompts)
     index, media = generate(family, config, prompts, e.samples_per_prompt, e.seed, e.batch_size, "eval")
     names = [prompts.prompts[i] for i in index]
-    result = EvalResult(names, media.images, media.audio)
+    meta = prompts.reward_metadata(index, *media.images.shape[-2:])
+    sources = torch.stack([m["source_image"] for m in meta]) if prompts.edits else None
+    result = EvalResult(names, media.images, media.audio, sources)
     if rewards is not None:  # a reward that fails costs its samples' scores, not the run
-        meta = [prompts.metadata[i] for i in index]
         out = rewards.submit(media.images, names, meta, audio=media.audio).result()
         result.rewards, result.total, result.errors = out.per_reward, out.total, out.errors
         if out.errors:
@@ -133,10 +141,17 @@ def to_pil(image: torch.Tensor) -> Image.Image:
     return Image.fromarray(quantize(image).permute(1, 2, 0).numpy())
 
 
-def save_grid(images: torch.Tensor, path: Path, columns: int = 8, scale: int = 2) -> Path:
+def save_grid(
+    images: torch.Tensor, path: Path, columns: int = 8, scale: int = 2, sources: torch.Tensor | None = None
+) -> Path:
     """Tile ``images (N, 3, H, W)`` (or videos ``(N, 3, F, H, W)``, see :func:`still`) in [0, 1]
-    into one PNG."""
+    into one PNG; with ``sources`` (uint8 ``(N, 3, H, W)``: what an editing family edited) each
+    result follows its source, ``source | result``, a pair per cell."""
     images = still(images)
+    if sources is not None:
+        pairs = torch.stack([sources[: len(images)].float() / 255.0, images.float()], 1)
+        images = pairs.flatten(0, 1)
+        columns = max(2, columns - columns % 2)
     n = images.shape[0]
     columns = min(columns, n)
     rows = (n + columns - 1) // columns

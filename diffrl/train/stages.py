@@ -313,7 +313,7 @@ class LoopState:
     ) -> None:
         """Keep an eval point: its grid image, its metrics (logged) and ``eval_curve.json``;
         ``seconds``: how long the eval took (``perf/eval_time``)."""
-        save_grid(result.images[:grid_images], out / "eval" / f"step_{step:05d}.png")
+        save_grid(result.images[:grid_images], out / "eval" / f"step_{step:05d}.png", sources=result.sources)
         metrics = result.metrics()
         if seconds is not None:
             metrics["perf/eval_time"] = seconds

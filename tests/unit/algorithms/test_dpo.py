@@ -255,7 +255,7 @@ class FakeFamily:
     def encode_images(self, images):
         return images[:, :2] * 2 - 1
 
-    def encode_prompts(self, prompts):
+    def encode_prompts(self, prompts, sources=None):
         return Conditioning({"h": torch.tensor([float(len(p)) for p in prompts]).view(-1, 1)})
 
 

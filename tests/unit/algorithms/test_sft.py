@@ -6,7 +6,7 @@ from diffrl.rollout import Conditioning
 
 
 class FakeFamily:
-    def encode_prompts(self, prompts):
+    def encode_prompts(self, prompts, sources=None):
         return Conditioning({"h": torch.zeros(len(prompts), 2, 3)})
 
 
