@@ -206,24 +206,40 @@ class FluxFamily(PackedLatentFamily):
     ) -> torch.Tensor:
         """One ``FluxTransformer2DModel`` call: ``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity
         ``(B, C, H, W)``, with ``options.guidance`` embedded when the transformer is distilled."""
+        h, w = x_t.shape[-2:]
         dtype = next(module.parameters()).dtype
-        b, _, h, w = x_t.shape
-        c = cond.to(x_t.device, dtype)
+        ids = image_ids(h, w, x_t.device, dtype)
+        return unpack(self.forward_tokens(module, pack(x_t), ids, sigma, cond), h, w)
+
+    def forward_tokens(
+        self,
+        module: nn.Module,
+        tokens: torch.Tensor,
+        ids: torch.Tensor,
+        sigma: torch.Tensor,
+        cond: Conditioning,
+    ) -> torch.Tensor:
+        """The transformer on packed image ``tokens (B, N, 4C)`` with their position ``ids (N, 3)``
+        -> its output ``(B, N, 4C)``: the text (T5 tokens, ids zero) and the pooled CLIP embedding
+        from ``cond``, ``options.guidance`` embedded when the transformer is distilled."""
+        dtype = next(module.parameters()).dtype
+        c = cond.to(tokens.device, dtype)
         guidance = None
         if self.distilled_guidance:  # float32, as the pipeline
-            guidance = torch.full((b,), float(self.options.guidance), device=x_t.device, dtype=torch.float32)
+            guidance = torch.full(
+                (len(tokens),), float(self.options.guidance), device=tokens.device, dtype=torch.float32
+            )
         text = c.tensors["encoder_hidden_states"]
-        out = module(
-            hidden_states=pack(x_t.to(dtype)),
+        return module(
+            hidden_states=tokens.to(dtype),
             timestep=sigma.to(dtype),  # the pipeline's t / 1000
             guidance=guidance,
             pooled_projections=c.tensors["pooled_projections"],
             encoder_hidden_states=text,
-            txt_ids=torch.zeros(text.shape[1], 3, device=x_t.device, dtype=dtype),
-            img_ids=image_ids(h, w, x_t.device, dtype),
+            txt_ids=torch.zeros(text.shape[1], 3, device=tokens.device, dtype=dtype),
+            img_ids=ids.to(dtype),
             return_dict=False,
         )[0]
-        return unpack(out, h, w)
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:

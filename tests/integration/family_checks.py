@@ -12,6 +12,7 @@ import torch
 from diffrl.config import Config
 from diffrl.models.base import FamilyMismatchError, ModelFamily
 from diffrl.preflight import load_config
+from diffrl.rollout import Source
 from diffrl.train.loop import TrainResult, train
 from tests.conftest import ROOT, rehash_checkpoint
 
@@ -45,6 +46,40 @@ OTHER_ALGORITHMS = pytest.mark.parametrize(
     ],
     ids=["diffusion_nft", "awm", "sft"],
 )
+
+EDIT_ALGORITHMS = pytest.mark.parametrize(
+    "algorithm",
+    [
+        {"algorithm.name": "diffusion_nft", "algorithm.params": "{}"},
+        {"algorithm.name": "awm", "algorithm.params": "{}"},
+        {  # offline: the synthetic edit pairs (sign, instruction, edited sign) through the VAE
+            "algorithm.name": "sft",
+            "algorithm.params": "{}",
+            "data.dataset": "synthetic_edit",
+            "data.dataset_size": 8,
+            "rewards": "[]",
+        },
+    ],
+    ids=["diffusion_nft", "awm", "sft"],
+)
+""":data:`OTHER_ALGORITHMS` for an editing family: SFT on edit pairs."""
+
+
+def edit_prompt_set(folder: Path, size: int, n: int = 4) -> Path:
+    """An editing prompt set of ``n`` synthetic signs (``size`` px) written into ``folder``:
+    ``prompts.jsonl`` lines ``{"prompt": 'replace the number with "42"', "image": "images/..."}``."""
+    from diffrl.data.synthetic_text import write_edit_set
+
+    texts = [f'the number "{t}"' for t in ("12", "345", "67", "890", "21", "43")[:n]]
+    return write_edit_set(folder, texts, seed=0, height=size, width=size)
+
+
+def edit_config(tmp_path: Path, family: dict[str, object], size: int, **extra) -> Config:
+    """:func:`family_config` on an editing prompt set (``data.prompts`` and ``eval.prompts``)."""
+    prompts = edit_prompt_set(tmp_path / "edits", size)
+    return family_config(
+        tmp_path, {**family, "data.prompts": str(prompts), "eval.prompts": str(prompts)}, **extra
+    )
 
 
 def family_config(tmp_path: Path, family: dict[str, object], **extra) -> Config:
@@ -87,14 +122,19 @@ def export_lora(tmp_path: Path, checkpoint: Path) -> tuple[Path, ModelFamily]:
 
 
 def assert_exported_lora_matches(
-    tmp_path: Path, checkpoint: Path, base: ModelFamily, x: torch.Tensor, guidance: float = 1.0
+    tmp_path: Path,
+    checkpoint: Path,
+    base: ModelFamily,
+    x: torch.Tensor,
+    guidance: float = 1.0,
+    sources: list[Source] | None = None,
 ) -> ModelFamily:
     """``pipeline.load_lora_weights`` of the exported folder on the base model gives the velocity of
-    diffrl's policy with that LoRA (to 1e-5), and the adapter changes it (it was applied).
-    Returns the policy."""
+    diffrl's policy with that LoRA (to 1e-5), and the adapter changes it (it was applied); an
+    editing family's two prompts come with ``sources``. Returns the policy."""
     out, ours = export_lora(tmp_path, checkpoint)
     sigma = torch.tensor([0.9, 0.4])
-    cond = ours.encode_prompts(["a", "b"])
+    cond = ours.encode_prompts(["a", "b"], sources)
     with torch.no_grad():
         v_plain = base.velocity(x, sigma, cond, guidance)
         pipe = base.pipeline()

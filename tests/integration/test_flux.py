@@ -22,9 +22,11 @@ from tests.integration.family_checks import (
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
 
 
-def write_tiny_flux(path, guidance_embeds: bool = True) -> None:
-    """A random FLUX.1 with every part of the real one, sized for a CPU, saved by the pipeline."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+def write_tiny_flux(path, guidance_embeds: bool = True, pipeline: str = "FluxPipeline") -> None:
+    """A random FLUX.1 with every part of the real one, sized for a CPU, saved by the pipeline
+    (``pipeline``: FluxPipeline, or FluxKontextPipeline, whose parts are the same)."""
+    import diffusers
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
 
     torch.manual_seed(0)
@@ -52,7 +54,7 @@ def write_tiny_flux(path, guidance_embeds: bool = True) -> None:
         base_image_seq_len=256,
         max_image_seq_len=4096,
     )
-    FluxPipeline(
+    getattr(diffusers, pipeline)(
         transformer=transformer,
         scheduler=scheduler,
         vae=vae,

@@ -1,0 +1,137 @@
+"""``flux_kontext``: FLUX.1 Kontext [dev], instruction editing, from a local diffusers folder
+(``FluxKontextPipeline`` layout).
+
+The parts are FLUX.1's (see :mod:`diffrl.models.flux`): ``FluxTransformer2DModel`` (trained),
+``AutoencoderKL``, CLIP-L (pooled) and T5. Each prompt comes with a source image
+(:class:`~diffrl.rollout.Source`, the prompt file's ``"image"``), and the conditioning holds it as
+``FluxKontextPipeline`` prepares it:
+
+- the source is resized to the Kontext resolution nearest its aspect ratio
+  (``PREFERRED_KONTEXT_RESOLUTIONS``, about 1 megapixel, floored to multiples of 16) with the
+  pipeline's ``VaeImageProcessor``; ``model.options.auto_resize: false`` keeps its own size, as the
+  pipeline's ``_auto_resize=False`` (then every source of a run must have one size: rows are batched);
+- it is encoded by the VAE (the mode, ``sample_mode="argmax"``) and normalised as the latents,
+  ``(z - shift_factor) * scaling_factor``: ``image_latents (B, C, h', w')`` in the conditioning.
+
+:meth:`FluxKontextFamily.forward` packs the noisy latent and the source latent into 2 x 2 tokens,
+appends the source's after the noisy ones along the sequence (ids ``(1, row, column)``: the first
+axis tells them apart from the noisy tokens' ``(0, row, column)``), runs the transformer and keeps
+the velocity of the noisy tokens. The source is never noised. Sigmas are FLUX.1's, with ``mu`` from
+the noisy tokens only (the pipeline's ``image_seq_len``).
+
+Guidance, as ``FluxPipeline``: Kontext [dev] is guidance-distilled, so every forward embeds
+``model.options.guidance`` (the pipeline's ``guidance_scale``, 3.5); ``sampling.guidance_scale`` is
+true CFG with ``sampling.negative_prompt`` (``true_cfg_scale``, off by default). The negative
+prompt is text only: its rows share the source latents of the rows they guide.
+
+The output size is ``sampling.height x sampling.width`` as given; the pipeline instead rescales
+the requested size to ``max_area`` (1024², keeping the aspect ratio): pass ``max_area=height *
+width`` to it for the same size. Sources are centre-cropped to the output's aspect ratio when the
+prompt file is read (:func:`~diffrl.data.prompts.load_source`), so the rows of a run share one
+Kontext resolution.
+
+A user's checkpoint: ``model: {family: flux_kontext, path: /models/FLUX.1-Kontext-dev}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from diffusers.image_processor import VaeImageProcessor
+from diffusers.pipelines.flux import pipeline_flux_kontext
+from PIL import Image
+from torch import nn
+
+from diffrl.models.flux import FluxFamily, image_ids, pack, unpack
+from diffrl.rollout import Conditioning, Source
+
+
+class FluxKontextFamily(FluxFamily):
+    name = "flux_kontext"
+    pipeline_class = "FluxKontextPipeline"
+    edits = True
+
+    @dataclass
+    class Options(FluxFamily.Options):
+        auto_resize: bool = True
+        """Resize each source to the Kontext resolution nearest its aspect ratio (the pipeline's
+        ``_auto_resize``); false: keep its size (floored to a multiple of 16)."""
+
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        self.image_processor = VaeImageProcessor(
+            vae_scale_factor=self.vae_scale_factor * 2
+        )  # as the pipeline
+        self._source_size: tuple[int, int] | None = None
+
+    # ---- the source image ----------------------------------------------------------------------
+    def source_size(self, image: Image.Image) -> tuple[int, int]:
+        """The ``(height, width)`` ``FluxKontextPipeline`` resizes ``image`` to."""
+        multiple = self.vae_scale_factor * 2
+        height, width = self.image_processor.get_default_height_width(image)
+        if self.options.auto_resize:
+            aspect = width / height
+            # read at call time: the module's list is what the pipeline uses
+            resolutions = pipeline_flux_kontext.PREFERRED_KONTEXT_RESOLUTIONS
+            _, width, height = min((abs(aspect - w / h), w, h) for w, h in resolutions)
+        return height // multiple * multiple, width // multiple * multiple
+
+    def source_pixels(self, source: Source) -> torch.Tensor:
+        """``source`` resized and normalised as the pipeline preprocesses its ``image``:
+        ``(1, 3, h, w)`` in [-1, 1]; every source of a run has the same ``(h, w)``."""
+        image = Image.fromarray(source.pixels.permute(1, 2, 0).numpy())
+        height, width = self.source_size(image)
+        if self._source_size is None:
+            self._source_size = (height, width)
+        elif self._source_size != (height, width):
+            h0, w0 = self._source_size
+            raise ValueError(
+                f"{self.name}: source {source.key} resizes to {width}x{height}, earlier ones to "
+                f"{w0}x{h0}; the rows of a run are batched, so their sources need one size "
+                "(give images of one size, or model.options.auto_resize: true)"
+            )
+        image = self.image_processor.resize(image, height, width)
+        return self.image_processor.preprocess(image, height, width)
+
+    # ---- text and source -----------------------------------------------------------------------
+    def _encode_edits(self, prompts: list[str], sources: list[Source]) -> dict[str, torch.Tensor]:
+        """FLUX.1's text tensors and ``image_latents (B, C, h', w')``: each source's normalised
+        VAE latent (:meth:`source_pixels`, the VAE's mode)."""
+        text = self._encode_prompts(prompts)
+        pixels = torch.cat([self.source_pixels(s) for s in sources]).to(self.device, self.vae.dtype)
+        latents = torch.cat([self.vae.encode(p[None]).latent_dist.mode() for p in pixels])
+        config = self.vae.config
+        text["image_latents"] = ((latents - config.shift_factor) * config.scaling_factor).float()
+        return text
+
+    def negative(
+        self, prompt: str, guidance_scale: float, cond: Conditioning | None = None
+    ) -> Conditioning | None:
+        """The negative prompt's text for each row of ``cond``, with that row's source latents
+        (the pipeline's negative forward sees the same image tokens)."""
+        if guidance_scale <= self.no_guidance_scale:
+            return None
+        if cond is None:
+            raise ValueError(
+                f"{self.name}: the negative conditioning needs the rows' conditioning (their sources)"
+            )
+        with torch.no_grad():
+            rows = self._encode_cached([prompt], None).repeat(len(cond)).tensors
+        return Conditioning({**rows, "image_latents": cond.tensors["image_latents"]})
+
+    # ---- the velocity forward ------------------------------------------------------------------
+    def forward(
+        self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+    ) -> torch.Tensor:
+        """``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity ``(B, C, H, W)``: the noisy tokens, then
+        the source's ``(B, h'/2 * w'/2, 4C)`` (ids with first axis 1), the noisy tokens' output kept."""
+        h, w = x_t.shape[-2:]
+        source = cond.tensors["image_latents"].to(x_t.device)
+        sh, sw = source.shape[-2:]
+        ids = image_ids(h, w, x_t.device, torch.float32)
+        source_ids = image_ids(sh, sw, x_t.device, torch.float32)
+        source_ids[:, 0] = 1
+        tokens = torch.cat([pack(x_t), pack(source.to(x_t.dtype))], dim=1)
+        out = self.forward_tokens(module, tokens, torch.cat([ids, source_ids]), sigma, cond)
+        return unpack(out[:, : (h // 2) * (w // 2)], h, w)
