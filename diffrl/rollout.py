@@ -270,6 +270,8 @@ class RolloutBatch(Batch):
     ``traj_x, traj_next: (B, K, *latent)``; ``traj_step (B, K)`` step indices;
     ``traj_sigma, traj_sigma_next (B, K)``; ``traj_log_prob (B, K)`` when the spec keeps log-probs;
     ``traj_mean (B, K, *latent)`` the transitions' means (float32) when the spec keeps them.
+    ``sources``: an editing family's source images, one per row (in ``cond`` already; kept for
+    algorithms that encode the prompts again), else None.
     """
 
     prompts: list[str]
@@ -292,6 +294,7 @@ class RolloutBatch(Batch):
     traj_mean: torch.Tensor | None = None
     reward_scores: RewardScores | None = None
     audio: Audio | None = None
+    sources: list[Source] | None = None
 
 
 @dataclass

@@ -18,14 +18,15 @@ from typing import Literal
 import torch
 
 from diffrl.algorithms.base import DiffusionAlgorithm
-from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples, TrainSignals
+from diffrl.rollout import CollectionSpec, RolloutBatch, Source, TrainExamples, TrainSignals
 from diffrl.seeding import generator
 
 
 @dataclass
 class SFTExamples(TrainExamples):
     """``x0, noise: (B, *latent)``; ``sigma: (B,)``; ``prompts``: the captions, "" where dropped
-    for CFG. Prompts are encoded in ``compute_loss`` (cached, or with gradients when the family
+    for CFG; ``sources``: an editing family's source images (kept when the caption is dropped),
+    else None. Prompts are encoded in ``compute_loss`` (cached, or with gradients when the family
     trains its text encoder)."""
 
     sample_id: torch.Tensor
@@ -33,6 +34,7 @@ class SFTExamples(TrainExamples):
     prompts: list[str]
     noise: torch.Tensor
     sigma: torch.Tensor
+    sources: list[Source] | None = None
 
 
 def flow_matching_loss(velocity: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -93,10 +95,11 @@ class SFT(DiffusionAlgorithm):
             prompts=["" if d else prompt for d, prompt in zip(drop, batch.prompts)],
             noise=torch.stack(noise).to(batch.x0.device),
             sigma=torch.tensor(sigma, device=batch.x0.device),
+            sources=batch.sources,
         )
 
     def compute_loss(self, policy, examples: SFTExamples) -> tuple[torch.Tensor, dict[str, float]]:
-        cond = policy.family.encode_prompts(examples.prompts)
+        cond = policy.family.encode_prompts(examples.prompts, examples.sources)
         s = examples.sigma.view(-1, *[1] * (examples.x0.ndim - 1))
         x_t = (1 - s) * examples.x0 + s * examples.noise
         v = policy.velocity(x_t, examples.sigma, cond)

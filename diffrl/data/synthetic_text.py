@@ -140,7 +140,7 @@ class SyntheticEditDataset:
     def __getitem__(self, i: int) -> tuple[torch.Tensor, str, Source]:
         source, target, style = self.pair(i)
         h, w = self.height, self.width
-        pixels = torch.from_numpy(np.asarray(render(source, style, h, w))).permute(2, 0, 1).contiguous()
+        pixels = torch.from_numpy(np.array(render(source, style, h, w))).permute(2, 0, 1).contiguous()
         key = f"synthetic_edit:{self.seed}:{i}:{h}x{w}"
         return to_tensor(render(target, style, h, w)), edit_prompt_for(target), Source(pixels, key)
 

@@ -147,6 +147,7 @@ class OfflineCollector:
             micro_group=torch.zeros_like(idx),
             x0=x0,
             cond=cond,
+            sources=sources,
         )
 
 
@@ -247,6 +248,7 @@ class OnlineCollector:
             x0=out.x0,
             cond=cond,
             sigmas=self.sigmas.expand(b, -1).clone(),
+            sources=sources,
         )
 
         def decode() -> tuple[torch.Tensor, Audio | None]:  # what a rollout keeps: uint8, float16

@@ -1,0 +1,165 @@
+"""The ``flux_kontext`` family on a tiny random FLUX.1 Kontext written to a temp dir by
+``FluxKontextPipeline.save_pretrained``: faithful to the pipeline with source images (distilled
+guidance, true CFG, the preferred-resolution resize), Flow-GRPO, DiffusionNFT, AWM and SFT (on edit
+pairs) iterations, rewards that see the source, the exported LoRA, and a tiny checkpoint refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers.pipelines.flux import pipeline_flux_kontext
+from PIL import Image
+
+from diffrl.data.prompts import load_source
+from diffrl.models.flux import pack, unpack
+from diffrl.models.registry import load_family
+from diffrl.sampling.sampler import initial_noise, sample_ode
+from tests.integration.family_checks import (
+    EDIT_ALGORITHMS,
+    assert_exported_lora_matches,
+    assert_refuses,
+    edit_config,
+    train_one,
+)
+from tests.integration.test_flux import write_tiny_flux
+
+SIZE = 16  # pixels: 8 x 8 latents, 16 noisy tokens; a 16 px source adds 16 more
+TINY_RESOLUTIONS = [(32, 32), (48, 16), (16, 48)]
+"""Kontext's preferred resolutions scaled down for a CPU (the real ones are ~1 megapixel)."""
+
+
+@pytest.fixture(scope="module")
+def kontext_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_kontext")
+    write_tiny_flux(path, pipeline="FluxKontextPipeline")
+    return path
+
+
+def kontext_config(tmp_path, folder, options="{max_sequence_length: 16, auto_resize: false}", **extra):
+    family = {
+        "model.family": "flux_kontext",
+        "model.path": str(folder),
+        "model.options": options,
+        "sampling.guidance_scale": 1.0,
+        "sampling.height": SIZE,
+        "sampling.width": SIZE,
+    }
+    return edit_config(tmp_path, family, SIZE, **extra)
+
+
+def write_sources(tmp_path, shape=(SIZE, SIZE)):
+    """Two different source images of ``shape`` (h, w), as PNG files."""
+    gen = torch.Generator().manual_seed(3)
+    paths = []
+    for k in range(2):
+        pixels = (torch.rand(*shape, 3, generator=gen) * 255).to(torch.uint8).numpy()
+        paths.append(tmp_path / f"source_{k}.png")
+        Image.fromarray(pixels).save(paths[-1])
+    return paths
+
+
+@pytest.mark.parametrize(
+    "auto_resize, true_cfg",
+    [(False, 1.0), (False, 2.0), (True, 1.0)],
+    ids=["own_size", "true_cfg", "preferred"],
+)
+def test_ode_sampling_matches_the_diffusers_pipeline(
+    tmp_path, kontext_dir, monkeypatch, auto_resize, true_cfg
+):
+    """Same noise, prompts, source images, steps, size and guidance: diffrl's ODE sampler gives
+    ``FluxKontextPipeline``'s latents to 1e-5 (float32, CPU), with the source at its own size, with
+    true CFG, and resized to the preferred resolution nearest its aspect (the list scaled down:
+    both read the pipeline module's)."""
+    monkeypatch.setattr(pipeline_flux_kontext, "PREFERRED_KONTEXT_RESOLUTIONS", TINY_RESOLUTIONS)
+    options = f"{{max_sequence_length: 16, auto_resize: {str(auto_resize).lower()}}}"
+    family = load_family(kontext_config(tmp_path, kontext_dir, options, **{"model.lora": "null"}))
+    paths = write_sources(tmp_path)
+    sources = [load_source(p, SIZE, SIZE) for p in paths]
+    prompts = ['replace the number with "12"', 'replace the number with "345"']
+    noise = initial_noise(family, [(0, "test", i) for i in range(2)], SIZE, SIZE)
+    sigmas = family.sigmas(4, None, SIZE, SIZE)
+    cond = family.encode_prompts(prompts, sources)
+    expected = (32 // 2) if auto_resize else (SIZE // 2)  # latent side of the source
+    assert cond.tensors["image_latents"].shape == (2, 4, expected, expected)
+    negative = family.negative(" ", true_cfg, cond)
+    ours = sample_ode(family, noise, cond, sigmas, true_cfg, negative)
+
+    cfg = {"true_cfg_scale": true_cfg, "negative_prompt": " "} if true_cfg > 1 else {}
+    packed = family.pipeline()(
+        image=[Image.open(p).convert("RGB") for p in paths],
+        prompt=prompts,
+        latents=pack(noise.clone()),
+        num_inference_steps=4,
+        height=SIZE,
+        width=SIZE,
+        max_area=SIZE * SIZE,  # else the pipeline rescales the output to 1024^2
+        max_sequence_length=16,
+        guidance_scale=3.5,
+        output_type="latent",
+        _auto_resize=auto_resize,
+        **cfg,
+    ).images
+    theirs = unpack(packed, *noise.shape[-2:])
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+    # the source conditions the result: another source, another edit
+    other = family.encode_prompts(prompts, sources[::-1])
+    assert (
+        sample_ode(family, noise, other, sigmas) - sample_ode(family, noise, cond, sigmas)
+    ).abs().max() > 1e-3
+
+
+def test_sources_of_different_sizes_are_refused_with_their_own_size(tmp_path, kontext_dir):
+    family = load_family(kontext_config(tmp_path, kontext_dir, **{"model.lora": "null"}))
+    small, big = write_sources(tmp_path), write_sources(tmp_path / "..", (32, 32))
+    family.encode_prompts(["a"], [load_source(small[0], SIZE, SIZE)])
+    with pytest.raises(ValueError, match="need one size"):
+        family.encode_prompts(["a"], [load_source(big[0], SIZE, SIZE)])
+
+
+def source_distance(images, prompts, metadata):
+    """An edit-fidelity reward of the kind the source in the metadata is for: minus the mean
+    absolute pixel difference between the result and its source (uint8, laid out as the result)."""
+    out = []
+    for image, meta in zip(images, metadata):
+        source = meta["source_image"]
+        assert source.dtype == torch.uint8 and source.shape == image.shape, (source.shape, image.shape)
+        assert meta["source_file"].endswith(".png")
+        out.append(-(image.float() - source.float() / 255).abs().mean().item())
+    return out
+
+
+def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, kontext_dir):
+    """Rewards get each sample's source (``metadata["source_image"]``); the exported LoRA, loaded
+    by ``FluxKontextPipeline.load_lora_weights``, gives diffrl's velocity."""
+    reward = "[{name: tests.integration.test_flux_kontext:source_distance}]"
+    grpo = train_one(kontext_config(tmp_path / "grpo", kontext_dir, rewards=reward))
+    assert grpo.history[0]["rollout/reward/raw_mean"] < 0  # scored against the sources
+    base = load_family(kontext_config(tmp_path, kontext_dir, **{"model.lora": "null"}))
+    sources = [load_source(p, SIZE, SIZE) for p in write_sources(tmp_path)]
+    x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x, sources=sources)
+
+
+@EDIT_ALGORITHMS
+def test_other_algorithms_run_an_iteration(tmp_path, kontext_dir, algorithm):
+    train_one(kontext_config(tmp_path, kontext_dir, **algorithm))
+
+
+def test_a_tiny_checkpoint_is_refused(tmp_path, kontext_dir, tiny_checkpoint):
+    assert_refuses(load_family(kontext_config(tmp_path, kontext_dir)), tiny_checkpoint)
+
+
+def test_prompts_without_images_and_text_datasets_are_refused_before_loading(tmp_path, kontext_dir):
+    from diffrl.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        kontext_config(tmp_path, kontext_dir, **{"data.prompts": "builtin:tiny_text/train.txt"})
+    assert "data.prompts: model family 'flux_kontext' edits images" in str(e.value)
+    sft = {
+        "algorithm.name": "sft",
+        "algorithm.params": "{}",
+        "data.dataset": "synthetic_text",
+        "rewards": "[]",
+    }
+    with pytest.raises(ConfigError, match="data.dataset=synthetic_edit"):
+        kontext_config(tmp_path, kontext_dir, **sft)
