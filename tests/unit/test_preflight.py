@@ -120,3 +120,34 @@ def test_ray_settings_are_checked_before_anything_starts():
         load_config("recipes/tiny_grpo_ocr_small.yaml", ["runner=ray", "ray.num_engine=2"])
     with pytest.raises(ConfigError, match="runner"):
         load_config("recipes/tiny_grpo_ocr_small.yaml", ["runner=slurm"])
+
+
+def test_an_edit_prompt_set_for_a_family_that_does_not_edit_is_refused(tmp_path):
+    from diffrl.data.synthetic_text import write_edit_set
+
+    edits = write_edit_set(tmp_path / "set", ['the number "12"'], seed=0, height=16, width=16)
+    with pytest.raises(ConfigError) as e:
+        load_config(
+            {
+                "algorithm": {"name": "flow_grpo"},
+                "data": {"prompts": str(edits)},
+                "eval": {"prompts": str(edits), "num_prompts": None},
+            }
+        )
+    text = str(e.value)
+    for where in ("data.prompts", "eval.prompts"):
+        assert f"{where}: {str(edits)!r} gives source images" in text
+    assert "model family 'tiny' does not edit images" in text
+    with pytest.raises(ConfigError, match="synthetic_edit holds edit pairs"):
+        load_config({"algorithm": {"name": "sft"}, "data": {"dataset": "synthetic_edit"}, "rewards": []})
+
+
+def test_a_malformed_edit_line_is_reported_with_its_file_and_line_before_loading(tmp_path):
+    import json
+
+    (tmp_path / "edits.jsonl").write_text(json.dumps({"prompt": "write 42 on the sign", "image": "gone.png"}))
+    with pytest.raises(ConfigError) as e:
+        load_config({"algorithm": {"name": "flow_grpo"}, "data": {"prompts": str(tmp_path / "edits.jsonl")}})
+    assert str(tmp_path / "edits.jsonl") in str(
+        e.value
+    ) and "line 1: \"image\" 'gone.png': no such file" in str(e.value)

@@ -61,3 +61,17 @@ def test_a_failing_eval_reward_costs_its_samples_not_the_run(tmp_path):
         "eval/reward_failed": 1.0,
         f"eval/{here}_mean": 0.25,
     }
+
+
+def test_an_edit_grid_sets_each_result_beside_its_source(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    results = torch.zeros(3, 3, 4, 4)  # black results
+    sources = torch.full((3, 3, 4, 4), 255, dtype=torch.uint8)  # white sources
+    sources[1] = 128
+    path = save_grid(results, tmp_path / "grid.png", columns=8, scale=1, sources=sources)
+    grid = np.asarray(Image.open(path))
+    assert grid.shape == (6, 6 * 6, 3)  # one row of 3 pairs, each cell 4 px + a 2 px border
+    cells = [grid[1:5, c * 6 + 1 : c * 6 + 5] for c in range(6)]
+    assert [int(cell.mean()) for cell in cells] == [255, 0, 128, 0, 255, 0]
