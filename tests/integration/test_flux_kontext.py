@@ -128,12 +128,27 @@ def source_distance(images, prompts, metadata):
     return out
 
 
-def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, kontext_dir):
-    """Rewards get each sample's source (``metadata["source_image"]``); the exported LoRA, loaded
+def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(
+    tmp_path, kontext_dir, monkeypatch
+):
+    """Rewards get each sample's source (``metadata["source_image"]``), in rollouts and in eval,
+    whose grid pairs source | result (as ``diffrl sample --image`` does); the exported LoRA, loaded
     by ``FluxKontextPipeline.load_lora_weights``, gives diffrl's velocity."""
+    from diffrl.cli import main
+
     reward = "[{name: tests.integration.test_flux_kontext:source_distance}]"
-    grpo = train_one(kontext_config(tmp_path / "grpo", kontext_dir, rewards=reward))
+    evals = {"eval.enabled": "true", "eval.num_prompts": 3, "eval.rewards": reward, "eval.grid_images": 3}
+    grpo = train_one(kontext_config(tmp_path / "grpo", kontext_dir, rewards=reward, **evals))
     assert grpo.history[0]["rollout/reward/raw_mean"] < 0  # scored against the sources
+    assert grpo.evals[-1]["eval/reward_mean"] < 0
+    grid = tmp_path / "grpo" / "run" / "eval" / "step_00001.png"
+    assert Image.open(grid).size == (6 * (SIZE + 2) * 2, (SIZE + 2) * 2)  # 3 pairs, scaled x2
+    paths = write_sources(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    argv = ["sample", str(grpo.checkpoint), "--prompt", "a", "--image", paths[0].name, "--out", "samples"]
+    assert main(argv) == 0
+    assert Image.open(tmp_path / "samples" / "grid.png").size == (2 * (SIZE + 2) * 2, (SIZE + 2) * 2)
+    assert main(["sample", str(grpo.checkpoint), "--prompt", "a", "--out", "samples2"]) == 2  # no image
     base = load_family(kontext_config(tmp_path, kontext_dir, **{"model.lora": "null"}))
     sources = [load_source(p, SIZE, SIZE) for p in write_sources(tmp_path)]
     x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
