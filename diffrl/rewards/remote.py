@@ -91,7 +91,18 @@ def encode_request(
     msgpack ``/score`` body (module docstring of :mod:`diffrl.rewards.server`), pixels through
     :func:`quantize` (the rollout's uint8), sound as float16 (the rollout's precision)."""
     pixels = quantize(images)
+    # an editing family's source images travel as PNGs beside the metadata (lossless, compact)
+    sources = [m.get("source_image") for m in metadata]
+    if any(isinstance(s, torch.Tensor) for s in sources):
+        metadata = [{k: v for k, v in m.items() if k != "source_image"} for m in metadata]
     msg: dict[str, Any] = {"format": fmt, "prompts": list(prompts), "metadata": list(metadata)}
+    if any(isinstance(s, torch.Tensor) for s in sources):
+        msg["sources"] = [
+            encode_png(np.ascontiguousarray(s.permute(1, 2, 0).numpy()))
+            if isinstance(s, torch.Tensor)
+            else None
+            for s in sources
+        ]
     if fmt == "png":
         stills = pixels.transpose(1, 2).flatten(0, 1) if pixels.ndim == 5 else pixels  # video-major
         msg["images"] = [encode_png(np.ascontiguousarray(a)) for a in stills.permute(0, 2, 3, 1).numpy()]

@@ -21,6 +21,9 @@ Wire format (any language can be a client)
     audio     optional: one bin of B*C*S float16 little-endian samples in [-1, 1], C-order
               (B, C, S): each clip's sound
     audio_shape, sample_rate   with audio: [B, C, S] and the rate in Hz
+    sources   optional: an array of B PNG files (bin) or nil: each sample's source image (an
+              editing family's), which the reward gets as ``metadata[i]["source_image"]``
+              (uint8 ``(3, H, W)``, as in the trainer)
 
 A server whose reward hears (``Reward.audio``, e.g. ``clap``) gets clips whole with their sound
 (the ``remote`` reward with ``audio: true`` sends them so); an image reward given clips scores their
@@ -253,7 +256,27 @@ def decode_request(body: bytes) -> ScoreRequest:
     metadata = [{} for _ in range(b)] if metadata is None else metadata
     if not isinstance(metadata, list) or len(metadata) != b or not all(isinstance(m, dict) for m in metadata):
         raise _bad(f"metadata must be an array of {b} maps (one per image)")
-    return ScoreRequest(pixels, prompts, metadata, decode_audio(msg, b))
+    return ScoreRequest(pixels, prompts, decode_sources(msg, metadata), decode_audio(msg, b))
+
+
+def decode_sources(msg: dict[str, Any], metadata: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``metadata`` with the body's optional ``sources`` (PNGs or nil, one per sample) put back
+    as ``"source_image"``: uint8 ``(3, H, W)``, as the trainer's rewards get it."""
+    sources = msg.get("sources")
+    if sources is None:
+        return metadata
+    if not isinstance(sources, list) or len(sources) != len(metadata):
+        raise _bad(f"sources must be an array of {len(metadata)} PNG files or nils (one per image)")
+    out = []
+    for i, (meta, data) in enumerate(zip(metadata, sources)):
+        if data is not None:
+            try:
+                pixels = decode_png(data, i)
+            except HTTPException as e:
+                raise _bad(str(e.detail).removeprefix("bad request: ").replace("images[", "sources[")) from e
+            meta = {**meta, "source_image": torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()}
+        out.append(meta)
+    return out
 
 
 def decode_audio(msg: dict[str, Any], b: int) -> Audio | None:

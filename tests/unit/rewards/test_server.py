@@ -168,6 +168,37 @@ def test_remote_scores_equal_the_in_process_rewards_bit_for_bit(fmt):
     assert torch.equal(out.total, local.total), (out.total, local.total)
 
 
+def source_difference(images, prompts, metadata):
+    """An edit reward: the mean absolute difference to each sample's source (none: -1)."""
+    out = []
+    for image, meta in zip(images, metadata):
+        source = meta.get("source_image")
+        assert source is None or source.dtype == torch.uint8
+        out.append(-1.0 if source is None else (image - source.float() / 255).abs().mean().item())
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["png", "raw"])
+def test_source_images_reach_a_remote_edit_reward_as_in_process(fmt):
+    """An editing family's ``metadata["source_image"]`` (uint8 ``(3, H, W)``) travels as a PNG
+    and reaches the served reward as the same tensor: the same scores; a sample without one gets
+    none."""
+    x, sources = images(3), images(3, seed=1)
+    meta = [{"source_image": sources[0], "k": 0}, {"k": 1}, {"source_image": sources[2]}]
+    local = RewardSet([RewardConfig(name=f"{HERE}:source_difference")])(x, ["p"] * 3, meta)
+    with serving("source_difference") as server:
+        far = remote(server.url, format=fmt)
+        out = far(x, ["p"] * 3, meta)
+        far.close()
+    assert not out.errors and torch.equal(out.total, local.total), (out.total, local.total)
+    assert out.total[1] == -1.0 and out.total[0] > 0
+    bad = msgpack.unpackb(body(2))
+    bad["sources"] = [b"not a png", None]
+    with serving("source_difference") as server:
+        status, detail = post(server.url, msgpack.packb(bad), {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 400 and "sources[0] must be" not in detail["detail"] and "sources[0]" in detail["detail"]
+
+
 def test_nan_scores_come_back_as_nan_and_fail_their_samples():
     with serving("one_nan") as server:
         out = remote(server.url).submit(images(3), ["p"] * 3, [{}] * 3).result()
