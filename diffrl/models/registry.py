@@ -17,6 +17,7 @@ FAMILIES = Registry(
         "flux": "diffrl.models.flux:FluxFamily",
         "flux_kontext": "diffrl.models.flux_kontext:FluxKontextFamily",
         "qwen_image": "diffrl.models.qwen_image:QwenImageFamily",
+        "qwen_image_edit": "diffrl.models.qwen_image_edit:QwenImageEditFamily",
         "wan": "diffrl.models.wan:WanFamily",
         "cosmos3": "diffrl.models.cosmos3:Cosmos3Family",
         "ltx2": "diffrl.models.ltx2:LTX2Family",
