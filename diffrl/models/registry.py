@@ -20,6 +20,7 @@ FAMILIES = Registry(
         "wan": "diffrl.models.wan:WanFamily",
         "cosmos3": "diffrl.models.cosmos3:Cosmos3Family",
         "ltx2": "diffrl.models.ltx2:LTX2Family",
+        "z_image": "diffrl.models.z_image:ZImageFamily",
     },
 )
 # DTYPES lives in base (the families import it from there); it is imported here for load_family
