@@ -15,6 +15,7 @@ FAMILIES = Registry(
         "tiny": "diffrl.models.tiny:TinyFamily",
         "sd3": "diffrl.models.sd3:SD3Family",
         "flux": "diffrl.models.flux:FluxFamily",
+        "flux2": "diffrl.models.flux2:Flux2Family",
         "qwen_image": "diffrl.models.qwen_image:QwenImageFamily",
         "wan": "diffrl.models.wan:WanFamily",
         "cosmos3": "diffrl.models.cosmos3:Cosmos3Family",
