@@ -16,6 +16,7 @@ FAMILIES = Registry(
         "sd3": "diffrl.models.sd3:SD3Family",
         "flux": "diffrl.models.flux:FluxFamily",
         "flux_kontext": "diffrl.models.flux_kontext:FluxKontextFamily",
+        "flux2": "diffrl.models.flux2:Flux2Family",
         "qwen_image": "diffrl.models.qwen_image:QwenImageFamily",
         "wan": "diffrl.models.wan:WanFamily",
         "cosmos3": "diffrl.models.cosmos3:Cosmos3Family",
