@@ -435,6 +435,11 @@ def _editing_checks(
                 f"data.dataset=synthetic_edit holds edit pairs, but model family {name!r} does not "
                 "edit images; use synthetic_text or an image folder"
             )
+    if data and edits and spec is not None and not online and spec.offline_items == "pairs":
+        errors.append(
+            f"model family {name!r} edits images, but a folder of preference pairs has no source "
+            "images; train it on online pairs (algorithm.params.pairs: online)"
+        )
     return errors
 
 
