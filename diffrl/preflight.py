@@ -77,7 +77,7 @@ def validate(config: Config, check_files: bool = True, sections: Collection[str]
     if "train" in on:
         errors += _train_checks(config, check_files)
     if "sampling" in on:
-        errors += _sampling_checks(config.sampling)
+        errors += _sampling_checks(config.sampling, _no_guidance_scale(config.model.family))
     if "model" in on:
         errors += _model_checks(config, check_files, size="sampling" in on)
     spec = None
@@ -226,7 +226,18 @@ def _output_dir_checks(out: Path) -> list[str]:
     return []
 
 
-def _sampling_checks(s: SamplingConfig) -> list[str]:
+def _no_guidance_scale(family: str) -> float:
+    """The family's ``no_guidance_scale``: the lowest ``sampling.guidance_scale``, where its CFG
+    is off (1 for ``neg + s (pos - neg)``, 0 for Z-Image's ``pos + s (pos - neg)``); 1 when the
+    family is unknown (``model.family``'s check reports that)."""
+    try:
+        cls = FAMILIES.resolve(family)
+    except RegistryError:
+        return 1.0
+    return float(getattr(cls, "no_guidance_scale", 1.0))
+
+
+def _sampling_checks(s: SamplingConfig, no_guidance: float = 1.0) -> list[str]:
     errors = []
     if s.num_steps < 1:
         errors.append(f"sampling.num_steps must be >= 1, got {s.num_steps}")
@@ -239,8 +250,9 @@ def _sampling_checks(s: SamplingConfig) -> list[str]:
     errors += _number(
         "sampling.guidance_scale",
         s.guidance_scale,
-        s.guidance_scale is None or 1 <= s.guidance_scale <= 100,
-        "in [1, 100] (1 disables CFG; e.g. 4.5), or null for the family's",
+        s.guidance_scale is None or no_guidance <= s.guidance_scale <= 100,
+        f"in [{no_guidance:g}, 100] ({no_guidance:g} disables the family's CFG; e.g. 4.5), or null "
+        "for the family's",
     )
     for name in ("height", "width"):
         value = getattr(s, name)
@@ -423,6 +435,11 @@ def _editing_checks(
                 f"data.dataset=synthetic_edit holds edit pairs, but model family {name!r} does not "
                 "edit images; use synthetic_text or an image folder"
             )
+    if data and edits and spec is not None and not online and spec.offline_items == "pairs":
+        errors.append(
+            f"model family {name!r} edits images, but a folder of preference pairs has no source "
+            "images; train it on online pairs (algorithm.params.pairs: online)"
+        )
     return errors
 
 

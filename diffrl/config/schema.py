@@ -71,7 +71,8 @@ class SamplingConfig:
     pipeline (SD3, tiny: 3.0; Wan: the folder's ``flow_shift``; FLUX, Qwen-Image: shifted by the
     image's token count)."""
     guidance_scale: float | None = None
-    """Classifier-free guidance with ``negative_prompt`` (1 disables it); ``None`` takes the family's
+    """Classifier-free guidance with ``negative_prompt`` (1 disables it; 0 for Z-Image, which guides
+    as ``pos + s * (pos - neg)``); ``None`` takes the family's
     default. FLUX.1 [dev]'s distilled guidance is a model option (``model.options.guidance``)."""
     negative_prompt: str = ""
     height: int | None = None

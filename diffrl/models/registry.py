@@ -16,11 +16,13 @@ FAMILIES = Registry(
         "sd3": "diffrl.models.sd3:SD3Family",
         "flux": "diffrl.models.flux:FluxFamily",
         "flux_kontext": "diffrl.models.flux_kontext:FluxKontextFamily",
+        "flux2": "diffrl.models.flux2:Flux2Family",
         "qwen_image": "diffrl.models.qwen_image:QwenImageFamily",
         "qwen_image_edit": "diffrl.models.qwen_image_edit:QwenImageEditFamily",
         "wan": "diffrl.models.wan:WanFamily",
         "cosmos3": "diffrl.models.cosmos3:Cosmos3Family",
         "ltx2": "diffrl.models.ltx2:LTX2Family",
+        "z_image": "diffrl.models.z_image:ZImageFamily",
     },
 )
 # DTYPES lives in base (the families import it from there); it is imported here for load_family

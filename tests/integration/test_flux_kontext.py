@@ -178,3 +178,11 @@ def test_prompts_without_images_and_text_datasets_are_refused_before_loading(tmp
     }
     with pytest.raises(ConfigError, match="data.dataset=synthetic_edit"):
         kontext_config(tmp_path, kontext_dir, **sft)
+
+
+def test_offline_preference_pairs_are_refused_for_an_editing_family(tmp_path, kontext_dir):
+    from diffrl.config import ConfigError
+
+    dpo = {"algorithm.name": "dpo", "algorithm.params": "{pairs: offline}", "data.dataset": str(tmp_path)}
+    with pytest.raises(ConfigError, match="a folder of preference pairs has no source images"):
+        kontext_config(tmp_path, kontext_dir, **dpo)
