@@ -162,7 +162,7 @@ def grpo_calls(algorithm, policy, mb) -> list[Call]:
     """FlowGRPO.compute_loss: the CFG velocity of each recorded x_t (the replay)."""
     g = algorithm.config.sampling.guidance_scale
     return _with_kl(
-        algorithm, [Call("live", mb.x_t, mb.sigma, mb.cond, guidance=g, negative=policy.negative(len(mb)))]
+        algorithm, [Call("live", mb.x_t, mb.sigma, mb.cond, guidance=g, negative=policy.negative(mb.cond))]
     )
 
 
@@ -170,7 +170,7 @@ def nft_calls(algorithm, policy, mb) -> list[Call]:
     """DiffusionNFT.compute_loss: the old policy's velocity (no gradient), then the live one."""
     p, x_t = algorithm.params, noised(mb.x0, mb.noise, mb.t)
     g = algorithm.config.sampling.guidance_scale if p.train_cfg else 1.0
-    neg = policy.negative(len(mb)) if p.train_cfg else None
+    neg = policy.negative(mb.cond) if p.train_cfg else None
     return _with_kl(
         algorithm,
         [
@@ -184,7 +184,7 @@ def awm_calls(algorithm, policy, mb) -> list[Call]:
     """AWM.compute_loss: the live velocity at the noised x0 (``before_update`` is not in the step)."""
     p, x_t = algorithm.params, noised(mb.x0, mb.noise, mb.t)
     g = algorithm.config.sampling.guidance_scale if p.train_cfg else 1.0
-    neg = policy.negative(len(mb)) if p.train_cfg else None
+    neg = policy.negative(mb.cond) if p.train_cfg else None
     return _with_kl(algorithm, [Call("live", x_t, mb.t, mb.cond, guidance=g, negative=neg)])
 
 

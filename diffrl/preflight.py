@@ -28,8 +28,8 @@ from diffrl.config import (
 )
 from diffrl.config import number_problem as _number
 from diffrl.data.offline import SYNTHETIC, DatasetError, scan_image_folder, scan_pair_folder
-from diffrl.data.prompts import PromptFileError, PromptSet, edit_mismatch, load_prompts
-from diffrl.models.base import ModelFamily
+from diffrl.data.prompts import PromptFileError, PromptSet, crop_box, edit_mismatch, image_size, load_prompts
+from diffrl.models.base import ModelFamily, SourceError
 from diffrl.models.registry import FAMILIES
 from diffrl.registry import RegistryError
 from diffrl.rewards.base import Reward, param_name_problems
@@ -405,6 +405,35 @@ def _prompt_set(path: str) -> tuple[PromptSet | None, str | None]:
         return None, str(e)
 
 
+def _source_size_checks(config: Config, family: type, images: list[Path]) -> list[str]:
+    """Every source image of a run must resize to one size (``ModelFamily.source_size``: the rows
+    are batched): the first two sizes found, with a file of each, when they do not."""
+    s = config.sampling
+    if not images or not (
+        isinstance(s.height, int) and isinstance(s.width, int) and s.height > 0 and s.width > 0
+    ):
+        return []  # the family's default size is known only once it loads; it checks then
+    found: dict[Any, Path] = {}
+    for image in images:
+        _, _, w, h = crop_box(*image_size(image), s.height, s.width)
+        try:
+            size = family.source_size(config, w, h)
+        except SourceError as e:
+            return [f"source image {str(image)!r}: {e}"]
+        if size is None:
+            return []
+        found.setdefault(size, image)
+        if len(found) > 1:
+            (a, first), (b, second) = found.items()
+            return [
+                f"the source images resize to different sizes for model family {config.model.family!r}: "
+                f"{str(first)!r} to {a}, {str(second)!r} to {b}; the rows of a run are batched, so "
+                "every source needs one size: give images of one aspect ratio and size (they are "
+                f"centre-cropped to sampling.height : sampling.width = {s.height} : {s.width} first)"
+            ]
+    return []
+
+
 def _editing_checks(
     config: Config, spec: CollectionSpec | None, check_files: bool, data: bool, evals: bool
 ) -> list[str]:
@@ -420,10 +449,14 @@ def _editing_checks(
     online = spec is not None and spec.online
     files = [("data.prompts", d.prompts)] * (data and online)
     files += [("eval.prompts", config.eval.prompts)] * (evals and config.eval.enabled)
+    images: list[Path] = []
     for where, path in files if check_files else []:
         prompts, _ = _prompt_set(path)  # unreadable files are reported by the data / eval checks
         if prompts is not None and prompts.edits != edits:
             errors.append(f"{where}: {edit_mismatch(name, edits, repr(path))}")
+        elif prompts is not None and edits:
+            images += [image for image in prompts.images if image is not None]
+    errors += _source_size_checks(config, family, list(dict.fromkeys(images)))
     if data and spec is not None and not online and spec.offline_items == "images":
         if edits and d.dataset != "synthetic_edit":
             errors.append(

@@ -270,8 +270,9 @@ class RolloutBatch(Batch):
     ``traj_x, traj_next: (B, K, *latent)``; ``traj_step (B, K)`` step indices;
     ``traj_sigma, traj_sigma_next (B, K)``; ``traj_log_prob (B, K)`` when the spec keeps log-probs;
     ``traj_mean (B, K, *latent)`` the transitions' means (float32) when the spec keeps them.
-    ``sources``: an editing family's source images, one per row (in ``cond`` already; kept for
-    algorithms that encode the prompts again), else None.
+    ``sources``: an offline edit pair's source images, one per row (in ``cond`` already; kept
+    for SFT, which encodes the prompts again), else None (online rollouts keep only ``cond``: the
+    sources at file resolution would travel back from every rollout engine).
     """
 
     prompts: list[str]

@@ -71,8 +71,12 @@ class PromptSet:
         sources = self.sources(indices, height, width)
         if sources is None:
             return [self.metadata[i] for i in indices]
-        return [
-            {**self.metadata[i], "source_image": s.resized(height, width), "source_file": str(self.images[i])}
+        return [  # a copy each: a reward that changes its tensor changes no other row's
+            {
+                **self.metadata[i],
+                "source_image": s.resized(height, width).clone(),
+                "source_file": str(self.images[i]),
+            }
             for i, s in zip(indices, sources)
         ]
 
@@ -221,6 +225,19 @@ def _image_field(row: dict[str, Any], folder: Path) -> tuple[Path | None, str]:
     return image, ""
 
 
+def crop_box(w: int, h: int, height: int, width: int) -> tuple[int, int, int, int]:
+    """``(left, top, crop_w, crop_h)``: the largest window of a ``w x h`` image with the aspect
+    ratio ``height : width``, centred."""
+    cw, ch = min(w, round(h * width / height)), min(h, round(w * height / width))
+    return (w - cw) // 2, (h - ch) // 2, cw, ch
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """``(width, height)`` of an image file, from its header (no pixels decoded)."""
+    with Image.open(path) as img:
+        return img.size
+
+
 def load_source(path: Path, height: int, width: int) -> Source:
     """``path``'s image as a :class:`~diffrl.rollout.Source`: RGB, centre-cropped to the aspect
     ratio ``height : width`` (the largest such window of the image), not resized."""
@@ -229,10 +246,8 @@ def load_source(path: Path, height: int, width: int) -> Source:
             img = img.convert("RGB")
     except (UnidentifiedImageError, OSError) as e:
         raise PromptFileError(f"cannot decode the source image {str(path)!r}: {e}; replace the file") from e
-    w, h = img.size
-    cw, ch = min(w, round(h * width / height)), min(h, round(w * height / width))
-    left, top = (w - cw) // 2, (h - ch) // 2
-    if (cw, ch) != (w, h):
+    left, top, cw, ch = crop_box(*img.size, height, width)
+    if (cw, ch) != img.size:
         img = img.crop((left, top, left + cw, top + ch))
     pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(ch, cw, 3).permute(2, 0, 1)
     return Source(pixels.contiguous(), f"{path.resolve()}@{left},{top},{cw}x{ch}")

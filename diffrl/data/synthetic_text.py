@@ -199,16 +199,18 @@ def main() -> None:
         "--edit-set",
         type=Path,
         metavar="DIR",
-        help="instead, write an editing prompt set of the train prompts' texts into DIR",
+        help="instead, write an editing prompt set of a split's texts into DIR (--split)",
     )
+    parser.add_argument("--split", choices=("train", "test"), default="train", help="with --edit-set")
     parser.add_argument("--size", type=int, nargs=2, default=(64, 64), metavar=("H", "W"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.edit_set is not None:
-        prompts = (SPLITS_DIR / "train.txt").read_text().split("\n")
-        path = write_edit_set(args.edit_set, [p for p in prompts if p][: args.n_train], args.seed, *args.size)
+        prompts = [p for p in (SPLITS_DIR / f"{args.split}.txt").read_text().split("\n") if p]
+        prompts = prompts[: args.n_train if args.split == "train" else args.n_test]
+        path = write_edit_set(args.edit_set, prompts, args.seed, *args.size)
         print(
-            f"wrote {path} ({min(args.n_train, len(prompts))} edits of {args.size[0]}x{args.size[1]} signs)"
+            f"wrote {path} ({len(prompts)} edits of {args.size[0]}x{args.size[1]} signs, {args.split} split)"
         )
         return
     train, test = make_splits(args.n_train, args.n_test)

@@ -38,6 +38,11 @@ class FamilyMismatchError(DiffrlError, ValueError):
     """Weights or a checkpoint made for one model family given to another."""
 
 
+class SourceError(DiffrlError, ValueError):
+    """A source image an editing family cannot take (e.g. one that resizes to another size than
+    the run's other sources: rows are batched)."""
+
+
 @dataclass(frozen=True)
 class SizeRule:
     """What ``sampling.height`` and ``sampling.width`` must be for a family's model."""
@@ -179,6 +184,15 @@ class ModelFamily(ABC):
                     f"{rule.max_side} pixels ({rule.max_why}); e.g. sampling.{name}={rule.max_side}"
                 )
         return errors
+
+    @classmethod
+    def source_size(cls, config: Config, width: int, height: int) -> Any:
+        """What an editing family resizes a source of ``width x height`` pixels (already cropped
+        to the output's aspect) to, as a comparable value (e.g. ``(height, width)``), from the
+        config and the model folder's JSON files, before anything loads; None when it cannot be
+        known. The rows of a run are batched, so every source must give the same (preflight
+        checks the prompt files' images)."""
+        return None
 
     @classmethod
     def module_names(cls, config: Config, check_files: bool = True) -> list[str] | None:
@@ -338,8 +352,16 @@ class ModelFamily(ABC):
         editing family's negative carries each row's source image), or one row without ``cond``."""
         if guidance_scale <= self.no_guidance_scale:
             return None
-        one = self.encode_prompts([prompt])
-        return one if cond is None else one.repeat(len(cond))
+        if not self.edits:
+            one = self.encode_prompts([prompt])
+            return one if cond is None else one.repeat(len(cond))
+        if cond is None:
+            raise ValueError(f"{self.name}: an editing family's negative needs the rows' conditioning")
+        # the negative prompt's text tensors, each row's source tensors (its latents) as they are;
+        # a family whose text encoder sees the source (Qwen-Image-Edit) overrides this
+        with torch.no_grad():
+            text = self._encode_cached([prompt], None).repeat(len(cond)).tensors
+        return Conditioning({**cond.tensors, **text})
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     @abstractmethod

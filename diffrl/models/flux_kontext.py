@@ -43,8 +43,27 @@ from diffusers.pipelines.flux import pipeline_flux_kontext
 from PIL import Image
 from torch import nn
 
+from diffrl.models.base import SourceError
 from diffrl.models.flux import FluxFamily, image_ids, pack, unpack
 from diffrl.rollout import Conditioning, Source
+
+
+def kontext_size(width: int, height: int, multiple: int, auto_resize: bool) -> tuple[int, int]:
+    """The ``(height, width)`` ``FluxKontextPipeline`` resizes a ``width x height`` image to:
+    floored to ``multiple`` (``VaeImageProcessor.get_default_height_width``), then, with
+    ``auto_resize``, the preferred Kontext resolution nearest that aspect, floored again."""
+    width, height = width - width % multiple, height - height % multiple
+    if not min(width, height):
+        raise SourceError(
+            f"flux_kontext: a {width}x{height} source (after the crop to the output's aspect ratio) is "
+            f"smaller than {multiple} px on a side; give larger images"
+        )
+    if auto_resize:
+        aspect = width / height
+        # read at call time: the module's list is what the pipeline uses
+        resolutions = pipeline_flux_kontext.PREFERRED_KONTEXT_RESOLUTIONS
+        _, width, height = min((abs(aspect - w / h), w, h) for w, h in resolutions)
+    return height // multiple * multiple, width // multiple * multiple
 
 
 class FluxKontextFamily(FluxFamily):
@@ -66,27 +85,26 @@ class FluxKontextFamily(FluxFamily):
         self._source_size: tuple[int, int] | None = None
 
     # ---- the source image ----------------------------------------------------------------------
-    def source_size(self, image: Image.Image) -> tuple[int, int]:
-        """The ``(height, width)`` ``FluxKontextPipeline`` resizes ``image`` to."""
-        multiple = self.vae_scale_factor * 2
-        height, width = self.image_processor.get_default_height_width(image)
-        if self.options.auto_resize:
-            aspect = width / height
-            # read at call time: the module's list is what the pipeline uses
-            resolutions = pipeline_flux_kontext.PREFERRED_KONTEXT_RESOLUTIONS
-            _, width, height = min((abs(aspect - w / h), w, h) for w, h in resolutions)
-        return height // multiple * multiple, width // multiple * multiple
+    @classmethod
+    def source_size(cls, config, width: int, height: int) -> tuple[int, int] | None:
+        blocks = cls.component_setting(config, True, "vae", "AutoencoderKL", "block_out_channels")
+        if blocks is None:
+            return None
+        auto = config.model.options.get("auto_resize", cls.Options.auto_resize)
+        return kontext_size(width, height, 2 ** (len(blocks) - 1) * 2, bool(auto))
 
     def source_pixels(self, source: Source) -> torch.Tensor:
         """``source`` resized and normalised as the pipeline preprocesses its ``image``:
         ``(1, 3, h, w)`` in [-1, 1]; every source of a run has the same ``(h, w)``."""
         image = Image.fromarray(source.pixels.permute(1, 2, 0).numpy())
-        height, width = self.source_size(image)
+        height, width = kontext_size(
+            image.width, image.height, self.vae_scale_factor * 2, self.options.auto_resize
+        )
         if self._source_size is None:
             self._source_size = (height, width)
         elif self._source_size != (height, width):
             h0, w0 = self._source_size
-            raise ValueError(
+            raise SourceError(
                 f"{self.name}: source {source.key} resizes to {width}x{height}, earlier ones to "
                 f"{w0}x{h0}; the rows of a run are batched, so their sources need one size "
                 "(give images of one size, or model.options.auto_resize: true)"
@@ -104,21 +122,6 @@ class FluxKontextFamily(FluxFamily):
         config = self.vae.config
         text["image_latents"] = ((latents - config.shift_factor) * config.scaling_factor).float()
         return text
-
-    def negative(
-        self, prompt: str, guidance_scale: float, cond: Conditioning | None = None
-    ) -> Conditioning | None:
-        """The negative prompt's text for each row of ``cond``, with that row's source latents
-        (the pipeline's negative forward sees the same image tokens)."""
-        if guidance_scale <= self.no_guidance_scale:
-            return None
-        if cond is None:
-            raise ValueError(
-                f"{self.name}: the negative conditioning needs the rows' conditioning (their sources)"
-            )
-        with torch.no_grad():
-            rows = self._encode_cached([prompt], None).repeat(len(cond)).tensors
-        return Conditioning({**rows, "image_latents": cond.tensors["image_latents"]})
 
     # ---- the velocity forward ------------------------------------------------------------------
     def forward(

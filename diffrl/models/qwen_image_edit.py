@@ -66,7 +66,8 @@ from PIL import Image
 from torch import nn
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from diffrl.models.base import DTYPES
+from diffrl.config import ConfigError
+from diffrl.models.base import DTYPES, SourceError
 from diffrl.models.diffusers_folder import load_part, read_json
 from diffrl.models.flux import pack, unpack
 from diffrl.models.qwen_image import QwenImageFamily
@@ -133,6 +134,28 @@ class QwenImageEditFamily(QwenImageFamily):
                         f"{name} must be at least {MIN_AREA} pixels (32 x 32: the pipeline rounds "
                         f"sides to 32 px), got {getattr(self, name)}"
                     )
+
+    @classmethod
+    def edit_sizes(cls, width: int, height: int, options: Any) -> tuple[int, int, int, int]:
+        """``(vae_w, vae_h, picture_w, picture_h)``: what the pipeline resizes a ``width x height``
+        source to for the VAE and for the VL encoder (``calculate_dimensions`` of the areas at the
+        source's aspect ratio; the first release's picture is the VAE's image)."""
+        ratio = width / height
+        vae_w, vae_h = calculate_dimensions(options.vae_image_area, ratio)
+        if not cls.own_condition_size:
+            return vae_w, vae_h, vae_w, vae_h
+        return (vae_w, vae_h, *calculate_dimensions(options.condition_image_area, ratio))
+
+    @classmethod
+    def source_size(cls, config, width: int, height: int) -> tuple[int, int, int, int] | None:
+        path = Path(config.model.path)
+        if config.model.path in ("base", "random") or not path.is_dir():
+            return None
+        try:
+            options = cls.parse_options(config.model.options)
+        except ConfigError:
+            return None  # reported with the other option problems
+        return cls.variant(path).edit_sizes(width, height, options)
 
     @classmethod
     def variant(cls, folder: Path) -> type[QwenImageEditFamily]:
@@ -224,22 +247,18 @@ class QwenImageEditFamily(QwenImageFamily):
         """The source as the pipeline prepares its image: the VL encoder's picture (RGB) and the
         VAE's image ``(1, 3, H, W)`` in [-1, 1]."""
         image = Image.fromarray(source.pixels.permute(1, 2, 0).contiguous().numpy())
-        ratio = image.width / image.height
-        vae_w, vae_h = calculate_dimensions(self.options.vae_image_area, ratio)
-        cond_w, cond_h = vae_w, vae_h
-        if self.own_condition_size:
-            cond_w, cond_h = calculate_dimensions(self.options.condition_image_area, ratio)
-        if not min(vae_w, vae_h, cond_w, cond_h):
-            raise ValueError(
+        sizes = self.edit_sizes(image.width, image.height, self.options)
+        vae_w, vae_h, cond_w, cond_h = sizes
+        if not min(sizes):
+            raise SourceError(
                 f"{self.name}: the source image {source.key!r} ({image.width} x {image.height}) is too "
                 f"narrow for the image areas (a side rounds to 0 px at 32-px steps); use a less extreme "
                 "aspect ratio (sampling.height : sampling.width) or larger model.options.*_image_area"
             )
-        sizes = (vae_w, vae_h, cond_w, cond_h)
         if self._sizes is None:
             self._sizes = sizes
         elif sizes != self._sizes:
-            raise ValueError(
+            raise SourceError(
                 f"{self.name}: source {source.key} ({image.width} x {image.height}) resizes to a "
                 f"{vae_w}x{vae_h} reference and a {cond_w}x{cond_h} picture, earlier ones to "
                 f"{self._sizes[0]}x{self._sizes[1]} and {self._sizes[2]}x{self._sizes[3]}; the rows of "
@@ -269,7 +288,7 @@ class QwenImageEditFamily(QwenImageFamily):
         ).hidden_states[-1][0, EDIT_DROP_TOKENS:]
         n = self.options.max_sequence_length
         if len(hidden) > n:
-            raise ValueError(
+            raise SourceError(
                 f"{self.name}: the edit {prompt!r} with its source image encodes to {len(hidden)} tokens "
                 f"after the template's system turn ({n_image} of them the picture's), more than "
                 f"model.options.max_sequence_length={n} (the pipeline cuts none); set it to at least "

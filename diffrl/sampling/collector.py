@@ -248,7 +248,6 @@ class OnlineCollector:
             x0=out.x0,
             cond=cond,
             sigmas=self.sigmas.expand(b, -1).clone(),
-            sources=sources,
         )
 
         def decode() -> tuple[torch.Tensor, Audio | None]:  # what a rollout keeps: uint8, float16

@@ -160,7 +160,7 @@ CASES: list[Case] = [
     Case("iterations-zero", ["train", SFT, "train.iterations=0"], BAD, "train.iterations must be >= 1, got 0"),
     # ---- sampling
     Case("guidance-nan", ["train", SFT, "sampling.guidance_scale=.nan"], BAD, "sampling.guidance_scale must be in [1, 100]"),
-    Case("guidance-below-one", ["train", SFT, "sampling.guidance_scale=0.5"], BAD, "(1 disables CFG; e.g. 4.5)"),
+    Case("guidance-below-one", ["train", SFT, "sampling.guidance_scale=0.5"], BAD, "(1 disables the family's CFG; e.g. 4.5)"),
     Case("shift-zero", ["train", SFT, "sampling.shift=0"], BAD, "sampling.shift must be in (0, 100]"),
     Case("num-steps-zero", ["train", SFT, "sampling.num_steps=0"], BAD, "sampling.num_steps must be >= 1"),
     Case("height-not-a-multiple", ["train", SFT, "sampling.height=30"], BAD, "multiples of 4 (its patch size 4); e.g. sampling.height=28 or 32"),

@@ -5,6 +5,7 @@ pairs) iterations, rewards that see the source, the exported LoRA, and a tiny ch
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from diffusers.pipelines.flux import pipeline_flux_kontext
@@ -49,6 +50,7 @@ def kontext_config(tmp_path, folder, options="{max_sequence_length: 16, auto_res
 
 def write_sources(tmp_path, shape=(SIZE, SIZE)):
     """Two different source images of ``shape`` (h, w), as PNG files."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(3)
     paths = []
     for k in range(2):
@@ -108,22 +110,48 @@ def test_ode_sampling_matches_the_diffusers_pipeline(
     ).abs().max() > 1e-3
 
 
-def test_sources_of_different_sizes_are_refused_with_their_own_size(tmp_path, kontext_dir):
+def test_sources_of_different_sizes_are_refused_before_loading_and_when_given(tmp_path, kontext_dir):
+    """Rows are batched, so a run's sources must resize to one size: preflight reads the image
+    headers (a prompt file with a 16 px and a 32 px image is refused at its own size, accepted
+    when both go to one preferred resolution); sources given directly are refused as they come."""
+    import json
+
+    from diffrl.config import ConfigError
+    from diffrl.errors import DiffrlError
+
+    small, big = write_sources(tmp_path)[0], write_sources(tmp_path / "big", (32, 32))[0]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(
+        "".join(
+            json.dumps({"prompt": f'write "{k}"', "image": str(p)}) + "\n" for k, p in enumerate([small, big])
+        )
+    )
+    with pytest.raises(ConfigError, match=r"resize to different sizes .* to \(16, 16\), .* to \(32, 32\)"):
+        kontext_config(tmp_path, kontext_dir, **{"data.prompts": str(mixed)})
+    kontext_config(
+        tmp_path, kontext_dir, "{auto_resize: true}", **{"data.prompts": str(mixed)}
+    )  # both 1024^2
     family = load_family(kontext_config(tmp_path, kontext_dir, **{"model.lora": "null"}))
-    small, big = write_sources(tmp_path), write_sources(tmp_path / "..", (32, 32))
-    family.encode_prompts(["a"], [load_source(small[0], SIZE, SIZE)])
-    with pytest.raises(ValueError, match="need one size"):
-        family.encode_prompts(["a"], [load_source(big[0], SIZE, SIZE)])
+    family.encode_prompts(["a"], [load_source(small, SIZE, SIZE)])
+    with pytest.raises(DiffrlError, match="need one size"):  # a user's error (exit 2), not a bug
+        family.encode_prompts(["a"], [load_source(big, SIZE, SIZE)])
 
 
 def source_distance(images, prompts, metadata):
     """An edit-fidelity reward of the kind the source in the metadata is for: minus the mean
-    absolute pixel difference between the result and its source (uint8, laid out as the result)."""
+    absolute pixel difference between the result and its source (uint8, laid out as the result).
+    It checks that each row got its own prompt's source: the file the prompt set names for it,
+    with that file's pixels."""
+    import json
+    from pathlib import Path
+
     out = []
-    for image, meta in zip(images, metadata):
-        source = meta["source_image"]
+    for image, prompt, meta in zip(images, prompts, metadata):
+        source, file = meta["source_image"], Path(meta["source_file"])
+        rows = [json.loads(line) for line in (file.parent.parent / "prompts.jsonl").read_text().splitlines()]
+        assert {r["prompt"]: r["image"] for r in rows}[prompt] == f"images/{file.name}", (prompt, file)
+        assert torch.equal(source, load_source(file, SIZE, SIZE).resized(*image.shape[-2:]))
         assert source.dtype == torch.uint8 and source.shape == image.shape, (source.shape, image.shape)
-        assert meta["source_file"].endswith(".png")
         out.append(-(image.float() - source.float() / 255).abs().mean().item())
     return out
 
@@ -141,8 +169,11 @@ def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(
     grpo = train_one(kontext_config(tmp_path / "grpo", kontext_dir, rewards=reward, **evals))
     assert grpo.history[0]["rollout/reward/raw_mean"] < 0  # scored against the sources
     assert grpo.evals[-1]["eval/reward_mean"] < 0
-    grid = tmp_path / "grpo" / "run" / "eval" / "step_00001.png"
-    assert Image.open(grid).size == (6 * (SIZE + 2) * 2, (SIZE + 2) * 2)  # 3 pairs, scaled x2
+    grid = Image.open(tmp_path / "grpo" / "run" / "eval" / "step_00001.png")
+    assert grid.size == (6 * (SIZE + 2) * 2, (SIZE + 2) * 2)  # 3 pairs, scaled x2
+    first = (tmp_path / "grpo" / "edits" / "images" / "0000.png").resolve()  # eval prompt 0's source
+    cell = torch.from_numpy(np.array(grid))[2 : 2 + 2 * SIZE : 2, 2 : 2 + 2 * SIZE : 2].permute(2, 0, 1)
+    assert torch.equal(cell, load_source(first, SIZE, SIZE).pixels)  # the grid's first cell
     paths = write_sources(tmp_path)
     monkeypatch.chdir(tmp_path)
     argv = ["sample", str(grpo.checkpoint), "--prompt", "a", "--image", paths[0].name, "--out", "samples"]

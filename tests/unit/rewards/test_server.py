@@ -196,7 +196,7 @@ def test_source_images_reach_a_remote_edit_reward_as_in_process(fmt):
     bad["sources"] = [b"not a png", None]
     with serving("source_difference") as server:
         status, detail = post(server.url, msgpack.packb(bad), {"Authorization": f"Bearer {TOKEN}"})
-    assert status == 400 and "sources[0] must be" not in detail["detail"] and "sources[0]" in detail["detail"]
+    assert status == 400 and "sources[0] is not a readable PNG" in detail["detail"], detail
 
 
 def test_nan_scores_come_back_as_nan_and_fail_their_samples():
