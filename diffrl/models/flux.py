@@ -61,11 +61,15 @@ def image_ids(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch
     return ids.reshape(-1, 3).to(device=device, dtype=dtype)
 
 
-def resolution_shifted_sigmas(scheduler_config: dict, num_steps: int, image_seq_len: int) -> torch.Tensor:
+def resolution_shifted_sigmas(
+    scheduler_config: dict, num_steps: int, image_seq_len: int, initial: Any = None
+) -> torch.Tensor:
     """``(num_steps + 1,)`` float32 sigmas as ``FluxPipeline`` / ``QwenImagePipeline`` set them:
     ``linspace(1, 1/N, N)`` given to the folder's ``FlowMatchEulerDiscreteScheduler`` with
     ``mu = calculate_shift(image_seq_len, ...)`` (the shift grows with the number of image tokens when
-    the scheduler has ``use_dynamic_shifting``; otherwise its static ``shift`` applies)."""
+    the scheduler has ``use_dynamic_shifting``; otherwise its static ``shift`` applies).
+    ``initial``: the pipeline's own ``(num_steps,)`` sigmas before the shift, where it does not
+    use numpy's ``linspace`` (Z-Image: torch's, float32)."""
     cfg = dict(scheduler_config)
     mu = calculate_shift(
         image_seq_len,
@@ -75,7 +79,9 @@ def resolution_shifted_sigmas(scheduler_config: dict, num_steps: int, image_seq_
         cfg.get("max_shift", 1.15),
     )
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(cfg)
-    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
+    if initial is None:
+        initial = np.linspace(1.0, 1 / num_steps, num_steps)
+    scheduler.set_timesteps(sigmas=initial, mu=mu)
     return scheduler.sigmas.float().cpu()
 
 

@@ -89,6 +89,7 @@ from transformers import AutoProcessor, AutoTokenizer, Mistral3ForConditionalGen
 
 from diffrl.models.base import DTYPES, SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
+from diffrl.models.sd3 import SD3_LORA_TARGETS
 from diffrl.rollout import Conditioning
 
 
@@ -153,17 +154,9 @@ KLEIN = Variant(
 VARIANTS = {v.pipeline_class: v for v in (DEV, KLEIN)}
 """The variant by ``model_index.json``'s ``_class_name``."""
 
-DOUBLE_STREAM_TARGETS = [
-    "attn.to_q",
-    "attn.to_k",
-    "attn.to_v",
-    "attn.to_out.0",
-    "attn.add_q_proj",
-    "attn.add_k_proj",
-    "attn.add_v_proj",
-    "attn.to_add_out",
-]
-"""The attention projections of the double-stream blocks, image stream (to_*) and text stream (add_*)."""
+DOUBLE_STREAM_TARGETS = SD3_LORA_TARGETS
+"""The attention projections of the double-stream blocks, image stream (to_*) and text stream (add_*)
+(SD3's and FLUX.1's names)."""
 
 
 def patchify(z: torch.Tensor) -> torch.Tensor:

@@ -44,13 +44,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
-from diffusers.pipelines.z_image.pipeline_z_image import calculate_shift, get_default_z_image_sigmas
+from diffusers import AutoencoderKL, ZImageTransformer2DModel
+from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sigmas
 from torch import nn
 from transformers import AutoTokenizer, Qwen3Model
 
 from diffrl.models.base import DTYPES, SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part
+from diffrl.models.flux import resolution_shifted_sigmas
 from diffrl.models.sd3 import vae_decode, vae_encode
 from diffrl.rollout import Conditioning
 
@@ -69,25 +70,6 @@ Z_IMAGE_LORA_TARGETS = [
     "feed_forward.w2",
     "feed_forward.w3",
 ]
-
-
-def z_image_sigmas(scheduler_config: dict, num_steps: int, image_seq_len: int) -> torch.Tensor:
-    """``(num_steps + 1,)`` float32 sigmas as ``ZImagePipeline`` sets them: its
-    ``get_default_z_image_sigmas`` (``torch.linspace(1, 1/N, N)``, float32, which differs from
-    numpy's float64 linspace in the last bit) given to the folder's
-    ``FlowMatchEulerDiscreteScheduler`` with ``mu = calculate_shift(image_seq_len, ...)`` (used when
-    the scheduler has ``use_dynamic_shifting``; otherwise its static ``shift`` applies)."""
-    cfg = dict(scheduler_config)
-    mu = calculate_shift(
-        image_seq_len,
-        cfg.get("base_image_seq_len", 256),
-        cfg.get("max_image_seq_len", 4096),
-        cfg.get("base_shift", 0.5),
-        cfg.get("max_shift", 1.15),
-    )
-    scheduler = FlowMatchEulerDiscreteScheduler.from_config(cfg)
-    scheduler.set_timesteps(sigmas=get_default_z_image_sigmas(num_steps), mu=mu)
-    return scheduler.sigmas.float().cpu()
 
 
 class ZImageFamily(DiffusersFolderFamily):
@@ -225,12 +207,15 @@ class ZImageFamily(DiffusersFolderFamily):
 
     # ---- the sigma schedule --------------------------------------------------------------------
     def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
-        """The pipeline's ``(num_steps + 1,)`` schedule (:func:`z_image_sigmas`); a numeric
+        """The pipeline's ``(num_steps + 1,)`` schedule (:func:`~diffrl.models.flux.resolution_shifted_sigmas` from the pipeline's torch linspace); a numeric
         ``shift`` replaces it with a static shift (see :meth:`ModelFamily.sigmas`)."""
         if shift is not None:
             return super().sigmas(num_steps, shift, height, width)
         _, h, w = self.latent_shape(height, width)
-        return z_image_sigmas(self.scheduler_config, num_steps, (h // 2) * (w // 2))
+        # the pipeline's get_default_z_image_sigmas: torch's float32 linspace, which differs from
+        # numpy's float64 one in the last bit
+        initial = get_default_z_image_sigmas(num_steps)
+        return resolution_shifted_sigmas(self.scheduler_config, num_steps, (h // 2) * (w // 2), initial)
 
     # ---- the velocity forward ------------------------------------------------------------------
     def forward(
