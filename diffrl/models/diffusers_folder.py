@@ -34,6 +34,9 @@ class DiffusersFolderFamily(ModelFamily):
 
     pipeline_class: ClassVar[str]
     """The diffusers pipeline this family reproduces, e.g. ``"FluxPipeline"``."""
+    pipeline_classes: ClassVar[tuple[str, ...]] = ()
+    """The pipelines whose folders it reads when more than one (variants, e.g. FLUX.2 [dev] and
+    [klein]); empty: :attr:`pipeline_class` alone."""
     components: ClassVar[tuple[str, ...]]
     """The pipeline's ``__init__`` arguments but the scheduler, each an attribute of the family."""
     transformer_class: ClassVar[str]
@@ -92,10 +95,11 @@ class DiffusersFolderFamily(ModelFamily):
         if meta is None:
             return [f"{str(index)!r} is not a readable JSON object: the folder is damaged (copy it again)"]
         found = meta.get("_class_name")
-        if found != cls.pipeline_class:
+        accepted = cls.pipeline_classes or (cls.pipeline_class,)
+        if found not in accepted:
             return [
                 f"{str(folder)!r} holds a {found} (model_index.json); the {cls.name} family reads "
-                f"{cls.pipeline_class} folders"
+                f"{' or '.join(accepted)} folders"
             ]
         return [
             f"{str(folder)!r} has no {sub}/ folder"

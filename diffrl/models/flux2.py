@@ -186,6 +186,7 @@ def folder_variant(folder: Path) -> Variant | None:
 class Flux2Family(DiffusersFolderFamily):
     name = "flux2"
     pipeline_class = "Flux2Pipeline or Flux2KleinPipeline"
+    pipeline_classes = ("Flux2Pipeline", "Flux2KleinPipeline")
     """For messages before a folder is read; a loaded family holds its folder's (:attr:`variant`)."""
     transformer_class = "Flux2Transformer2DModel"
     components = ("vae", "text_encoder", "tokenizer", "transformer")
@@ -222,23 +223,15 @@ class Flux2Family(DiffusersFolderFamily):
     # ---- the folder and the config, before anything loads --------------------------------------
     @classmethod
     def folder_problems(cls, folder: Path) -> list[str]:
-        index = folder / "model_index.json"
-        if not index.is_file():
-            return [f"{str(folder)!r} has no model_index.json: not a diffusers pipeline folder"]
-        meta = read_json(index)
-        if meta is None:
-            return [f"{str(index)!r} is not a readable JSON object: the folder is damaged (copy it again)"]
-        found = meta.get("_class_name")
-        if found not in VARIANTS:
-            return [
-                f"{str(folder)!r} holds a {found} (model_index.json); the {cls.name} family reads "
-                "Flux2Pipeline (FLUX.2 [dev]) or Flux2KleinPipeline (FLUX.2 [klein]) folders"
-            ]
+        problems = super().folder_problems(folder)
+        if problems:
+            return problems
         problems = [
             f"{str(folder)!r} has no {sub}/ folder"
-            for sub in ("transformer", "scheduler", "vae", "text_encoder", "tokenizer")
+            for sub in ("vae", "text_encoder", "tokenizer")
             if not (folder / sub).is_dir()
         ]
+        meta = read_json(folder / "model_index.json") or {}
         processor = (meta.get("tokenizer") or [None, None])[-1]
         if processor == "PixtralProcessor" and importlib.util.find_spec("torchvision") is None:
             problems.append(
