@@ -12,7 +12,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 import yaml
 
 from diffrl.config import ConfigError, recipes_dir
@@ -235,10 +234,7 @@ def cmd_sample(args) -> int:
     what = f"image{'s' * (n != 1)}" if images.ndim == 4 else f"video{'s' * (n != 1)}"
     if images.ndim == 5:
         what += " (.mp4" + (" with sound" if media.audio else "") + ", frames in NNNN/)"
-    h, w = images.shape[-2:]
-    sources = prompts.sources(index, h, w)
-    if sources is not None:  # the grid shows source | result
-        sources = torch.stack([s.resized(h, w) for s in sources])
+    sources = prompts.source_images(index, *images.shape[-2:])  # an editing set's grid: source | result
     print(f"wrote {n} {what} and grid {save_grid(images, out / 'grid.png', sources=sources)}")
     return 0
 

@@ -8,6 +8,7 @@ their own settings, and check the batch arithmetic and the files and devices the
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Collection
@@ -70,6 +71,7 @@ def validate(config: Config, check_files: bool = True, sections: Collection[str]
     :func:`load_config`). Returns every problem found."""
     on = set(sections)
     errors: list[str] = []
+    _prompt_set.cache_clear()
     if "runner" in on or "ray" in on:
         errors += _runner_checks(config, check_files)
     if "run" in on:
@@ -397,8 +399,11 @@ def _prompt_count(path: str) -> tuple[int, str | None]:
     return (0, problem) if prompts is None else (len(prompts), None)
 
 
+@functools.lru_cache(maxsize=8)  # cleared by validate: files may change between two validations
 def _prompt_set(path: str) -> tuple[PromptSet | None, str | None]:
-    """A prompt file's prompts (each source image checked), or the problem that makes it unreadable."""
+    """A prompt file's prompts (each source image checked), or the problem that makes it
+    unreadable; read once per :func:`validate` (several checks ask for it, and each of an edit
+    set's images is opened to be checked)."""
     try:
         return load_prompts(path), None
     except PromptFileError as e:

@@ -2,7 +2,7 @@
 (``{"prompt": ..., "metadata": {...}}`` a line).
 
 An editing data set is JSONL whose lines also name a source image,
-``{"prompt": "write the number 42 on the sign", "image": "signs/0001.png", "metadata": {...}}``:
+``{"prompt": 'write the number "42" on the sign', "image": "signs/0001.png", "metadata": {...}}``:
 the path is relative to the prompt file (or absolute). Every image is checked when the file is
 read (it exists and decodes as an image), so a bad line is reported before any model loads.
 """
@@ -10,6 +10,7 @@ read (it exists and decodes as an image), so a bad line is reported before any m
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ from PIL import Image, UnidentifiedImageError
 from diffrl.config import resolve_data_path
 from diffrl.errors import DiffrlError
 from diffrl.rollout import Source
+
+SOURCE_CACHE = 256
+"""Source images a :class:`PromptSet` keeps decoded (the most recently used)."""
 
 FORMATS = 'a .txt file (one prompt a line) or a .jsonl file (one {"prompt": ...} object a line)'
 
@@ -42,7 +46,9 @@ class PromptSet:
             self.metadata = [{} for _ in self.prompts]
         if not self.images:
             self.images = [None for _ in self.prompts]
-        self._sources: dict[tuple[int, int, int], Source] = {}
+        self._sources: OrderedDict[tuple[int, int, int], Source] = OrderedDict()
+        """The sources read last (at most :data:`SOURCE_CACHE`): a micro-group's rows share
+        them, and its rewards read them again; a whole set at file resolution could fill memory."""
 
     @property
     def edits(self) -> bool:
@@ -54,15 +60,27 @@ class PromptSet:
         (:func:`load_source`, each read once); None for a set without images."""
         if not self.edits:
             return None
+        out = []
         for i in indices:
-            if (i, height, width) not in self._sources:
+            key = (i, height, width)
+            if key not in self._sources:
                 image = self.images[i]
                 if image is None:
                     raise PromptFileError(
                         f"prompt {i + 1} of {self.source!r} has no image; every line of an editing set needs one"
                     )
-                self._sources[i, height, width] = load_source(image, height, width)
-        return [self._sources[i, height, width] for i in indices]
+                self._sources[key] = load_source(image, height, width)
+                if len(self._sources) > SOURCE_CACHE:
+                    self._sources.popitem(last=False)
+            self._sources.move_to_end(key)
+            out.append(self._sources[key])
+        return out
+
+    def source_images(self, indices: list[int], height: int, width: int) -> torch.Tensor | None:
+        """The sources of prompts ``indices`` laid out as the results, uint8 ``(N, 3, height,
+        width)`` (what grids set beside them); None for a set without images."""
+        sources = self.sources(indices, height, width)
+        return None if sources is None else torch.stack([s.resized(height, width) for s in sources])
 
     def reward_metadata(self, indices: list[int], height: int, width: int) -> list[dict[str, Any]]:
         """The metadata rewards get for prompts ``indices``: each line's ``"metadata"`` and, for

@@ -241,7 +241,7 @@ class OnlineCollector:
         batch = RolloutBatch(
             prompts=prompts,
             metadata=self.prompts.reward_metadata(index, self.height, self.width),
-            prompt_index=torch.tensor([p for _, p, _ in chunk]),
+            prompt_index=torch.tensor(index),
             sample_index=torch.tensor([j for _, _, j in chunk]),
             group_id=torch.tensor([q for q, _, _ in chunk]),
             micro_group=torch.full((b,), micro_group),

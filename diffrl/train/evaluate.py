@@ -99,9 +99,9 @@ def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> 
     prompts = load_prompts(e.prompts).head(e.num_prompts)
     index, media = generate(family, config, prompts, e.samples_per_prompt, e.seed, e.batch_size, "eval")
     names = [prompts.prompts[i] for i in index]
-    meta = prompts.reward_metadata(index, *media.images.shape[-2:])
-    sources = torch.stack([m["source_image"] for m in meta]) if prompts.edits else None
-    result = EvalResult(names, media.images, media.audio, sources)
+    size = media.images.shape[-2:]
+    result = EvalResult(names, media.images, media.audio, prompts.source_images(index, *size))
+    meta = prompts.reward_metadata(index, *size)
     if rewards is not None:  # a reward that fails costs its samples' scores, not the run
         out = rewards.submit(media.images, names, meta, audio=media.audio).result()
         result.rewards, result.total, result.errors = out.per_reward, out.total, out.errors

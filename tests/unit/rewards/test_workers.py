@@ -109,8 +109,16 @@ def test_a_worker_killed_from_outside_is_replaced_and_its_job_re_sent():
 
 
 def pool_workers() -> list[int]:
-    """This process's children that are multiprocessing workers (not its resource tracker)."""
-    return [p for p in children(os.getpid()) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    """This process's children that are multiprocessing workers (not its resource tracker); a
+    child that exits while they are listed (another test's) is not one."""
+    return [p for p in children(os.getpid()) if b"spawn_main" in _cmdline(p)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
 
 
 @linux_only
