@@ -191,6 +191,8 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 def read_recipe(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if not path.exists() and (shipped := shipped_recipe(path)) is not None:
+        path = shipped
     if path.is_dir():
         raise ConfigError(
             [
@@ -226,7 +228,20 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
 
 
 def recipes_dir() -> Path:
-    return PACKAGE_DIR.parent / "recipes"
+    """The shipped recipes (inside the package, so an installed wheel has them; the source tree's
+    ``recipes/`` is a link to this folder)."""
+    return PACKAGE_DIR / "recipes"
+
+
+def shipped_recipe(path: Path) -> Path | None:
+    """The shipped recipe a missing ``path`` names, if any: a bare name (``tiny_demo`` or
+    ``tiny_demo.yaml``) or ``recipes/NAME.yaml`` given outside the source tree; None otherwise (a
+    path into another folder names that file, never a shipped one)."""
+    if path.is_absolute() or path.parent not in (Path("."), Path("recipes")):
+        return None
+    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    shipped = recipes_dir() / name
+    return shipped if shipped.is_file() else None
 
 
 SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))

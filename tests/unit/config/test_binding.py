@@ -4,7 +4,7 @@ files that are missing or malformed. Through :func:`~diffrl.preflight.load_confi
 
 import pytest
 
-from diffrl.config import ConfigError, parse_overrides
+from diffrl.config import ConfigError, parse_overrides, recipes_dir
 from diffrl.preflight import load_config
 
 
@@ -53,3 +53,16 @@ def test_missing_and_malformed_recipe(tmp_path):
     listy.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(listy)
+
+
+def test_a_shipped_recipe_by_name_from_any_folder(tmp_path, monkeypatch):
+    """Outside the source tree (an installed wheel) ``tiny_demo``, ``tiny_demo.yaml`` and
+    ``recipes/tiny_demo.yaml`` name the shipped recipe; a path into another folder never does."""
+    monkeypatch.chdir(tmp_path)
+    shipped = load_config(recipes_dir() / "tiny_demo.yaml")
+    for name in ("tiny_demo", "tiny_demo.yaml", "recipes/tiny_demo.yaml"):
+        assert load_config(name) == shipped
+    with pytest.raises(ConfigError, match="does not exist. A shipped recipe of that name is at"):
+        load_config("elsewhere/tiny_demo.yaml")
+    (tmp_path / "tiny_demo.yaml").write_text("run: {name: mine}\n")  # a file of the name wins
+    assert load_config("tiny_demo.yaml").run.name == "mine"
