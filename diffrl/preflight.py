@@ -28,7 +28,8 @@ from diffrl.config import (
     bind_config,
 )
 from diffrl.config import number_problem as _number
-from diffrl.data.offline import SYNTHETIC, DatasetError, scan_image_folder, scan_pair_folder
+from diffrl.data.hf import EVAL_SPLITS, TRAIN_SPLITS, HFFolderError, resolve_split
+from diffrl.data.offline import SYNTHETIC, DatasetError, scan_image_data, scan_pair_folder
 from diffrl.data.prompts import PromptFileError, PromptSet, crop_box, edit_mismatch, image_size, load_prompts
 from diffrl.models.base import ModelFamily, SourceError
 from diffrl.models.registry import FAMILIES
@@ -63,7 +64,20 @@ def load_config(
         raise ConfigError(errors, source)
     if config.sampling.guidance_scale is None:  # resolved once: everything downstream sees a number
         config.sampling.guidance_scale = float(FAMILIES.resolve(config.model.family).default_guidance)
+    if check_files and "eval" in sections:
+        # a datasets folder of several splits: eval reads its test split, written out once so the
+        # evaluation (which reads the path alone) and the saved config name the split it was
+        config.eval.prompts = _pinned_split(config.eval.prompts, EVAL_SPLITS)
     return config
+
+
+def _pinned_split(path: str, splits: tuple[str, ...]) -> str:
+    """:func:`~diffrl.data.hf.resolve_split`; a folder that cannot be read keeps its path (the
+    checks have read it already)."""
+    try:
+        return resolve_split(path, splits)
+    except HFFolderError:
+        return path
 
 
 def validate(config: Config, check_files: bool = True, sections: Collection[str] = SECTIONS) -> list[str]:
@@ -382,7 +396,7 @@ def _eval_checks(e: EvalConfig, check_files: bool) -> list[str]:
         )
     errors += _reward_checks("eval.rewards", e.rewards, check_files)
     if check_files:
-        count, problem = _prompt_count(e.prompts)
+        count, problem = _prompt_count(e.prompts, EVAL_SPLITS)
         if problem:
             errors.append(f"eval.prompts: {problem}")
         elif e.num_prompts is not None and e.num_prompts > count:
@@ -393,19 +407,20 @@ def _eval_checks(e: EvalConfig, check_files: bool) -> list[str]:
     return errors
 
 
-def _prompt_count(path: str) -> tuple[int, str | None]:
-    """The number of prompts in a prompt file, or the problem that makes it unreadable."""
-    prompts, problem = _prompt_set(path)
+def _prompt_count(path: str, splits: tuple[str, ...] = TRAIN_SPLITS) -> tuple[int, str | None]:
+    """The number of prompts in a prompt file (``splits``: the split a ``datasets`` folder
+    without one named reads), or the problem that makes it unreadable."""
+    prompts, problem = _prompt_set(path, splits)
     return (0, problem) if prompts is None else (len(prompts), None)
 
 
 @functools.lru_cache(maxsize=8)  # cleared by validate: files may change between two validations
-def _prompt_set(path: str) -> tuple[PromptSet | None, str | None]:
+def _prompt_set(path: str, splits: tuple[str, ...] = TRAIN_SPLITS) -> tuple[PromptSet | None, str | None]:
     """A prompt file's prompts (each source image checked), or the problem that makes it
     unreadable; read once per :func:`validate` (several checks ask for it, and each of an edit
     set's images is opened to be checked)."""
     try:
-        return load_prompts(path), None
+        return load_prompts(path, splits), None
     except PromptFileError as e:
         return None, str(e)
 
@@ -452,11 +467,11 @@ def _editing_checks(
     edits, errors = bool(getattr(family, "edits", False)), []
     name, d = config.model.family, config.data
     online = spec is not None and spec.online
-    files = [("data.prompts", d.prompts)] * (data and online)
-    files += [("eval.prompts", config.eval.prompts)] * (evals and config.eval.enabled)
+    files = [("data.prompts", d.prompts, TRAIN_SPLITS)] * (data and online)
+    files += [("eval.prompts", config.eval.prompts, EVAL_SPLITS)] * (evals and config.eval.enabled)
     images: list[Path] = []
-    for where, path in files if check_files else []:
-        prompts, _ = _prompt_set(path)  # unreadable files are reported by the data / eval checks
+    for where, path, splits in files if check_files else []:
+        prompts, _ = _prompt_set(path, splits)  # unreadable files are reported by the data / eval checks
         if prompts is not None and prompts.edits != edits:
             errors.append(f"{where}: {edit_mismatch(name, edits, repr(path))}")
         elif prompts is not None and edits:
@@ -499,7 +514,7 @@ def _data_checks(config: Config, spec: CollectionSpec | None, check_files: bool)
     if d.dataset and d.dataset not in SYNTHETIC and not online:
         try:
             pairs = spec is not None and spec.offline_items == "pairs"
-            (scan_pair_folder if pairs else scan_image_folder)(d.dataset)
+            (scan_pair_folder if pairs else scan_image_data)(d.dataset)
         except DatasetError as e:
             errors.append(f"data.dataset: {e}")
     return errors

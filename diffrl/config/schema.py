@@ -90,12 +90,17 @@ class AlgorithmConfig:
 @dataclass
 class DataConfig:
     prompts: str = "builtin:tiny_text/train.txt"
-    """Prompt set for online algorithms: ``.txt`` (one a line) or ``.jsonl``
-    (``{"prompt": ..., "metadata": {...}}``; an editing family's lines also name their source image,
-    ``"image": "path/relative/to/the/file.png"``). ``builtin:`` names a file shipped in diffrl."""
+    """Prompt set for online algorithms: ``.txt`` (one a line), ``.jsonl``
+    (``{"prompt": ..., "metadata": {...}}``; the line's other keys are metadata too, so GenEval's
+    ``train_metadata.jsonl`` loads as it is; an editing family's lines also name their source image,
+    ``"image": "path/relative/to/the/file.png"``) or a Hugging Face ``datasets`` folder
+    (``save_to_disk`` or parquet; its ``train`` split, ``FOLDER#SPLIT`` for another; the prompt
+    column is ``prompt``, else ``text``, else ``caption``). ``builtin:`` names a file shipped in diffrl."""
     dataset: str | None = "synthetic_text"
     """Offline dataset: ``synthetic_text``, ``synthetic_edit`` (its edit pairs: a sign, an
-    instruction, the edited sign; for editing families) or a folder: of captioned images (SFT), or of preference
+    instruction, the edited sign; for editing families) or a folder: of captioned images (SFT:
+    ``NAME.txt`` captions or a ``metadata.jsonl`` / ``metadata.csv``, maybe in ``train/`` ``test/``
+    subfolders; or a ``datasets`` folder with an image column and a caption column), or of preference
     pairs, a ``metadata.jsonl`` of ``{"prompt": ..., "chosen": FILE, "rejected": FILE}`` rows
     (DPO with ``algorithm.params.pairs: offline``)."""
     dataset_size: int | None = None

@@ -3,7 +3,13 @@ editing family), a folder of images + captions (SFT), or a folder of preference 
 
 An image folder (SFT) holds images (``.png``, ``.jpg``, ``.jpeg``,
 ``.webp``) and, for each, either a sidecar caption ``name.txt`` or a row in ``metadata.jsonl``
-(``{"file_name": ..., "text": ...}``, the Hugging Face imagefolder convention).
+(``{"file_name": ..., "text": ...}``) or ``metadata.csv`` (a header row naming ``file_name`` and
+the caption column): the Hugging Face imagefolder convention. The caption is the row's first of
+``prompt``, ``text``, ``caption``; ``file_name`` is relative to the folder (``images/a.png``
+names a file in a subfolder). A folder whose images lie in split subfolders (``train/``,
+``test/``, each with its own metadata) is read at ``train/``; ``FOLDER#SPLIT`` names another.
+A Hugging Face ``datasets`` folder (``save_to_disk`` or parquet, :mod:`diffrl.data.hf`) is SFT
+data too: its ``train`` split's caption column and image column.
 
 A pair folder (offline DPO) holds images and a ``metadata.jsonl`` with one pair
 per line, ``{"prompt": "...", "chosen": "a.png", "rejected": "b.png"}``: the preferred and the
@@ -12,6 +18,8 @@ dispreferred image for the prompt, file names relative to the folder (other fiel
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +29,17 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from diffrl.config import Config
+from diffrl.data.hf import (
+    PROMPT_COLUMNS,
+    TRAIN_SPLITS,
+    HFFolder,
+    HFFolderError,
+    choose_split,
+    find_hf_folder,
+    image_cell,
+    read_image_rows,
+    split_path,
+)
 from diffrl.data.prompts import load_prompts
 from diffrl.data.synthetic_text import SyntheticEditDataset, SyntheticTextDataset, to_tensor
 from diffrl.errors import DiffrlError
@@ -36,7 +55,10 @@ class DatasetError(DiffrlError, ValueError):
     """An offline dataset that cannot be read."""
 
 
-CAPTIONS = 'add NAME.txt beside each image or a metadata.jsonl row {"file_name": ..., "text": ...}'
+CAPTIONS = (
+    'add NAME.txt beside each image, a metadata.jsonl row {"file_name": ..., "text": ...} or a '
+    "metadata.csv row (columns file_name,text)"
+)
 
 
 PAIRS = (
@@ -55,46 +77,29 @@ class OfflineDataset(Protocol):
 
 
 def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
-    """``(image file, caption)`` of every image in ``folder`` (from the file names and captions
-    only: no image is decoded). Every image needs a non-empty caption."""
-    root = Path(folder).expanduser()
-    if root.is_file():
+    """``(image file, caption)`` of every image in ``folder`` (``FOLDER#SPLIT``: its split
+    subfolder; a folder of split subfolders alone: its ``train/``), from the file names and
+    captions only: no image is decoded. Every image needs a non-empty caption."""
+    base, split = split_path(str(folder))
+    if base.is_file():
         raise DatasetError(
             f"dataset {str(folder)!r} is a file; give a folder of images with captions "
             f"({CAPTIONS}) or 'synthetic_text'"
         )
-    if not root.is_dir():
+    if not base.is_dir():
         raise DatasetError(
             f"dataset folder {str(folder)!r} does not exist; give a folder of images with captions "
             "or 'synthetic_text'"
         )
-    captions: dict[str, object] = {}
-    meta = root / "metadata.jsonl"
-    if meta.is_file():
-        try:
-            lines = meta.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as e:
-            raise DatasetError(f"{str(meta)!r} is not UTF-8 text (byte {e.start}); {CAPTIONS}") from e
-        bad = []
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                captions[row["file_name"]] = row.get("text", row.get("prompt"))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-                bad.append(n)
-        if bad:
-            raise DatasetError(
-                f"{str(meta)!r}: line(s) {', '.join(map(str, bad[:10]))}{' ...' if len(bad) > 10 else ''} "
-                'are not {"file_name": ..., "text": ...} objects; fix or remove them'
-            )
+    root = _split_folder(base, split, str(folder))
+    captions = _metadata_captions(root)
     items: list[tuple[Path, str]] = []
     missing, not_text = [], []
-    for f in sorted(root.iterdir()):
+    named = [root / name for name in captions if "/" in name and (root / name).is_file()]
+    for f in sorted(root.iterdir()) + sorted(named):
         if f.suffix.lower() not in IMAGE_SUFFIXES:
             continue
-        cap = captions.get(f.name)
+        cap = captions.get(f.relative_to(root).as_posix())
         if cap is None and f.with_suffix(".txt").is_file():
             try:
                 cap = f.with_suffix(".txt").read_text(encoding="utf-8").strip()
@@ -125,7 +130,75 @@ def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
     return items
 
 
+def _has_images(folder: Path) -> bool:
+    return any(f.suffix.lower() in IMAGE_SUFFIXES for f in folder.iterdir()) or any(
+        (folder / m).is_file() for m in ("metadata.jsonl", "metadata.csv")
+    )
+
+
+def _split_folder(base: Path, split: str | None, given: str) -> Path:
+    """The folder of an image folder's split: ``base`` itself when it holds images and no split is
+    named, else its subfolder ``split`` (default ``train``, or the only one with images)."""
+    if split is None and _has_images(base):
+        return base
+    splits = [d.name for d in sorted(base.iterdir()) if d.is_dir() and _has_images(d)]
+    if not splits:
+        return base  # no images anywhere: reported as such
+    try:
+        return base / choose_split(repr(str(base)), splits, split, TRAIN_SPLITS)
+    except HFFolderError as e:
+        raise DatasetError(f"dataset folder: {e}") from e
+
+
+def _caption(row: dict) -> object:
+    """A metadata row's caption: its first of :data:`PROMPT_COLUMNS` (None: none)."""
+    return next((row[c] for c in PROMPT_COLUMNS if c in row), None)
+
+
+def _metadata_captions(root: Path) -> dict[str, object]:
+    """``file_name -> caption`` from ``root``'s ``metadata.jsonl`` or ``metadata.csv``."""
+    files = [root / m for m in ("metadata.jsonl", "metadata.csv") if (root / m).is_file()]
+    if len(files) > 1:
+        raise DatasetError(f"{str(root)!r} has both metadata.jsonl and metadata.csv; keep one")
+    if not files:
+        return {}
+    meta = files[0]
+    try:
+        text = meta.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{str(meta)!r} is not UTF-8 text (byte {e.start}); {CAPTIONS}") from e
+    captions: dict[str, object] = {}
+    if meta.suffix == ".csv":
+        reader = csv.DictReader(io.StringIO(text))
+        header = reader.fieldnames or []
+        if "file_name" not in header or not any(c in header for c in PROMPT_COLUMNS):
+            raise DatasetError(
+                f"{str(meta)!r}: the header row must name a file_name column and a caption column "
+                f"({' / '.join(PROMPT_COLUMNS)}); it has {', '.join(header) or 'none'}"
+            )
+        for row in reader:
+            captions[str(row["file_name"]).strip()] = _caption(row)
+        return captions
+    bad = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            captions[row["file_name"]] = _caption(row)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            bad.append(n)
+    if bad:
+        raise DatasetError(
+            f"{str(meta)!r}: line(s) {', '.join(map(str, bad[:10]))}{' ...' if len(bad) > 10 else ''} "
+            'are not {"file_name": ..., "text": ...} objects; fix or remove them'
+        )
+    return captions
+
+
 class ImageFolderDataset:
+    """An image folder (SFT): item ``i`` is ``(image (3, H, W) in [0, 1], caption)``."""
+
     def __init__(self, folder: str | Path, height: int, width: int):
         self.folder = Path(folder)
         self.height, self.width = height, width
@@ -137,6 +210,45 @@ class ImageFolderDataset:
     def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
         path, caption = self.items[i]
         return load_image(path, self.height, self.width), caption
+
+
+def hf_folder(dataset: str) -> HFFolder | None:
+    """``data.dataset`` as a Hugging Face ``datasets`` folder, or None when it is none."""
+    try:
+        return find_hf_folder(split_path(dataset)[0])
+    except HFFolderError as e:
+        raise DatasetError(f"dataset folder: {e}") from e
+
+
+class HFImageDataset:
+    """The ``train`` split (``FOLDER#SPLIT``: that one) of a ``datasets`` folder as SFT data: item
+    ``i`` is ``(image (3, H, W) in [0, 1], caption)``, the image decoded when asked for."""
+
+    def __init__(self, dataset: str, height: int, width: int, folder: HFFolder | None = None):
+        self.height, self.width = height, width
+        try:
+            self.rows = read_image_rows(dataset, folder)
+        except HFFolderError as e:
+            raise DatasetError(f"dataset folder: {e}") from e
+
+    def __len__(self) -> int:
+        return len(self.rows.captions)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
+        try:
+            image, name = image_cell(self.rows, i)
+        except HFFolderError as e:
+            raise DatasetError(str(e)) from e
+        return load_image(image, self.height, self.width, name), self.rows.captions[i]
+
+
+def scan_image_data(dataset: str) -> int:
+    """How many captioned images SFT data ``dataset`` (an image folder or a ``datasets``
+    folder) holds, checked without decoding an image."""
+    folder = hf_folder(dataset)
+    if folder is not None:
+        return len(HFImageDataset(dataset, 1, 1, folder))
+    return len(scan_image_folder(dataset))
 
 
 @dataclass(frozen=True)
@@ -234,13 +346,15 @@ class PreferencePairDataset:
         return torch.stack(images), pair.prompt
 
 
-def load_image(path: Path, height: int, width: int) -> torch.Tensor:
-    """An image file as ``(3, height, width)`` in [0, 1] (resized and center-cropped to fit)."""
+def load_image(path: Path | io.BytesIO, height: int, width: int, name: str | None = None) -> torch.Tensor:
+    """An image file (or its bytes, called ``name`` in messages) as ``(3, height, width)`` in
+    [0, 1] (resized and center-cropped to fit)."""
     try:
         with Image.open(path) as img:
             img = img.convert("RGB")
     except (UnidentifiedImageError, OSError) as e:
-        raise DatasetError(f"cannot decode image {str(path)!r}: {e}; remove or replace the file") from e
+        what = name or repr(str(path))
+        raise DatasetError(f"cannot decode image {what}: {e}; remove or replace the file") from e
     if img.size != (width, height):
         img = _resize_center_crop(img, height, width)
     return to_tensor(img)
@@ -263,4 +377,7 @@ def build_offline_dataset(config: Config, height: int, width: int, items: str = 
         return SYNTHETIC[ds](prompts, config.data.dataset_size, config.run.seed, height, width)
     if items == "pairs":
         return PreferencePairDataset(ds, height, width)
+    folder = hf_folder(ds)
+    if folder is not None:
+        return HFImageDataset(ds, height, width, folder)
     return ImageFolderDataset(ds, height, width)

@@ -1,5 +1,12 @@
-"""Prompt sets: plain text (one prompt a line, as flow_grpo's train.txt/test.txt) or JSONL
-(``{"prompt": ..., "metadata": {...}}`` a line).
+"""Prompt sets: plain text (one prompt a line, as flow_grpo's train.txt/test.txt), JSONL
+(``{"prompt": ..., "metadata": {...}}`` a line) or a Hugging Face ``datasets`` folder
+(:mod:`diffrl.data.hf`).
+
+A JSONL line's other top-level keys are the prompt's reward metadata too, merged with its
+``"metadata"`` object (whose keys win), so flow_grpo's GenEval ``train_metadata.jsonl`` loads as
+it ships: ``{"tag": "single_object", "include": [{"class": "bench", "count": 1}], "prompt": "a
+photo of a bench"}`` gives the prompt and ``{"tag": ..., "include": ...}`` (flow_grpo passes the
+whole line to the reward).
 
 An editing data set is JSONL whose lines also name a source image,
 ``{"prompt": 'write the number "42" on the sign', "image": "signs/0001.png", "metadata": {...}}``:
@@ -19,13 +26,19 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from diffrl.config import resolve_data_path
+from diffrl.data.hf import TRAIN_SPLITS, HFFolderError, find_hf_folder, read_prompt_rows, split_path
 from diffrl.errors import DiffrlError
 from diffrl.rollout import Source
 
 SOURCE_CACHE = 256
 """Source images a :class:`PromptSet` keeps decoded (the most recently used)."""
 
-FORMATS = 'a .txt file (one prompt a line) or a .jsonl file (one {"prompt": ...} object a line)'
+FORMATS = (
+    'a .txt file (one prompt a line), a .jsonl file (one {"prompt": ...} object a line) or a '
+    "Hugging Face datasets folder (save_to_disk or parquet files)"
+)
+RESERVED = ("prompt", "metadata", "image")
+"""A JSONL line's keys that are not reward metadata (``image``: an editing set's source)."""
 
 
 class PromptFileError(DiffrlError, ValueError):
@@ -114,8 +127,21 @@ class PromptSet:
         return PromptSet(self.prompts[:n], self.metadata[:n], self.source, self.images[:n])
 
 
-def load_prompts(path: str | Path) -> PromptSet:
-    """Read ``.txt`` or ``.jsonl``; every malformed line is reported with its number."""
+def load_prompts(path: str | Path, splits: tuple[str, ...] = TRAIN_SPLITS) -> PromptSet:
+    """Read ``.txt``, ``.jsonl`` or a ``datasets`` folder (``FOLDER#SPLIT``, else the first of
+    ``splits`` it holds); every malformed line is reported with its number."""
+    root, split = split_path(str(path))
+    try:
+        if find_hf_folder(root) is not None:
+            prompts, metadata = read_prompt_rows(str(path), splits)
+            return PromptSet(prompts, metadata, str(path))
+    except HFFolderError as e:
+        raise PromptFileError(f"prompt folder: {e}") from e
+    if split is not None and root.is_dir():
+        raise PromptFileError(
+            f"prompt file {str(path)!r}: {str(root)!r} is not a datasets folder, so it has no split "
+            f"{split!r}; give {FORMATS}"
+        )
     file = resolve_data_path(str(path))
     if file.is_dir():
         raise PromptFileError(f"prompt file {str(path)!r} is a folder; give {FORMATS}")
@@ -127,7 +153,7 @@ def load_prompts(path: str | Path) -> PromptSet:
             "and name the file .jsonl)"
         )
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is not a prompt
     except UnicodeDecodeError as e:
         raise PromptFileError(
             f"prompt file {str(path)!r} is not UTF-8 text (byte {e.start} cannot be decoded); give {FORMATS}"
@@ -136,13 +162,13 @@ def load_prompts(path: str | Path) -> PromptSet:
         raise PromptFileError(f"prompt file {str(path)!r} cannot be read: {e.strerror}") from e
     if "\x00" in text:
         raise PromptFileError(f"prompt file {str(path)!r} holds NUL bytes: not a text file; give {FORMATS}")
-    lines = text.splitlines()
+    lines = text.splitlines()  # \n, \r\n or \r
+    while lines and not lines[-1].strip():  # blank lines at the end are no prompts
+        lines.pop()
     prompts, metadata, images, problems = [], [], [], []
     jsonl = file.suffix == ".jsonl"
     for n, line in enumerate(lines, start=1):
         if not line.strip():
-            if n == len(lines):
-                continue
             problems.append(f"line {n}: empty prompt line (remove it)")
             continue
         if jsonl:
@@ -169,7 +195,7 @@ def load_prompts(path: str | Path) -> PromptSet:
                 problems.append(f"line {n}: {problem}")
                 continue
             prompts.append(row["prompt"])
-            metadata.append(meta)
+            metadata.append({**{k: v for k, v in row.items() if k not in RESERVED}, **meta})
             images.append(image)
         else:
             prompts.append(line.strip())

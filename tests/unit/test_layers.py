@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OPTIONAL = ("ray",)
+OPTIONAL = ("ray", "datasets", "pyarrow")  # pyarrow: installed with datasets (diffrl[datasets])
 """Top-level packages that may be imported inside a function: optional dependencies (extras)."""
 
 
