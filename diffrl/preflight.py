@@ -28,7 +28,7 @@ from diffrl.config import (
     bind_config,
 )
 from diffrl.config import number_problem as _number
-from diffrl.data.hf import EVAL_SPLITS, TRAIN_SPLITS, HFFolderError, resolve_split
+from diffrl.data.hf import EVAL_SPLITS, TRAIN_SPLITS
 from diffrl.data.offline import SYNTHETIC, DatasetError, scan_image_data, scan_pair_folder
 from diffrl.data.prompts import PromptFileError, PromptSet, crop_box, edit_mismatch, image_size, load_prompts
 from diffrl.models.base import ModelFamily, SourceError
@@ -64,20 +64,7 @@ def load_config(
         raise ConfigError(errors, source)
     if config.sampling.guidance_scale is None:  # resolved once: everything downstream sees a number
         config.sampling.guidance_scale = float(FAMILIES.resolve(config.model.family).default_guidance)
-    if check_files and "eval" in sections:
-        # a datasets folder of several splits: eval reads its test split, written out once so the
-        # evaluation (which reads the path alone) and the saved config name the split it was
-        config.eval.prompts = _pinned_split(config.eval.prompts, EVAL_SPLITS)
     return config
-
-
-def _pinned_split(path: str, splits: tuple[str, ...]) -> str:
-    """:func:`~diffrl.data.hf.resolve_split`; a folder that cannot be read keeps its path (the
-    checks have read it already)."""
-    try:
-        return resolve_split(path, splits)
-    except HFFolderError:
-        return path
 
 
 def validate(config: Config, check_files: bool = True, sections: Collection[str] = SECTIONS) -> list[str]:

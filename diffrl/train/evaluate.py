@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from diffrl.config import Config
+from diffrl.data.hf import EVAL_SPLITS
 from diffrl.data.prompts import PromptSet, edit_mismatch, load_prompts
 from diffrl.errors import DiffrlError
 from diffrl.logging import Progress
@@ -96,7 +97,7 @@ def generate(
 
 def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> EvalResult:
     e = config.eval
-    prompts = load_prompts(e.prompts).head(e.num_prompts)
+    prompts = load_prompts(e.prompts, EVAL_SPLITS).head(e.num_prompts)  # a datasets folder: its test split
     index, media = generate(family, config, prompts, e.samples_per_prompt, e.seed, e.batch_size, "eval")
     names = [prompts.prompts[i] for i in index]
     size = media.images.shape[-2:]

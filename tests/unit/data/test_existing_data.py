@@ -14,8 +14,10 @@ from diffrl.config import ConfigError
 from diffrl.data.hf import resolve_split
 from diffrl.data.offline import DatasetError, HFImageDataset, ImageFolderDataset, scan_image_data
 from diffrl.data.prompts import PromptFileError, load_prompts
+from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
 from diffrl.rewards.ocr import ocr_reward_from_text
+from diffrl.train.evaluate import evaluate
 from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 
@@ -232,14 +234,20 @@ def test_preflight_reports_datasets_folder_problems_with_the_others(tmp_path):
     assert "sampling.num_steps must be >= 1" in text
 
 
-def test_eval_reads_the_test_split_written_into_the_config(tmp_path):
+def test_eval_reads_the_test_split(tmp_path):
     datasets.DatasetDict(
         train=datasets.Dataset.from_dict({"prompt": ['the text "A"', 'the text "B"']}),
         validation=datasets.Dataset.from_dict({"prompt": ['the text "V"']}),
     ).save_to_disk(tmp_path / "dict")
     folder = str(tmp_path / "dict")
-    cfg = load_config({"data": {"prompts": folder}, "eval": {"prompts": folder, "num_prompts": 1}})
-    assert cfg.data.prompts == folder and cfg.eval.prompts == f"{folder}#validation"
+    cfg = load_config(
+        {
+            "data": {"prompts": folder},
+            "sampling": {"num_steps": 2},
+            "eval": {"prompts": folder, "num_prompts": 1, "samples_per_prompt": 1},
+        }
+    )
+    assert evaluate(load_family(cfg), cfg, None).prompts == ['the text "V"']
     with pytest.raises(ConfigError, match="eval.num_prompts is 2, but eval.prompts .* holds 1 prompts"):
         load_config({"eval": {"prompts": folder, "num_prompts": 2}})
 
