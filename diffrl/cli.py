@@ -1,4 +1,4 @@
-"""``diffrl`` command line: train, eval, sample, export, recipes, serve-reward."""
+"""``diffrl`` command line: train, eval, sample, export, report, recipes, serve-reward."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from diffrl.train.checkpoint import (
 from diffrl.train.evaluate import eval_table, evaluate, generate, paired_difference, save_grid, to_pil
 from diffrl.train.loop import train
 from diffrl.train.media import write_video_sample
+from diffrl.train.report import write_report
 
 DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
 
@@ -43,6 +44,7 @@ DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
   diffrl eval CHECKPOINT --baseline base                     ... and how much it beats the base (paired)
   diffrl sample base --prompt 'the number "42"'              prompts -> PNG files and a grid
   diffrl export runs/tiny_sft/checkpoints/final OUT_DIR      a checkpoint -> diffusers-layout model
+  diffrl report runs/tiny_sft                                a run's curves, grids and config -> one HTML page
   diffrl recipes                                             list the shipped recipes
   diffrl serve-reward --reward ocr --port 8100               serve a reward over HTTP (the remote reward)
 """
@@ -166,7 +168,12 @@ def cmd_eval(args) -> int:
     failed = [*result.errors, *(base.errors if base is not None else [])]
     if failed:
         raise RewardError(f"eval: {len(failed)} reward call(s) failed: " + "; ".join(failed))
-    grid = save_grid(result.images[: config.eval.grid_images], out / "grid.png", sources=result.sources)
+    grid = save_grid(
+        result.images[: config.eval.grid_images],
+        out / "grid.png",
+        sources=result.sources,
+        captions=result.captions(),
+    )
     for name, scores in result.rewards.items():
         print(
             f"{name}: mean {scores.mean():.4f}  (n={len(scores)}, exact {(scores == 1).float().mean():.2%})"
@@ -235,7 +242,8 @@ def cmd_sample(args) -> int:
     if images.ndim == 5:
         what += " (.mp4" + (" with sound" if media.audio else "") + ", frames in NNNN/)"
     sources = prompts.source_images(index, *images.shape[-2:])  # an editing set's grid: source | result
-    print(f"wrote {n} {what} and grid {save_grid(images, out / 'grid.png', sources=sources)}")
+    grid = save_grid(images, out / "grid.png", sources=sources, captions=names)  # each with its prompt
+    print(f"wrote {n} {what} and grid {grid}")
     return 0
 
 
@@ -265,6 +273,19 @@ def cmd_export(args) -> int:
         family.transformer.unload_lora()
     family.save_pretrained(out, dtype=DTYPES[args.dtype] if args.dtype else None)
     print(f"wrote {family.name} model to {out}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    run_dir = Path(args.run_dir).expanduser()
+    out = Path(args.out).expanduser() if args.out else None
+    if out is not None:
+        if out.is_dir():
+            raise DiffrlError(
+                f"--out {str(out)!r} is a folder; give the HTML file to write, e.g. {out / 'report.html'}"
+            )
+        _check_out_dir(out.parent, "--out's folder")
+    print(f"report: {write_report(run_dir, out)}")
     return 0
 
 
@@ -473,6 +494,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--num-gpus", type=float, default=0, help="with --ray: GPUs for the server's actor")
     v.add_argument("--num-cpus", type=float, default=1, help="with --ray: CPUs for the server's actor")
     v.set_defaults(func=cmd_serve_reward)
+
+    h = sub.add_parser(
+        "report",
+        parents=[common],
+        help="a run folder -> one self-contained HTML page: curves, captioned eval grids, the first "
+        "and last eval side by side, final numbers, config (a run writes RUN_DIR/report.html itself)",
+    )
+    h.add_argument("run_dir", help="a training run's output folder, e.g. runs/tiny_demo")
+    h.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html)")
+    h.set_defaults(func=cmd_report)
 
     r = sub.add_parser("recipes", parents=[common], help="list the shipped recipes")
     r.set_defaults(func=cmd_recipes)

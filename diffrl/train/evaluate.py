@@ -1,15 +1,18 @@
-"""Evaluation: sample the test prompts with the ODE sampler and fixed seeds, score, write a grid."""
+"""Evaluation: sample the test prompts with the ODE sampler and fixed seeds, score, write a grid
+(each sample captioned with its prompt and reward)."""
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 from diffrl.config import Config
 from diffrl.data.hf import EVAL_SPLITS
@@ -38,6 +41,11 @@ class EvalResult:
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)
     total: torch.Tensor | None = None
     errors: list[str] = field(default_factory=list)
+
+    def captions(self) -> list[Caption]:
+        """Each sample's grid caption: its prompt and total reward (none when unscored)."""
+        totals = self.total.tolist() if self.total is not None else [None] * len(self.prompts)
+        return [Caption(p, r) for p, r in zip(self.prompts, totals, strict=True)]
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         out = {}
@@ -142,32 +150,143 @@ def to_pil(image: torch.Tensor) -> Image.Image:
     return Image.fromarray(quantize(image).permute(1, 2, 0).numpy())
 
 
+@dataclass(frozen=True)
+class Caption:
+    """What a grid cell says under its image: the prompt (wrapped to two lines, cut with an
+    ellipsis) and, when ``reward`` is given, a line with the sample's total reward (NaN: the
+    sample could not be scored)."""
+
+    prompt: str
+    reward: float | None = None
+
+    def reward_line(self) -> str | None:
+        if self.reward is None:
+            return None
+        return "r=nan (failed)" if not math.isfinite(self.reward) else f"r={self.reward:.3f}"
+
+
+Font = ImageFont.ImageFont | ImageFont.FreeTypeFont
+
+PROMPT_LINES = 2
+"""A caption's prompt lines at most (the rest is cut, ending in an ellipsis)."""
+
+
+def caption_font(cell_width: int) -> Font:
+    """Pillow's built-in font (no font file needed), 11 px under tiles up to ~130 px wide and
+    growing with wider ones (at most 28 px), so a caption reads at the grid's size."""
+    return ImageFont.load_default(size=max(11, min(cell_width // 12, 28)))
+
+
+def wrap(text: str, font: Font, width: float, max_lines: int = PROMPT_LINES) -> list[str]:
+    """``text`` in lines that fit ``width`` pixels in ``font`` (words that do not fit are split),
+    at most ``max_lines``, the last one ending in "…" when text is left over."""
+    lines: list[str] = []
+    line = ""
+    for word in " ".join(text.split()).split(" "):
+        while word:
+            trial = f"{line} {word}" if line else word
+            if font.getlength(trial) <= width:
+                line, word = trial, ""
+            elif line:  # the word goes on the next line
+                lines.append(line)
+                line = ""
+            else:  # a word wider than the line: as much of it as fits
+                cut = 1
+                while cut < len(word) and font.getlength(word[: cut + 1]) <= width:
+                    cut += 1
+                lines.append(word[:cut])
+                word = word[cut:]
+    if line:
+        lines.append(line)
+    if len(lines) <= max_lines:
+        return lines
+    last = lines[max_lines - 1]
+    while last and font.getlength(last + "…") > width:
+        last = last[:-1]
+    return [*lines[: max_lines - 1], last.rstrip() + "…"]
+
+
+def caption_lines(caption: Caption | str, font: Font, width: float) -> list[str]:
+    """The lines drawn under a cell: the prompt's (at most :data:`PROMPT_LINES`), then the reward's."""
+    if isinstance(caption, str):
+        caption = Caption(caption)
+    lines = wrap(caption.prompt, font, width) if caption.prompt.strip() else []
+    reward = caption.reward_line()
+    return lines + ([reward] if reward is not None else [])
+
+
 def save_grid(
-    images: torch.Tensor, path: Path, columns: int = 8, scale: int = 2, sources: torch.Tensor | None = None
+    images: torch.Tensor,
+    path: Path,
+    columns: int = 8,
+    scale: int = 2,
+    sources: torch.Tensor | None = None,
+    captions: Sequence[Caption | str] | None = None,
 ) -> Path:
     """Tile ``images (N, 3, H, W)`` (or videos ``(N, 3, F, H, W)``, see :func:`still`) in [0, 1]
     into one PNG; with ``sources`` (uint8 ``(N, 3, H, W)``: what an editing family edited) each
-    result follows its source, ``source | result``, a pair per cell."""
+    result follows its source, ``source | result``, a pair per cell. With ``captions`` (one per
+    image, the first ``N`` are used), each cell gets a strip beneath it saying its prompt (and its
+    reward, see :class:`Caption`), drawn after scaling so the text is at the PNG's resolution."""
     images = still(images)
+    n = images.shape[0]
+    if captions is not None and len(captions) < n:
+        raise ValueError(f"{len(captions)} captions for {n} images: give one per image")
+    per_cell = 1
     if sources is not None:
-        pairs = torch.stack([sources[: len(images)].float() / 255.0, images.float()], 1)
+        pairs = torch.stack([sources[:n].float() / 255.0, images.float()], 1)
         images = pairs.flatten(0, 1)
         columns = max(2, columns - columns % 2)
-    n = images.shape[0]
-    columns = min(columns, n)
-    rows = (n + columns - 1) // columns
+        per_cell = 2
+    tiles = images.shape[0]
+    columns = min(columns, tiles)
+    rows = (tiles + columns - 1) // columns
     _, _, h, w = images.shape
     grid = np.ones((rows * (h + 2), columns * (w + 2), 3), dtype=np.uint8) * 255
     arr = quantize(images).permute(0, 2, 3, 1).numpy()
-    for k in range(n):
+    for k in range(tiles):
         r, c = divmod(k, columns)
         grid[r * (h + 2) + 1 : r * (h + 2) + 1 + h, c * (w + 2) + 1 : c * (w + 2) + 1 + w] = arr[k]
     img = Image.fromarray(grid)
     if scale > 1:
         img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
+    if captions is not None:
+        img = _captioned(
+            img, list(captions[:n]), rows, columns // per_cell, (h + 2) * scale, per_cell * (w + 2) * scale
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     img.save(path)
     return path
+
+
+def _captioned(
+    grid: Image.Image, captions: list[Caption | str], rows: int, cells: int, row_h: int, cell_w: int
+) -> Image.Image:
+    """``grid`` (``rows`` of ``cells`` cells, each ``cell_w`` x ``row_h`` px) with a caption strip
+    under each row; every strip is as tall as the longest caption needs."""
+    font = caption_font(cell_w)
+    pad = max(2, cell_w // 40)
+    ascent, descent = font.getmetrics()
+    line_h = ascent + descent + 1
+    lines = [caption_lines(c, font, cell_w - 2 * pad) for c in captions]
+    strip = pad * 2 + line_h * max((len(x) for x in lines), default=0)
+    out = Image.new("RGB", (grid.width, rows * (row_h + strip)), "white")
+    draw = ImageDraw.Draw(out)
+    for r in range(rows):
+        top = r * (row_h + strip)
+        out.paste(grid.crop((0, r * row_h, grid.width, (r + 1) * row_h)), (0, top))
+        for c in range(cells):
+            k = r * cells + c
+            for i, text in enumerate(lines[k] if k < len(lines) else []):
+                draw.text(
+                    (c * cell_w + pad, top + row_h + pad + i * line_h), text, fill=(20, 20, 20), font=font
+                )
+    return out
+
+
+def eval_grid_path(run_dir: Path, step: int) -> Path:
+    """Where a run keeps the grid of its eval at ``step``."""
+    return run_dir / "eval" / f"step_{step:05d}.png"
 
 
 def plot_eval_curve(evals: list[dict[str, float]], path: Path, key: str = "eval/reward_mean") -> None:

@@ -15,9 +15,8 @@ from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config, dump_config
 from diffrl.errors import Abandoned, Interrupted
 from diffrl.logging import MetricsLogger, Progress
-from diffrl.train import stages
+from diffrl.train import report, stages
 from diffrl.train.checkpoint import iteration_of, prune_checkpoints
-from diffrl.train.evaluate import plot_eval_curve
 from diffrl.train.run_folder import RunFolder
 from diffrl.train.runner import build_runner
 from diffrl.train.stages import LoopState, TrainResult
@@ -93,8 +92,8 @@ class Driver:
         finally:
             self.runner.close()
             self.logger.close()
-        if self.result.evals:
-            plot_eval_curve(self.result.evals, self.out / "eval_curve.png")
+        # the run in pictures: eval curve, first-vs-last grids, training curves, one HTML page
+        print(f"report: {report.finish_run(self.out, self.result.evals)}", flush=True)
         return self.result
 
     def iteration(self, it: int) -> tuple[dict[str, float], list[dict[str, float]]]:

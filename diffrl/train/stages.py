@@ -20,7 +20,7 @@ from diffrl.logging import MetricsLogger
 from diffrl.rewards.base import RewardOutput
 from diffrl.rollout import CollectionSpec, RewardScores, RolloutBatch, RolloutStats, TrainExamples
 from diffrl.seeding import generator
-from diffrl.train.evaluate import EvalResult, save_grid
+from diffrl.train.evaluate import EvalResult, eval_grid_path, save_grid
 from diffrl.train.guard import Guard
 from diffrl.train.run_folder import write_atomic
 from diffrl.train.runner import PendingScore, Runner
@@ -311,9 +311,15 @@ class LoopState:
         logger: MetricsLogger,
         seconds: float | None = None,
     ) -> None:
-        """Keep an eval point: its grid image, its metrics (logged) and ``eval_curve.json``;
-        ``seconds``: how long the eval took (``perf/eval_time``)."""
-        save_grid(result.images[:grid_images], out / "eval" / f"step_{step:05d}.png", sources=result.sources)
+        """Keep an eval point: its grid image (each sample captioned with its prompt and reward),
+        its metrics (logged) and ``eval_curve.json``; ``seconds``: how long the eval took
+        (``perf/eval_time``)."""
+        save_grid(
+            result.images[:grid_images],
+            eval_grid_path(out, step),
+            sources=result.sources,
+            captions=result.captions(),
+        )
         metrics = result.metrics()
         if seconds is not None:
             metrics["perf/eval_time"] = seconds

@@ -291,6 +291,10 @@ CASES: list[Case] = [
     Case("reward-always-nan", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:nan_scores}}]"], EXIT_RUN_STOPPED, "returned 2 non-finite score(s)", trains=True),
     Case("reward-hangs", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:hangs, timeout_s: 0.3}}]"], EXIT_RUN_STOPPED, "timed out after 0.3 s", trains=True),
     Case("reward-fails-in-a-short-run", ["train", NFT, *SHORT, "train.iterations=2", f"rewards=[{{name: {HERE}:always_fails}}]"], EXIT_RUN_STOPPED, "no optimizer step was taken in 2 iteration(s)", trains=True),
+    # ---- report
+    Case("report-missing-folder", ["report", "{tmp}/nope"], BAD, "no such folder; give the output folder of a training run"),
+    Case("report-not-a-run", ["report", "{tmp}/stuff"], BAD, "is not a diffrl run folder (no metrics.jsonl or config.yaml inside)", files={"stuff/x.txt": "x"}, in_subprocess=True),
+    Case("report-out-is-a-folder", ["report", "{tmp}/run", "--out", "{tmp}"], BAD, "is a folder; give the HTML file to write", files={"run/metrics.jsonl": '{"step": 1}\n'}),
     # ---- the command line itself
     Case("command-unknown", ["frobnicate"], BAD, "invalid choice: 'frobnicate'", in_subprocess=True),
     Case("command-missing", [], BAD, "the following arguments are required"),

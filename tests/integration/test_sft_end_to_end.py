@@ -24,6 +24,13 @@ def test_sft_two_iterations_then_eval_and_sample(tmp_path, capsys, lora):
     rows = [json.loads(line) for line in (result.output_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("train/loss" in r for r in rows) and any("eval/ocr_mean" in r for r in rows)
     assert (result.output_dir / "eval" / "step_00002.png").is_file()
+    # the run in pictures: step 0 beside step 2, the training curves, one page holding them
+    assert (
+        Image.open(result.output_dir / "eval" / "compare.png").width
+        > Image.open(result.output_dir / "eval" / "step_00002.png").width
+    )
+    assert (result.output_dir / "metrics.png").is_file()
+    assert "data:image/png;base64," in (result.output_dir / "report.html").read_text()
     info = json.loads((result.checkpoint / "checkpoint.json").read_text())
     assert info["family"] == "tiny" and (info["lora"] is not None) == lora
 

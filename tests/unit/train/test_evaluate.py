@@ -1,9 +1,18 @@
-"""The paired comparison behind ``diffrl eval --baseline``, and the stills of videos in eval grids."""
+"""The paired comparison behind ``diffrl eval --baseline``, the stills of videos in eval grids, and
+the grids' captions."""
 
 import pytest
 import torch
 
-from diffrl.train.evaluate import paired_difference, save_grid, still
+from diffrl.train.evaluate import (
+    Caption,
+    EvalResult,
+    caption_font,
+    caption_lines,
+    paired_difference,
+    save_grid,
+    still,
+)
 
 
 def test_paired_difference_is_the_mean_difference_and_its_standard_error():
@@ -75,3 +84,64 @@ def test_an_edit_grid_sets_each_result_beside_its_source(tmp_path):
     assert grid.shape == (6, 6 * 6, 3)  # one row of 3 pairs, each cell 4 px + a 2 px border
     cells = [grid[1:5, c * 6 + 1 : c * 6 + 5] for c in range(6)]
     assert [int(cell.mean()) for cell in cells] == [255, 0, 128, 0, 255, 0]
+
+
+def _dark(region) -> int:
+    """The pixels of ``region (H, W, 3)`` that are not (near) white: drawn text."""
+    return int((region.min(axis=-1) < 200).sum())
+
+
+def test_captions_add_a_strip_under_each_cell_with_its_text(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    images = torch.ones(2, 3, 8, 16)  # white tiles: any dark pixel below them is text
+    plain = np.asarray(Image.open(save_grid(images, tmp_path / "plain.png")))
+    path = save_grid(images, tmp_path / "captioned.png", captions=['the number "42"', ""])
+    grid = np.asarray(Image.open(path))
+    row_h, cell_w = (8 + 2) * 2, (16 + 2) * 2
+    assert grid.shape[1] == plain.shape[1] and grid.shape[0] > plain.shape[0] == row_h
+    np.testing.assert_array_equal(grid[:row_h], plain)  # the tiles as they were, the strip beneath
+    assert _dark(grid[row_h:, :cell_w]) > 0  # the first cell's prompt
+    assert _dark(grid[row_h:, cell_w:]) == 0  # an empty caption draws nothing
+
+
+def test_an_edit_pair_gets_one_caption_under_both_images(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    results = torch.ones(3, 3, 8, 8)
+    sources = torch.full((3, 3, 8, 8), 255, dtype=torch.uint8)
+    captions = ["", Caption("make it red", 0.5), ""]
+    grid = np.asarray(Image.open(save_grid(results, tmp_path / "g.png", sources=sources, captions=captions)))
+    row_h, pair_w = (8 + 2) * 2, 2 * (8 + 2) * 2
+    strip = grid[row_h:]
+    assert grid.shape[1] == 3 * pair_w
+    assert [_dark(strip[:, k * pair_w : (k + 1) * pair_w]) > 0 for k in range(3)] == [False, True, False]
+
+
+def test_a_caption_is_two_lines_of_prompt_at_most_then_its_reward():
+    font = caption_font(132)
+    long = "a watercolor painting of a lighthouse on a cliff above a stormy sea at dusk, seagulls"
+    lines = caption_lines(Caption(long, 0.5312), font, 120)
+    assert len(lines) == 3 and lines[1].endswith("…") and lines[2] == "r=0.531"
+    assert all(font.getlength(line) <= 120 for line in lines)
+    assert long.startswith(f"{lines[0]} {lines[1][:-1]}".rstrip())  # the prompt from its start
+    assert caption_lines(Caption('the text "AB3"', float("nan")), font, 120) == [
+        'the text "AB3"',
+        "r=nan (failed)",
+    ]
+    assert caption_lines('the text "AB3"', font, 120) == ['the text "AB3"']  # a prompt alone: no reward line
+    word = caption_lines("x" * 200, font, 60)  # a word wider than the cell is split, then cut
+    assert len(word) == 2 and word[1].endswith("…") and all(font.getlength(w) <= 60 for w in word)
+
+
+def test_eval_captions_carry_each_samples_total_and_need_one_per_image(tmp_path):
+    result = EvalResult(["a", "b"], torch.ones(2, 3, 4, 4), total=torch.tensor([0.25, float("nan")]))
+    caps = result.captions()
+    assert (
+        caps[0] == Caption("a", 0.25) and caps[1].prompt == "b" and caps[1].reward_line() == "r=nan (failed)"
+    )
+    assert [c.reward for c in EvalResult(["a"], torch.ones(1, 3, 4, 4)).captions()] == [None]
+    with pytest.raises(ValueError, match="one per image"):
+        save_grid(torch.ones(2, 3, 4, 4), tmp_path / "g.png", captions=["only one"])

@@ -1,0 +1,323 @@
+"""A run's end in pictures and one page: ``eval/compare.png`` (the first and the last eval grids
+side by side), ``metrics.png`` (the training curves) and ``report.html``, which holds them all
+(images embedded, no outside files), for a reader who was not watching the terminal.
+
+```
+runs/NAME/
+  metrics.png        reward, loss, KL, grad norm, log-prob diff against the iteration (those logged)
+  eval_curve.png     the mean eval reward at each eval (train/evaluate.py)
+  eval/step_NNNNN.png  each eval's grid, every sample captioned with its prompt and reward
+  eval/compare.png   the first and last grids side by side: the same prompts and seeds
+  report.html        all of the above, the final numbers and the resolved config
+```
+The driver writes them when a run ends; ``diffrl report RUN_DIR`` writes the page of any run
+folder, finished or not (what is missing is drawn from ``metrics.jsonl`` and ``eval_curve.json``).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from PIL import Image, ImageDraw, ImageFont
+
+from diffrl.errors import DiffrlError
+from diffrl.logging import fmt
+from diffrl.train.evaluate import eval_grid_path, eval_table, plot_eval_curve, wrap
+
+EVAL_KEY = "eval/reward_mean"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One plot of ``metrics.png``: its title and the metrics drawn in it."""
+
+    title: str
+    keys: tuple[str, ...]
+
+
+PANELS = (
+    Panel("reward", ("rollout/reward/raw_mean", EVAL_KEY)),
+    Panel("loss", ("train/loss",)),
+    Panel("KL", ()),  # whichever KL terms the algorithm logs: see KL_KEY
+    Panel("grad norm", ("train/grad_norm",)),
+    Panel("log-prob diff", ("train/log_prob_mean_abs_diff",)),
+)
+"""The panels ``metrics.png`` can have, in order; a run gets those it logged a metric of."""
+
+KL_KEY = re.compile(r"^train/(.+_)?kl(_.+)?$")
+"""A KL metric of any algorithm (``train/kl_loss``, ``train/approx_kl``)."""
+
+
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    """The rows of a run's ``metrics.jsonl`` (a line cut short by a crash is skipped)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            rows.append(row)
+    return rows
+
+
+def _logged(rows: list[dict[str, float]], key: str) -> bool:
+    return any(isinstance(r.get(key), int | float) and math.isfinite(r[key]) for r in rows)
+
+
+def _all_zero(rows: list[dict[str, float]], key: str) -> bool:
+    """A KL term the run had switched off (its coefficient 0: the term is logged as 0)."""
+    return all(r[key] == 0 for r in rows if key in r)
+
+
+def metric_panels(rows: list[dict[str, float]]) -> list[Panel]:
+    """The panels of :data:`PANELS` with a metric ``rows`` logged (a finite value of it), each
+    with just those metrics; a KL metric that is 0 throughout (the term was off) is left out."""
+    names = sorted({k for r in rows for k in r})
+    out = []
+    for panel in PANELS:
+        keys = panel.keys or tuple(k for k in names if KL_KEY.match(k) and not _all_zero(rows, k))
+        present = tuple(k for k in keys if _logged(rows, k))
+        if present:
+            out.append(Panel(panel.title, present))
+    return out
+
+
+def plot_metrics(rows: list[dict[str, float]], path: Path) -> Path | None:
+    """The panels of :func:`metric_panels` against the iteration, saved as a PNG; None (and no
+    file) when ``rows`` logged none of them."""
+    panels = metric_panels(rows)
+    if not panels:
+        return None
+    columns = 2 if len(panels) == 4 else min(len(panels), 3)
+    n_rows = -(-len(panels) // columns)
+    fig = Figure(figsize=(4.2 * columns, 2.9 * n_rows))  # no pyplot: no global state to clean up
+    axes = fig.subplots(n_rows, columns, squeeze=False).flatten()
+    for ax, panel in zip(axes, panels, strict=False):
+        for key in panel.keys:
+            points = sorted((r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float))
+            sparse = len(points) < 30 or key.startswith("eval/")  # evals: a point each
+            ax.plot(*zip(*points, strict=True), marker="o" if sparse else None, ms=3, label=key)
+        ax.set_title(panel.title)
+        ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def eval_label(point: dict[str, float], key: str = EVAL_KEY) -> str:
+    """``step 24 · mean eval reward 0.431`` (the step alone for an eval without rewards)."""
+    value = point.get(key)
+    return f"step {point['step']}" + (f" · mean eval reward {value:.3f}" if value is not None else "")
+
+
+def compose_side_by_side(left: Path, right: Path, labels: tuple[str, str], path: Path) -> Path:
+    """Two images (eval grids) side by side, each under a header line of its label."""
+    images = [Image.open(p).convert("RGB") for p in (left, right)]
+    gap = max(8, images[0].width // 100)
+    font = ImageFont.load_default(size=max(14, min(images[0].width // 50, 40)))
+    ascent, descent = font.getmetrics()
+    lines = [wrap(label, font, im.width - 8) for label, im in zip(labels, images, strict=True)]
+    header = 8 + (ascent + descent + 2) * max(len(x) for x in lines)
+    out = Image.new(
+        "RGB", (sum(im.width for im in images) + gap, header + max(im.height for im in images)), "white"
+    )
+    draw = ImageDraw.Draw(out)
+    x = 0
+    for im, text in zip(images, lines, strict=True):
+        for i, line in enumerate(text):
+            draw.text((x + 4, 4 + i * (ascent + descent + 2)), line, fill=(0, 0, 0), font=font)
+        out.paste(im, (x, header))
+        x += im.width + gap
+    draw.line(
+        [(images[0].width + gap // 2, 0), (images[0].width + gap // 2, out.height)], fill=(160, 160, 160)
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out.save(path)
+    return path
+
+
+def save_compare(run_dir: Path, evals: list[dict[str, float]]) -> Path | None:
+    """``eval/compare.png``: the first eval's grid (step 0) beside the last's, the same prompts and
+    seeds, labelled with their step and mean eval reward; None (no file) with fewer than two evals
+    or a grid missing."""
+    if len(evals) < 2:
+        return None
+    first, last = evals[0], evals[-1]
+    grids = eval_grid_path(run_dir, first["step"]), eval_grid_path(run_dir, last["step"])
+    if not all(g.is_file() for g in grids):
+        return None
+    return compose_side_by_side(
+        *grids, (eval_label(first), eval_label(last)), run_dir / "eval" / "compare.png"
+    )
+
+
+def finish_run(run_dir: Path, evals: list[dict[str, float]]) -> Path:
+    """What the driver writes when a run ends: ``eval_curve.png``, ``eval/compare.png``,
+    ``metrics.png`` and ``report.html`` (returned)."""
+    plot_eval_curve(evals, run_dir / "eval_curve.png")
+    save_compare(run_dir, evals)
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        plot_metrics(read_metrics(metrics), run_dir / "metrics.png")
+    return write_report(run_dir)
+
+
+def check_run_folder(run_dir: Path) -> None:
+    """Refuse a folder that is no run's (it holds neither ``metrics.jsonl`` nor ``config.yaml``)."""
+    if not run_dir.is_dir():
+        what = "it is a file" if run_dir.exists() else "no such folder"
+        raise DiffrlError(
+            f"RUN_DIR {str(run_dir)!r}: {what}; give the output folder of a training run, "
+            "e.g. runs/tiny_demo (the run's run.output_dir)"
+        )
+    if not (run_dir / "metrics.jsonl").is_file() and not (run_dir / "config.yaml").is_file():
+        raise DiffrlError(
+            f"RUN_DIR {str(run_dir)!r} is not a diffrl run folder (no metrics.jsonl or config.yaml "
+            "inside); give the folder `diffrl train` wrote, e.g. runs/tiny_demo, not one inside it"
+        )
+
+
+def _data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def _figure(path: Path | None, caption: str, grid: bool = False) -> str:
+    """An image embedded with its caption; a ``grid`` at its own size (its captions were drawn
+    to be read at it), scrolled sideways when wider than the page."""
+    if path is None or not path.is_file():
+        return ""
+    cls = ' class="grid"' if grid else ""
+    return (
+        f'<figure{cls}><img src="{_data_uri(path)}" alt="{html.escape(caption)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def final_numbers(rows: list[dict[str, float]]) -> list[tuple[str, float, int]]:
+    """The last value of each metric of :func:`metric_panels` and of the iteration time:
+    ``(metric, value, step)``."""
+    keys = [k for p in metric_panels(rows) for k in p.keys] + ["perf/iteration_time"]
+    out = []
+    for key in keys:
+        last = next((r for r in reversed(rows) if isinstance(r.get(key), int | float)), None)
+        if last is not None:
+            out.append((key, last[key], int(last["step"])))
+    return out
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em;
+       color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
+.meta { color: #555; } code, pre { font-family: ui-monospace, monospace; font-size: 0.9em; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; }
+table { border-collapse: collapse; } td, th { padding: 0.2em 0.8em; border-bottom: 1px solid #eee;
+       text-align: left; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+figure { margin: 1em 0; } figcaption { color: #555; font-size: 0.9em; }
+img { max-width: 100%; height: auto; } figure.grid { overflow-x: auto; }
+figure.grid img { max-width: none; }
+"""
+
+
+def write_report(run_dir: Path, out: Path | None = None) -> Path:
+    """``report.html`` of a run folder (or ``out``): one page, images embedded as data URIs. The
+    pictures a run did not write yet (a run in progress, or an older one) are drawn first."""
+    run_dir = Path(run_dir)
+    check_run_folder(run_dir)
+    config_file, metrics_file = run_dir / "config.yaml", run_dir / "metrics.jsonl"
+    config_text = config_file.read_text() if config_file.is_file() else ""
+    try:
+        config = yaml.safe_load(config_text) or {}
+    except yaml.YAMLError:
+        config = {}
+    config = config if isinstance(config, dict) else {}
+
+    def setting(section: str, key: str) -> str:
+        value = config.get(section, {})
+        return str(value.get(key, "?")) if isinstance(value, dict) else "?"
+
+    rows = read_metrics(metrics_file) if metrics_file.is_file() else []
+    curve = run_dir / "eval_curve.json"
+    evals = json.loads(curve.read_text()) if curve.is_file() else []
+    metrics_png, curve_png, compare_png = (
+        run_dir / "metrics.png",
+        run_dir / "eval_curve.png",
+        run_dir / "eval" / "compare.png",
+    )
+    if not metrics_png.is_file() and rows:
+        plot_metrics(rows, metrics_png)
+    if not curve_png.is_file() and evals:
+        plot_eval_curve(evals, curve_png)
+    if not compare_png.is_file():
+        save_compare(run_dir, evals)
+
+    run = config.get("run")
+    name = str(run.get("name") or run_dir.name) if isinstance(run, dict) else run_dir.name
+    key = next((k for e in evals[-1:] for k in e if k.endswith("reward_mean")), EVAL_KEY)
+    numbers = "".join(
+        f"<tr><td><code>{html.escape(k)}</code></td><td class=num>{fmt(float(v))}</td><td class=num>{s}</td></tr>"
+        for k, v, s in final_numbers(rows)
+    )
+    by_step = {e["step"]: e for e in evals}
+    grids = []
+    for path in sorted((run_dir / "eval").glob("step_*.png")):
+        step = int(path.stem.removeprefix("step_"))
+        label = eval_label(by_step.get(step, {"step": step}), key)
+        grids.append(_figure(path, label, grid=True))
+    parts = [
+        f"<h1>{html.escape(name)}</h1>",
+        f'<p class="meta">algorithm <b>{html.escape(setting("algorithm", "name"))}</b> · family '
+        f"<b>{html.escape(setting('model', 'family'))}</b> · model <code>{html.escape(setting('model', 'path'))}</code>"
+        f" · folder <code>{html.escape(str(run_dir.resolve()))}</code></p>",
+        "<h2>Final numbers</h2>",
+        f"<table><tr><th>metric</th><th>last value</th><th>at step</th></tr>{numbers}</table>"
+        if numbers
+        else "<p>no metrics logged yet</p>",
+        f"<pre>{html.escape(eval_table(evals, key))}</pre>" if evals else "<p>no eval yet</p>",
+        "<h2>Curves</h2>",
+        _figure(metrics_png, "training metrics against the iteration (metrics.png)"),
+        _figure(curve_png, f"{key} at each eval (eval_curve.png)"),
+    ]
+    if compare_png.is_file():
+        parts += [
+            "<h2>First and last eval</h2>",
+            _figure(
+                compare_png,
+                "the same prompts and seeds at the first and the last eval (eval/compare.png)",
+                grid=True,
+            ),
+        ]
+    parts += [
+        "<h2>Eval grids</h2>",
+        "<p>Each eval samples the same prompts with the same seeds; every tile is captioned with its "
+        "prompt and its total reward.</p>",
+        *(grids or ["<p>no eval grids</p>"]),
+        "<h2>Config</h2>",
+        f"<pre>{html.escape(config_text)}</pre>" if config_text else "<p>no config.yaml</p>",
+    ]
+    page = (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>diffrl report: {html.escape(name)}</title><style>{STYLE}</style></head>\n<body>\n"
+        + "\n".join(p for p in parts if p)
+        + "\n</body></html>\n"
+    )
+    path = Path(out) if out is not None else run_dir / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page)
+    return path
