@@ -7,6 +7,7 @@ and checkpoints is :func:`~diffrl.train.stages.due_after`; SIGTERM/SIGINT: :mod:
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -93,7 +94,14 @@ class Driver:
             self.runner.close()
             self.logger.close()
         # the run in pictures: eval curve, first-vs-last grids, training curves, one HTML page
-        print(f"report: {report.finish_run(self.out, self.result.evals)}", flush=True)
+        try:
+            print(f"report: {report.finish_run(self.out, self.result.evals)}", flush=True)
+        except (OSError, ValueError) as e:  # the run is saved: a picture that fails costs only itself
+            warnings.warn(
+                f"could not write the run's pictures and report ({e}); the checkpoint and metrics are "
+                f"saved: write them again with `diffrl report {self.out}`",
+                stacklevel=2,
+            )
         return self.result
 
     def iteration(self, it: int) -> tuple[dict[str, float], list[dict[str, float]]]:
