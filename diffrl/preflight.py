@@ -31,6 +31,7 @@ from diffrl.config import number_problem as _number
 from diffrl.data.hf import EVAL_SPLITS, TRAIN_SPLITS
 from diffrl.data.offline import SYNTHETIC, DatasetError, scan_image_data, scan_pair_folder
 from diffrl.data.prompts import PromptFileError, PromptSet, crop_box, edit_mismatch, image_size, load_prompts
+from diffrl.logging import tracker_problems
 from diffrl.models.base import ModelFamily, SourceError
 from diffrl.models.registry import FAMILIES
 from diffrl.registry import RegistryError
@@ -114,6 +115,12 @@ def _run_checks(config: Config, sections: set[str], check_files: bool) -> list[s
         errors.append(f"run.seed must be in [-2**63, 2**64 - 1] (torch's seed range), got {run.seed}")
     if run.log_every < 1:
         errors.append(f"run.log_every must be >= 1 (print every N iterations), got {run.log_every}")
+    if "train" in sections:  # only training logs to the trackers
+        errors += tracker_problems(run.loggers, "run.loggers")
+        if "wandb" in run.loggers and not run.wandb_project.strip():
+            errors.append(
+                "run.wandb_project must not be empty with the wandb logger (e.g. run.wandb_project=diffrl)"
+            )
     device = run.device
     if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
         errors.append(f"run.device must be auto, cpu, cuda or cuda:N, got {device!r}")

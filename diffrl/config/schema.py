@@ -24,6 +24,15 @@ class RunConfig:
     device: str = "auto"
     """``auto`` (cuda if available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``."""
     log_every: int = 1
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])
+    """Where the metrics go: ``jsonl`` (``RUN_DIR/metrics.jsonl``; always written, listed or not),
+    ``tensorboard`` (event files in ``RUN_DIR/tensorboard``; ``pip install 'diffrl[tensorboard]'``),
+    ``wandb`` (a W&B run, files in ``RUN_DIR/wandb``; ``pip install 'diffrl[wandb]'``,
+    ``WANDB_MODE=offline`` without a network), or a dotted path to a class of your own (see
+    ``diffrl.logging.trackers``). Each gets every metric of every step, the eval grids, the config
+    and the batch arithmetic."""
+    wandb_project: str = "diffrl"
+    """The W&B project a ``wandb`` logger files the run in (the W&B run's name is ``run.name``)."""
     peak_tflops: float | None = None
     """The device's peak TFLOP/s for ``perf/*_mfu``; ``None``: the datasheet figure for known GPUs
     (bf16 dense under autocast, else fp32), otherwise a matmul measured after the first iteration."""

@@ -15,7 +15,7 @@ import torch
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config, dump_config
 from diffrl.errors import Abandoned, Interrupted
-from diffrl.logging import MetricsLogger, Progress
+from diffrl.logging import MetricsLogger, Progress, TrackerRun, console, start_trackers
 from diffrl.train import report, stages
 from diffrl.train.checkpoint import iteration_of, prune_checkpoints
 from diffrl.train.run_folder import RunFolder
@@ -45,24 +45,36 @@ class Driver:
         self.result = TrainResult(self.out, self.out / "checkpoints" / "final", evals=self.state.evals)
         self.last_saved: Path | None = self.resume_from
         dump_config(config, self.out / "config.yaml")
-        self.algorithm = build_algorithm(config)
-        self.spec = self.algorithm.collection_spec()
-        self.runner = build_runner(config, self.algorithm, self.spec)  # one failing to start cleans up
-        self.logger = MetricsLogger(folder.metrics_file)
-        print(f"diffrl: {self.algorithm.name} on {config.model.family} ({config.model.path}) -> {self.out}")
-        print(stages.describe_batches(config, self.spec, self.runner), flush=True)
+        run = TrackerRun(
+            self.out, self.run_id, config.run.name, config.run.wandb_project, self.start + 1 if info else 0
+        )
+        # the trackers start before any model loads: one that cannot start fails the run at once
+        self.logger = MetricsLogger(folder.metrics_file, trackers=start_trackers(config.run.loggers, run))
+        try:
+            self.algorithm = build_algorithm(config)
+            self.spec = self.algorithm.collection_spec()
+            self.runner = build_runner(config, self.algorithm, self.spec)  # one failing to start cleans up
+        except BaseException:
+            self.logger.close()
+            raise
+        head = f"diffrl: {self.algorithm.name} on {config.model.family} ({config.model.path}) -> {self.out}"
+        arithmetic = stages.describe_batches(config, self.spec, self.runner)
+        print(f"{head}\n{arithmetic}", flush=True)
+        self.logger.log_metadata(config.to_dict(), f"{head}\n{arithmetic}")
 
     def run(self) -> TrainResult:
         t, step = self.config.train, self.start
+        progress: Progress | None = None
         try:
             if self.resume_from is not None:
                 self.runner.resume(self.resume_from)
                 print(f"resumed from {self.resume_from} at iteration {self.start}", flush=True)
             if self.stop.requested():  # it came while the model loaded
                 raise Abandoned
+            progress = Progress("train", t.iterations, "iter", initial=self.start)  # inner bars nest under it
             if self.start == 0 or stages.due_after(t, self.start, 0.0).eval:  # unless it was done already
                 self.eval_point(self.start)
-            progress, offset = Progress("train", t.iterations, "iter"), self.state.train_time_s
+            offset = self.state.train_time_s
             for it in range(self.start, t.iterations):
                 if self.stop.requested():  # before the rollout: nothing of this iteration ran yet
                     raise Abandoned
@@ -71,14 +83,14 @@ class Driver:
                 self.result.history.append({"step": step, **metrics})
                 echo = step % self.config.run.log_every == 0 or step == t.iterations
                 self.logger.log(step, metrics, keys=stages.SHOWN, echo=echo)
-                progress.update(step)
+                progress.update(step, postfix=stages.progress_postfix(metrics))
                 self.state.guard.optimized(steps, self.last_saved)
                 if self.stop.received:
                     raise Abandoned
                 due = stages.due_after(t, step, self.state.train_time_s - offset)  # this process's time
                 if due.last:
                     if step < t.iterations:
-                        print(f"time budget of {t.time_budget_minutes} min reached after {step} iterations")
+                        console(f"time budget of {t.time_budget_minutes} min reached after {step} iterations")
                     break
                 if due.eval:
                     self.eval_point(step)
@@ -91,6 +103,8 @@ class Driver:
         except Abandoned:
             raise self.interrupted(step) from None
         finally:
+            if progress is not None:
+                progress.close()
             self.runner.close()
             self.logger.close()
         # the run in pictures: eval curve, first-vs-last grids, training curves, one HTML page
@@ -108,8 +122,10 @@ class Driver:
         """One iteration: its metrics, and those of each optimizer step."""
         t0, algorithm = time.time(), self.algorithm
         rollout = stages.Rollout()
-        for part in self.runner.sample(it, self.stop.requested):  # collect,
-            rollout.add(part, self.runner.score(part))  # and score each micro-group as it arrives
+        with Progress("rollout", stages.micro_group_count(self.config, self.spec), "group") as bar:
+            for part in self.runner.sample(it, self.stop.requested):  # collect,
+                rollout.add(part, self.runner.score(part))  # and score each micro-group as it arrives
+                bar.update(len(rollout.parts))
         batch, stats = rollout.finish()
         metrics = stages.rollout_metrics(batch, stats, it)
         batch = stages.scored_samples(batch)

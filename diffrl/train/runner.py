@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
+from diffrl.logging import console
 from diffrl.models.numerics import peak_flops
 from diffrl.models.registry import load_family
 from diffrl.registry import Registry
@@ -143,7 +144,7 @@ class LocalRunner:
             )
         if self._peak[0] is None and meter.flops:  # measured once, after the first iteration's forwards
             self._peak = peak_flops(self.family.device, self.family.numerics, self.config.run.peak_tflops)
-            print(f"MFU peak: {self._peak[1]}", flush=True)
+            console(f"MFU peak: {self._peak[1]}")  # above the progress bars
         return metrics
 
     def evaluate(self) -> EvalResult | None:

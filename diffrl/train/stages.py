@@ -16,7 +16,7 @@ import torch
 
 from diffrl.config import Config, TrainConfig
 from diffrl.errors import Interrupted
-from diffrl.logging import MetricsLogger
+from diffrl.logging import MetricsLogger, Progress
 from diffrl.rewards.base import RewardOutput
 from diffrl.rollout import CollectionSpec, RewardScores, RolloutBatch, RolloutStats, TrainExamples
 from diffrl.seeding import generator
@@ -43,7 +43,12 @@ class Rollout:
         batch = RolloutBatch.cat([part for part, _ in parts])
         if parts and parts[0][1] is not None:
             t0 = time.time()
-            out = RewardOutput.cat([pending.result() for _, pending in parts])
+            scored = []
+            with Progress("scoring", len(parts), "group") as bar:  # the micro-groups' scores awaited
+                for _, pending in parts:
+                    scored.append(pending.result())
+                    bar.update(len(scored))
+            out = RewardOutput.cat(scored)
             stats.reward_wait_time = time.time() - t0
             batch.rewards = out.total
             batch.reward_scores = RewardScores(out.per_reward)
@@ -261,6 +266,28 @@ def stage_summary(history: list[dict[str, float]], evals: list[dict[str, float]]
     return line
 
 
+def micro_group_count(config: Config, spec: CollectionSpec) -> int:
+    """How many micro-groups a rollout yields (an offline algorithm's examples come as one)."""
+    if not spec.online:
+        return 1
+    r = config.rollout
+    mg = r.micro_group_size or config.train.micro_batch_size
+    return -(-r.batch_size * r.n_samples_per_prompt // mg)
+
+
+def progress_postfix(metrics: dict[str, float]) -> dict[str, float]:
+    """What the training bar shows after it: the rollout's mean reward (the loss, for an algorithm
+    without a reward) and the iteration's seconds."""
+    shown = {}
+    if "rollout/reward/raw_mean" in metrics:
+        shown["reward"] = metrics["rollout/reward/raw_mean"]
+    elif "train/loss" in metrics:
+        shown["loss"] = metrics["train/loss"]
+    if "perf/iteration_time" in metrics:
+        shown["s/iter"] = metrics["perf/iteration_time"]
+    return shown
+
+
 SHOWN = [
     "rollout/reward/raw_mean",
     "train/loss",
@@ -312,14 +339,15 @@ class LoopState:
         seconds: float | None = None,
     ) -> None:
         """Keep an eval point: its grid image (each sample captioned with its prompt and reward),
-        its metrics (logged) and ``eval_curve.json``; ``seconds``: how long the eval took
-        (``perf/eval_time``)."""
-        save_grid(
+        its metrics (logged, the grid too) and ``eval_curve.json``; ``seconds``: how long the eval
+        took (``perf/eval_time``)."""
+        grid = save_grid(
             result.images[:grid_images],
             eval_grid_path(out, step),
             sources=result.sources,
             captions=result.captions(),
         )
+        logger.log_image(step, "eval/grid", grid)
         metrics = result.metrics()
         if seconds is not None:
             metrics["perf/eval_time"] = seconds

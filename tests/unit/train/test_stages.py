@@ -1,9 +1,12 @@
 """The driver's stage helpers (:mod:`diffrl.train.stages`): per-iteration metrics of optimizer
-steps, and the end-of-run stage summary."""
+steps, the end-of-run stage summary, and what the progress bars count and show."""
 
 import pytest
 
-from diffrl.train.stages import mean_metrics, mfu_metrics, stage_summary
+from diffrl.algorithms.registry import build_algorithm
+from diffrl.preflight import load_config
+from diffrl.sampling.collector import RolloutPlanner
+from diffrl.train.stages import mean_metrics, mfu_metrics, micro_group_count, progress_postfix, stage_summary
 
 
 def test_step_metrics_are_averaged_and_times_added_up():
@@ -69,3 +72,29 @@ def test_mfu_is_each_stages_flops_per_second_over_the_peak_and_shown_with_the_st
     line = stage_summary([{**metrics, **mfu, "perf/rollout_time": 2.5}], [])
     assert "rollout 2.50 s (denoise 2.00, MFU 30.0%)" in line
     assert "training 2.00 s (forward+backward 1.50, optimizer 0.50, MFU 60.0%)" in line
+
+
+@pytest.mark.parametrize(
+    "sizes", [(2, 4, 4), (3, 3, 4), (1, 5, 8)], ids=["even", "a short last group", "one group"]
+)
+def test_the_rollout_bar_counts_the_micro_groups_the_planner_makes(sizes):
+    prompts, samples, group = sizes
+    config = load_config(
+        "recipes/tiny_grpo_ocr_small.yaml",
+        [
+            f"rollout.batch_size={prompts}",
+            f"rollout.n_samples_per_prompt={samples}",
+            f"rollout.micro_group_size={group}",
+            f"train.batch_size={prompts * samples}",
+            "train.micro_batch_size=1",
+        ],
+    )
+    spec = build_algorithm(config).collection_spec()
+    planned = RolloutPlanner(config, spec, num_prompts=8).plan(0).micro_groups
+    assert micro_group_count(config, spec) == len(planned)
+
+
+def test_the_training_bar_shows_the_reward_or_else_the_loss_and_the_iteration_time():
+    metrics = {"rollout/reward/raw_mean": 0.5, "train/loss": 2.0, "perf/iteration_time": 3.0, "x": 1.0}
+    assert progress_postfix(metrics) == {"reward": 0.5, "s/iter": 3.0}
+    assert progress_postfix({"train/loss": 2.0}) == {"loss": 2.0}

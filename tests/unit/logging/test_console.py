@@ -1,0 +1,63 @@
+"""Progress (:mod:`diffrl.logging.console`): plain periodic lines off a terminal, a tqdm bar on one;
+console lines go above an open bar."""
+
+import io
+import sys
+
+from diffrl.logging import Progress, console
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_off_a_terminal_progress_prints_plain_lines(capsys):
+    with Progress("train", 3, "iter", every=0.0) as progress:
+        assert progress.bar is None
+        progress.update(1)
+        progress.update(2, postfix={"reward": 0.5})
+        progress.update(3)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["train 1/3", "train 2/3", "train 3/3"]
+    assert lines[1].endswith("reward=0.5000") and "iter/s" in lines[0]
+    assert "\r" not in "".join(lines)
+
+
+def test_off_a_terminal_a_nested_progress_prints_only_when_it_takes_long(capsys):
+    with Progress("train", 2, "iter") as outer:
+        outer.update(1)  # the outermost's first line is printed at once
+        with Progress("rollout", 4, "group", every=3600.0) as inner:
+            for done in range(1, 5):
+                inner.update(done)
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("train 1/2 (50%)")
+
+
+def test_on_a_terminal_progress_draws_a_bar_with_its_postfix():
+    terminal = FakeTerminal()
+    with Progress("train", 4, "iter", stream=terminal) as progress:
+        assert progress.bar is not None and Progress.drawing()
+        progress.update(1, postfix={"reward": 0.25, "s/iter": 2.0})
+        with Progress("rollout", 2, "group", stream=terminal) as inner:
+            assert abs(inner.bar.pos) == 1 and not inner.bar.leave  # under the training bar, then gone
+            assert progress.bar.leave
+    assert not Progress.drawing()
+    drawn = terminal.getvalue()
+    assert "\r" in drawn and "train" in drawn and "1/4" in drawn
+    assert "reward=0.2500" in drawn and "s/iter=2.0000" in drawn
+
+
+def test_a_console_line_goes_above_the_bar(monkeypatch):
+    terminal = FakeTerminal()
+    monkeypatch.setattr(sys, "stdout", terminal)  # the bar and the line share one terminal
+    with Progress("train", 4, "iter", stream=terminal) as progress:
+        progress.update(1)
+        console("[step 1] train/loss=0.5000")
+    # the bar is cleared (a carriage return) before the line, not run into it
+    assert "\r[step 1] train/loss=0.5000\n" in terminal.getvalue()
+
+
+def test_off_a_terminal_a_console_line_is_printed_as_is(capsys):
+    console("[step 1] train/loss=0.5000")
+    assert capsys.readouterr().out == "[step 1] train/loss=0.5000\n"
