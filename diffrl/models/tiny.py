@@ -184,7 +184,7 @@ class TinyFamily(ModelFamily):
             if not (folder / "transformer").is_dir():
                 raise FileNotFoundError(
                     f"{str(folder)!r} is not a tiny model folder (no transformer/ inside); "
-                    "rebuild the base as described in the README or use model.path=random"
+                    'rebuild the base as docs/quickstart.md says ("Rebuild the shipped base") or use model.path=random'
                 )
             check_family_dir(folder, cls.name)
             transformer = load_part(folder, "transformer", SD3Transformer2DModel, torch.float32)

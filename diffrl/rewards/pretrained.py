@@ -1,8 +1,8 @@
 """What the rewards that load local weights share: checking a weights folder before anything loads,
 the device and dtype params, and the rollout's images as the uint8 pictures processors expect.
 
-diffrl never downloads: every weights param is a local folder (or file) the user fetched; see the
-README's reward section for where each model's weights come from and the layout expected.
+diffrl never downloads: every weights param is a local folder (or file) the user fetched; see
+docs/rewards.md for where each model's weights come from and the layout expected.
 """
 
 from __future__ import annotations

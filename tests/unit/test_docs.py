@@ -44,3 +44,12 @@ def test_the_readme_opens_with_the_commands_ci_runs():
     assert commands[0].startswith(
         "pip install -c constraints/cpu.txt -e . && diffrl train recipes/tiny_demo.yaml"
     )
+
+
+def test_the_readme_links_point_at_files_that_exist():
+    # mkdocs checks the pages under docs/; the README, read on GitHub, is checked here
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    assert targets, "the README links into the docs"
+    missing = [t for t in targets if "://" not in t and not (ROOT / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
