@@ -234,12 +234,15 @@ def recipes_dir() -> Path:
 
 
 def shipped_recipe(path: Path) -> Path | None:
-    """The shipped recipe a missing ``path`` names, if any: a bare name (``tiny_demo`` or
-    ``tiny_demo.yaml``) or ``recipes/NAME.yaml`` given outside the source tree; None otherwise (a
-    path into another folder names that file, never a shipped one)."""
+    """The recipe a missing ``path`` names, if any: a bare name (``tiny_demo`` or
+    ``tiny_demo.yaml``) or ``recipes/NAME.yaml`` given outside the source tree names the shipped
+    one, unless the folder holds ``NAME.yaml`` (then that file); None otherwise (a path into another
+    folder names that file, never a shipped one)."""
     if path.is_absolute() or path.parent not in (Path("."), Path("recipes")):
         return None
     name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    if (path.parent / name).is_file():  # ``tiny_demo`` with a tiny_demo.yaml here: that file
+        return path.parent / name
     shipped = recipes_dir() / name
     return shipped if shipped.is_file() else None
 

@@ -153,17 +153,6 @@ def choose_split(where: str, splits: list[str], wanted: str | None, defaults: tu
     )
 
 
-def resolve_split(path: str, defaults: tuple[str, ...]) -> str:
-    """``path`` with the split it reads written out (``FOLDER#SPLIT``) when it is a ``datasets``
-    folder of several splits and names none; any other path as given. So a run's saved config
-    says which split it read, and every reader of the path reads that one."""
-    root, wanted = split_path(path)
-    folder = find_hf_folder(root) if wanted is None else None
-    if folder is None or len(folder.splits) < 2:
-        return path
-    return f"{path}#{choose_split(repr(path), list(folder.splits), None, defaults)}"
-
-
 def _datasets():
     """The ``datasets`` package, imported only when a ``datasets`` folder is read: it is an
     optional dependency (``diffrl[datasets]``) and takes seconds to import."""

@@ -22,7 +22,7 @@ import csv
 import io
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 import torch
@@ -155,6 +155,14 @@ def _caption(row: dict) -> object:
     return next((row[c] for c in PROMPT_COLUMNS if c in row), None)
 
 
+def _file_key(name: object) -> str:
+    """A metadata row's ``file_name`` as the folder's files are looked up: a relative POSIX path
+    (``./a.png`` is ``a.png``); a name that is not a string is a ``TypeError`` (a bad row)."""
+    if not isinstance(name, str):
+        raise TypeError(f"file_name {name!r} is not a string")
+    return PurePosixPath(name).as_posix()
+
+
 def _metadata_captions(root: Path) -> dict[str, object]:
     """``file_name -> caption`` from ``root``'s ``metadata.jsonl`` or ``metadata.csv``."""
     files = [root / m for m in ("metadata.jsonl", "metadata.csv") if (root / m).is_file()]
@@ -177,7 +185,7 @@ def _metadata_captions(root: Path) -> dict[str, object]:
                 f"({' / '.join(PROMPT_COLUMNS)}); it has {', '.join(header) or 'none'}"
             )
         for row in reader:
-            captions[str(row["file_name"]).strip()] = _caption(row)
+            captions[_file_key(str(row["file_name"]).strip())] = _caption(row)
         return captions
     bad = []
     for n, line in enumerate(text.splitlines(), 1):
@@ -185,7 +193,7 @@ def _metadata_captions(root: Path) -> dict[str, object]:
             continue
         try:
             row = json.loads(line)
-            captions[row["file_name"]] = _caption(row)
+            captions[_file_key(row["file_name"])] = _caption(row)
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             bad.append(n)
     if bad:

@@ -79,8 +79,9 @@ class MetricsLogger:
         for tracker in self.trackers:
             tracker.log_metadata(config, text)
 
-    def close(self) -> None:
-        """Close the file and every tracker (each, even when one fails to close)."""
+    def close(self, ok: bool = True) -> None:
+        """Close the file and every tracker (each, even when one fails to close); ``ok``: whether
+        the run ended well (:meth:`Tracker.close`)."""
         if self._file:
             self._file.close()
             self._file = None
@@ -88,7 +89,7 @@ class MetricsLogger:
         errors = []
         for tracker in trackers:
             try:
-                tracker.close()
+                tracker.close(ok)
             except Exception as e:  # a tracker that fails to flush must not hide the run's result
                 errors.append(f"{type(tracker).__name__}: {type(e).__name__}: {e}")
         if errors:

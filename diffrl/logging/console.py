@@ -37,6 +37,13 @@ def console(line: str) -> None:
         print(line, flush=True)
 
 
+def clock(seconds: float) -> str:
+    """``0:28``, ``12:05``, ``1:02:03``, ``27:00:00`` (hours past a day keep counting)."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 class Progress:
     """Progress through ``total`` things (``unit``: what they are called).
 
@@ -114,9 +121,7 @@ class Progress:
         elapsed = now - self.start
         rate = (done - self.initial) / elapsed if elapsed > 0 else 0.0
         eta = (self.total - done) / rate if rate > 0 else float("nan")
-        eta_s = (
-            "?" if math.isnan(eta) else time.strftime("%M:%S" if eta < 3600 else "%H:%M:%S", time.gmtime(eta))
-        )
+        eta_s = "?" if math.isnan(eta) else clock(eta)
         pct = 100 * done / max(1, self.total)
         extra = "".join(f"  {k}={fmt(v)}" for k, v in postfix.items())
         print(

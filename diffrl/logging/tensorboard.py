@@ -42,7 +42,7 @@ class TensorBoardTracker:
         self.writer.add_text("config", _code(yaml.safe_dump(config, sort_keys=False)), self.first_step)
         self.writer.add_text("batch_arithmetic", _code(text), self.first_step)
 
-    def close(self) -> None:
+    def close(self, ok: bool) -> None:
         self.writer.close()
 
 

@@ -75,8 +75,9 @@ class Tracker(Protocol):
         """Once at start-up: the resolved config (as ``config.yaml``) and the start-up text (the
         batch arithmetic)."""
 
-    def close(self) -> None:
-        """Flush and finish (the driver calls it whether the run ended well or not)."""
+    def close(self, ok: bool) -> None:
+        """Flush and finish, once: ``ok`` is whether the run ended well (False: it failed or was
+        stopped, e.g. for a hosted tracker to mark the run failed)."""
 
 
 def tracker_problems(names: list[str], where: str = "run.loggers") -> list[str]:
@@ -132,6 +133,9 @@ def start_trackers(names: list[str], run: TrackerRun) -> list[Tracker]:
                 ) from e
     except BaseException:
         for tracker in started:
-            tracker.close()
+            try:
+                tracker.close(ok=False)
+            except Exception:  # noqa: S110 - the error that stopped the start is the one to report
+                pass
         raise
     return started

@@ -47,5 +47,5 @@ class WandbTracker:
         self.run.config.update(config, allow_val_change=True)  # a resumed run may change some keys
         self.run.notes = text
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, ok: bool) -> None:
+        self.run.finish(exit_code=0 if ok else 1)  # a failed or stopped run shows as failed

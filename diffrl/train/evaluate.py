@@ -219,7 +219,7 @@ def save_grid(
     images: torch.Tensor,
     path: Path,
     columns: int = 8,
-    scale: int = 2,
+    scale: float | None = None,
     sources: torch.Tensor | None = None,
     captions: Sequence[Caption | str] | None = None,
 ) -> Path:
@@ -227,7 +227,9 @@ def save_grid(
     into one PNG; with ``sources`` (uint8 ``(N, 3, H, W)``: what an editing family edited) each
     result follows its source, ``source | result``, a pair per cell. With ``captions`` (one per
     image, the first ``N`` are used), each cell gets a strip beneath it saying its prompt (and its
-    reward, see :class:`Caption`), drawn after scaling so the text is at the PNG's resolution."""
+    reward, see :class:`Caption`), drawn after scaling so the text is at the PNG's resolution.
+    ``scale``: the tiles' zoom; ``None``: :func:`grid_scale` (small images enlarged, large ones
+    shrunk, so that a grid of a 1024-px model stays a few megapixels)."""
     images = still(images)
     n = images.shape[0]
     if captions is not None and len(captions) < n:
@@ -242,45 +244,62 @@ def save_grid(
     columns = min(columns, tiles)
     rows = (tiles + columns - 1) // columns
     _, _, h, w = images.shape
+    scale = grid_scale(h, w) if scale is None else scale
     grid = np.ones((rows * (h + 2), columns * (w + 2), 3), dtype=np.uint8) * 255
     arr = quantize(images).permute(0, 2, 3, 1).numpy()
     for k in range(tiles):
         r, c = divmod(k, columns)
         grid[r * (h + 2) + 1 : r * (h + 2) + 1 + h, c * (w + 2) + 1 : c * (w + 2) + 1 + w] = arr[k]
     img = Image.fromarray(grid)
-    if scale > 1:
-        img = img.resize((img.width * scale, img.height * scale), Image.NEAREST)
+    if scale != 1:  # whole pixels enlarged as blocks; shrunk with a filter
+        resample = Image.NEAREST if scale > 1 and scale == int(scale) else Image.BILINEAR
+        img = img.resize((round(img.width * scale), round(img.height * scale)), resample)
     if captions is not None:
-        img = _captioned(
-            img, list(captions[:n]), rows, columns // per_cell, (h + 2) * scale, per_cell * (w + 2) * scale
-        )
+        row_h, cell_w = img.height / rows, img.width / (columns // per_cell)
+        img = _captioned(img, list(captions[:n]), rows, columns // per_cell, row_h, cell_w)
     path.parent.mkdir(parents=True, exist_ok=True)
     img.save(path)
     return path
 
 
+GRID_TILE = 512
+"""The longest side, in px, of a tile in an eval grid (tiles of smaller images are enlarged up to
+2x, as far as this allows; larger images are shrunk to it)."""
+
+
+def grid_scale(height: int, width: int) -> float:
+    """The zoom of a ``height x width`` tile in a grid: 2 for the tiny world's 32-128 px images
+    (their pixels as 2x2 blocks), 1 up to :data:`GRID_TILE`, shrunk to it above."""
+    side = max(height, width)
+    if 2 * side <= GRID_TILE:
+        return 2.0
+    return min(1.0, GRID_TILE / side)
+
+
 def _captioned(
-    grid: Image.Image, captions: list[Caption | str], rows: int, cells: int, row_h: int, cell_w: int
+    grid: Image.Image, captions: list[Caption | str], rows: int, cells: int, row_h: float, cell_w: float
 ) -> Image.Image:
-    """``grid`` (``rows`` of ``cells`` cells, each ``cell_w`` x ``row_h`` px) with a caption strip
-    under each row; every strip is as tall as the longest caption needs."""
-    font = caption_font(cell_w)
-    pad = max(2, cell_w // 40)
+    """``grid`` (``rows`` of ``cells`` cells, each ``cell_w`` x ``row_h`` px, fractional for a
+    shrunk grid) with a caption strip under each row; every strip is as tall as the longest
+    caption needs."""
+    width = int(cell_w)
+    font = caption_font(width)
+    pad = max(2, width // 40)
     ascent, descent = font.getmetrics()
     line_h = ascent + descent + 1
-    lines = [caption_lines(c, font, cell_w - 2 * pad) for c in captions]
+    lines = [caption_lines(c, font, width - 2 * pad) for c in captions]
     strip = pad * 2 + line_h * max((len(x) for x in lines), default=0)
-    out = Image.new("RGB", (grid.width, rows * (row_h + strip)), "white")
+    out = Image.new("RGB", (grid.width, grid.height + rows * strip), "white")
     draw = ImageDraw.Draw(out)
     for r in range(rows):
-        top = r * (row_h + strip)
-        out.paste(grid.crop((0, r * row_h, grid.width, (r + 1) * row_h)), (0, top))
+        y0, y1 = round(r * row_h), round((r + 1) * row_h)
+        top = y0 + r * strip
+        out.paste(grid.crop((0, y0, grid.width, y1)), (0, top))
         for c in range(cells):
             k = r * cells + c
             for i, text in enumerate(lines[k] if k < len(lines) else []):
-                draw.text(
-                    (c * cell_w + pad, top + row_h + pad + i * line_h), text, fill=(20, 20, 20), font=font
-                )
+                xy = (round(c * cell_w) + pad, top + (y1 - y0) + pad + i * line_h)
+                draw.text(xy, text, fill=(20, 20, 20), font=font)
     return out
 
 

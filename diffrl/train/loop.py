@@ -48,23 +48,39 @@ class Driver:
         run = TrackerRun(
             self.out, self.run_id, config.run.name, config.run.wandb_project, self.start + 1 if info else 0
         )
-        # the trackers start before any model loads: one that cannot start fails the run at once
-        self.logger = MetricsLogger(folder.metrics_file, trackers=start_trackers(config.run.loggers, run))
+        self.logger = MetricsLogger(folder.metrics_file)
         try:
+            # the trackers start before any model loads: one that cannot start fails the run at once
+            self.logger.trackers = start_trackers(config.run.loggers, run)
             self.algorithm = build_algorithm(config)
             self.spec = self.algorithm.collection_spec()
             self.runner = build_runner(config, self.algorithm, self.spec)  # one failing to start cleans up
         except BaseException:
-            self.logger.close()
+            self.logger.close(ok=False)
             raise
-        head = f"diffrl: {self.algorithm.name} on {config.model.family} ({config.model.path}) -> {self.out}"
-        arithmetic = stages.describe_batches(config, self.spec, self.runner)
-        print(f"{head}\n{arithmetic}", flush=True)
-        self.logger.log_metadata(config.to_dict(), f"{head}\n{arithmetic}")
+        try:
+            head = (
+                f"diffrl: {self.algorithm.name} on {config.model.family} ({config.model.path}) -> {self.out}"
+            )
+            arithmetic = stages.describe_batches(config, self.spec, self.runner)
+            print(f"{head}\n{arithmetic}", flush=True)
+            self.logger.log_metadata(config.to_dict(), f"{head}\n{arithmetic}")
+        except BaseException:
+            self.close(ok=False)
+            raise
+
+    def close(self, ok: bool) -> None:
+        """Stop the runner's parts and close the loggers, the loggers even when the runner fails
+        to stop (``ok``: whether the run ended well)."""
+        try:
+            self.runner.close()
+        finally:
+            self.logger.close(ok)
 
     def run(self) -> TrainResult:
         t, step = self.config.train, self.start
         progress: Progress | None = None
+        ok = False
         try:
             if self.resume_from is not None:
                 self.runner.resume(self.resume_from)
@@ -100,17 +116,18 @@ class Driver:
             self.eval_point(step)
             self.save(step, final=True)
             print(stages.stage_summary(self.result.history, self.state.evals), flush=True)
+            ok = True
         except Abandoned:
             raise self.interrupted(step) from None
         finally:
             if progress is not None:
                 progress.close()
-            self.runner.close()
-            self.logger.close()
+            self.close(ok)
         # the run in pictures: eval curve, first-vs-last grids, training curves, one HTML page
         try:
             print(f"report: {report.finish_run(self.out, self.result.evals)}", flush=True)
-        except (OSError, ValueError) as e:  # the run is saved: a picture that fails costs only itself
+        except Exception as e:  # the run is saved: a picture that fails costs only itself
+            # (a full disk, an image too large for Pillow, a plotting error)
             warnings.warn(
                 f"could not write the run's pictures and report ({e}); the checkpoint and metrics are "
                 f"saved: write them again with `diffrl report {self.out}`",

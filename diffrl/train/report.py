@@ -11,7 +11,8 @@ runs/NAME/
   report.html        all of the above, the final numbers and the resolved config
 ```
 The driver writes them when a run ends; ``diffrl report RUN_DIR`` writes the page of any run
-folder, finished or not (what is missing is drawn from ``metrics.jsonl`` and ``eval_curve.json``).
+folder, finished or not (the pictures drawn anew from ``metrics.jsonl`` and ``eval_curve.json``
+first).
 """
 
 from __future__ import annotations
@@ -193,6 +194,20 @@ def check_run_folder(run_dir: Path) -> None:
         )
 
 
+MAX_GRIDS = 12
+"""The eval grids a report embeds at most (a long run of a large model has many, megabytes each)."""
+
+
+def spread(items: list, n: int) -> list:
+    """At most ``n`` of ``items``: the first, the last and evenly spaced ones between, in order."""
+    if len(items) <= n:
+        return list(items)
+    if n == 1:
+        return [items[-1]]
+    picks = sorted({round(i * (len(items) - 1) / (n - 1)) for i in range(n)})
+    return [items[i] for i in picks]
+
+
 def _data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
@@ -237,7 +252,7 @@ figure.grid img { max-width: none; }
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """``report.html`` of a run folder (or ``out``): one page, images embedded as data URIs. The
-    pictures a run did not write yet (a run in progress, or an older one) are drawn first."""
+    pictures are drawn first (into ``run_dir``), from the metrics and evals as they are now."""
     run_dir = Path(run_dir)
     check_run_folder(run_dir)
     config_file, metrics_file = run_dir / "config.yaml", run_dir / "metrics.jsonl"
@@ -260,12 +275,12 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         run_dir / "eval_curve.png",
         run_dir / "eval" / "compare.png",
     )
-    if not metrics_png.is_file() and rows:
+    # drawn anew from the metrics and evals as they are now (a run still going has more of them)
+    if rows:
         plot_metrics(rows, metrics_png)
-    if not curve_png.is_file() and evals:
+    if evals:
         plot_eval_curve(evals, curve_png)
-    if not compare_png.is_file():
-        save_compare(run_dir, evals)
+    save_compare(run_dir, evals)
 
     run = config.get("run")
     name = str(run.get("name") or run_dir.name) if isinstance(run, dict) else run_dir.name
@@ -274,12 +289,18 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         f"<tr><td><code>{html.escape(k)}</code></td><td class=num>{fmt(float(v))}</td><td class=num>{s}</td></tr>"
         for k, v, s in final_numbers(rows)
     )
-    by_step = {e["step"]: e for e in evals}
-    grids = []
-    for path in sorted((run_dir / "eval").glob("step_*.png")):
-        step = int(path.stem.removeprefix("step_"))
-        label = eval_label(by_step.get(step, {"step": step}), key)
-        grids.append(_figure(path, label, grid=True))
+    # the evals the run kept (a resumed run's eval_curve.json drops those of a process that died
+    # after its last checkpoint; their grids may still lie in eval/), at most MAX_GRIDS of them
+    points = evals or [
+        {"step": int(p.stem.removeprefix("step_"))} for p in sorted((run_dir / "eval").glob("step_*.png"))
+    ]
+    shown = spread(points, MAX_GRIDS)
+    grids = [_figure(eval_grid_path(run_dir, e["step"]), eval_label(e, key), grid=True) for e in shown]
+    if len(shown) < len(points):
+        grids.append(
+            f"<p>{len(shown)} of the {len(points)} eval grids are shown (the first, the last and "
+            f"evenly spaced ones between); every one is in <code>{html.escape(str(run_dir / 'eval'))}</code>.</p>"
+        )
     parts = [
         f"<h1>{html.escape(name)}</h1>",
         f'<p class="meta">algorithm <b>{html.escape(setting("algorithm", "name"))}</b> · family '

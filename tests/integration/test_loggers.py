@@ -7,7 +7,9 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
+from safetensors.torch import load_file
 from tensorboard.backend.event_processing import event_accumulator as ea
 
 from diffrl.logging.wandb import wandb_id
@@ -25,6 +27,10 @@ def _events(run_dir) -> ea.EventAccumulator:
 
 def _rows(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _timeless(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k != "time" and not k.startswith("perf/")}
 
 
 def _assert_scalars_match(acc: ea.EventAccumulator, rows: list[dict]) -> None:
@@ -75,6 +81,13 @@ def test_every_metric_reaches_tensorboard_and_wandb_writes_its_offline_run(tmp_p
     run_id = json.loads((out / "run.json").read_text())["run_id"]
     [wandb_run] = (out / "wandb").glob("offline-run-*")
     assert (wandb_run / f"run-{wandb_id(run_id)}.wandb").is_file()
+
+    # the trackers only watch: the same run without them trains to the same bits
+    plain = train(load_config("recipes/tiny_sft.yaml", tiny_overrides(tmp_path / "plain", **SMALL)))
+    assert [_timeless(r) for r in _rows(plain.output_dir)] == [_timeless(r) for r in rows]
+    for name in ("trainable.safetensors", "optimizer.safetensors"):
+        want, got = (load_file(str(r.checkpoint / name)) for r in (plain, result))
+        assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want), name
 
 
 def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path):

@@ -66,3 +66,4 @@ def test_a_shipped_recipe_by_name_from_any_folder(tmp_path, monkeypatch):
         load_config("elsewhere/tiny_demo.yaml")
     (tmp_path / "tiny_demo.yaml").write_text("run: {name: mine}\n")  # a file of the name wins
     assert load_config("tiny_demo.yaml").run.name == "mine"
+    assert load_config("tiny_demo").run.name == "mine"

@@ -11,8 +11,13 @@ import pytest
 from PIL import Image
 
 from diffrl.config import ConfigError
-from diffrl.data.hf import resolve_split
-from diffrl.data.offline import DatasetError, HFImageDataset, ImageFolderDataset, scan_image_data
+from diffrl.data.offline import (
+    DatasetError,
+    HFImageDataset,
+    ImageFolderDataset,
+    scan_image_data,
+    scan_image_folder,
+)
 from diffrl.data.prompts import PromptFileError, load_prompts
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
@@ -113,8 +118,6 @@ def test_save_to_disk_prompt_folders(tmp_path):
     test = load_prompts(tmp_path / "dict", ("test", "validation"))  # eval: test
     assert test.prompts == ["e1"] and test.metadata == [{}]  # the bytes column is no metadata
     assert load_prompts(f"{tmp_path / 'dict'}#test").prompts == ["e1"]
-    assert resolve_split(str(tmp_path / "dict"), ("test", "validation")) == f"{tmp_path / 'dict'}#test"
-    assert resolve_split(str(tmp_path / "one"), ("test",)) == str(tmp_path / "one")
 
 
 def test_parquet_folders_read_without_writing_a_cache(tmp_path, monkeypatch):
@@ -263,3 +266,12 @@ def test_a_tiny_sft_run_trains_on_a_datasets_folder(tmp_path):
     result = train(load_config("recipes/tiny_sft.yaml", overrides))
     assert [h["step"] for h in result.history] == [1, 2]
     assert all(h["train/loss"] > 0 for h in result.history)
+
+
+def test_image_folder_metadata_names_files_as_paths(tmp_path):
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    (tmp_path / "metadata.jsonl").write_text(json.dumps({"file_name": "./a.png", "text": "hi"}) + "\n")
+    assert scan_image_folder(tmp_path) == [(tmp_path / "a.png", "hi")]  # ./a.png is a.png, listed once
+    (tmp_path / "metadata.jsonl").write_text(json.dumps({"file_name": 5, "text": "hi"}) + "\n")
+    with pytest.raises(DatasetError, match="line.s. 1 are not"):
+        scan_image_folder(tmp_path)

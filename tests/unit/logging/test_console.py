@@ -5,6 +5,7 @@ import io
 import sys
 
 from diffrl.logging import Progress, console
+from diffrl.logging.console import clock
 
 
 class FakeTerminal(io.StringIO):
@@ -61,3 +62,13 @@ def test_a_console_line_goes_above_the_bar(monkeypatch):
 def test_off_a_terminal_a_console_line_is_printed_as_is(capsys):
     console("[step 1] train/loss=0.5000")
     assert capsys.readouterr().out == "[step 1] train/loss=0.5000\n"
+
+
+def test_the_eta_reads_as_a_clock_past_an_hour_and_a_day():
+    assert [clock(s) for s in (0, 28, 725, 3723, 27 * 3600)] == [
+        "0:00",
+        "0:28",
+        "12:05",
+        "1:02:03",
+        "27:00:00",
+    ]

@@ -20,7 +20,7 @@ class Recording:
     started: list["Recording"] = []
 
     def __init__(self, run: TrackerRun):
-        self.run, self.calls, self.closed = run, [], False
+        self.run, self.calls, self.closed = run, [], None
         Recording.started.append(self)
 
     def log_scalars(self, step, metrics):
@@ -32,8 +32,8 @@ class Recording:
     def log_metadata(self, config, text):
         self.calls.append(("metadata", config, text))
 
-    def close(self):
-        self.closed = True
+    def close(self, ok):
+        self.closed = "ok" if ok else "failed"
 
 
 class Refusing:
@@ -80,7 +80,7 @@ def test_a_tracker_that_fails_to_start_is_a_clear_error_and_the_started_ones_clo
     ):
         start_trackers(["jsonl", RECORDING, REFUSING], run)
     [recording] = Recording.started
-    assert recording.closed
+    assert recording.closed == "failed"
 
 
 def test_the_driver_starts_the_trackers_before_any_model_loads(tmp_path, monkeypatch):
@@ -108,7 +108,7 @@ def test_every_metric_image_and_the_metadata_reach_each_tracker(tmp_path, capsys
         ("image", 3, "eval/grid", Path("grid.png")),
         ("metadata", {"run": {"name": "r"}}, "batch arithmetic: ..."),
     ]
-    assert recording.closed
+    assert recording.closed == "ok"
     assert capsys.readouterr().out == "[step 3] train/loss=0.5000\n"
     [row] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 3 and row["train/loss"] == 0.5

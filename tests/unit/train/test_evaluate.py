@@ -3,12 +3,14 @@ the grids' captions."""
 
 import pytest
 import torch
+from PIL import Image
 
 from diffrl.train.evaluate import (
     Caption,
     EvalResult,
     caption_font,
     caption_lines,
+    grid_scale,
     paired_difference,
     save_grid,
     still,
@@ -74,7 +76,6 @@ def test_a_failing_eval_reward_costs_its_samples_not_the_run(tmp_path):
 
 def test_an_edit_grid_sets_each_result_beside_its_source(tmp_path):
     import numpy as np
-    from PIL import Image
 
     results = torch.zeros(3, 3, 4, 4)  # black results
     sources = torch.full((3, 3, 4, 4), 255, dtype=torch.uint8)  # white sources
@@ -93,7 +94,6 @@ def _dark(region) -> int:
 
 def test_captions_add_a_strip_under_each_cell_with_its_text(tmp_path):
     import numpy as np
-    from PIL import Image
 
     images = torch.ones(2, 3, 8, 16)  # white tiles: any dark pixel below them is text
     plain = np.asarray(Image.open(save_grid(images, tmp_path / "plain.png")))
@@ -108,7 +108,6 @@ def test_captions_add_a_strip_under_each_cell_with_its_text(tmp_path):
 
 def test_an_edit_pair_gets_one_caption_under_both_images(tmp_path):
     import numpy as np
-    from PIL import Image
 
     results = torch.ones(3, 3, 8, 8)
     sources = torch.full((3, 3, 8, 8), 255, dtype=torch.uint8)
@@ -145,3 +144,13 @@ def test_eval_captions_carry_each_samples_total_and_need_one_per_image(tmp_path)
     assert [c.reward for c in EvalResult(["a"], torch.ones(1, 3, 4, 4)).captions()] == [None]
     with pytest.raises(ValueError, match="one per image"):
         save_grid(torch.ones(2, 3, 4, 4), tmp_path / "g.png", captions=["only one"])
+
+
+def test_grid_tiles_of_small_images_are_enlarged_and_of_large_ones_shrunk(tmp_path):
+    assert [grid_scale(s, s) for s in (32, 256, 384, 512, 1024, 2048)] == [2.0, 2.0, 1.0, 1.0, 0.5, 0.25]
+    big = torch.rand(2, 3, 1024, 768)
+    path = save_grid(big, tmp_path / "big.png", captions=["a", "b"])
+    width, height = Image.open(path).size
+    assert (
+        width == round(2 * 770 * 0.5) and (1026 * 0.5) < height < 1026
+    )  # one row of 512-px tiles, captioned
