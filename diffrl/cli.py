@@ -127,6 +127,13 @@ def cmd_train(args) -> int:
             print(f"{key}: {first[key]:.4f} (step {first['step']}) -> {last[key]:.4f} (step {last['step']})")
         print(f"eval grids (same prompts and seeds at every eval): {result.output_dir / 'eval'}")
         print(f"eval curve: {result.output_dir / 'eval_curve.png'}")
+    for what, name in (
+        ("first and last eval", "eval/compare.png"),
+        ("curves", "metrics.png"),
+        ("report", "report.html"),
+    ):
+        if (result.output_dir / name).is_file():
+            print(f"{what}: {result.output_dir / name}")
     return 0
 
 

@@ -75,13 +75,26 @@ def _timeless(row: dict) -> dict:
 
 
 def assert_same(got: dict, want: dict) -> None:
+    """Equal, or an error naming everything that differs: each file's differing tensors (how many,
+    the first, the largest difference) and the first metric row that differs."""
     assert got["tensors"].keys() == want["tensors"].keys()
+    problems = []
     for name, tensors in want["tensors"].items():
         assert tensors.keys() == got["tensors"][name].keys()
-        for key, value in tensors.items():
-            assert torch.equal(got["tensors"][name][key], value), (name, key)
+        differ = [k for k, v in tensors.items() if not torch.equal(got["tensors"][name][k], v)]
+        if differ:
+            worst = max((got["tensors"][name][k] - tensors[k]).abs().max().item() for k in differ)
+            problems.append(
+                f"{name}: {len(differ)} of {len(tensors)} tensors differ (e.g. {differ[0]}, by up to {worst:.3g})"
+            )
     for key in ("trainer", "iteration", "evals", "metrics", "curve"):
-        assert got[key] == want[key], key
+        if got[key] != want[key]:
+            rows = (
+                [(g, w) for g, w in zip(got[key], want[key]) if g != w] if isinstance(got[key], list) else []
+            )
+            first = {k: (g.get(k), w.get(k)) for g, w in rows[:1] for k in {*g, *w} if g.get(k) != w.get(k)}
+            problems.append(f"{key} differ{f': first row {first}' if first else ''}")
+    assert not problems, "the resumed run differs from the uninterrupted one:\n" + "\n".join(problems)
 
 
 @pytest.fixture(scope="module")
