@@ -23,7 +23,6 @@ from diffrl.models.registry import DTYPES, load_family
 from diffrl.preflight import load_config, validate
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.server import bind_problem, serve
-from diffrl.seeding import pin_threads
 from diffrl.train.actor import apply_lora
 from diffrl.train.checkpoint import (
     check_checkpoint_family,
@@ -541,7 +540,6 @@ def main(argv: list[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USER_ERROR
     if extra:
         args.overrides = [*args.overrides, *extra]
-    pin_threads()  # a fixed thread count: the same bits whatever the machine's load
     if args.debug:
         return args.func(args)
     return _run(args)

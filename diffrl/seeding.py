@@ -12,23 +12,6 @@ from collections.abc import Sequence
 import torch
 
 
-def pin_threads(threads: int | None = None) -> int:
-    """Fix this process's intra-op thread count (``None``: the one torch chose) and return it.
-
-    Set explicitly, torch also turns MKL's dynamic threading off (``mkl_set_dynamic(false)`` in
-    ``at::set_num_threads``); left on, MKL may run a matmul on fewer threads than asked, and a GEMM
-    that splits its inner dimension (a weight gradient) or a reduction rounds differently on another
-    thread count: the same run, resumed or not, would then not end bit for bit. Measured here: a
-    ``(64, 2048) @ (2048, 64)`` product and the sum of a ``(2048, 192)`` tensor differ in their last
-    bits between one and two threads; before the driver pinned its threads, a crash-resumed tiny run
-    (a ``diffrl train`` subprocess) differed from the uninterrupted one by up to 1.2e-7 in 3 of about
-    15 runs of the crash tests on a busy machine.
-    """
-    n = threads or torch.get_num_threads()
-    torch.set_num_threads(n)
-    return n
-
-
 def derive_seed(*key: object) -> int:
     """A 63-bit seed from any tuple of ints/strings (stable across processes and platforms)."""
     text = "\x1f".join(str(k) for k in key)

@@ -34,8 +34,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from diffrl.seeding import pin_threads
-
 PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 PARENT_POLL_S = 1.0
 """How often a worker checks that its parent still lives (where ``PR_SET_PDEATHSIG`` is not had)."""
@@ -209,7 +207,6 @@ class CallThread:
 
 def _init_worker(parent_pid: int, initializer: Callable[[], None] | None) -> None:
     die_with_parent(parent_pid)
-    pin_threads()  # MKL's dynamic threading off: a worker's scores do not depend on the load
     if initializer is not None:
         initializer()
 

@@ -16,7 +16,6 @@ from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config, dump_config
 from diffrl.errors import Abandoned, Interrupted
 from diffrl.logging import MetricsLogger, Progress, TrackerRun, console, start_trackers
-from diffrl.seeding import pin_threads
 from diffrl.train import report, stages
 from diffrl.train.checkpoint import iteration_of, prune_checkpoints
 from diffrl.train.run_folder import RunFolder
@@ -27,7 +26,6 @@ from diffrl.train.stop import StopSignals
 
 def train(config: Config) -> TrainResult:
     """Run the loop of ``config`` in its output folder (locked while it runs)."""
-    pin_threads()  # a fixed thread count: the same bits whatever the machine's load
     torch.manual_seed(config.run.seed)
     folder = RunFolder(config.run.resolved_output_dir())
     folder.acquire()
