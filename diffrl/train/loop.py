@@ -49,6 +49,7 @@ class Driver:
             self.out, self.run_id, config.run.name, config.run.wandb_project, self.start + 1 if info else 0
         )
         self.logger = MetricsLogger(folder.metrics_file)
+        fresh = info is None
         try:
             # the trackers start before any model loads: one that cannot start fails the run at once
             self.logger.trackers = start_trackers(config.run.loggers, run)
@@ -57,6 +58,8 @@ class Driver:
             self.runner = build_runner(config, self.algorithm, self.spec)  # one failing to start cleans up
         except BaseException:
             self.logger.close(ok=False)
+            if fresh:  # nothing ran: a rerun once the problem is fixed starts in the same folder
+                folder.forget_fresh_start()
             raise
         try:
             head = (
@@ -67,6 +70,8 @@ class Driver:
             self.logger.log_metadata(config.to_dict(), f"{head}\n{arithmetic}")
         except BaseException:
             self.close(ok=False)
+            if fresh:
+                folder.forget_fresh_start()
             raise
 
     def close(self, ok: bool) -> None:

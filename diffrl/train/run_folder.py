@@ -102,6 +102,14 @@ class RunFolder:
     def new_run_id() -> str:
         return uuid.uuid4().hex[:16]
 
+    def forget_fresh_start(self) -> None:
+        """Undo :meth:`begin` of a fresh run that failed before it logged or saved anything (a
+        logger or the model that could not start): the folder may be trained into again as it is."""
+        ckpts = self.path / "checkpoints"
+        logged = self.metrics_file.is_file() and self.metrics_file.stat().st_size > 0
+        if not logged and not (ckpts.is_dir() and any(ckpts.iterdir())):
+            (self.path / "run.json").unlink(missing_ok=True)
+
     def keep_metrics_up_to(self, step: int) -> int:
         """Drop the metric rows after ``step`` (written by a process that died after its last
         checkpoint); returns how many were dropped. A torn last line is dropped too."""
