@@ -175,12 +175,7 @@ def cmd_eval(args) -> int:
     failed = [*result.errors, *(base.errors if base is not None else [])]
     if failed:
         raise RewardError(f"eval: {len(failed)} reward call(s) failed: " + "; ".join(failed))
-    grid = save_grid(
-        result.images[: config.eval.grid_images],
-        out / "grid.png",
-        sources=result.sources,
-        captions=result.captions(),
-    )
+    grid = result.save_grid(out / "grid.png", config.eval.grid_images)
     for name, scores in result.rewards.items():
         print(
             f"{name}: mean {scores.mean():.4f}  (n={len(scores)}, exact {(scores == 1).float().mean():.2%})"
@@ -195,7 +190,7 @@ def cmd_eval(args) -> int:
         )
         scores["baseline_reward"] = base.total.tolist()
     (out / "scores.json").write_text(json.dumps(scores))
-    print(f"grid: {grid}; per-sample scores: {out / 'scores.json'}")
+    print(f"grid: {grid} ({result.shown(config.eval.grid_images)}); per-sample scores: {out / 'scores.json'}")
     return 0
 
 

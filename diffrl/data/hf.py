@@ -36,6 +36,7 @@ from typing import Any
 
 from diffrl.config import resolve_data_path
 from diffrl.errors import DiffrlError
+from diffrl.logging.quiet import quiet_libraries
 
 PROMPT_COLUMNS = ("prompt", "text", "caption")
 """The prompt (caption) column: the first of these a split has."""
@@ -162,6 +163,7 @@ def _datasets():
         raise HFFolderError(
             f"reading a Hugging Face datasets folder needs the datasets package; {INSTALL}"
         ) from e
+    quiet_libraries()  # no "Loading dataset" bars of datasets' in a run's log
     return datasets
 
 

@@ -13,11 +13,19 @@ from tqdm import tqdm
 
 
 def fmt(v: float) -> str:
-    if isinstance(v, float):
-        if math.isnan(v) or v == 0 or 1e-3 <= abs(v) < 1e4:
-            return f"{v:.4f}"
-        return f"{v:.3e}"
-    return str(v)
+    """A metric as the terminal shows it: 3 significant digits (``0.479``, ``58.2``, ``0.00123``),
+    whole numbers from 100 up (``412``, ``3601``), powers of ten past 1e5 or below 1e-3
+    (``1.23e-05``); a run's noise is in the second or third digit, so more digits are noise.
+    ``metrics.jsonl`` keeps every value exact. Ints as they are."""
+    if not isinstance(v, float):
+        return str(v)
+    if not math.isfinite(v) or v == 0:
+        return f"{v:g}"  # nan, inf, -inf, 0
+    if 100 <= abs(v) < 1e5:
+        return f"{v:.0f}"
+    if 1e-3 <= abs(v) < 100:
+        return f"{v:#.3g}".rstrip(".")  # '#': keeps trailing zeros (0.500), so a column of them aligns
+    return f"{v:.2e}"
 
 
 def is_terminal(stream: TextIO) -> bool:
@@ -42,6 +50,14 @@ def clock(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def speed(rate: float, unit: str) -> str:
+    """``rate`` things a second as a person reads it: ``2.66 img/s``, or the seconds each takes
+    below one a second (``11.2 s/group``, as tqdm's bar says it), 3 significant digits."""
+    if rate <= 0:
+        return f"? {unit}/s"
+    return f"{fmt(float(rate))} {unit}/s" if rate >= 1 else f"{fmt(1 / rate)} s/{unit}"
 
 
 class Progress:
@@ -125,7 +141,7 @@ class Progress:
         pct = 100 * done / max(1, self.total)
         extra = "".join(f"  {k}={fmt(v)}" for k, v in postfix.items())
         print(
-            f"{self.label} {done}/{self.total} ({pct:.0f}%) {rate:.2f} {self.unit}/s, ETA {eta_s}{extra}",
+            f"{self.label} {done}/{self.total} ({pct:.0f}%) {speed(rate, self.unit)}, ETA {eta_s}{extra}",
             file=self.stream,
             flush=True,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from diffrl.config import Config
+from diffrl.logging.quiet import quiet_libraries
 from diffrl.models.base import DTYPES, ModelFamily
 from diffrl.models.numerics import resolve_numerics
 from diffrl.registry import Registry
@@ -36,6 +37,7 @@ def resolve_device(name: str) -> torch.device:
 
 def load_family(config: Config) -> ModelFamily:
     cls = FAMILIES.resolve(config.model.family)
+    quiet_libraries()  # the family's libraries are imported now: no loading bars of theirs in the log
     options = cls.parse_options(config.model.options)
     device = resolve_device(config.run.device)
     family = cls.load(config.model.path, device, DTYPES[config.model.dtype], options)

@@ -34,6 +34,7 @@ import torch
 
 from diffrl.config import RewardConfig
 from diffrl.errors import DiffrlError
+from diffrl.logging.quiet import quiet_libraries
 from diffrl.registry import RegistryError, did_you_mean
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.workers import CallThread, DeadlineExceeded, deadline_after, result_by
@@ -348,6 +349,7 @@ def _unknown_params(obj: Any, params: dict[str, Any]) -> list[str]:
 
 def build_reward(cfg: RewardConfig) -> Reward:
     obj = REWARDS.resolve(cfg.name)
+    quiet_libraries()  # the reward's libraries are imported now: no loading bars of theirs in the log
     if problems := hearing_problems(obj, cfg.params if isinstance(cfg.params, dict) else {}):
         raise RegistryError(f"reward {cfg.name!r}: " + "; ".join(problems))
     if isinstance(obj, type) and issubclass(obj, Reward):

@@ -8,11 +8,12 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw, ImageFont, PngImagePlugin
 
 from diffrl.config import Config
 from diffrl.data.hf import EVAL_SPLITS
@@ -32,7 +33,9 @@ class EvalResult:
     ``sources``: an editing family's source images, uint8 ``(N, 3, H, W)`` laid out as the results
     (the grid shows them side by side), else None. A
     sample a reward failed has a NaN score and total, and ``errors`` says why; the means are over
-    the samples scored."""
+    the samples scored. ``seed``, ``index`` (each sample's prompt index in the prompt set) and
+    ``source`` (the prompt set, e.g. ``eval.prompts``) say how each sample's noise was drawn, so its
+    grid caption can say how to draw it again (:class:`Caption`); None when unknown."""
 
     prompts: list[str]
     images: torch.Tensor
@@ -41,11 +44,43 @@ class EvalResult:
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)
     total: torch.Tensor | None = None
     errors: list[str] = field(default_factory=list)
+    seed: int | None = None
+    index: list[int] | None = None
+    source: str | None = None
 
     def captions(self) -> list[Caption]:
-        """Each sample's grid caption: its prompt and total reward (none when unscored)."""
+        """Each sample's grid caption: its prompt, total reward (none when unscored) and, when
+        known, its seed and (prompt, sample) index: :func:`generate` keys sample ``j`` of prompt
+        ``i`` by ``(seed, i, j)``."""
         totals = self.total.tolist() if self.total is not None else [None] * len(self.prompts)
-        return [Caption(p, r) for p, r in zip(self.prompts, totals, strict=True)]
+        keys = sample_keys(self.index) if self.index is not None else [None] * len(self.prompts)
+        return [
+            Caption(p, r, self.seed if k is not None else None, k)
+            for p, r, k in zip(self.prompts, totals, keys, strict=True)
+        ]
+
+    def shown(self, limit: int) -> str:
+        """What a grid of the first ``limit`` samples holds: ``32 of 64 samples shown`` (a grid
+        cut short), or ``all 64 samples``."""
+        drawn = len(self.prompts)
+        return f"{limit} of {drawn} samples shown" if limit < drawn else f"all {drawn} samples"
+
+    def grid_note(self, limit: int) -> GridNote:
+        """The note under a grid of the first ``limit`` samples: :meth:`shown` and how to draw a
+        tile again (:func:`redraw_hint`)."""
+        hint = redraw_hint(self.seed, self.source) if self.seed is not None and self.index else ""
+        return GridNote(self.shown(limit), hint)
+
+    def save_grid(self, path: Path, limit: int) -> Path:
+        """The grid of the first ``limit`` samples (``eval.grid_images``), each captioned, with
+        :meth:`grid_note` under it."""
+        return save_grid(
+            self.images[:limit],
+            path,
+            sources=self.sources,
+            captions=self.captions(),
+            note=self.grid_note(limit),
+        )
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         out = {}
@@ -110,6 +145,7 @@ def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> 
     names = [prompts.prompts[i] for i in index]
     size = media.images.shape[-2:]
     result = EvalResult(names, media.images, media.audio, prompts.source_images(index, *size))
+    result.seed, result.index, result.source = e.seed, index, e.prompts  # for the grid's captions
     meta = prompts.reward_metadata(index, *size)
     if rewards is not None:  # a reward that fails costs its samples' scores, not the run
         out = rewards.submit(media.images, names, meta, audio=media.audio).result()
@@ -151,18 +187,68 @@ def to_pil(image: torch.Tensor) -> Image.Image:
 
 
 @dataclass(frozen=True)
+class GridNote:
+    """What a grid says beneath its tiles: ``shown``, how many samples it holds of how many were
+    drawn (``32 of 64 samples shown``), and ``hint``, how to draw a tile again (may be empty)."""
+
+    shown: str
+    hint: str = ""
+
+    SHOWN_KEY: ClassVar[str] = "diffrl:shown"
+    HINT_KEY: ClassVar[str] = "diffrl:redraw"
+    """The PNG text fields that keep them, for a page that shows the grid (train/report.py)."""
+
+    def text(self) -> str:
+        return f"{self.shown}; {self.hint}" if self.hint else self.shown
+
+
+def sample_keys(index: Sequence[int]) -> list[tuple[int, int]]:
+    """Each sample's ``(prompt index, sample index)`` from its prompt index (:func:`generate`
+    returns them in order: the samples of a prompt one after another)."""
+    seen: dict[int, int] = {}
+    keys = []
+    for i in index:
+        keys.append((i, seen.get(i, 0)))
+        seen[i] = seen.get(i, 0) + 1
+    return keys
+
+
+def redraw_hint(seed: int, source: str | None) -> str:
+    """How to draw a tile ``#i`` (``#i.j``: sample ``j`` of prompt ``i``, counted from 0) again:
+    ``diffrl sample`` keys its noise as eval does, by (seed, prompt index, sample index)."""
+    prompts = source if source else "PROMPTS"
+    return (
+        f"tile #i.j (#i: j=0) is prompt i, sample j, noise of seed {seed}: the last image of "
+        f"`diffrl sample CHECKPOINT --prompts {prompts} --num-prompts i+1 --samples-per-prompt j+1 "
+        f"--seed {seed}`"
+    )
+
+
+@dataclass(frozen=True)
 class Caption:
     """What a grid cell says under its image: the prompt (wrapped to two lines, cut with an
-    ellipsis) and, when ``reward`` is given, a line with the sample's total reward (NaN: the
-    sample could not be scored)."""
+    ellipsis); when ``reward`` is given, a line with the sample's total reward (NaN: the sample
+    could not be scored); when ``seed`` and ``index`` (prompt index, sample index) are given, a
+    line ``seed 1234 · #12`` (``#12.1`` for a prompt's second sample) that, with the grid's note
+    (:func:`redraw_hint`), says how to draw the sample again."""
 
     prompt: str
     reward: float | None = None
+    seed: int | None = None
+    index: tuple[int, int] | None = None
 
     def reward_line(self) -> str | None:
         if self.reward is None:
             return None
         return "r=nan (failed)" if not math.isfinite(self.reward) else f"r={self.reward:.3f}"
+
+    def seed_line(self) -> str | None:
+        if self.seed is None:
+            return None
+        if self.index is None:
+            return f"seed {self.seed}"
+        i, j = self.index
+        return f"seed {self.seed} · #{i}" + (f".{j}" if j else "")
 
 
 Font = ImageFont.ImageFont | ImageFont.FreeTypeFont
@@ -207,12 +293,15 @@ def wrap(text: str, font: Font, width: float, max_lines: int = PROMPT_LINES) -> 
 
 
 def caption_lines(caption: Caption | str, font: Font, width: float) -> list[str]:
-    """The lines drawn under a cell: the prompt's (at most :data:`PROMPT_LINES`), then the reward's."""
+    """The lines drawn under a cell: the prompt's (at most :data:`PROMPT_LINES`), then the
+    reward's and the seed's."""
     if isinstance(caption, str):
         caption = Caption(caption)
     lines = wrap(caption.prompt, font, width) if caption.prompt.strip() else []
-    reward = caption.reward_line()
-    return lines + ([reward] if reward is not None else [])
+    for line in (caption.reward_line(), caption.seed_line()):
+        if line is not None:  # a narrow tile breaks "seed 1234 · #12" rather than cut it
+            lines += wrap(line, font, width, max_lines=2)
+    return lines
 
 
 def save_grid(
@@ -222,12 +311,15 @@ def save_grid(
     scale: float | None = None,
     sources: torch.Tensor | None = None,
     captions: Sequence[Caption | str] | None = None,
+    note: GridNote | None = None,
 ) -> Path:
     """Tile ``images (N, 3, H, W)`` (or videos ``(N, 3, F, H, W)``, see :func:`still`) in [0, 1]
     into one PNG; with ``sources`` (uint8 ``(N, 3, H, W)``: what an editing family edited) each
     result follows its source, ``source | result``, a pair per cell. With ``captions`` (one per
     image, the first ``N`` are used), each cell gets a strip beneath it saying its prompt (and its
     reward, see :class:`Caption`), drawn after scaling so the text is at the PNG's resolution.
+    ``note``: a line under the whole grid (:class:`GridNote`), also kept in the PNG's text
+    fields (:func:`read_grid_note`).
     ``scale``: the tiles' zoom; ``None``: :func:`grid_scale` (small images enlarged, large ones
     shrunk, so that a grid of a 1024-px model stays a few megapixels)."""
     images = still(images)
@@ -257,9 +349,42 @@ def save_grid(
     if captions is not None:
         row_h, cell_w = img.height / rows, img.width / (columns // per_cell)
         img = _captioned(img, list(captions[:n]), rows, columns // per_cell, row_h, cell_w)
+    info = None
+    if note is not None:
+        img = _with_note(img, note.text(), caption_font(round(img.width / (columns // per_cell))))
+        info = PngImagePlugin.PngInfo()
+        info.add_text("Description", note.text())  # PNG's own field: what image viewers show
+        info.add_text(GridNote.SHOWN_KEY, note.shown)
+        info.add_text(GridNote.HINT_KEY, note.hint)
     path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
+    img.save(path, pnginfo=info)
     return path
+
+
+def read_grid_note(path: Path) -> GridNote | None:
+    """The note :func:`save_grid` wrote under the grid at ``path`` (None for none, or no PNG)."""
+    try:
+        with Image.open(path) as img:
+            text = dict(getattr(img, "text", {}))
+    except (OSError, ValueError):
+        return None
+    if GridNote.SHOWN_KEY not in text:
+        return None
+    return GridNote(text[GridNote.SHOWN_KEY], text.get(GridNote.HINT_KEY, ""))
+
+
+def _with_note(grid: Image.Image, note: str, font: Font) -> Image.Image:
+    """``grid`` with ``note`` wrapped beneath it, across its width."""
+    pad = max(4, grid.width // 200)
+    ascent, descent = font.getmetrics()
+    line_h = ascent + descent + 1
+    lines = wrap(note, font, grid.width - 2 * pad, max_lines=4)
+    out = Image.new("RGB", (grid.width, grid.height + 2 * pad + line_h * len(lines)), "white")
+    out.paste(grid, (0, 0))
+    draw = ImageDraw.Draw(out)
+    for i, text in enumerate(lines):
+        draw.text((pad, grid.height + pad + i * line_h), text, fill=(60, 60, 60), font=font)
+    return out
 
 
 GRID_TILE = 512

@@ -32,7 +32,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from diffrl.errors import DiffrlError
 from diffrl.logging import fmt
-from diffrl.train.evaluate import eval_grid_path, eval_table, plot_eval_curve, wrap
+from diffrl.train.evaluate import eval_grid_path, eval_table, plot_eval_curve, read_grid_note, wrap
 
 EVAL_KEY = "eval/reward_mean"
 
@@ -127,27 +127,47 @@ def eval_label(point: dict[str, float], key: str = EVAL_KEY) -> str:
     return f"step {point['step']}" + (f" · mean eval reward {value:.3f}" if value is not None else "")
 
 
-def compose_side_by_side(left: Path, right: Path, labels: tuple[str, str], path: Path) -> Path:
-    """Two images (eval grids) side by side, each under a header line of its label."""
+COMPARE_WIDTH = 1200
+"""The widest ``eval/compare.png`` that sets its two grids side by side: about a laptop page
+(1280 px less margins), where the grids' captions read at their own size. Wider pairs (the
+tiny world's 32-image grids are ~1060 px each) go one above the other."""
+
+
+def compose_side_by_side(
+    left: Path, right: Path, labels: tuple[str, str], path: Path, max_width: int = COMPARE_WIDTH
+) -> Path:
+    """Two images (eval grids) side by side, each under a header line of its label; one above
+    the other when side by side they would be wider than ``max_width`` px (a page scales a wider
+    image down, and the grids' captions would no longer read)."""
     images = [Image.open(p).convert("RGB") for p in (left, right)]
     gap = max(8, images[0].width // 100)
+    stacked = sum(im.width for im in images) + gap > max_width
     font = ImageFont.load_default(size=max(14, min(images[0].width // 50, 40)))
     ascent, descent = font.getmetrics()
+    line_h = ascent + descent + 2
     lines = [wrap(label, font, im.width - 8) for label, im in zip(labels, images, strict=True)]
-    header = 8 + (ascent + descent + 2) * max(len(x) for x in lines)
-    out = Image.new(
-        "RGB", (sum(im.width for im in images) + gap, header + max(im.height for im in images)), "white"
-    )
+    header = 8 + line_h * max(len(x) for x in lines)
+    if stacked:
+        size = (max(im.width for im in images), sum(header + im.height for im in images) + gap)
+    else:
+        size = (sum(im.width for im in images) + gap, header + max(im.height for im in images))
+    out = Image.new("RGB", size, "white")
     draw = ImageDraw.Draw(out)
-    x = 0
+    x = y = 0
     for im, text in zip(images, lines, strict=True):
         for i, line in enumerate(text):
-            draw.text((x + 4, 4 + i * (ascent + descent + 2)), line, fill=(0, 0, 0), font=font)
-        out.paste(im, (x, header))
-        x += im.width + gap
-    draw.line(
-        [(images[0].width + gap // 2, 0), (images[0].width + gap // 2, out.height)], fill=(160, 160, 160)
-    )
+            draw.text((x + 4, y + 4 + i * line_h), line, fill=(0, 0, 0), font=font)
+        out.paste(im, (x, y + header))
+        if stacked:
+            y += header + im.height + gap
+        else:
+            x += im.width + gap
+    if stacked:
+        middle = header + images[0].height + gap // 2
+        draw.line([(0, middle), (out.width, middle)], fill=(160, 160, 160))
+    else:
+        middle = images[0].width + gap // 2
+        draw.line([(middle, 0), (middle, out.height)], fill=(160, 160, 160))
     path.parent.mkdir(parents=True, exist_ok=True)
     out.save(path)
     return path
@@ -163,8 +183,9 @@ def save_compare(run_dir: Path, evals: list[dict[str, float]]) -> Path | None:
     grids = eval_grid_path(run_dir, first["step"]), eval_grid_path(run_dir, last["step"])
     if not all(g.is_file() for g in grids):
         return None
+    before = " (before training)" if first["step"] == 0 else ""  # step 0: the model the run started from
     return compose_side_by_side(
-        *grids, (eval_label(first), eval_label(last)), run_dir / "eval" / "compare.png"
+        *grids, (eval_label(first) + before, eval_label(last)), run_dir / "eval" / "compare.png"
     )
 
 
@@ -208,19 +229,25 @@ def spread(items: list, n: int) -> list:
     return [items[i] for i in picks]
 
 
+def _code(text: str) -> str:
+    """``text`` escaped, its backquoted spans as ``<code>``."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(text))
+
+
 def _data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
 def _figure(path: Path | None, caption: str, grid: bool = False) -> str:
-    """An image embedded with its caption; a ``grid`` at its own size (its captions were drawn
-    to be read at it), scrolled sideways when wider than the page."""
+    """An image embedded with its caption, at most the page's width (:data:`STYLE`); a ``grid``'s
+    caption also says how many of the eval's samples it shows (its :class:`GridNote`)."""
     if path is None or not path.is_file():
         return ""
-    cls = ' class="grid"' if grid else ""
+    note = read_grid_note(path) if grid else None
+    text = f"{caption} · {note.shown}" if note is not None else caption
     return (
-        f'<figure{cls}><img src="{_data_uri(path)}" alt="{html.escape(caption)}">'
-        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        f'<figure><img src="{_data_uri(path)}" alt="{html.escape(text)}">'
+        f"<figcaption>{html.escape(text)}</figcaption></figure>"
     )
 
 
@@ -245,9 +272,11 @@ pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; }
 table { border-collapse: collapse; } td, th { padding: 0.2em 0.8em; border-bottom: 1px solid #eee;
        text-align: left; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 figure { margin: 1em 0; } figcaption { color: #555; font-size: 0.9em; }
-img { max-width: 100%; height: auto; } figure.grid { overflow-x: auto; }
-figure.grid img { max-width: none; }
+img { max-width: 100%; height: auto; }
 """
+"""Every image at most the page's width: nothing scrolls sideways on a laptop (1280 px). The
+tiny world's grids (~1060 px) and compare.png (stacked, :data:`COMPARE_WIDTH`) show at their own
+size; a large model's grid is scaled down (the PNG in the run folder has it at full size)."""
 
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
@@ -319,15 +348,16 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         parts += [
             "<h2>First and last eval</h2>",
             _figure(
-                compare_png,
-                "the same prompts and seeds at the first and the last eval (eval/compare.png)",
-                grid=True,
+                compare_png, "the same prompts and seeds at the first and the last eval (eval/compare.png)"
             ),
         ]
+    hint = next((n.hint for e in shown if (n := read_grid_note(eval_grid_path(run_dir, e["step"])))), "")
     parts += [
         "<h2>Eval grids</h2>",
         "<p>Each eval samples the same prompts with the same seeds; every tile is captioned with its "
-        "prompt and its total reward.</p>",
+        "prompt, its total reward, and the seed and index it was drawn with"
+        + (f": {_code(hint)}" if hint else "")
+        + ".</p>",
         *(grids or ["<p>no eval grids</p>"]),
         "<h2>Config</h2>",
         f"<pre>{html.escape(config_text)}</pre>" if config_text else "<p>no config.yaml</p>",

@@ -20,7 +20,7 @@ from diffrl.logging import MetricsLogger, Progress
 from diffrl.rewards.base import RewardOutput
 from diffrl.rollout import CollectionSpec, RewardScores, RolloutBatch, RolloutStats, TrainExamples
 from diffrl.seeding import generator
-from diffrl.train.evaluate import EvalResult, eval_grid_path, save_grid
+from diffrl.train.evaluate import EvalResult, eval_grid_path
 from diffrl.train.guard import Guard
 from diffrl.train.run_folder import write_atomic
 from diffrl.train.runner import PendingScore, Runner
@@ -341,12 +341,7 @@ class LoopState:
         """Keep an eval point: its grid image (each sample captioned with its prompt and reward),
         its metrics (logged, the grid too) and ``eval_curve.json``; ``seconds``: how long the eval
         took (``perf/eval_time``)."""
-        grid = save_grid(
-            result.images[:grid_images],
-            eval_grid_path(out, step),
-            sources=result.sources,
-            captions=result.captions(),
-        )
+        grid = result.save_grid(eval_grid_path(out, step), grid_images)
         logger.log_image(step, "eval/grid", grid)
         metrics = result.metrics()
         if seconds is not None:
