@@ -112,6 +112,6 @@ def test_every_metric_image_and_the_metadata_reach_each_tracker(tmp_path, capsys
         ("metadata", {"run": {"name": "r"}}, "batch arithmetic: ..."),
     ]
     assert recording.closed == "ok"
-    assert capsys.readouterr().out == "[step 3] train/loss=0.5000\n"
+    assert capsys.readouterr().out == "[step 3] train/loss=0.500\n"  # 3 significant digits
     [row] = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 3 and row["train/loss"] == 0.5
