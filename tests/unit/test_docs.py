@@ -53,3 +53,22 @@ def test_the_readme_links_point_at_files_that_exist():
     assert targets, "the README links into the docs"
     missing = [t for t in targets if "://" not in t and not (ROOT / t).exists()]
     assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_every_install_line_of_the_docs_names_the_constraints_file():
+    # without -c constraints/cpu.txt pip picks other versions than the tests ran with (and a CUDA
+    # torch of several GB); each page that installs also says a GPU machine leaves it out
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    loose, silent = [], []
+    for page in pages:
+        lines = [line for line in page.read_text().splitlines() if "pip install" in line]
+        loose += [
+            f"{page.relative_to(ROOT)}: {line.strip()}"
+            for line in lines
+            if "-c constraints/cpu.txt" not in line
+        ]
+        text = " ".join(page.read_text().split())
+        if lines and not re.search(r"GPU machine (leave `?-c|without `-c)", text):
+            silent.append(str(page.relative_to(ROOT)))
+    assert not loose, "install lines without -c constraints/cpu.txt:\n" + "\n".join(loose)
+    assert not silent, f"pages that install without saying a GPU machine leaves -c out: {silent}"

@@ -8,10 +8,13 @@ from PIL import Image
 from diffrl.train.evaluate import (
     Caption,
     EvalResult,
+    GridNote,
     caption_font,
     caption_lines,
     grid_scale,
     paired_difference,
+    read_grid_note,
+    sample_keys,
     save_grid,
     still,
 )
@@ -154,3 +157,76 @@ def test_grid_tiles_of_small_images_are_enlarged_and_of_large_ones_shrunk(tmp_pa
     assert (
         width == round(2 * 770 * 0.5) and (1026 * 0.5) < height < 1026
     )  # one row of 512-px tiles, captioned
+
+
+def test_a_caption_says_the_seed_and_index_a_sample_was_drawn_with():
+    font = caption_font(132)
+    assert caption_lines(Caption('the number "42"', 0.5, 1234, (12, 0)), font, 120) == [
+        'the number "42"',
+        "r=0.500",
+        "seed 1234 · #12",
+    ]
+    assert Caption("a", None, 7, (3, 1)).seed_line() == "seed 7 · #3.1"  # a prompt's second sample
+    assert Caption("a").seed_line() is None and Caption("a", None, 7).seed_line() == "seed 7"
+    narrow = caption_lines(Caption("a", 0.5, 1234, (123, 5)), font, 64)  # broken, not cut
+    assert len(narrow) == 4 and "".join(narrow[2:]).replace(" ", "") == "seed1234·#123.5"
+    assert all(font.getlength(line) <= 64 for line in narrow)
+
+
+def test_eval_captions_and_note_say_how_each_sample_was_drawn_and_how_many_are_shown():
+    assert sample_keys([0, 0, 1, 1, 2]) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+    result = EvalResult(
+        ["a", "a", "b", "b"], torch.ones(4, 3, 4, 4), seed=9, index=[0, 0, 1, 1], source="p.txt"
+    )
+    assert [c.seed_line() for c in result.captions()] == [
+        "seed 9 · #0",
+        "seed 9 · #0.1",
+        "seed 9 · #1",
+        "seed 9 · #1.1",
+    ]
+    assert result.shown(2) == "2 of 4 samples shown" and result.shown(32) == "all 4 samples"
+    note = result.grid_note(2)
+    assert note.shown == "2 of 4 samples shown"
+    assert "--prompts p.txt --num-prompts i+1 --samples-per-prompt j+1 --seed 9" in note.hint
+    assert EvalResult(["a"], torch.ones(1, 3, 4, 4)).grid_note(1) == GridNote(
+        "all 1 samples"
+    )  # no seed: no hint
+
+
+def test_a_grid_note_is_drawn_under_the_grid_and_kept_in_the_png(tmp_path):
+    import numpy as np
+
+    images = torch.ones(2, 3, 8, 16)  # white tiles: any dark pixel below them is text
+    plain = np.asarray(Image.open(save_grid(images, tmp_path / "plain.png")))
+    note = GridNote("2 of 64 samples shown", "tile #i.j: `diffrl sample ...`")
+    path = save_grid(images, tmp_path / "noted.png", note=note)
+    grid = np.asarray(Image.open(path))
+    assert grid.shape[1] == plain.shape[1] and grid.shape[0] > plain.shape[0]
+    np.testing.assert_array_equal(grid[: plain.shape[0]], plain)
+    assert _dark(grid[plain.shape[0] :]) > 0  # the note's text
+    assert read_grid_note(path) == note and Image.open(path).text["Description"] == note.text()
+    assert read_grid_note(tmp_path / "plain.png") is None and read_grid_note(tmp_path / "missing.png") is None
+
+
+def test_a_tile_is_drawn_again_by_the_command_its_note_gives(tmp_path):
+    # tile #i.j is the last image of `diffrl sample --prompts P --num-prompts i+1
+    # --samples-per-prompt j+1 --seed S`: the noise eval and sample draw is keyed the same way
+    from diffrl.data.prompts import load_prompts
+    from diffrl.models.registry import load_family
+    from diffrl.preflight import load_config
+    from diffrl.train.evaluate import evaluate, generate
+    from tests.conftest import tiny_overrides
+
+    config = load_config(
+        "recipes/tiny_sft.yaml", tiny_overrides(tmp_path, **{"eval.samples_per_prompt": 2, "eval.seed": 77})
+    )
+    family = load_family(config)
+    result = evaluate(family, config, None)
+    assert [c.index for c in result.captions()] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert result.seed == 77 and result.source == config.eval.prompts
+    for k in (1, 2):
+        i, j = result.captions()[k].index
+        prompts = load_prompts(result.source).head(i + 1)
+        _, again = generate(family, config, prompts, j + 1, result.seed, batch_size=1)
+        assert again.images[-1].shape == result.images[k].shape
+        torch.testing.assert_close(again.images[-1], result.images[k], atol=1e-5, rtol=1e-5)

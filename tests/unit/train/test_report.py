@@ -9,8 +9,9 @@ from PIL import Image
 
 from diffrl.cli import main
 from diffrl.errors import EXIT_USER_ERROR
-from diffrl.train.evaluate import eval_grid_path, eval_table, save_grid
+from diffrl.train.evaluate import EvalResult, eval_grid_path, eval_table, save_grid
 from diffrl.train.report import (
+    STYLE,
     compose_side_by_side,
     metric_panels,
     plot_metrics,
@@ -150,3 +151,28 @@ def test_a_run_without_evals_or_metrics_yet_still_gets_a_page(tmp_path):
     (run / "config.yaml").write_text("run:\n  name: fresh\n")
     page = write_report(run).read_text()
     assert "no eval yet" in page and "no metrics logged yet" in page and "data:image" not in page
+
+
+def test_compare_goes_one_above_the_other_when_side_by_side_is_wider_than_a_page(tmp_path):
+    left, right = tmp_path / "l.png", tmp_path / "r.png"
+    Image.new("RGB", (40, 20), (0, 0, 0)).save(left)
+    Image.new("RGB", (30, 20), (255, 0, 0)).save(right)
+    out = np.asarray(
+        Image.open(compose_side_by_side(left, right, ("a", "b"), tmp_path / "c.png", max_width=60))
+    )
+    assert out.shape[1] == 40 and out.shape[0] > 2 * 20  # as wide as the wider image, both stacked
+    assert (out[-20:, :30] == [255, 0, 0]).all()  # the second image at the bottom
+    top = next(y for y in range(out.shape[0]) if (out[y, :40] == 0).all())  # the first image's top row
+    assert (out[top : top + 20, :40] == 0).all() and top + 20 < out.shape[0] - 20
+
+
+def test_the_report_fits_a_laptop_page_and_says_how_many_samples_each_grid_shows(tmp_path):
+    run = _run_folder(tmp_path)
+    for step in (0, 4):  # the grids as an eval writes them: 1 of the 2 samples drawn
+        result = EvalResult(["a", "b"], torch.full((2, 3, 8, 16), 0.5), seed=5, index=[0, 1], source="p.txt")
+        result.save_grid(eval_grid_path(run, step), 1)
+    page = write_report(run).read_text()
+    # every image at most the page's width: no image wider than the page, nothing to scroll sideways
+    assert "img { max-width: 100%; height: auto; }" in STYLE and "max-width: none" not in page
+    assert page.count("· 1 of 2 samples shown</figcaption>") == 2  # beside each grid
+    assert "<code>diffrl sample CHECKPOINT --prompts p.txt --num-prompts i+1" in page  # how to redraw a tile
