@@ -351,7 +351,7 @@ def save_grid(
         img = _captioned(img, list(captions[:n]), rows, columns // per_cell, row_h, cell_w)
     info = None
     if note is not None:
-        img = _with_note(img, note.text(), caption_font(round(img.width / (columns // per_cell))))
+        img = _with_note(img, note, caption_font(round(img.width / (columns // per_cell))))
         info = PngImagePlugin.PngInfo()
         info.add_text("Description", note.text())  # PNG's own field: what image viewers show
         info.add_text(GridNote.SHOWN_KEY, note.shown)
@@ -373,12 +373,14 @@ def read_grid_note(path: Path) -> GridNote | None:
     return GridNote(text[GridNote.SHOWN_KEY], text.get(GridNote.HINT_KEY, ""))
 
 
-def _with_note(grid: Image.Image, note: str, font: Font) -> Image.Image:
-    """``grid`` with ``note`` wrapped beneath it, across its width."""
+def _with_note(grid: Image.Image, note: GridNote, font: Font) -> Image.Image:
+    """``grid`` with ``note`` beneath it: what it shows on a line of its own, then the hint
+    wrapped across the grid's width."""
     pad = max(4, grid.width // 200)
     ascent, descent = font.getmetrics()
     line_h = ascent + descent + 1
-    lines = wrap(note, font, grid.width - 2 * pad, max_lines=4)
+    lines = wrap(note.shown, font, grid.width - 2 * pad, max_lines=2)
+    lines += wrap(note.hint, font, grid.width - 2 * pad, max_lines=4) if note.hint.strip() else []
     out = Image.new("RGB", (grid.width, grid.height + 2 * pad + line_h * len(lines)), "white")
     out.paste(grid, (0, 0))
     draw = ImageDraw.Draw(out)
