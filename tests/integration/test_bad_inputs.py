@@ -10,6 +10,7 @@ those marked ``in_subprocess`` run ``python -m diffrl.cli`` to show no traceback
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -135,7 +136,12 @@ class Case:
     trains: bool = False
     """The row reaches the training driver (resume and run-folder checks, runs that stop
     themselves); other in-process rows are refused if they get that far."""
+    warns: str | None = None
+    """A warning the row provokes on purpose (a regex of its message), asserted in process."""
 
+
+DROPPED = r"sample\(s\) dropped: reward 'tests.integration.test_bad_inputs:"
+"""The warning of an iteration whose reward failed on purpose (the run goes on until it stops itself)."""
 
 # one row a line: the table reads down its columns
 # fmt: off
@@ -287,10 +293,10 @@ CASES: list[Case] = [
     Case("max-failed-iterations-zero", ["train", SFT, "train.max_failed_iterations=0"], BAD, "train.max_failed_iterations must be >= 1"),
     Case("max-nonfinite-steps-zero", ["train", SFT, "train.max_nonfinite_steps=0"], BAD, "train.max_nonfinite_steps must be >= 1"),
     # ---- runs that stop themselves (exit 3): a real 4-iteration run of a tiny random model
-    Case("reward-always-raises", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:always_fails}}]"], EXIT_RUN_STOPPED, "reward failed in 3 consecutive iterations (train.max_failed_iterations=3); last error: reward 'tests.integration.test_bad_inputs:always_fails' raised RuntimeError: scorer unavailable", trains=True),
-    Case("reward-always-nan", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:nan_scores}}]"], EXIT_RUN_STOPPED, "returned 2 non-finite score(s)", trains=True),
-    Case("reward-hangs", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:hangs, timeout_s: 0.3}}]"], EXIT_RUN_STOPPED, "timed out after 0.3 s", trains=True),
-    Case("reward-fails-in-a-short-run", ["train", NFT, *SHORT, "train.iterations=2", f"rewards=[{{name: {HERE}:always_fails}}]"], EXIT_RUN_STOPPED, "no optimizer step was taken in 2 iteration(s)", trains=True),
+    Case("reward-always-raises", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:always_fails}}]"], EXIT_RUN_STOPPED, "reward failed in 3 consecutive iterations (train.max_failed_iterations=3); last error: reward 'tests.integration.test_bad_inputs:always_fails' raised RuntimeError: scorer unavailable", trains=True, warns=DROPPED + r".*raised RuntimeError"),
+    Case("reward-always-nan", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:nan_scores}}]"], EXIT_RUN_STOPPED, "returned 2 non-finite score(s)", trains=True, warns=DROPPED + r".*non-finite score"),
+    Case("reward-hangs", ["train", NFT, *SHORT, f"rewards=[{{name: {HERE}:hangs, timeout_s: 0.3}}]"], EXIT_RUN_STOPPED, "timed out after 0.3 s", trains=True, warns=DROPPED + r".*timed out after 0.3 s"),
+    Case("reward-fails-in-a-short-run", ["train", NFT, *SHORT, "train.iterations=2", f"rewards=[{{name: {HERE}:always_fails}}]"], EXIT_RUN_STOPPED, "no optimizer step was taken in 2 iteration(s)", trains=True, warns=DROPPED + r".*raised RuntimeError"),
     # ---- report
     Case("report-missing-folder", ["report", "{tmp}/nope"], BAD, "no such folder; give the output folder of a training run"),
     Case("report-not-a-run", ["report", "{tmp}/stuff"], BAD, "is not a diffrl run folder (no metrics.jsonl or config.yaml inside)", files={"stuff/x.txt": "x"}, in_subprocess=True),
@@ -374,7 +380,8 @@ def test_bad_input_in_process(case: Case, tmp_path, request, capsys, monkeypatch
     if not case.trains:
         monkeypatch.setattr(diffrl.train.loop, "train", refuse)
     capsys.readouterr()
-    code = main(argv)
+    with pytest.warns(UserWarning, match=case.warns) if case.warns else contextlib.nullcontext():
+        code = main(argv)
     captured = capsys.readouterr()
     _check(case, code, captured.out, captured.err)
 

@@ -38,10 +38,15 @@ def _config(tmp_path, **extra):
     return load_config("recipes/tiny_nft_ocr.yaml", tiny_overrides(tmp_path, **settings))
 
 
+DROPPED = r"sample\(s\) dropped: reward 'tests.integration.test_guards:always_fails' raised RuntimeError"
+"""The warning of an iteration whose reward failed (the run goes on until the guard stops it)."""
+
+
 def test_every_reward_failing_stops_after_max_failed_iterations(tmp_path):
     config = _config(tmp_path, rewards="[{name: tests.integration.test_guards:always_fails}]")
     with pytest.raises(RunStopped, match=r"failed in 3 consecutive iterations.*scorer unavailable"):
-        train(config)
+        with pytest.warns(UserWarning, match=DROPPED):  # each failed iteration says what it dropped
+            train(config)
     assert not (tmp_path / "run" / "checkpoints" / "final").exists()
 
 
@@ -50,7 +55,8 @@ def test_a_short_run_without_one_optimizer_step_writes_no_final_checkpoint(tmp_p
         tmp_path, rewards="[{name: tests.integration.test_guards:always_fails}]", **{"train.iterations": 2}
     )
     with pytest.raises(RunStopped, match="no optimizer step was taken in 2 iteration"):
-        train(config)
+        with pytest.warns(UserWarning, match=DROPPED):
+            train(config)
     assert not (tmp_path / "run" / "checkpoints" / "final").exists()
 
 
