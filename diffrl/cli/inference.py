@@ -10,7 +10,7 @@ from diffrl.cli.inputs import SAMPLE_SECTIONS, Target, resolve_target
 from diffrl.config import Config
 from diffrl.models.base import ModelFamily
 from diffrl.models.registry import load_family
-from diffrl.preflight.validate import check_plugins
+from diffrl.preflight.plugins import check_plugins
 from diffrl.train.actor import apply_lora
 from diffrl.train.checkpoint import (
     check_checkpoint_family,

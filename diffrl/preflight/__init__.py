@@ -8,10 +8,10 @@ It sits at the top of the layers (it may import everything), in two stages:
   devices, output folder), :mod:`~diffrl.preflight.model` (family, sizes, guidance),
   :mod:`~diffrl.preflight.algorithm` (the algorithm and its collection spec),
   :mod:`~diffrl.preflight.rewards`, :mod:`~diffrl.preflight.data` (prompt files, datasets),
-  :mod:`~diffrl.preflight.editing`; :mod:`~diffrl.preflight.validate` runs them.
+  :mod:`~diffrl.preflight.editing`; :mod:`~diffrl.preflight.plugins` runs them.
 
 :func:`load_config` (bind, then both stages) is what the library and the tests call. It lives in
-:mod:`~diffrl.preflight.validate` and is looked up from there when first asked for, so importing
+:mod:`~diffrl.preflight.plugins` and is looked up from there when first asked for, so importing
 this package (as the schema stage does) stays free of torch.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-LAZY = {name: "diffrl.preflight.validate" for name in ("load_config", "validate", "check_plugins")}
+LAZY = {name: "diffrl.preflight.plugins" for name in ("load_config", "validate", "check_plugins")}
 """Names of this package that live in the plugin stage's module, imported on first use."""
 
 

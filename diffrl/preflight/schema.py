@@ -3,7 +3,7 @@ or device asked. It imports no torch (nor any plugin), so the command line answe
 once: binding (unknown keys with a "did you mean", types) and every range or arithmetic rule of
 the schema's own numbers, all problems at once.
 
-The second stage (:mod:`diffrl.preflight.validate`) asks the plugins the config names.
+The second stage (:mod:`diffrl.preflight.plugins`) asks the plugins the config names.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def read_config(
 ) -> tuple[Config, str]:
     """Recipe + ``key=value`` overrides -> (bound config, the source's name for messages), with
     every problem of this stage raised at once as a :class:`ConfigError`. The config still needs
-    the second stage (:func:`diffrl.preflight.validate.check_plugins`) before it is used."""
+    the second stage (:func:`diffrl.preflight.plugins.check_plugins`) before it is used."""
     check_sections(sections)
     config, errors, source = bind_config(recipe, overrides)
     errors.extend(schema_problems(config, sections))
