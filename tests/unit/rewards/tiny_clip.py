@@ -132,7 +132,7 @@ def clip_pixels(images: torch.Tensor, size: int, mean=OPENAI_MEAN, std=OPENAI_ST
 
 
 def preflight_problems(name: str, params: dict) -> list[str]:
-    """What ``diffrl.preflight.plugins`` reports for a config whose only reward is ``name``."""
+    """What ``diffrl.preflight.validate`` reports for a config whose only reward is ``name``."""
     from diffrl.config import Config, RewardConfig
     from diffrl.preflight import validate
 
