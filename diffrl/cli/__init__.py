@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,10 @@ def _reported(args: argparse.Namespace) -> int:
     except DiffrlError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:  # the reader went away (``diffrl recipes | head``): not an error
+        # Python would report the pipe again when it flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe ended
     except OSError as e:
         if e.errno not in USER_OS_ERRORS and not isinstance(e, FileNotFoundError):
             return _bug(e)
