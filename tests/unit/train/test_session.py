@@ -93,3 +93,25 @@ def test_the_loggers_close_and_the_lock_is_released_when_the_runner_fails_to_clo
     [tracker] = Recording.started
     assert tracker.closed == "ok"  # the run itself ended well
     assert _lock_is_free(RunFolder(config.run.resolved_output_dir()))
+
+
+def test_a_run_that_ends_well_writes_its_report_and_says_so_once(tmp_path, capsys):
+    config = _config(tmp_path, "Closing")
+    with TrainSession(config) as session:
+        session.logger.log(1, {"train/loss": 0.5})
+    out = capsys.readouterr().out
+    assert out.count("report: ") == 1, out
+    assert f"report: {session.out / 'report.html'}" in out and (session.out / "report.html").is_file()
+
+
+def test_pictures_that_cannot_be_written_are_a_warning_naming_diffrl_report(tmp_path):
+    Recording.started.clear()
+    config = _config(tmp_path, "Closing")
+    out = config.run.resolved_output_dir()
+    (out / "report.html").mkdir(parents=True)  # the page cannot be written where a folder is
+    with pytest.warns(UserWarning, match=r"could not write the run's pictures .* `diffrl report .*`"):
+        with TrainSession(config) as session:
+            session.logger.log(1, {"train/loss": 0.5})
+    [tracker] = Recording.started
+    assert tracker.closed == "ok"  # the run itself ended well: its checkpoint and metrics stand
+    assert _lock_is_free(RunFolder(out))
