@@ -20,7 +20,10 @@ def test_latest_refuses_when_no_checkpoint_verifies(tmp_path, actor):
     weights = ckpt / "trainable.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # truncated: it no longer verifies
     config = load_config({"run": {"output_dir": str(out)}, "train": {"resume": "latest", "iterations": 9}})
-    with pytest.raises(CheckpointError, match="no checkpoint in .* verifies"):
+    with (
+        pytest.raises(CheckpointError, match="no checkpoint in .* verifies"),
+        pytest.warns(UserWarning, match="train.resume=latest skips checkpoint .*step_00002"),
+    ):
         RunFolder(out).resume_point(config)
 
 
