@@ -67,7 +67,7 @@ from diffrl.rollout import Conditioning, RolloutBatch, TrainExamples
 from diffrl.sampling.collector import build_collector
 from diffrl.train.actor import Actor
 from diffrl.train.loop import Driver
-from diffrl.train.run_folder import RunFolder
+from diffrl.train.session import TrainSession
 from diffrl.train.stages import optimizer_steps
 from diffrl.train.stop import StopSignals
 
@@ -233,14 +233,13 @@ class Bench:
         self.name, self.option = name, option
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="train_step_")))
         self.config = config_for(name, option, args, [f"run.output_dir={tmp / 'run'}"])
-        folder = RunFolder(self.config.run.resolved_output_dir())
-        folder.acquire()
-        stack.callback(folder.release)
         stop = stack.enter_context(StopSignals())
+        session = TrainSession(self.config)
         with contextlib.redirect_stdout(io.StringIO()):  # its start-up lines
-            self.driver = Driver(self.config, folder, stop)
-        stack.callback(self.driver.logger.close)
-        stack.callback(self.driver.runner.close)
+            session.open()
+        stack.callback(session.folder.release)
+        stack.callback(session.close, True)  # no report: the run folder is thrown away
+        self.driver = Driver(session, stop)
         self.actor: Actor = self.driver.runner.actor
         self.notes = self.driver.runner.family.numerics.notes
         self.samples = rollout_samples(self.config)

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -7,9 +8,25 @@ REFERENCE = Path(__file__).parent / "data" / "reference"
 ROOT = Path(__file__).resolve().parent.parent
 
 
+THREADS = max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+"""torch threads per test process: the 2 cores of the reference machine, shared by xdist's workers
+(two workers of two threads each would oversubscribe the cores and slow every test)."""
+
+
 @pytest.fixture(autouse=True)
 def _threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``--dist loadgroup``): a module's tests run in one worker, so its module
+    fixtures (a model, a run to resume against) are built once; every test that starts a Ray
+    cluster runs in one worker, so two clusters never share the cores."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = "ray" if item.path.parent.name == "distributed" else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture

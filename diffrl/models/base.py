@@ -134,6 +134,12 @@ class ModelFamily(ABC):
     def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
         """Write the whole model in diffusers layout (plus :data:`FAMILY_FILE`)."""
 
+    def load_snippet(self, path: str | Path) -> str | None:
+        """How diffusers loads the folder :meth:`save_pretrained` wrote at ``path``, as
+        ``; ``-separated Python statements (``diffrl export`` prints them, one a line, as
+        :meth:`save_lora`'s); None when no diffusers class reads it."""
+        return None
+
     @classmethod
     def validate_config(cls, config: Config, check_files: bool = True) -> list[str]:
         """Problems with ``model.*`` / ``sampling.*`` for this family, before anything loads."""

@@ -203,6 +203,9 @@ class DiffusersFolderFamily(ModelFamily):
         pipe.save_pretrained(path)
         write_family_file(Path(path), self.name)
 
+    def load_snippet(self, path: str | Path) -> str:
+        return f"pipe = {self.pipeline_class}.from_pretrained({str(path)!r})"
+
     def save_lora(self, out_dir: str | Path) -> str:
         """The transformer's adapter via ``<pipeline_class>.save_lora_weights``, with its rank and
         alpha in the metadata (``load_lora_weights(out_dir)`` reads it back)."""

@@ -208,6 +208,10 @@ class TinyFamily(ModelFamily):
         self.tokenizer.save_pretrained(path / "tokenizer")
         write_family_file(path, self.name)
 
+    def load_snippet(self, path: str | Path) -> str:
+        """The tiny world has no diffusers pipeline: its transformer is diffusers' SD3 class."""
+        return f"transformer = SD3Transformer2DModel.from_pretrained({str(path)!r}, subfolder='transformer')"
+
     @property
     def default_size(self) -> tuple[int, int]:
         return (32, 64)

@@ -1,5 +1,5 @@
 """One run per output folder: a lock while a process writes it, the run's id, and the metrics a
-resumed run continues.
+resumed run continues. A train run goes through these in one place: :mod:`diffrl.train.session`.
 
 ```
 runs/NAME/

@@ -106,7 +106,8 @@ def export_lora(tmp_path: Path, checkpoint: Path) -> tuple[Path, ModelFamily]:
     GRPO step barely moves B from its zero init); returns the folder and diffrl's policy."""
     from safetensors.torch import load_file, save_file
 
-    from diffrl.cli import _load_for_inference, _resolve_target, main
+    from diffrl.cli import main
+    from diffrl.cli.inference import load_for_inference, load_target
 
     weights = load_file(str(checkpoint / "trainable.safetensors"))
     gen = torch.Generator().manual_seed(1)
@@ -117,8 +118,8 @@ def export_lora(tmp_path: Path, checkpoint: Path) -> tuple[Path, ModelFamily]:
     rehash_checkpoint(checkpoint)  # edited on purpose: it reads as if trained so
     out = tmp_path / "lora"
     assert main(["export", str(checkpoint), str(out)]) == 0
-    config, ckpt = _resolve_target(str(checkpoint), [])
-    return out, _load_for_inference(config, ckpt)
+    config, ckpt = load_target(str(checkpoint), [])
+    return out, load_for_inference(config, ckpt)
 
 
 def assert_exported_lora_matches(

@@ -409,11 +409,12 @@ def test_debug_shows_the_traceback(tmp_path):
 
 def test_a_bug_is_one_line_naming_itself(monkeypatch, capsys):
     from diffrl import cli
+    from diffrl.cli import recipes
 
-    def broken(args):
+    def broken(args, inputs):
         raise KeyError("oops")
 
-    monkeypatch.setattr(cli, "cmd_recipes", broken)
+    monkeypatch.setattr(recipes, "run", broken)
     assert cli.main(["recipes"]) == EXIT_BUG
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0
@@ -424,11 +425,12 @@ def test_a_bug_is_one_line_naming_itself(monkeypatch, capsys):
 
 def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
     from diffrl import cli
+    from diffrl.cli import recipes
 
-    def interrupted(args):
+    def interrupted(args, inputs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "cmd_recipes", interrupted)
+    monkeypatch.setattr(recipes, "run", interrupted)
     assert cli.main(["recipes"]) == 130
     assert capsys.readouterr().err.strip() == "interrupted (Ctrl-C)"
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.cli import _resolve_target, main
+from diffrl.cli import main
+from diffrl.cli.inference import load_target
 from diffrl.config import ConfigError
 from diffrl.data.prompts import PromptSet
 from diffrl.models.registry import load_family
@@ -442,7 +443,7 @@ def test_sample_writes_an_mp4_with_the_sound(tmp_path, ltx2_dir, capsys):
     settings.append("sampling.num_steps=2")
     assert main(["sample", str(ltx2_dir), *settings, "--prompt", "a dog barks", "--out", str(out)]) == 0
     assert "wrote 1 video (.mp4 with sound, frames in NNNN/)" in capsys.readouterr().out
-    config, _ = _resolve_target(str(ltx2_dir), settings)
+    config, _ = load_target(str(ltx2_dir), settings)
     _, media = generate(load_family(config), config, PromptSet(["a dog barks"]), 1, 0, 1)
     with av.open(str(out / "0000.mp4")) as container:
         [video], [sound] = container.streams.video, container.streams.audio

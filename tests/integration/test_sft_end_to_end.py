@@ -6,7 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from diffrl.cli import _load_for_inference, _resolve_target, main
+from diffrl.cli import main
+from diffrl.cli.inference import load_for_inference, load_target
 from diffrl.preflight import load_config
 from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
@@ -77,9 +78,9 @@ def test_sft_two_iterations_then_eval_and_sample(tmp_path, capsys, lora):
     # export writes a diffusers-layout model (LoRA merged) with the checkpoint's velocity
     exported = tmp_path / "exported"
     assert main(["export", str(result.checkpoint), str(exported)]) == 0
-    config, ckpt = _resolve_target(str(result.checkpoint), [])
-    trained = _load_for_inference(config, ckpt)
-    plain = _load_for_inference(*_resolve_target(str(exported), []))
+    config, ckpt = load_target(str(result.checkpoint), [])
+    trained = load_for_inference(config, ckpt)
+    plain = load_for_inference(*load_target(str(exported), []))
     x, s = torch.randn(2, 3, 32, 64), torch.tensor([0.9, 0.4])
     cond = trained.encode_prompts(['the text "AB3"', ""])
     with torch.no_grad():

@@ -10,7 +10,7 @@ import pytest
 from diffrl.config import ConfigError
 from diffrl.logging import MetricsLogger, TrackerError, TrackerRun, start_trackers
 from diffrl.preflight import load_config
-from diffrl.train import loop
+from diffrl.train import loop, session
 from tests.conftest import tiny_overrides
 
 
@@ -87,7 +87,7 @@ def test_the_driver_starts_the_trackers_before_any_model_loads(tmp_path, monkeyp
     def no_runner(*args):
         raise AssertionError("the runner was built before the trackers started")
 
-    monkeypatch.setattr(loop, "build_runner", no_runner)
+    monkeypatch.setattr(session, "build_runner", no_runner)  # the session builds it
     config = load_config(
         "recipes/tiny_sft.yaml", tiny_overrides(tmp_path, **{"run.loggers": f"[{REFUSING}]"})
     )

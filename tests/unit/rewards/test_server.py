@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from diffrl.cli import _reward_params, main
+from diffrl.cli import main
+from diffrl.cli.inputs import reward_params
 from diffrl.config import RewardConfig
 from diffrl.errors import DiffrlError
 from diffrl.rewards.base import RewardError, RewardSet
@@ -450,14 +451,14 @@ def test_a_request_whose_client_gave_up_while_queued_is_not_scored():
 
 
 def test_serve_reward_params_are_key_value_items_or_one_mapping():
-    assert _reward_params(["batch_size=8", "device=cuda", "half=true"]) == {
+    assert reward_params(["batch_size=8", "device=cuda", "half=true"]) == {
         "batch_size": 8,
         "device": "cuda",
         "half": True,
     }
-    assert _reward_params(['{"batch_size": 8, device: cuda}']) == {"batch_size": 8, "device": "cuda"}
+    assert reward_params(['{"batch_size": 8, device: cuda}']) == {"batch_size": 8, "device": "cuda"}
     with pytest.raises(DiffrlError, match="'batch_size' is not key=value"):
-        _reward_params(["batch_size"])
+        reward_params(["batch_size"])
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,7 @@
+"""``python -m diffrl.cli``: the ``diffrl`` command."""
+
+import sys
+
+from diffrl.cli import main
+
+sys.exit(main())

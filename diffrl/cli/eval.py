@@ -1,0 +1,51 @@
+"""``diffrl eval TARGET``: score a model on a prompt set, print the mean reward (and the paired
+difference to ``--baseline``), write a grid and the per-sample scores."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from diffrl.cli.inference import checked, load_for_inference
+from diffrl.cli.inputs import EvalInputs
+from diffrl.rewards.base import RewardError, RewardSet
+from diffrl.train.evaluate import evaluate, paired_difference
+
+
+def run(args: argparse.Namespace, inputs: EvalInputs) -> int:
+    config, checkpoint = checked(inputs.target).config, inputs.target.checkpoint
+    baseline = None
+    if inputs.baseline is not None and inputs.paired is not None:
+        checked(inputs.baseline)
+        baseline = checked(inputs.paired)
+    out = inputs.out
+    rewards = RewardSet(config.eval.rewards)
+    try:
+        result = evaluate(load_for_inference(config, checkpoint), config, rewards)
+        base = (
+            evaluate(load_for_inference(baseline.config, baseline.checkpoint), config, rewards)
+            if baseline
+            else None
+        )
+    finally:
+        rewards.close()
+    failed = [*result.errors, *(base.errors if base is not None else [])]
+    if failed:
+        raise RewardError(f"eval: {len(failed)} reward call(s) failed: " + "; ".join(failed))
+    grid = result.save_grid(out / "grid.png", config.eval.grid_images)
+    for name, scores in result.rewards.items():
+        print(
+            f"{name}: mean {scores.mean():.4f}  (n={len(scores)}, exact {(scores == 1).float().mean():.2%})"
+        )
+    print(f"mean reward: {result.total.mean():.4f} over {len(result.prompts)} samples")
+    scores = {"prompts": result.prompts, "reward": result.total.tolist()}
+    if base is not None:
+        diff, se = paired_difference(result.total, base.total)
+        print(
+            f"baseline {args.baseline}: mean reward {base.total.mean():.4f}; difference {diff:+.4f} "
+            f"+- {se:.4f} (standard error, paired over the same {len(base.prompts)} prompts and seeds)"
+        )
+        scores["baseline_reward"] = base.total.tolist()
+    (out / "scores.json").write_text(json.dumps(scores))
+    print(f"grid: {grid} ({result.shown(config.eval.grid_images)}); per-sample scores: {out / 'scores.json'}")
+    return 0

@@ -1,0 +1,68 @@
+"""``diffrl export CHECKPOINT OUT_DIR``: a LoRA checkpoint -> the adapter as diffusers'
+``load_lora_weights`` reads it (families with a diffusers pipeline), else (or with ``--merge``) a
+diffusers-layout model folder. Prints what it wrote and the diffusers lines that load it."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from diffrl.cli.inference import checked, load_for_inference
+from diffrl.cli.inputs import ExportInputs
+from diffrl.models.registry import DTYPES
+
+
+def run(args: argparse.Namespace, inputs: ExportInputs) -> int:
+    target, out = checked(inputs.target), inputs.out
+    config = target.config
+    family = load_for_inference(config, target.checkpoint)
+    if config.model.lora is not None and not args.merge:
+        how = family.save_lora(out)
+        if how is not None:
+            print(f"wrote the LoRA adapter to {out}:")
+            print(written(out))
+            print(
+                snippet(how, f"BASE: the base model's folder (this run's model.path: {config.model.path!r})")
+            )
+            return 0
+    if config.model.lora is not None:  # merge the adapter into the base weights, then drop it
+        family.transformer.fuse_lora()
+        family.transformer.unload_lora()
+    family.save_pretrained(out, dtype=DTYPES[args.dtype] if args.dtype else None)
+    print(f"wrote {family.name} model to {out}:")
+    print(written(out))
+    how = family.load_snippet(out)
+    if how is not None:
+        print(snippet(how))
+    return 0
+
+
+def written(folder: Path) -> str:
+    """Each file under ``folder`` with its size, and the total, one a line."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    width = max((len(str(p.relative_to(folder))) for p in files), default=0)
+    lines = [f"  {str(p.relative_to(folder)):<{width}}  {_size(p.stat().st_size):>9}" for p in files]
+    total = sum(p.stat().st_size for p in files)
+    lines.append(f"  {len(files)} file{'s' * (len(files) != 1)}, {_size(total)} in all")
+    return "\n".join(lines)
+
+
+def snippet(how: str, note: str | None = None) -> str:
+    """The family's ``; ``-separated load statements as lines of Python, after the import of the
+    diffusers classes they call ``from_pretrained`` on."""
+    statements = how.split("; ")
+    classes = list(dict.fromkeys(re.findall(r"(\w+)\.from_pretrained\(", how)))
+    lines = [f"from diffusers import {', '.join(classes)}"] * bool(classes) + statements
+    head = "load it with diffusers" + (f" ({note})" if note else "") + ":"
+    return "\n".join([head, *(f"  {line}" for line in lines)])
+
+
+def _size(n: float) -> str:
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB", "GB"):
+        n /= 1000
+        if n < 1000 or unit == "GB":
+            return f"{n:.1f} {unit}"
+    raise AssertionError("unreachable: the loop returns at GB")

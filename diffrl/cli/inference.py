@@ -1,0 +1,50 @@
+"""What ``eval``, ``sample`` and ``export`` share: a target's model, loaded with its checkpoint's
+weights, ready to sample (imported by those commands' modules only: it needs torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from diffrl.cli.inputs import SAMPLE_SECTIONS, Target, resolve_target
+from diffrl.config import Config
+from diffrl.models.base import ModelFamily
+from diffrl.models.registry import load_family
+from diffrl.preflight.plugins import check_plugins
+from diffrl.train.actor import apply_lora
+from diffrl.train.checkpoint import (
+    check_checkpoint_family,
+    load_weights_into,
+    lora_config_of,
+    read_checkpoint_info,
+)
+
+
+def checked(target: Target) -> Target:
+    """``target`` with the plugin stage passed (the schema stage did, in :mod:`~diffrl.cli.inputs`)."""
+    check_plugins(target.config, target.source, target.sections)
+    return target
+
+
+def load_target(
+    target: str, overrides: list[str], sections: Sequence[str] = SAMPLE_SECTIONS
+) -> tuple[Config, Path | None]:
+    """``base`` | a recipe YAML | a checkpoint dir | a model dir -> (config, checkpoint or None),
+    both stages of the config's checks passed for ``sections``."""
+    t = checked(resolve_target(target, overrides, sections))
+    return t.config, t.checkpoint
+
+
+def load_for_inference(config: Config, checkpoint: Path | None) -> ModelFamily:
+    """The config's model with the checkpoint's weights (its LoRA applied first), frozen."""
+    if checkpoint is not None:
+        info = read_checkpoint_info(checkpoint)
+        check_checkpoint_family(info, config.model.family, checkpoint)
+    family = load_family(config)
+    if checkpoint is not None:
+        lora = lora_config_of(info)
+        if lora is not None:
+            apply_lora(family, lora)
+        load_weights_into(family, checkpoint)
+    family.transformer.requires_grad_(False)
+    return family

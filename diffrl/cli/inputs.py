@@ -1,0 +1,264 @@
+"""What each command checks before its world loads: its arguments, its output folder and the
+schema stage of its config (:mod:`diffrl.preflight.schema`). Nothing here imports torch, so every
+argument or config error answers at once; a command's module (``diffrl/cli/<command>.py``) is
+imported only after its inputs passed, and gets them as one of the dataclasses below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from diffrl.config import SECTIONS, Config, ConfigError
+from diffrl.errors import DiffrlError
+from diffrl.preflight.schema import read_config, schema_problems
+
+# What each command checks of a config (``train`` checks every section, ``load_config``'s default).
+EVAL_SECTIONS = ("run", "model", "sampling", "eval")
+"""``eval`` samples with ``sampling``, scores with ``eval.rewards``; the training sections are not its
+business (a checkpoint of a run whose training reward is not installed here still evaluates)."""
+SAMPLE_SECTIONS = ("run", "model", "sampling")
+EXPORT_SECTIONS = ("run", "model")
+
+CHECKPOINT_INFO = "checkpoint.json"
+"""The file that makes a folder a checkpoint (as ``diffrl.train.checkpoint.is_checkpoint`` says;
+told apart here without importing the checkpoint code, which needs torch)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A model a command loads: its config (the schema stage passed; the command's module runs the
+    plugin stage on it), the checkpoint whose weights go in (None: the config's model as is), the
+    source's name for messages and the config sections the command checks."""
+
+    config: Config
+    checkpoint: Path | None
+    source: str
+    sections: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EvalInputs:
+    target: Target
+    baseline: Target | None
+    """The ``--baseline`` model as its own config names it (its ``model`` section checked)."""
+    paired: Target | None
+    """The target's config with the baseline's model: sampled and scored exactly as the target."""
+    out: Path
+
+
+@dataclass(frozen=True)
+class SampleInputs:
+    target: Target
+    out: Path
+
+
+@dataclass(frozen=True)
+class ExportInputs:
+    target: Target
+    out: Path
+
+
+@dataclass(frozen=True)
+class ServeInputs:
+    params: dict[str, Any]
+    token: str | None
+
+
+def resolve_target(target: str, overrides: list[str], sections: Sequence[str] = SAMPLE_SECTIONS) -> Target:
+    """``base`` | a recipe YAML | a checkpoint dir | a model dir -> its :class:`Target`, the
+    config's schema stage checked for the ``sections`` the command uses."""
+    path = Path(target).expanduser()
+    sections = tuple(sections)
+    if target == "base":
+        return Target(read_config({}, overrides, sections)[0], None, "config", sections)
+    if path.suffix in (".yaml", ".yml"):
+        config, source = read_config(path, overrides, sections)
+        return Target(config, None, source, sections)
+    if (path / CHECKPOINT_INFO).is_file():
+        if not (path / "config.yaml").is_file():
+            raise DiffrlError(
+                f"checkpoint {target!r} has no config.yaml (the run's config is saved beside its weights); "
+                "the folder is incomplete: copy it again"
+            )
+        config, source = read_config(path / "config.yaml", overrides, sections)
+        return Target(config, path, source, sections)
+    if path.is_dir():
+        return Target(
+            read_config({"model": {"path": str(path)}}, overrides, sections)[0], None, "config", sections
+        )
+    what = "a file" if path.is_file() else "no such file or folder"
+    raise DiffrlError(
+        f"{target!r} ({what}) is not 'base', a recipe .yaml, a checkpoint (a folder with checkpoint.json, "
+        "e.g. runs/NAME/checkpoints/final) or a model folder"
+    )
+
+
+def check_out_dir(path: Path, flag: str, empty: bool = False) -> None:
+    """Refuse an output folder that cannot be one (it, or a parent, is a file) before anything
+    loads; with ``empty``, also one that already holds files."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "it" if p == path else f"its parent {str(p)!r}"
+                raise DiffrlError(
+                    f"{flag} {str(path)!r} cannot be a folder: {where} is a file; give a folder path"
+                )
+            break
+    if empty and path.is_dir() and any(path.iterdir()):
+        n = sum(1 for _ in path.iterdir())
+        raise DiffrlError(
+            f"{flag} {str(path)!r} is not empty ({n} {'entry' if n == 1 else 'entries'}); give a new or empty folder, or pass --force "
+            "to write into it (files of the same name are replaced)"
+        )
+
+
+# ---- one function per command: argparse's namespace -> the command's inputs ---------------------
+
+
+def train_inputs(args: argparse.Namespace) -> Target:
+    config, source = read_config(args.recipe, args.overrides, SECTIONS)
+    return Target(config, None, source, SECTIONS)
+
+
+def eval_inputs(args: argparse.Namespace) -> EvalInputs:
+    out = Path(args.out).expanduser()
+    check_out_dir(out, "--out")
+    # the eval command evaluates whatever the run's eval.enabled said about evals during training
+    overrides = [*args.overrides, "eval.enabled=true"]
+    if args.num_prompts is not None:
+        overrides.append(f"eval.num_prompts={args.num_prompts}")
+    elif args.prompts:  # a prompt file named on the command line is scored whole
+        overrides.append("eval.num_prompts=null")
+    if args.samples_per_prompt is not None:
+        overrides.append(f"eval.samples_per_prompt={args.samples_per_prompt}")
+    if args.prompts:
+        overrides.append(f"eval.prompts={json.dumps(args.prompts)}")  # quoted: any path is a string
+    target = resolve_target(args.target, overrides, EVAL_SECTIONS)
+    if not args.baseline:
+        return EvalInputs(target, None, None, out)
+    # the baseline's model, sampled and scored exactly as the target: same config, prompts, seeds
+    baseline = resolve_target(args.baseline, [], ("model",))
+    family, base_family = target.config.model.family, baseline.config.model.family
+    if base_family != family:
+        raise DiffrlError(
+            f"--baseline {args.baseline!r} is a {base_family!r} model, the target a "
+            f"{family!r} one; a paired comparison needs the same family (same noise)"
+        )
+    source = f"--baseline {args.baseline}"
+    config = dataclasses.replace(target.config, model=baseline.config.model)
+    problems = schema_problems(config, EVAL_SECTIONS)
+    if problems:
+        raise ConfigError(problems, source)
+    return EvalInputs(target, baseline, Target(config, baseline.checkpoint, source, EVAL_SECTIONS), out)
+
+
+def sample_inputs(args: argparse.Namespace) -> SampleInputs:
+    if args.prompt and args.prompts:
+        raise DiffrlError("give either --prompt TEXT (repeatable) or --prompts FILE, not both")
+    if not args.prompt and not args.prompts:
+        raise DiffrlError("give --prompt TEXT (repeatable) or --prompts FILE")
+    if args.num_prompts is not None and not args.prompts:
+        raise DiffrlError(
+            "--num-prompts takes the first N prompts of --prompts FILE; with --prompt, give just those"
+        )
+    if args.samples_per_prompt < 1:
+        raise DiffrlError(f"--samples-per-prompt must be >= 1, got {args.samples_per_prompt}")
+    out = Path(args.out).expanduser()
+    check_out_dir(out, "--out")
+    target = resolve_target(args.target, args.overrides, SAMPLE_SECTIONS)
+    if target.config.eval.batch_size < 1:  # sample draws eval.batch_size images per forward
+        raise DiffrlError(
+            f"eval.batch_size (images per sampling forward) must be >= 1, got {target.config.eval.batch_size}"
+        )
+    if args.image and not args.prompt:
+        raise DiffrlError("--image goes with --prompt (one each); a prompt file names its images itself")
+    return SampleInputs(target, out)
+
+
+def export_inputs(args: argparse.Namespace) -> ExportInputs:
+    checkpoint = Path(args.checkpoint).expanduser()
+    if not (checkpoint / CHECKPOINT_INFO).is_file():
+        what = "no such folder" if not checkpoint.exists() else "no checkpoint.json inside"
+        raise DiffrlError(
+            f"{args.checkpoint!r} is not a diffrl checkpoint ({what}); give a run's checkpoint folder, "
+            "e.g. runs/NAME/checkpoints/final"
+        )
+    out = Path(args.out_dir).expanduser()
+    check_out_dir(out, "OUT_DIR", empty=not args.force)
+    # export reads the model and its weights: the run's training settings (rewards, data) need not resolve
+    return ExportInputs(resolve_target(args.checkpoint, args.overrides, EXPORT_SECTIONS), out)
+
+
+def report_inputs(args: argparse.Namespace) -> None:
+    out = Path(args.out).expanduser() if args.out else None
+    if out is not None:
+        if out.is_dir():
+            raise DiffrlError(
+                f"--out {str(out)!r} is a folder; give the HTML file to write, e.g. {out / 'report.html'}"
+            )
+        check_out_dir(out.parent, "--out's folder")
+
+
+def serve_inputs(args: argparse.Namespace) -> ServeInputs:
+    params, token = reward_params(args.params), server_token(args)
+    if args.max_request_mb <= 0:
+        raise DiffrlError(f"--max-request-mb must be > 0, got {args.max_request_mb}")
+    if not args.ray and (args.ray_address or args.num_gpus or args.num_cpus != 1):
+        raise DiffrlError("--ray-address, --num-gpus and --num-cpus place the server on Ray: add --ray")
+    return ServeInputs(params, token)
+
+
+def reward_params(items: list[str]) -> dict:
+    """``--params``: one YAML/JSON mapping (``'{device: cuda, batch_size: 8}'``) or ``key=value``
+    items, each value read as YAML (``8`` an int, ``true`` a bool), as config overrides are."""
+    if len(items) == 1 and items[0].lstrip().startswith("{"):
+        try:
+            params = yaml.safe_load(items[0])
+        except yaml.YAMLError as e:
+            raise DiffrlError(f"--params {items[0]!r} is not a YAML/JSON mapping ({e})") from e
+        if not isinstance(params, dict):
+            raise DiffrlError(f"--params {items[0]!r} must be a mapping, e.g. '{{device: cuda}}'")
+        return params
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise DiffrlError(
+                f"--params: {item!r} is not key=value; give key=value items or one mapping, e.g. '{{device: cuda}}'"
+            )
+        try:
+            params[key] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise DiffrlError(f"--params {item!r}: the value is not YAML ({e})") from e
+    return params
+
+
+def server_token(args: argparse.Namespace) -> str | None:
+    """The token from ``--token-file`` or ``--token-env`` (surrounding whitespace dropped)."""
+    if args.token_file and args.token_env:
+        raise DiffrlError("give either --token-file or --token-env, not both")
+    if args.token_file:
+        try:
+            token = Path(args.token_file).expanduser().read_text().strip()
+        except OSError as e:
+            raise DiffrlError(f"--token-file {args.token_file!r}: cannot read it ({e.strerror or e})") from e
+        if not token:
+            raise DiffrlError(f"--token-file {args.token_file!r} is empty; write the token into it")
+        return token
+    if args.token_env:
+        token = os.environ.get(args.token_env, "").strip()
+        if not token:
+            raise DiffrlError(
+                f"--token-env {args.token_env}: that environment variable is not set (or empty)"
+            )
+        return token
+    return None

@@ -1,0 +1,44 @@
+"""Plugin stage: the algorithm a config names, its own settings, and what its collection spec
+needs of the rest of the config (a reward, an offline dataset, the batch arithmetic)."""
+
+from __future__ import annotations
+
+from diffrl.algorithms.registry import build_algorithm
+from diffrl.config import Config, ConfigError
+from diffrl.preflight.schema import rollout_arithmetic
+from diffrl.registry import RegistryError
+from diffrl.rollout import CollectionSpec
+
+
+def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None]:
+    """The algorithm's own checks and what its collection spec needs; returns (errors, spec), the
+    spec None when the algorithm's config does not build."""
+    try:
+        algorithm = build_algorithm(config)
+    except ConfigError as e:
+        return e.problems, None
+    except RegistryError as e:
+        return [f"algorithm.name: {e}"], None
+    errors = []
+    spec = algorithm.collection_spec()
+    if spec.needs_reward and not config.rewards:
+        errors.append(
+            f"algorithm {algorithm.name!r} needs a reward; add a 'rewards:' list (e.g. - name: ocr)"
+        )
+    if spec.online:
+        errors.extend(rollout_arithmetic(config))
+    if not spec.online and not config.data.dataset:
+        errors.append(
+            f"algorithm {algorithm.name!r} trains on an offline dataset; set data.dataset "
+            "(synthetic_text or a folder of images + captions)"
+        )
+    missing = sorted(set(algorithm.requires) - spec.provides())
+    if missing:
+        errors.append(
+            f"algorithm {algorithm.name!r} trains on {', '.join(missing)}, which its collection_spec() "
+            "does not collect; have the spec provide it (online collection records images and "
+            "sigmas; keep_trajectory / keep_log_prob with a stochastic sampler and step strategy "
+            "record the trajectory) or do not require it"
+        )
+    errors.extend(algorithm.validate(config))
+    return errors, spec

@@ -1,0 +1,51 @@
+"""Plugin stage: the model family a config names, its own settings (``model.*``), the sizes it
+can sample and the guidance scale where its CFG is off."""
+
+from __future__ import annotations
+
+from diffrl.config import Config
+from diffrl.config import number_problem as _number
+from diffrl.models.base import ModelFamily
+from diffrl.models.registry import FAMILIES
+from diffrl.registry import RegistryError
+
+
+def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
+    """``model.family`` and the family's checks of ``model.*``; with ``size``, its constraints on
+    ``sampling.height/width`` (``model.lora``'s numbers are the schema stage's)."""
+    try:
+        family_cls = FAMILIES.resolve(config.model.family)
+    except RegistryError as e:
+        return [f"model.family: {e}"]
+    if not (isinstance(family_cls, type) and issubclass(family_cls, ModelFamily)):
+        return [f"model.family: {config.model.family!r} is not a ModelFamily subclass"]
+    errors = family_cls.validate_config(config, check_files=check_files)
+    errors += family_cls.lora_problems(config, check_files=check_files)
+    if size:
+        errors += family_cls.size_problems(config, check_files=check_files)
+    return errors
+
+
+def guidance_problems(config: Config) -> list[str]:
+    """``sampling.guidance_scale`` in [the family's ``no_guidance_scale``, 100]: 1 for
+    ``neg + s (pos - neg)``, 0 for Z-Image's ``pos + s (pos - neg)`` (1 when the family is
+    unknown: ``model.family``'s check reports that)."""
+    try:
+        no_guidance = float(getattr(FAMILIES.resolve(config.model.family), "no_guidance_scale", 1.0))
+    except RegistryError:
+        no_guidance = 1.0
+    s = config.sampling
+    return _number(
+        "sampling.guidance_scale",
+        s.guidance_scale,
+        s.guidance_scale is None or no_guidance <= s.guidance_scale <= 100,
+        f"in [{no_guidance:g}, 100] ({no_guidance:g} disables the family's CFG; e.g. 4.5), or null "
+        "for the family's",
+    )
+
+
+def resolve_guidance(config: Config) -> None:
+    """Resolve a null ``sampling.guidance_scale`` to the family's default, once, so everything
+    downstream sees a number (the config must have passed the checks)."""
+    if config.sampling.guidance_scale is None:
+        config.sampling.guidance_scale = float(FAMILIES.resolve(config.model.family).default_guidance)

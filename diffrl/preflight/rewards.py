@@ -1,0 +1,59 @@
+"""Plugin stage: the rewards a config names (``rewards``, ``eval.rewards``), their params, and
+whether the model family makes the sound a reward hears."""
+
+from __future__ import annotations
+
+from diffrl.config import Config, RewardConfig
+from diffrl.models.registry import FAMILIES
+from diffrl.registry import RegistryError
+from diffrl.rewards.base import Reward, param_name_problems
+from diffrl.rewards.registry import REWARDS
+
+
+def reward_problems(where: str, rewards: list[RewardConfig], check_files: bool) -> list[str]:
+    """Each reward's name and params (its weight and deadline are the schema stage's)."""
+    errors = []
+    for i, r in enumerate(rewards):
+        try:
+            obj = REWARDS.resolve(r.name)
+        except RegistryError as e:
+            errors.append(f"{where}[{i}].name: {e}")
+            continue
+        if not isinstance(r.params, dict):
+            errors.append(f"{where}[{i}].params must be a mapping of name: value, got {r.params!r}")
+            continue
+        problems = param_name_problems(obj, r.params)
+        if not problems and isinstance(obj, type) and issubclass(obj, Reward):
+            problems = obj.param_problems(r.params, check_files)
+        errors += [f"{where}[{i}] ({r.name}).params: {p}" for p in problems]
+    return errors
+
+
+def hearing_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[str]:
+    """A reward that hears (``Reward.audio``) needs a family that makes sound (``ModelFamily.sound``)."""
+    try:
+        family_cls = FAMILIES.resolve(config.model.family)
+    except RegistryError:
+        return []  # reported by the model checks
+    if getattr(family_cls, "sound", False):
+        return []
+    lists = [("rewards", config.rewards)] * rewards + [("eval.rewards", config.eval.rewards)] * eval_rewards
+    errors = []
+    for where, configs in lists:
+        for i, r in enumerate(configs):
+            try:
+                obj = REWARDS.resolve(r.name)
+            except RegistryError:
+                continue  # reported by reward_problems
+            is_reward = isinstance(obj, type) and issubclass(obj, Reward)
+            if (
+                obj.hears(r.params)
+                if is_reward and isinstance(r.params, dict)
+                else getattr(obj, "audio", False)
+            ):
+                errors.append(
+                    f"{where}[{i}] ({r.name}) scores sound, but model family {config.model.family!r} "
+                    "makes none (its samples are silent); use an audio-video family (e.g. ltx2) or "
+                    "drop this reward"
+                )
+    return errors

@@ -1,0 +1,144 @@
+"""A train run's life in its output folder, in one place: open (or resume) -> the driver iterates ->
+finish. :class:`TrainSession` is that life as a context manager; the driver (``train/loop.py``)
+runs the iterations inside it.
+
+```
+open     lock the folder (run_folder.py); fresh or resume: the checkpoint verified and the folder's
+         run id checked before any model loads; config.yaml; metrics.jsonl and the trackers (they
+         too start before any model loads: one that cannot start fails the run at once); the
+         algorithm and the runner; the start-up lines; a resumed run's checkpoint into the runner.
+         A fresh run that fails here forgets its run id: once the problem is fixed, the same
+         command trains into the same folder.
+save     a checkpoint (step_NNNNN, or final), then train.keep_last pruning
+finish   on every path: the runner closed, then the loggers (even when the runner fails to close;
+         told whether the run ended well); on success, the run's pictures and report.html (a
+         failure there is a warning: the checkpoint is saved); the lock released last.
+```
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from diffrl.algorithms.base import DiffusionAlgorithm
+from diffrl.algorithms.registry import build_algorithm
+from diffrl.config import Config, dump_config
+from diffrl.logging import MetricsLogger, TrackerRun, start_trackers
+from diffrl.rollout import CollectionSpec
+from diffrl.train import report, stages
+from diffrl.train.checkpoint import prune_checkpoints
+from diffrl.train.run_folder import RunFolder
+from diffrl.train.runner import Runner, build_runner
+from diffrl.train.stages import LoopState, TrainResult
+
+
+class TrainSession:
+    """One train run in its output folder (``run.output_dir``, else ``runs/<run.name>``).
+
+    Inside ``with TrainSession(config) as session:`` the folder is locked and the run is ready to
+    iterate: ``session.runner`` holds the model (a resumed run's checkpoint loaded), ``start`` is
+    the first iteration to run, ``state`` what the checkpoint kept for the driver, ``result`` what
+    the run returns (its ``history`` the driver's to fill).
+    """
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.folder = RunFolder(config.run.resolved_output_dir())
+        self.out = self.folder.path
+        self.logger: MetricsLogger | None = None  # these two exist once open() got that far
+        self.runner: Runner | None = None
+
+    # ---- open ------------------------------------------------------------------------------------
+    def __enter__(self) -> TrainSession:
+        return self.open()
+
+    def open(self) -> TrainSession:
+        """Lock the folder and make the run ready to iterate (see the module's docstring)."""
+        self.folder.acquire()
+        try:
+            self._open()
+        except BaseException:
+            self.folder.release()
+            raise
+        return self
+
+    def _open(self) -> None:
+        config = self.config
+        self.resume_from, info, self.run_id = self.folder.begin(config)  # before any model loads
+        self.start = int(info["iteration"]) if info else 0
+        self.state = LoopState.resumed(info, config.train)
+        self.result = TrainResult(self.out, self.out / "checkpoints" / "final", evals=self.state.evals)
+        self.last_saved: Path | None = self.resume_from
+        try:
+            dump_config(config, self.out / "config.yaml")
+            self.logger = MetricsLogger(self.folder.metrics_file)
+            run = TrackerRun(
+                self.out,
+                self.run_id,
+                config.run.name,
+                config.run.wandb_project,
+                self.start + 1 if info else 0,
+            )
+            # the trackers start before any model loads: one that cannot start fails the run at once
+            self.logger.trackers = start_trackers(config.run.loggers, run)
+            self.algorithm: DiffusionAlgorithm = build_algorithm(config)
+            self.spec: CollectionSpec = self.algorithm.collection_spec()
+            self.runner = build_runner(config, self.algorithm, self.spec)  # one failing to start cleans up
+            head = (
+                f"diffrl: {self.algorithm.name} on {config.model.family} ({config.model.path}) -> {self.out}"
+            )
+            arithmetic = stages.describe_batches(config, self.spec, self.runner)
+            print(f"{head}\n{arithmetic}", flush=True)
+            self.logger.log_metadata(config.to_dict(), f"{head}\n{arithmetic}")
+            if self.resume_from is not None:
+                self.runner.resume(self.resume_from)
+                print(f"resumed from {self.resume_from} at iteration {self.start}", flush=True)
+        except BaseException:
+            self.close(ok=False)
+            if info is None:  # nothing ran: a rerun once the problem is fixed starts in the same folder
+                self.folder.forget_fresh_start()
+            raise
+
+    # ---- while it runs ---------------------------------------------------------------------------
+    def save(self, step: int, final: bool = False) -> Path:
+        """A checkpoint of iteration ``step`` (``final``: the run's last), then ``train.keep_last``."""
+        path = self.result.checkpoint if final else self.out / "checkpoints" / f"step_{step:05d}"
+        self.last_saved = self.runner.save(path, step, self.run_id, self.state.saved(final))
+        prune_checkpoints(self.out, self.config.train.keep_last, step)
+        return self.last_saved
+
+    # ---- finish ----------------------------------------------------------------------------------
+    def close(self, ok: bool) -> None:
+        """Stop the runner's parts and close the loggers, the loggers even when the runner fails
+        to stop (``ok``: whether the run ended well)."""
+        try:
+            if self.runner is not None:
+                self.runner.close()
+        finally:
+            if self.logger is not None:
+                self.logger.close(ok)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish(ok=exc_type is None)
+
+    def finish(self, ok: bool) -> None:
+        """:meth:`close`, the report if the run ended well (``ok``), then release the folder."""
+        try:
+            self.close(ok)
+            if ok:
+                self.write_report()
+        finally:
+            self.folder.release()
+
+    def write_report(self) -> None:
+        """The run in pictures: eval curve, first-vs-last grids, training curves, one HTML page."""
+        try:
+            print(f"report: {report.finish_run(self.out, self.result.evals)}", flush=True)
+        except Exception as e:  # the run is saved: a picture that fails costs only itself
+            # (a full disk, an image too large for Pillow, a plotting error)
+            warnings.warn(
+                f"could not write the run's pictures and report ({e}); the checkpoint and metrics are "
+                f"saved: write them again with `diffrl report {self.out}`",
+                stacklevel=2,
+            )
