@@ -13,6 +13,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from PIL import Image, ImageDraw, ImageFont, PngImagePlugin
 
 from diffrl.config import Config
@@ -444,6 +445,7 @@ def plot_eval_curve(evals: list[dict[str, float]], path: Path, key: str = "eval/
     ax = fig.subplots()
     ax.plot([e["step"] for e in points], [e[key] for e in points], marker="o")
     ax.set_xlabel("iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # iterations are whole: no 0.25 ticks
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
     fig.tight_layout()

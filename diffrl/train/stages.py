@@ -277,14 +277,14 @@ def micro_group_count(config: Config, spec: CollectionSpec) -> int:
 
 def progress_postfix(metrics: dict[str, float]) -> dict[str, float]:
     """What the training bar shows after it: the rollout's mean reward (the loss, for an algorithm
-    without a reward) and the iteration's seconds."""
+    without a reward) and the last iteration's seconds (evals left out; the bar's own rate counts them)."""
     shown = {}
     if "rollout/reward/raw_mean" in metrics:
         shown["reward"] = metrics["rollout/reward/raw_mean"]
     elif "train/loss" in metrics:
         shown["loss"] = metrics["train/loss"]
     if "perf/iteration_time" in metrics:
-        shown["s/iter"] = metrics["perf/iteration_time"]
+        shown["last_iter_s"] = metrics["perf/iteration_time"]
     return shown
 
 

@@ -96,5 +96,5 @@ def test_the_rollout_bar_counts_the_micro_groups_the_planner_makes(sizes):
 
 def test_the_training_bar_shows_the_reward_or_else_the_loss_and_the_iteration_time():
     metrics = {"rollout/reward/raw_mean": 0.5, "train/loss": 2.0, "perf/iteration_time": 3.0, "x": 1.0}
-    assert progress_postfix(metrics) == {"reward": 0.5, "s/iter": 3.0}
+    assert progress_postfix(metrics) == {"reward": 0.5, "last_iter_s": 3.0}
     assert progress_postfix({"train/loss": 2.0}) == {"loss": 2.0}
