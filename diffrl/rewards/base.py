@@ -25,6 +25,7 @@ a call that never returns costs its deadline, not the run.
 from __future__ import annotations
 
 import inspect
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +128,12 @@ class Reward(ABC):
 
     def use_in_process(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Score in the calling process (a Ray reward worker is already a process of its own)."""
+
+    def start(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Start what the first call would otherwise wait for (worker processes, a model load) in
+        the background, and return at once. Called once the reward is built into a reward set
+        (after :meth:`use_in_process`), so it overlaps the trainer's own start and first
+        sampling."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release worker processes or remote sessions (:meth:`RewardSet.close` also ends the
@@ -373,18 +380,68 @@ def build_reward(cfg: RewardConfig) -> Reward:
     )
 
 
+def reward_key(cfg: RewardConfig) -> str:
+    """What makes two reward entries the same reward: its name and params (as written; weight and
+    ``timeout_s`` belong to the reward set, not to the reward)."""
+    return json.dumps([cfg.name, cfg.params], sort_keys=True, default=repr)
+
+
+class SharedRewards:
+    """The rewards of one process, each built (and started) once per :func:`reward_key`: the
+    reward sets built from it (a run's training and eval rewards) share them, so OCR's worker pool
+    or a reward model is started and held once. Whoever makes it closes it, once, at the end.
+
+    Sharing is safe because a reward's calls queue (its call thread, its pool), and the scores of
+    a call depend only on its images and prompts. ``in_process``: every reward scores in this
+    process (:meth:`Reward.use_in_process`).
+    """
+
+    def __init__(self, in_process: bool = False):
+        self.in_process = in_process
+        self._built: dict[str, Reward] = {}
+
+    def get(self, cfg: RewardConfig) -> Reward:
+        """``cfg``'s reward: the one built already for the same name and params, or a new one."""
+        key = reward_key(cfg)
+        if key not in self._built:
+            reward = build_reward(cfg)
+            if self.in_process:
+                reward.use_in_process()
+            reward.start()
+            self._built[key] = reward
+        return self._built[key]
+
+    def close(self) -> None:
+        """Close every reward (its workers, sessions) and end its call thread."""
+        built, self._built = list(self._built.values()), {}
+        for r in built:
+            r.close()
+            if (calls := r.__dict__.get("_calls")) is not None:
+                calls.close()
+
+
 class RewardSet:
-    """All rewards of a run, combined as a weighted sum."""
+    """Rewards combined as a weighted sum (a run's training rewards, or its eval rewards).
+
+    ``shared``: take the rewards from it (built once per name and params, see
+    :class:`SharedRewards`), which its maker closes; without it the set builds its own and
+    :meth:`close` closes them.
+    """
 
     def __init__(
-        self, configs: Sequence[RewardConfig], in_process: bool = False, labels: Sequence[str] | None = None
+        self,
+        configs: Sequence[RewardConfig],
+        in_process: bool = False,
+        labels: Sequence[str] | None = None,
+        shared: SharedRewards | None = None,
     ):
         self.configs = list(configs)
         self.labels = list(labels) if labels is not None else reward_labels(self.configs)
-        self.rewards = [build_reward(c) for c in self.configs]
-        if in_process:
-            for r in self.rewards:
-                r.use_in_process()
+        self._own = SharedRewards(in_process) if shared is None else None
+        source = shared if shared is not None else self._own
+        if in_process and not source.in_process:
+            raise ValueError("in_process=True with a SharedRewards that is not in_process: make it so")
+        self.rewards = [source.get(c) for c in self.configs]
 
     def submit(
         self,
@@ -424,10 +481,9 @@ class RewardSet:
         return out
 
     def close(self) -> None:
-        for r in self.rewards:
-            r.close()
-            if (calls := r.__dict__.get("_calls")) is not None:
-                calls.close()
+        """Close the rewards this set built (shared ones are closed by whoever shares them)."""
+        if self._own is not None:
+            self._own.close()
 
 
 class PendingRewards:

@@ -8,20 +8,21 @@ distance capped at the target's length; reward = 1 - distance / len(target).
 Recognition uses PP-OCR through ``rapidocr-onnxruntime`` (its models ship inside the wheel, no
 download), in a small pool of worker processes so it does not block the trainer; the workers die
 with the trainer (:class:`~diffrl.rewards.workers.ProcessPool`). With one worker or none it runs
-in this process, on the reward's call thread.
+in this process, on the reward's call thread. The pool is sized to the cores this process may use
+(:func:`default_num_workers`) and started when the reward is built into a reward set
+(:meth:`OCRReward.start`), so that the first scoring call (often the eval before training) does not
+wait for the workers to start; a worker imports only :mod:`diffrl.rewards.ocr_worker`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
-import numpy as np
 import torch
-from rapidocr_onnxruntime import RapidOCR
 
 from diffrl.rewards.base import Pending, Reward
-from diffrl.rewards.workers import ProcessPool
+from diffrl.rewards.ocr_worker import recognize, worker_init
+from diffrl.rewards.workers import ProcessPool, pool_size
 from diffrl.rollout import quantize
 
 
@@ -48,62 +49,41 @@ def ocr_reward_from_text(recognized: str, prompt: str) -> float:
     return 1.0 - dist / len(target)
 
 
-_ENGINE = None
+OCR_MAX_WORKERS = 4
+"""The most OCR workers a pool gets by default: each holds its own PP-OCR engine (~140 MB), and
+one scoring call is split into at most as many jobs as it has images (16 per micro-group in the
+main job), so more workers would mostly wait."""
+OCR_WORKER_BYTES = 256 * 2**20
+"""The memory budgeted per OCR worker when sizing the pool (~140 MB measured, and the images in
+flight)."""
 
 
-def _engine():
-    global _ENGINE
-    if _ENGINE is None:
-        # Detection sized as PaddleOCR's defaults (what flow_grpo's reward runs): the longest side
-        # capped at 960, never upscaled. RapidOCR's own default scales the *shortest* side up to
-        # 736, i.e. a 32 x 64 image to 736 x 1472: 16x slower here, for the same mean reward.
-        _ENGINE = RapidOCR(
-            intra_op_num_threads=1,
-            inter_op_num_threads=1,
-            det_limit_side_len=960,
-            det_limit_type="max",
-        )
-    return _ENGINE
-
-
-def recognize(images: list[np.ndarray]) -> list[str]:
-    """PP-OCR detection + recognition; ``images``: HxWx3 uint8. Concatenates all found lines."""
-    engine = _engine()
-    out = []
-    for img in images:
-        result, _ = engine(img, use_det=True, use_cls=False, use_rec=True)
-        # flow_grpo keeps every line with a positive confidence, joined in reading order
-        out.append("".join(r[1] for r in result if float(r[2]) > 0) if result else "")
-    return out
-
-
-WORKER_NICENESS = 19
-"""The OCR workers yield the CPU to the training process. On a CPU the sampler's forwards are
-the critical path and their threads synchronise at every op, so a worker that preempts one of them
-stalls all: on the 2-core machine the main job's rollout took 6.0-6.6 s per iteration with the
-workers at the trainer's priority and 4.4-5.0 s at niceness 19 (bf16 autocast; the scores still
-arrive during the rollout's gaps and after its last micro-group)."""
-
-
-def _worker_init() -> None:
-    torch.set_num_threads(1)
-    os.nice(WORKER_NICENESS)
-    _engine()
+def default_num_workers() -> int:
+    """The OCR pool's size when ``num_workers`` is not given (see :func:`pool_size`): one worker
+    per core this process may use, at most :data:`OCR_MAX_WORKERS`, no more than fit in half the
+    memory available; 1 (no pool: OCR runs in this process) on a single core."""
+    return pool_size(OCR_WORKER_BYTES, OCR_MAX_WORKERS)
 
 
 class OCRReward(Reward):
     name = "ocr"
 
     def __init__(self, num_workers: int | None = None):
-        self.num_workers = min(2, os.cpu_count() or 1) if num_workers is None else num_workers
+        """``num_workers``: worker processes (0 or 1: none, OCR runs in this process); ``None``:
+        :func:`default_num_workers`."""
+        self.num_workers = default_num_workers() if num_workers is None else num_workers
         self._pool: ProcessPool | None = None
 
     def use_in_process(self) -> None:
         self.num_workers = 1
 
+    def start(self) -> None:
+        if self.num_workers > 1:
+            self._get_pool().start()
+
     def _get_pool(self) -> ProcessPool:
         if self._pool is None:
-            self._pool = ProcessPool(self.num_workers, _worker_init, name="ocr")
+            self._pool = ProcessPool(self.num_workers, worker_init, name="ocr")
         return self._pool
 
     def _jobs(self, batch_size: int) -> int:

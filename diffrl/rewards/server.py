@@ -157,6 +157,7 @@ def build_served_reward(name: str, params: dict[str, Any]) -> Reward:
             f"reward {name!r} scores whole videos (video = True); a reward server serves image rewards "
             "(the remote reward sends a video's frames, one image each, and averages their scores)"
         )
+    reward.start()  # its workers start while the server comes up, not at the first request
     return reward
 
 

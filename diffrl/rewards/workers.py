@@ -42,6 +42,39 @@ MAX_RESENDS = 2
 (another call overran its deadline, or a worker died)."""
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity (which ``taskset``, a container's
+    cpuset or a batch scheduler narrow), not ``os.cpu_count()`` (every core of the machine)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS, Windows): the machine's count
+        return os.cpu_count() or 1
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes now (Linux's ``MemAvailable``: free memory
+    and what the page cache can give back); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def pool_size(bytes_per_worker: int, most: int) -> int:
+    """How many workers a pool gets by default: one per usable core (:func:`usable_cores`), at
+    most ``most`` (more than there is work for only hold memory), and no more than fit in half
+    of :func:`available_memory` at ``bytes_per_worker`` each; at least 1."""
+    n = min(most, usable_cores())
+    memory = available_memory()
+    if memory is not None:
+        n = min(n, memory // 2 // bytes_per_worker)
+    return max(1, n)
+
+
 class DeadlineExceeded(TimeoutError):
     """A reward call was still unfinished at its deadline."""
 
@@ -298,8 +331,25 @@ class ProcessPool:
         self._generation = 0
         self._unfinished: set[Job] = set()
         self._closed = False
+        self.starts = 0
+        """How often workers were started: at the first call (or :meth:`start`), then at each restart."""
         self.restarts = 0
         """How often the workers were killed and new ones started."""
+
+    def start(self) -> None:
+        """Start all the workers now, in the background, rather than at the first call: their
+        start-up (spawning, importing, the initializer loading a model) then overlaps whatever this
+        process does next (loading its own model, sampling), and the first call finds them ready
+        or nearly so. Returns at once; a pool that has workers already is left as it is."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"the {self.name} process pool is closed; make a new one")
+            if self._executor is not None:
+                return
+            self._executor = self._new_executor()
+            # one job per worker: the executor spawns a worker per job that finds none idle
+            for _ in range(self.num_workers):
+                self._owner_thread().call(self._executor.submit, os.getpid)
 
     def map(self, fn: Callable[..., Any], args: Sequence[tuple], timeout: float | None = None) -> PoolCall:
         """Send ``fn(*a)`` for each ``a`` in ``args`` to the workers (``fn`` importable by name:
@@ -356,19 +406,12 @@ class ProcessPool:
 
     def _send(self, job: Job) -> None:
         """Submit ``job`` to the current workers, starting them if there are none. Holds the lock."""
-        if self._owner is None:
-            self._owner = _Owner(f"{self.name}-pool-owner")
-            _LIVE_POOLS.add(self)
+        owner = self._owner_thread()
         for attempt in range(2):
             if self._executor is None:
-                self._executor = cf.ProcessPoolExecutor(
-                    self.num_workers,
-                    mp.get_context("spawn"),  # fork would copy the locks of the trainer's other threads
-                    initializer=_init_worker,
-                    initargs=(os.getpid(), self.initializer),
-                )
+                self._executor = self._new_executor()
             try:  # on the owner thread: the executor starts its workers inside submit()
-                job.future = self._owner.call(self._executor.submit, job.fn, *job.args)
+                job.future = owner.call(self._executor.submit, job.fn, *job.args)
                 break
             except BrokenProcessPool:  # a worker died since the last job: start afresh
                 if attempt:
@@ -377,6 +420,23 @@ class ProcessPool:
         job.generation = self._generation
         self._unfinished.add(job)
         job.future.add_done_callback(lambda f, job=job: self._settle(job, f))
+
+    def _owner_thread(self) -> _Owner:
+        """The thread that starts the workers (made at the first use). Holds the lock."""
+        if self._owner is None:
+            self._owner = _Owner(f"{self.name}-pool-owner")
+            _LIVE_POOLS.add(self)
+        return self._owner
+
+    def _new_executor(self) -> cf.ProcessPoolExecutor:
+        """An executor for new workers (they start as jobs are submitted to it). Holds the lock."""
+        self.starts += 1
+        return cf.ProcessPoolExecutor(
+            self.num_workers,
+            mp.get_context("spawn"),  # fork would copy the locks of the trainer's other threads
+            initializer=_init_worker,
+            initargs=(os.getpid(), self.initializer),
+        )
 
     def _settle(self, job: Job, future: cf.Future) -> None:
         # runs on the executor's thread, without the lock (which may wait on that thread);

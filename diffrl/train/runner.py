@@ -28,7 +28,7 @@ from diffrl.logging import console
 from diffrl.models.numerics import peak_flops
 from diffrl.models.registry import load_family
 from diffrl.registry import Registry
-from diffrl.rewards.base import PendingRewards, RewardOutput, RewardSet
+from diffrl.rewards.base import PendingRewards, RewardOutput, RewardSet, SharedRewards
 from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.sampling.collector import build_collector
 from diffrl.train.actor import Actor
@@ -104,9 +104,18 @@ class LocalRunner:
             keep_reference=algorithm.needs_reference,
             keep_old=algorithm.keeps_old_policy,
         )
-        self.train_rewards = RewardSet(config.rewards) if spec.needs_reward else None
-        self.eval_rewards = RewardSet(config.eval.rewards) if config.eval.enabled else None
         self.collector = build_collector(config, self.family, spec)
+        # one reward per name and params for training and eval: OCR's worker pool starts once
+        # (here, in the background, so the first eval does not wait for it) and closes once
+        self.rewards = SharedRewards()
+        try:
+            self.train_rewards = RewardSet(config.rewards, shared=self.rewards) if spec.needs_reward else None
+            self.eval_rewards = (
+                RewardSet(config.eval.rewards, shared=self.rewards) if config.eval.enabled else None
+            )
+        except BaseException:  # a reward that fails to build: no workers left behind by the others
+            self.rewards.close()
+            raise
         self._peak: tuple[float | None, str] = (None, "")
         self._compiled_s = 0.0
 
@@ -160,6 +169,4 @@ class LocalRunner:
         load_resume_state(self.actor, path)
 
     def close(self) -> None:
-        for r in (self.train_rewards, self.eval_rewards):
-            if r is not None:
-                r.close()
+        self.rewards.close()

@@ -7,6 +7,7 @@ import pytest
 
 from diffrl.config import ConfigError
 from diffrl.preflight import load_config
+from diffrl.rewards.workers import ProcessPool
 from diffrl.train.loop import train
 from diffrl.train.runner import LocalRunner
 from tests.conftest import tiny_overrides
@@ -37,6 +38,32 @@ def test_a_runner_given_by_dotted_path_trains(tmp_path, monkeypatch):
     [metrics] = result.history
     assert metrics["train/grad_norm"] > 0 and metrics["rollout/reward_failed"] == 0
     assert (result.checkpoint / "trainable.safetensors").is_file()
+
+
+def test_a_local_run_scores_training_and_eval_with_one_ocr_pool_started_and_closed_once(
+    tmp_path, monkeypatch
+):
+    pools: list[ProcessPool] = []
+    closes: list[ProcessPool] = []
+    init, close = ProcessPool.__init__, ProcessPool.close
+
+    def made(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        pools.append(self)
+
+    def closed(self):
+        closes.append(self)
+        close(self)
+
+    monkeypatch.setattr(ProcessPool, "__init__", made)
+    monkeypatch.setattr(ProcessPool, "close", closed)
+    ocr = "[{name: ocr, params: {num_workers: 2}}]"
+    result = train(grpo(tmp_path, **{"rewards": ocr, "eval.enabled": "true", "eval.rewards": ocr}))
+    assert [e["step"] for e in result.evals] == [0, 1]  # eval, a rollout scored, eval: one pool
+    assert result.history[0]["rollout/reward_failed"] == 0 and result.evals[1]["eval/reward_failed"] == 0
+    [pool] = [p for p in pools if p.name == "ocr"]
+    assert pool.starts == 1 and pool.restarts == 0
+    assert closes.count(pool) == 1
 
 
 @pytest.mark.parametrize(

@@ -26,3 +26,10 @@ def scores(values: list[float], stuck: bool) -> list[float]:
     if stuck:
         hang()
     return values
+
+
+def scores_or_die(values: list[float], die: bool) -> list[float]:
+    """``values`` back, or the worker exits at once (a reward worker that crashes on one call)."""
+    if die:
+        os._exit(3)
+    return values

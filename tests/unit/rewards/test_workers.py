@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from diffrl.config import RewardConfig
-from diffrl.rewards.base import Pending, Reward, RewardSet
+from diffrl.rewards.base import Pending, Reward, RewardSet, SharedRewards
 from diffrl.rewards.workers import DeadlineExceeded, ProcessPool
 from tests.conftest import ROOT
 from tests.unit.rewards import pool_jobs
@@ -169,6 +169,63 @@ def test_a_pool_reward_that_hangs_fails_its_samples_and_scores_the_next_call():
         assert out.errors == [] and not out.timed_out.any()
     finally:
         rewards.close()
+
+
+class Pooled(Reward):
+    """A pool reward started in the background as OCR's is; it hangs on prompts saying "stuck"
+    and its worker exits on prompts saying "crash"."""
+
+    name = "pooled"
+
+    def __init__(self) -> None:
+        self.pool = ProcessPool(2, name="pooled")
+
+    def __call__(self, images, prompts, metadata):
+        return self.submit(images, prompts, metadata).result()
+
+    def start(self) -> None:
+        self.pool.start()
+
+    def submit(self, images, prompts: Sequence[str], metadata, timeout: float | None = None) -> Pending:
+        values = images.mean(dim=(1, 2, 3)).tolist()
+        if "stuck" in prompts[0]:
+            call = self.pool.map(pool_jobs.scores, [(values, True)], timeout)
+        else:
+            call = self.pool.map(pool_jobs.scores_or_die, [(values, "crash" in prompts[0])], timeout)
+        return Pending(lambda: call.result()[0])
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+@linux_only
+def test_a_pool_shared_by_training_and_eval_fails_a_hung_or_crashed_call_and_scores_the_next():
+    before = set(pool_workers())
+    shared = SharedRewards()
+    pooled = f"{__name__}:Pooled"
+    train = RewardSet([RewardConfig(pooled, timeout_s=1.0)], shared=shared)
+    evaluate = RewardSet([RewardConfig(pooled, timeout_s=60.0)], shared=shared)
+    [reward] = train.rewards
+    images = torch.rand(2, 3, 8, 8)
+    try:
+        assert evaluate.rewards == [reward] and reward.pool.starts == 1  # started once, when built
+        out = train.submit(images, ["stuck"] * 2, [{}] * 2).result()
+        assert out.total.isnan().all() and out.timed_out.all() and "timed out after 1 s" in out.errors[0]
+        out = evaluate.submit(images, ["fine"] * 2, [{}] * 2).result()  # the same pool, restarted
+        torch.testing.assert_close(out.total, images.mean(dim=(1, 2, 3)))
+        out = evaluate.submit(images, ["crash"] * 2, [{}] * 2).result()  # re-sent, then failed
+        assert out.total.isnan().all() and not out.timed_out.any()
+        assert "reward 'tests.unit.rewards.test_workers:Pooled' raised BrokenProcessPool" in out.errors[0]
+        out = train.submit(images, ["fine"] * 2, [{}] * 2).result()
+        torch.testing.assert_close(out.total, images.mean(dim=(1, 2, 3)))
+        assert reward.pool.restarts >= 2
+        workers = sorted(set(pool_workers()) - before)
+        assert 1 <= len(workers) <= 2
+    finally:
+        train.close()
+        evaluate.close()
+        shared.close()
+    assert wait_gone(workers) == []
 
 
 # ------------------------------------------------------------------------------------------------
