@@ -8,9 +8,9 @@ REFERENCE = Path(__file__).parent / "data" / "reference"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-THREADS = max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-"""torch threads per test process: the 2 cores of the reference machine, shared by xdist's workers
-(two workers of two threads each would oversubscribe the cores and slow every test)."""
+THREADS = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+"""torch threads per test process: the cores this process may use, shared by xdist's workers
+(``-n 2`` in pyproject.toml: two workers of two threads each would oversubscribe 2 cores)."""
 
 
 @pytest.fixture(autouse=True)
@@ -18,15 +18,18 @@ def _threads():
     torch.set_num_threads(THREADS)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``--dist loadgroup``): a module's tests run in one worker, so its module
-    fixtures (a model, a run to resume against) are built once; every test that starts a Ray
-    cluster runs in one worker, so two clusters never share the cores."""
+    fixtures (a model, a run to resume against) are built once. The Ray tests (tests/distributed)
+    are the longest and share only a session cluster: each is scheduled on its own, so both
+    workers take them (each worker starts its cluster when its first Ray test needs one)."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        group = "ray" if item.path.parent.name == "distributed" else item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(group))
+        if item.path.parent.name == "distributed" and item.path.parent.parent.name == "tests":
+            continue
+        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture
