@@ -69,5 +69,8 @@ def test_consecutive_non_finite_steps_stop_naming_the_last_good_checkpoint(tmp_p
             "train.max_nonfinite_steps": 2,
         },
     )
-    with pytest.raises(RunStopped, match="2 consecutive optimizer steps had a non-finite.*none was written"):
+    with (
+        pytest.raises(RunStopped, match="2 consecutive optimizer steps had a non-finite.*none was written"),
+        pytest.warns(UserWarning, match="non-finite loss or gradient, optimizer step skipped"),  # each step says so
+    ):
         train(config)
