@@ -71,6 +71,7 @@ def test_consecutive_non_finite_steps_stop_naming_the_last_good_checkpoint(tmp_p
     )
     with (
         pytest.raises(RunStopped, match="2 consecutive optimizer steps had a non-finite.*none was written"),
-        pytest.warns(UserWarning, match="non-finite loss or gradient, optimizer step skipped"),  # each step says so
+        # each skipped step says so
+        pytest.warns(UserWarning, match="non-finite loss or gradient, optimizer step skipped"),
     ):
         train(config)
