@@ -1,6 +1,11 @@
 """``runner: ray`` survives a ``kill -9`` of its driver: ``train.resume=latest`` loads the
 checkpoint into every FSDP2 rank's shards and the engines, and the run ends where the
-uninterrupted Ray run ends."""
+uninterrupted Ray run ends.
+
+Only the killed run is a process of its own (it starts its own local cluster, which must die
+with it); the uninterrupted and the resumed run train in this process on the session's cluster
+(``ray_cluster``), so the resumed run also shows that a run's results do not depend on the
+cluster that ran it."""
 
 from __future__ import annotations
 
@@ -8,8 +13,10 @@ import json
 import signal
 import time
 
+from diffrl.preflight import load_config
+from diffrl.train.loop import train
 from tests.conftest import ROOT
-from tests.integration.test_crash_safety import assert_same, run, state
+from tests.integration.test_crash_safety import RECIPE, SETTINGS, assert_same, run, state
 
 RAY = {
     "runner": "ray",
@@ -20,6 +27,13 @@ RAY = {
 }
 
 
+def train_here(out, *extra: str):
+    """The run ``crash_driver`` would start (its settings, into ``out``), in this process."""
+    settings = {**SETTINGS, **RAY, "run.output_dir": str(out)}
+    overrides = [f"{k}={v}" for k, v in settings.items()] + list(extra)
+    return train(load_config(str(ROOT / RECIPE), overrides))
+
+
 def _alive(pid: int) -> bool:
     try:
         return "State:\tZ" not in open(f"/proc/{pid}/status").read()
@@ -27,11 +41,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_kill_9_of_the_ray_driver_then_resume_latest(tmp_path, monkeypatch):
+def test_kill_9_of_the_ray_driver_then_resume_latest(tmp_path, monkeypatch, capsys, ray_cluster):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the reward workers import the test's reward
     monkeypatch.setenv("CRASH_PIDS_FILE", str(tmp_path / "pids.json"))
-    whole = run(tmp_path / "whole", runner=RAY)
-    assert whole.returncode == 0, whole.stderr
+    train_here(tmp_path / "whole")
 
     out = tmp_path / "run"
     killed = run(out, "kill-dispatch", 3, runner=RAY)
@@ -47,7 +60,7 @@ def test_kill_9_of_the_ray_driver_then_resume_latest(tmp_path, monkeypatch):
         time.sleep(0.5)
     assert not [below[str(p)] for p in work if _alive(p)]
 
-    resumed = run(out, "none", 0, "train.resume=latest", runner=RAY)
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed from {out / 'checkpoints' / 'step_00002'} at iteration 2" in resumed.stdout
+    capsys.readouterr()
+    train_here(out, "train.resume=latest")
+    assert f"resumed from {out / 'checkpoints' / 'step_00002'} at iteration 2" in capsys.readouterr().out
     assert_same(state(out), state(tmp_path / "whole"))

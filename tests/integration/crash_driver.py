@@ -3,6 +3,8 @@
 
     python -m tests.integration.crash_driver MODE ITERATION -- diffrl-train-args...
 
+or, from a test, :func:`run_forked` (the same, in a child of a warm fork server: see there).
+
 MODE: ``none`` (run normally), ``kill-rollout`` (SIGKILL while sampling the second micro-group of
 rollout ITERATION), ``kill-optimizer`` (SIGKILL between the micro-batches of optimizer step
 ITERATION, its first gradient accumulated), ``kill-save`` (SIGKILL after the second file of the
@@ -13,10 +15,16 @@ points instead; in the rollout, during its first micro-group). The patches wrap 
 
 from __future__ import annotations
 
+import functools
 import json
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 
 def descendants(pid: int) -> dict[int, str]:
@@ -131,6 +139,72 @@ def main() -> int:
     from diffrl.cli import main as cli
 
     return cli(["train", *args])
+
+
+PRELOAD = [
+    "tests.integration.crash_driver",
+    "diffrl.cli",
+    "diffrl.cli.train",
+    "diffrl.distributed.ray.runner",
+    "ray",
+]
+"""What the fork server imports once: the ``diffrl train`` world (torch, diffusers, peft: ~6 CPU
+seconds a process) and the Ray runner's."""
+
+
+@functools.cache
+def _fork_server(threads: str) -> multiprocessing.context.BaseContext:
+    """The fork server, started (with ``threads`` as OMP/MKL_NUM_THREADS, which libgomp reads when
+    torch loads it) and its imports done."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ.update(dict.fromkeys(saved, threads))
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return ctx
+
+
+def _child(argv: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
+    """The forked process: this run's folder, environment, output files and argv, then :func:`main`."""
+    import torch
+
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    for fd, path in ((1, stdout), (2, stderr)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.argv = [__file__, *argv]
+    sys.exit(main())
+
+
+def run_forked(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess:
+    """``python -m tests.integration.crash_driver ARGV`` as a child of a fork server that imported
+    :data:`PRELOAD` once, so that a test's many runs do not each import torch, diffusers and peft.
+
+    The child is a process of its own, as a real run is: it is killed by a real ``SIGKILL``
+    (returncode ``-9``), its ``SIGTERM`` handler is diffrl's, and what runs below it (a local Ray
+    cluster, reward workers) is its own. ``env`` must set ``OMP_NUM_THREADS``: the child runs that
+    many torch threads, as the fork server (started with it) does."""
+    ctx = _fork_server(env["OMP_NUM_THREADS"])
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        child = ctx.Process(target=_child, args=(argv, dict(env), str(cwd), str(out), str(err)))
+        child.start()
+        child.join(timeout)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            raise subprocess.TimeoutExpired(argv, timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess(argv, child.exitcode, out.read_text(), err.read_text())
 
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 """Crash safety in real subprocesses: ``kill -9`` mid-rollout, mid-optimizer step and
 mid-checkpoint write, and SIGTERM, each followed by ``train.resume=latest``, end with the weights,
 optimizer state, metrics and eval curve of the uninterrupted run (tensors compared, not file
-hashes). The kill points are set by ``crash_driver.py``, which wraps diffrl's own functions."""
+hashes). The kill points are set by ``crash_driver.py``, which wraps diffrl's own functions; each
+run is a process of its own, forked from a server that imported torch, diffusers and peft once
+(:func:`~tests.integration.crash_driver.run_forked`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import ROOT
+from tests.integration.crash_driver import run_forked
 
 RECIPE = "recipes/tiny_nft_ocr.yaml"
 BRIGHTNESS = "[{name: tests.integration.test_flow_grpo:brightness}]"
@@ -50,13 +51,13 @@ def run(out: Path, mode: str = "none", at: int = 0, *extra: str, runner: dict | 
     """``diffrl train`` of the test recipe into ``out`` through ``crash_driver`` (MODE at ``at``)."""
     settings = {**SETTINGS, **(runner or {}), "run.output_dir": str(out)}
     overrides = [f"{k}={v}" for k, v in settings.items()] + list(extra)
-    cmd = [sys.executable, "-m", "tests.integration.crash_driver", mode, str(at), "--", RECIPE, *overrides]
+    argv = [mode, str(at), "--", RECIPE, *overrides]
     # one thread: with two, the first training step of a process came out 1e-7 off now and then
     # (one module run in three to five on a busy machine; the first process's own step 1 as well as
     # a resumed process's first step, so not the resume: kernels' rounding on another thread
     # schedule). Run single-threaded, the test sees the resume alone; 6 module runs passed under load
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    return run_forked(argv, cwd=ROOT, env=env, timeout=600)
 
 
 def state(out: Path) -> dict:

@@ -1,7 +1,8 @@
-"""The actors: plain classes that :class:`~diffrl.distributed.ray.runner.RayRunner` wraps with
-``ray.remote``. Each reuses the single-process code: an engine samples with the local collector,
-a trainer rank optimises with :class:`~diffrl.train.actor.Actor`, a reward worker scores with a
-:class:`~diffrl.rewards.base.RewardSet`."""
+"""The model-holding actors: plain classes that :class:`~diffrl.distributed.ray.runner.RayRunner`
+wraps with ``ray.remote``. Each reuses the single-process code: an engine samples with the local
+collector, a trainer rank optimises with :class:`~diffrl.train.actor.Actor`. (The reward worker
+lives in :mod:`.reward_worker`: a Ray worker imports only the module of its actor's class, and a
+reward worker needs no diffusers, peft or model code.)"""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import os
 import torch
 
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.config import Config, RewardConfig
+from diffrl.config import Config
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.distributed.ray.sharding import RankPart
 from diffrl.distributed.ray.weight_sync import checksum, live_state, load_state, module_state, sampling_state
 from diffrl.models.numerics import peak_flops
 from diffrl.models.registry import load_family, resolve_device
 from diffrl.parallel import free_port, init_distributed
-from diffrl.rewards.base import RewardOutput, RewardSet
-from diffrl.rollout import Audio, RolloutBatch
+from diffrl.rewards.base import RewardSet
+from diffrl.rollout import RolloutBatch
 from diffrl.sampling.collector import RolloutPlan, build_collector
 from diffrl.train.actor import Actor, apply_lora
 from diffrl.train.checkpoint import load_resume_state, save_checkpoint
@@ -82,21 +83,6 @@ class RolloutEngine:
 
     def pid(self) -> int:
         return os.getpid()
-
-
-class RewardWorker:
-    """Scores images with one reward type, in this process."""
-
-    def __init__(self, reward: RewardConfig, threads: int, label: str | None = None):
-        """``label``: the reward's key in the run's outputs (:func:`~diffrl.rewards.base.reward_labels`)."""
-        torch.set_num_threads(threads)
-        self.rewards = RewardSet([reward], in_process=True, labels=[label or reward.name])
-
-    def score(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict], audio: Audio | None = None
-    ) -> RewardOutput:
-        """``audio``: the rollout's sound (reaches the reward only if it hears)."""
-        return self.rewards.submit(images, prompts, metadata, audio).result()
 
 
 class TrainerRank:

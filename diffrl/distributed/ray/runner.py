@@ -20,7 +20,7 @@ stops the run with an error naming the last checkpoint. A reward worker still bu
 deadline (``timeout_s`` from submit) is killed and replaced, and that micro-group's samples fail
 (``rollout/reward_timed_out``).
 
-The parts: :mod:`.actors` (the actors' classes), :mod:`.cluster` (ray.init, placement),
+The parts: :mod:`.actors` (the engines' and ranks' classes), :mod:`.reward_worker`, :mod:`.cluster` (ray.init, placement),
 :mod:`.dispatch` (calls, retries, re-issues, reward deadlines), :mod:`.sharding` (the ranks' shares
 of a step), :mod:`.weight_sync` (trainer -> engines, checked).
 """
@@ -34,9 +34,10 @@ from pathlib import Path
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
 from diffrl.data.prompts import load_prompts
-from diffrl.distributed.ray.actors import RewardWorker, RolloutEngine, TrainerRank
+from diffrl.distributed.ray.actors import RolloutEngine, TrainerRank
 from diffrl.distributed.ray.cluster import Cluster, import_ray, ray_checks
 from diffrl.distributed.ray.dispatch import ActorPool, Dispatch, kill, ranks_call
+from diffrl.distributed.ray.reward_worker import RewardWorker
 from diffrl.distributed.ray.sharding import shard_steps
 from diffrl.distributed.ray.weight_sync import EngineWeights
 from diffrl.rewards.base import reward_labels

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diffrl.config import ConfigError, RewardConfig
-from diffrl.distributed.ray.actors import RewardWorker
+from diffrl.distributed.ray.reward_worker import RewardWorker
 from diffrl.preflight import load_config
 from diffrl.rewards.base import Reward, RewardSet
 from diffrl.rollout import Audio, Media

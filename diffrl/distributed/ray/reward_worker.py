@@ -1,0 +1,29 @@
+"""The reward worker actor: a plain class that :class:`~diffrl.distributed.ray.runner.RayRunner`
+wraps with ``ray.remote``; it scores with a :class:`~diffrl.rewards.base.RewardSet` in its process.
+
+A module of its own because a Ray worker imports the module of its actor's class: this one needs
+torch and the rewards, not diffusers, peft or the models (measured on 2 CPU cores: 1.7 s and
+~230 MB to import, against 4.9 s and ~390 MB for :mod:`.actors`)."""
+
+from __future__ import annotations
+
+import torch
+
+from diffrl.config import RewardConfig
+from diffrl.rewards.base import RewardOutput, RewardSet
+from diffrl.rollout import Audio
+
+
+class RewardWorker:
+    """Scores images with one reward type, in this process."""
+
+    def __init__(self, reward: RewardConfig, threads: int, label: str | None = None):
+        """``label``: the reward's key in the run's outputs (:func:`~diffrl.rewards.base.reward_labels`)."""
+        torch.set_num_threads(threads)
+        self.rewards = RewardSet([reward], in_process=True, labels=[label or reward.name])
+
+    def score(
+        self, images: torch.Tensor, prompts: list[str], metadata: list[dict], audio: Audio | None = None
+    ) -> RewardOutput:
+        """``audio``: the rollout's sound (reaches the reward only if it hears)."""
+        return self.rewards.submit(images, prompts, metadata, audio).result()
