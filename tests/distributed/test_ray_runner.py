@@ -170,7 +170,7 @@ def test_uneven_shares_after_dropped_samples_still_match_the_local_run(tmp_path,
     """A NaN reward per micro-group drops 3 of 12 samples: the ranks get 5 and 4 samples, run the same
     number of micro-batches (the collectives pair up) and the update is still the local one."""
     extra = {
-        "rewards": "[{name: tests.integration.test_flow_grpo:flaky}]",
+        "rewards": "[{name: tests.rewards:flaky}]",
         "rollout.batch_size": 3,
         "train.batch_size": 12,
         "train.iterations": 1,

@@ -3,9 +3,6 @@ that micro-group's samples fail (NaN, "timed out", counted); the rollout goes on
 
 from __future__ import annotations
 
-import itertools
-import threading
-
 import pytest
 import torch
 
@@ -14,18 +11,9 @@ from diffrl.distributed.ray.runner import RayRunner
 from diffrl.preflight import load_config
 from diffrl.train.stages import collect_rollout
 from tests.conftest import ROOT, SMALL_ROLLOUT, tiny_overrides
+from tests.rewards import WARM_UP
 
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
-
-CALLS = itertools.count()  # per reward worker process
-WARM_UP = "warm up"
-
-
-def hangs_on_second_call(images, prompts, metadata):
-    """Scores 1.0, except that the second micro-group a worker gets hangs it."""
-    if prompts[0] != WARM_UP and next(CALLS) == 1:
-        threading.Event().wait()  # the worker is killed; nothing to release
-    return [1.0] * len(images)
 
 
 def warm_up(worker) -> None:
@@ -39,7 +27,7 @@ def test_a_reward_worker_past_its_deadline_is_replaced_and_its_samples_fail(tmp_
         **SMALL_ROLLOUT,  # two micro-groups of 4, sampled and scored in order
         "sampling.num_steps": 2,
         "eval.enabled": "false",
-        "rewards": f"[{{name: {__name__}:hangs_on_second_call, timeout_s: 5}}]",
+        "rewards": "[{name: tests.rewards:hangs_on_second_call, timeout_s: 5}]",
     }
     cfg = load_config(str(ROOT / "recipes" / "tiny_nft_ocr.yaml"), tiny_overrides(tmp_path, **overrides))
     algorithm = build_algorithm(cfg)

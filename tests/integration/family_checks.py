@@ -26,7 +26,7 @@ ITERATION = {
     "train.batch_size": 4,
     "train.micro_batch_size": 2,
     "train.iterations": 1,
-    "rewards": "[{name: tests.integration.test_flow_grpo:brightness}]",
+    "rewards": "[{name: tests.rewards:brightness}]",
     "eval.enabled": "false",
 }
 """One small iteration (2 prompts x 2 samples, 3 steps) of Flow-GRPO from the tiny recipe."""

@@ -20,7 +20,7 @@ from tests.conftest import ROOT
 from tests.integration.crash_driver import run_forked
 
 RECIPE = "recipes/tiny_nft_ocr.yaml"
-BRIGHTNESS = "[{name: tests.integration.test_flow_grpo:brightness}]"
+BRIGHTNESS = "[{name: tests.rewards:brightness}]"
 SETTINGS = {
     "model.path": "random",
     "model.lora": "{rank: 4, alpha: 8, dropout: 0.1}",  # dropout: the global RNG is resumed too

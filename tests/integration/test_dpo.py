@@ -10,7 +10,7 @@ from diffrl.preflight import load_config
 from diffrl.train.loop import train
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
-REWARD = "tests.integration.test_flow_grpo:brightness"
+REWARD = "tests.rewards:brightness"
 FAST = {
     "train.iterations": 1,
     "model.lora": "{rank: 4}",

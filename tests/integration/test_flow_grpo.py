@@ -15,16 +15,7 @@ from diffrl.sampling.collector import OnlineCollector
 from diffrl.train.loop import train
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
-REWARD = "tests.integration.test_flow_grpo:brightness"
-
-
-def brightness(images, prompts, metadata):
-    return images.mean(dim=(1, 2, 3)).tolist()
-
-
-def flaky(images, prompts, metadata):
-    """NaN for the first image of every call (one per micro-group), brightness for the others."""
-    return [float("nan")] + brightness(images[1:], prompts[1:], metadata[1:])
+REWARD = "tests.rewards:brightness"
 
 
 def grpo(tmp_path, **extra):
@@ -172,7 +163,7 @@ def test_reward_nan_drops_samples_and_is_counted(tmp_path):
     cfg = grpo(
         tmp_path,
         **{
-            "rewards": "[{name: tests.integration.test_flow_grpo:flaky}]",
+            "rewards": "[{name: tests.rewards:flaky}]",
             "rollout.batch_size": 4,
             "train.batch_size": 16,
         },
@@ -186,11 +177,10 @@ def test_reward_nan_drops_samples_and_is_counted(tmp_path):
 
 
 def test_each_rewards_raw_scores_and_failures_are_logged_next_to_the_total(tmp_path):
-    here = "tests.integration.test_flow_grpo"
     cfg = grpo(
         tmp_path,
         **{  # brightness twice: rewards sharing a name get their index in the metric names
-            "rewards": f"[{{name: {here}:flaky, weight: 0.5}}, {{name: {REWARD}}}, {{name: {REWARD}, weight: 2}}]",
+            "rewards": f"[{{name: tests.rewards:flaky, weight: 0.5}}, {{name: {REWARD}}}, {{name: {REWARD}, weight: 2}}]",
             "rollout.batch_size": 4,
             "train.batch_size": 16,
         },
@@ -198,7 +188,7 @@ def test_each_rewards_raw_scores_and_failures_are_logged_next_to_the_total(tmp_p
     with pytest.warns(UserWarning, match=r"raised|non-finite.*\(on prompts '") as caught:
         m = train(cfg).history[0]
     assert "flaky' returned 1 non-finite score(s) (on prompts" in str(caught[0].message)
-    flaky, first, second = f"{here}:flaky", f"{REWARD}#1", f"{REWARD}#2"
+    flaky, first, second = "tests.rewards:flaky", f"{REWARD}#1", f"{REWARD}#2"
     assert m[f"rollout/reward/{flaky}/failed"] == 4 and m["rollout/reward_failed"] == 4
     assert m[f"rollout/reward/{first}/failed"] == 0 == m[f"rollout/reward/{second}/failed"]
     for label in (flaky, first, second):

@@ -19,7 +19,7 @@ from diffrl.train.actor import Actor
 from diffrl.train.loop import train
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
-REWARD = "tests.integration.test_flow_grpo:brightness"
+REWARD = "tests.rewards:brightness"
 
 
 def forward_process(tmp_path, recipe, **extra):

@@ -63,7 +63,7 @@ def test_a_short_run_without_one_optimizer_step_writes_no_final_checkpoint(tmp_p
 def test_consecutive_non_finite_steps_stop_naming_the_last_good_checkpoint(tmp_path):
     config = _config(
         tmp_path,
-        rewards="[{name: tests.integration.test_flow_grpo:brightness}]",
+        rewards="[{name: tests.rewards:brightness}]",
         **{
             "algorithm.name": "tests.integration.test_guards:NanLoss",
             "train.max_nonfinite_steps": 2,

@@ -363,7 +363,7 @@ def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp
     """One Flow-GRPO iteration with true CFG (the negatives encoded with each row's picture, in
     rollouts, training and eval) replays its log-probs exactly; the exported LoRA, loaded by
     ``QwenImageEditPlusPipeline.load_lora_weights``, gives diffrl's velocity."""
-    reward = "[{name: tests.integration.test_flow_grpo:brightness}]"
+    reward = "[{name: tests.rewards:brightness}]"
     evals = {"eval.enabled": "true", "eval.num_prompts": 2, "eval.rewards": reward}
     grpo = train_one(qedit_config(tmp_path / "grpo", edit_dir, **evals))
     assert "eval/reward_mean" in grpo.evals[-1]  # eval samples with the sources and their negatives

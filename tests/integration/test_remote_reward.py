@@ -22,7 +22,8 @@ from diffrl.config import RewardConfig
 from diffrl.rewards.base import RewardSet
 from diffrl.train.loop import train
 from tests.conftest import ROOT
-from tests.integration.test_flow_grpo import brightness, grpo
+from tests.integration.test_flow_grpo import grpo
+from tests.rewards import brightness
 
 REWARD = "tests.integration.test_remote_reward:brightness_until_killed"
 TOKEN_ENV = "DIFFRL_TEST_REMOTE_TOKEN"

@@ -15,7 +15,7 @@ from diffrl.train.loop import train
 from diffrl.train.run_folder import RunFolder
 from tests.conftest import tiny_overrides
 
-BRIGHTNESS = "[{name: tests.integration.test_flow_grpo:brightness}]"
+BRIGHTNESS = "[{name: tests.rewards:brightness}]"
 SMALL = {
     "model.lora": "{rank: 4, alpha: 8}",
     "rollout.batch_size": 2,

@@ -44,7 +44,7 @@ def test_sft_two_iterations_then_eval_and_sample(tmp_path, capsys, lora):
 
     # paired comparison (a reward that varies from sample to sample): a model against itself gives
     # exactly the same scores, sample by sample; against the shipped base, a difference
-    brightness = "eval.rewards=[{name: tests.integration.test_flow_grpo:brightness}]"
+    brightness = "eval.rewards=[{name: tests.rewards:brightness}]"
     args = ["eval", str(result.checkpoint), brightness, "--num-prompts", "2", "--samples-per-prompt", "2"]
     assert main([*args, "--baseline", str(result.checkpoint), "--out", str(out)]) == 0
     assert "difference +0.0000 +- 0.0000" in capsys.readouterr().out

@@ -69,12 +69,12 @@ def test_rollouts_keep_uint8_images_and_rewards_score_them_as_the_floats():
     rewards = RewardSet(
         [
             RewardConfig("ocr", params={"num_workers": 0}),
-            RewardConfig("tests.integration.test_flow_grpo:brightness"),
+            RewardConfig("tests.rewards:brightness"),
         ]
     )
     from_floats, from_uint8 = rewards(images, prompts, [{}] * 3), rewards(small, prompts, [{}] * 3)
     assert torch.equal(from_uint8.per_reward["ocr"], from_floats.per_reward["ocr"])
-    brightness = "tests.integration.test_flow_grpo:brightness"
+    brightness = "tests.rewards:brightness"
     torch.testing.assert_close(
         from_uint8.per_reward[brightness], from_floats.per_reward[brightness], atol=1 / 510, rtol=0
     )

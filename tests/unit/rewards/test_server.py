@@ -30,6 +30,7 @@ from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.remote import RemoteReward, encode_request, server_problems
 from diffrl.rewards.server import RewardServer, ServerError, build_served_reward
 from diffrl.rollout import Audio
+from tests.rewards import pixel_sum
 
 HERE = "tests.unit.rewards.test_server"
 TOKEN = "s3cret-token"
@@ -50,13 +51,6 @@ def _fresh(monkeypatch):
 
 
 # -- rewards the servers run --------------------------------------------------------------------
-
-
-def pixel_sum(images, prompts, metadata):
-    """A score that every pixel moves, each by a different weight: a pixel lost, moved or
-    rounded differently on the way changes it."""
-    weights = torch.linspace(0.5, 1.5, images[0].numel())
-    return images.flatten(1) @ weights
 
 
 def counted(images, prompts, metadata):
