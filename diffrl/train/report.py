@@ -10,9 +10,9 @@ runs/NAME/
   eval/compare.png   the first and last grids side by side: the same prompts and seeds
   report.html        all of the above, the final numbers and the resolved config
 ```
-The driver writes them when a run ends; ``diffrl report RUN_DIR`` writes the page of any run
-folder, finished or not (the pictures drawn anew from ``metrics.jsonl`` and ``eval_curve.json``
-first).
+:func:`write_report` draws them from the run folder's ``metrics.jsonl`` and ``eval_curve.json``,
+each once: the driver calls it when a run ends, ``diffrl report RUN_DIR`` on any run folder,
+finished or not.
 """
 
 from __future__ import annotations
@@ -187,17 +187,6 @@ def save_compare(run_dir: Path, evals: list[dict[str, float]]) -> Path | None:
     return compose_side_by_side(
         *grids, (eval_label(first) + before, eval_label(last)), run_dir / "eval" / "compare.png"
     )
-
-
-def finish_run(run_dir: Path, evals: list[dict[str, float]]) -> Path:
-    """What the driver writes when a run ends: ``eval_curve.png``, ``eval/compare.png``,
-    ``metrics.png`` and ``report.html`` (returned)."""
-    plot_eval_curve(evals, run_dir / "eval_curve.png")
-    save_compare(run_dir, evals)
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
-        plot_metrics(read_metrics(metrics), run_dir / "metrics.png")
-    return write_report(run_dir)
 
 
 def check_run_folder(run_dir: Path) -> None:

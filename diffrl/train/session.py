@@ -134,7 +134,7 @@ class TrainSession:
     def write_report(self) -> None:
         """The run in pictures: eval curve, first-vs-last grids, training curves, one HTML page."""
         try:
-            print(f"report: {report.finish_run(self.out, self.result.evals)}", flush=True)
+            print(f"report: {report.write_report(self.out)}", flush=True)
         except Exception as e:  # the run is saved: a picture that fails costs only itself
             # (a full disk, an image too large for Pillow, a plotting error)
             warnings.warn(
