@@ -308,10 +308,11 @@ def test_fsdp_ranks_holding_rows_of_different_experts_match_one_process(tmp_path
     x, sigma, cond = _fsdp_batch(family)
     family.velocity(x, sigma, cond).square().mean().backward()
     expected = _lora_grads(family)
-    for split in ([[0, 1], [2, 3]], [[0, 2], [1, 3]], [[3], [0, 1, 2]]):
-        out = tmp_path / "grads.pt"
-        mp.spawn(_fsdp_rank, args=(split, wan22_dir, tmp_path, free_port(), out), nprocs=2, join=True)
-        got = torch.load(out)
+    splits = [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[3], [0, 1, 2]]]
+    # one pair of rank processes runs every split (a fresh sharded model each)
+    mp.spawn(_fsdp_rank, args=(splits, wan22_dir, tmp_path, free_port()), nprocs=2, join=True)
+    for i, split in enumerate(splits):
+        got = torch.load(tmp_path / f"grads_{i}.pt")
         assert got.keys() == expected.keys()
         for k, g in expected.items():
             torch.testing.assert_close(got[k], g, rtol=0, atol=1e-6, msg=f"{k} with rows {split}")
@@ -343,21 +344,24 @@ def _lora_grads(family) -> dict[str, torch.Tensor]:
     return {n: full_tensor(p.grad).clone() for n, p in family.transformer.named_parameters() if "lora_" in n}
 
 
-def _fsdp_rank(rank, split, wan_dir, tmp_path, port, out):
+def _fsdp_rank(rank, splits, wan_dir, tmp_path, port):
+    """Rank ``rank`` of 2: for each split, a freshly sharded model's LoRA gradients on the rows
+    ``split[rank]`` (rank 0 saves them as ``grads_<i>.pt``)."""
     from diffrl.parallel import init_distributed, shard_module
 
     torch.set_num_threads(1)
     init_distributed(rank, 2, "127.0.0.1", port, "gloo", torch.device("cpu"))
-    family = _fsdp_family(wan_dir, tmp_path)
-    shard_module(family.transformer, family.fsdp_blocks(family.transformer))
-    x, sigma, cond = _fsdp_batch(family)
-    rows = split[rank]
-    v = family.velocity(x[rows], sigma[rows], cond.select(rows))
-    # this rank's share of the whole batch's mean; FSDP averages the gradients over the 2 ranks
-    (v.square().mean() * len(rows) / len(x) * 2).backward()
-    grads = _lora_grads(family)  # a collective: both ranks gather
-    if rank == 0:
-        torch.save(grads, out)
+    for i, split in enumerate(splits):
+        family = _fsdp_family(wan_dir, tmp_path)
+        shard_module(family.transformer, family.fsdp_blocks(family.transformer))
+        x, sigma, cond = _fsdp_batch(family)
+        rows = split[rank]
+        v = family.velocity(x[rows], sigma[rows], cond.select(rows))
+        # this rank's share of the whole batch's mean; FSDP averages the gradients over the 2 ranks
+        (v.square().mean() * len(rows) / len(x) * 2).backward()
+        grads = _lora_grads(family)  # a collective: both ranks gather
+        if rank == 0:
+            torch.save(grads, tmp_path / f"grads_{i}.pt")
     torch.distributed.destroy_process_group()
     # skip the interpreter's teardown: gloo's threads racing C++ static destructors there have
     # aborted a child ("terminate called without an active exception") after its work was done
