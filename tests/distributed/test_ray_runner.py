@@ -170,6 +170,7 @@ def test_uneven_shares_after_dropped_samples_still_match_the_local_run(tmp_path,
     """A NaN reward per micro-group drops 3 of 12 samples: the ranks get 5 and 4 samples, run the same
     number of micro-batches (the collectives pair up) and the update is still the local one."""
     extra = {
+        "ray.num_engines": 1,  # the ranks' shares are the claim (the engines' union is the one above)
         "rewards": "[{name: tests.rewards:flaky}]",
         "rollout.batch_size": 3,
         "train.batch_size": 12,
