@@ -69,7 +69,7 @@ def test_the_wheel_installs_and_evaluates_the_base_outside_the_source_tree(tmp_p
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 
     target = tmp_path / "venv"
-    venv.create(target, with_pip=True)
+    venv.create(target)  # no pip of its own (ensurepip: seconds); this environment's pip installs into it
     python, bin_dir = target / "bin" / "python", target / "bin"
     purelib = Path(
         run(
@@ -77,7 +77,8 @@ def test_the_wheel_installs_and_evaluates_the_base_outside_the_source_tree(tmp_p
         ).strip()
     )
     (purelib / "outer_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], tmp_path, env)
+    pip = [sys.executable, "-m", "pip", "--python", str(python)]
+    run([*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)], tmp_path, env)
 
     elsewhere = tmp_path / "elsewhere"  # no diffrl/ here: only the installed package can answer
     elsewhere.mkdir()
