@@ -205,6 +205,11 @@ class Dispatch:
                     break
                 except ray.exceptions.RayActorError as e:
                     if time.monotonic() >= deadline:
+                        # dead, or unreachable (Ray's ActorUnavailableError, seen on a loaded
+                        # machine) at the deadline: the micro-group fails, and a replacement takes
+                        # the micro-groups queued behind it, as for a worker still busy
+                        if pool.replace(w, worker):
+                            self._timed_out_workers.add(worker)
                         outs.append(RewardOutput.late(cfg, len(part), label))
                         break
                     if worker not in self._timed_out_workers:  # it died under this micro-group
