@@ -183,9 +183,9 @@ class Dispatch:
     def _score_result(self, part: RolloutBatch, jobs: list, last_checkpoint: str | None) -> RewardOutput:
         """Wait for a micro-group's scores, each reward by its deadline (``timeout_s`` from submit,
         as in one process: see :class:`~diffrl.rewards.base.PendingRewards`). A worker that died is
-        replaced and the micro-group re-sent (counted in ``reissued``); one still busy at the
-        deadline is killed and replaced, and the micro-group fails (NaN, "timed out") instead of
-        being sent again."""
+        replaced and the micro-group re-sent (counted in ``reissued``); one still busy, dead or
+        unreachable at the deadline is killed and replaced, and the micro-group fails (NaN, "timed
+        out") instead of being sent again."""
         ray = import_ray()
         outs, resent, deaths = [], 0, 0
         labels = reward_labels(self.rewards)
