@@ -163,8 +163,11 @@ def _fork_server(threads: str) -> multiprocessing.context.BaseContext:
     try:
         multiprocessing.forkserver.ensure_running()
     finally:
-        for k, v in saved.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        for k, v in saved.items():  # this process's own settings back
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
     return ctx
 
 
