@@ -20,9 +20,10 @@ stops the run with an error naming the last checkpoint. A reward worker still bu
 deadline (``timeout_s`` from submit) is killed and replaced, and that micro-group's samples fail
 (``rollout/reward_timed_out``).
 
-The parts: :mod:`.actors` (the engines' and ranks' classes), :mod:`.reward_worker`, :mod:`.cluster` (ray.init, placement),
-:mod:`.dispatch` (calls, retries, re-issues, reward deadlines), :mod:`.sharding` (the ranks' shares
-of a step), :mod:`.weight_sync` (trainer -> engines, checked).
+The parts: :mod:`.actors` (the engines' and ranks' classes), :mod:`.reward_worker` (the reward
+workers' class), :mod:`.cluster` (ray.init, placement), :mod:`.dispatch` (calls, retries,
+re-issues, reward deadlines), :mod:`.sharding` (the ranks' shares of a step), :mod:`.weight_sync`
+(trainer -> engines, checked).
 """
 
 from __future__ import annotations
