@@ -64,7 +64,7 @@ from diffrl.algorithms.registry import build_algorithm
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
 from diffrl.rollout import Conditioning, RolloutBatch, TrainExamples
-from diffrl.sampling.collector import build_collector
+from diffrl.sampling.engine import build_collector
 from diffrl.train.actor import Actor
 from diffrl.train.loop import Driver
 from diffrl.train.session import TrainSession

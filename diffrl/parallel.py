@@ -9,6 +9,7 @@ may share a unit. Gradients are reduce-scattered as the mean over ranks.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from dataclasses import dataclass
@@ -84,3 +85,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def state_checksum(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over a state's tensors sorted by name, each the name's bytes then the tensor's raw
+    bytes: what the Ray weight sync compares, and sglang's ``compute_weights_checksum``
+    (``multimodal_gen/runtime/loader/weight_utils.py``), so a server's ``/get_weights_checksum``
+    can be checked against it."""
+    h = hashlib.sha256()
+    for k in sorted(state):
+        h.update(k.encode())
+        h.update(state[k].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -132,6 +132,14 @@ class RolloutConfig:
     same_latent: bool = False
     """Samples of one prompt group start from the same initial noise (flow_grpo's
     ``sample.same_latent``): their rewards then differ only through the stochastic steps."""
+    engine: str = "diffrl"
+    """Who draws the rollouts (:mod:`diffrl.sampling.engine`): ``diffrl`` (the built-in sampling
+    loop, in the process that holds the model), ``sglang`` (sglang-diffusion servers, see
+    ``docs/engines.md``), or a dotted path to an engine class of your own."""
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    """The engine's own settings, bound by its ``Options`` (``sglang``: the ``command`` of its
+    environment or the ``urls`` of running servers, ``precision``, timeouts; see
+    :class:`diffrl.sampling.sglang.SglangEngine.Options`)."""
 
 
 @dataclass

@@ -244,6 +244,17 @@ class ModelFamily(ABC):
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         """Shape of one sample's latent, e.g. ``(C, H/8, W/8)`` or ``(C, F, H, W)``."""
 
+    def unpack_latents(self, latents: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """Latents ``(B, ...)`` in the layout the transformer takes (what a serving engine
+        returns) -> ``(B, *latent_shape)``; a family that packs its latents into tokens unpacks."""
+        return latents.reshape(len(latents), *self.latent_shape(height, width))
+
+    def pipeline_guidance(self, guidance_scale: float) -> dict[str, float]:
+        """The guidance arguments of the family's diffusers pipeline call for true CFG at
+        ``guidance_scale`` (``sampling.guidance_scale``); a guidance-distilled family adds the
+        guidance it embeds."""
+        return {"guidance_scale": guidance_scale}
+
     # ---- text --------------------------------------------------------------------------------
     @abstractmethod
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:

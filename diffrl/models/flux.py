@@ -111,6 +111,11 @@ class PackedLatentFamily(DiffusersFolderFamily):
         channels = self.transformer.config.in_channels // 4
         return (channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
 
+    def unpack_latents(self, latents: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """Packed tokens ``(B, H/2 * W/2, 4C)`` -> ``(B, C, H, W)`` (:func:`unpack`)."""
+        _, h, w = self.latent_shape(height, width)
+        return unpack(latents, h, w)
+
     # ---- the sigma schedule --------------------------------------------------------------------
     def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
         """The pipeline's ``(num_steps + 1,)`` schedule: ``linspace(1, 1/N, N)`` through the
@@ -165,6 +170,11 @@ class FluxFamily(PackedLatentFamily):
     def __init__(self, parts, pipeline_config, scheduler_config, device, options):
         super().__init__(parts, pipeline_config, scheduler_config, device, options)
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    def pipeline_guidance(self, guidance_scale: float) -> dict[str, float]:
+        """``FluxPipeline``'s ``guidance_scale`` is the embedded guidance; true CFG is its
+        ``true_cfg_scale``."""
+        return {"guidance_scale": float(self.options.guidance), "true_cfg_scale": guidance_scale}
 
     @property
     def distilled_guidance(self) -> bool:

@@ -1,5 +1,6 @@
 """Plugin stage: the algorithm a config names, its own settings, and what its collection spec
-needs of the rest of the config (a reward, an offline dataset, the batch arithmetic)."""
+needs of the rest of the config (a reward, an offline dataset, the batch arithmetic, a rollout
+engine that can draw it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from diffrl.config import Config, ConfigError
 from diffrl.preflight.schema import rollout_arithmetic
 from diffrl.registry import RegistryError
 from diffrl.rollout import CollectionSpec
+from diffrl.sampling.engine import engine_problems
 
 
 def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None]:
@@ -41,4 +43,5 @@ def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None
             "record the trajectory) or do not require it"
         )
     errors.extend(algorithm.validate(config))
+    errors.extend(engine_problems(config, spec))
     return errors, spec

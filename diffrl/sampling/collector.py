@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from diffrl.config import Config
-from diffrl.data.offline import OfflineDataset, build_offline_dataset
-from diffrl.data.prompts import PromptSet, load_prompts
+from diffrl.data.offline import OfflineDataset
+from diffrl.data.prompts import PromptSet
 from diffrl.errors import Abandoned
 from diffrl.models.base import ModelFamily
 from diffrl.models.numerics import ForwardMeter
@@ -117,6 +117,13 @@ class OfflineCollector:
         """The iteration's examples, as one part."""
         yield self.collect(iteration)
 
+    def take_metrics(self) -> dict[str, float]:
+        """Seconds per stage since the last call (:meth:`StageClock.take`)."""
+        return self.clock.take()
+
+    def close(self) -> None:
+        pass
+
     def collect(self, iteration: int, module: nn.Module | None = None) -> RolloutBatch:
         """One row per image. An item of one image: ``group_id`` its dataset index,
         ``sample_index`` its stream position (unique per draw). An item of K images (a preference
@@ -152,7 +159,8 @@ class OfflineCollector:
 
 
 class OnlineCollector:
-    """Samples ``rollout.batch_size`` prompts x ``rollout.n_samples_per_prompt`` from the policy.
+    """The built-in rollout engine (``rollout.engine: diffrl``, see :mod:`diffrl.sampling.engine`):
+    samples ``rollout.batch_size`` prompts x ``rollout.n_samples_per_prompt`` from the policy.
 
     Driven by the algorithm's :class:`CollectionSpec`: a stochastic kernel steps the steps the step
     strategy picks for the rollout, the others are Euler ODE steps (a deterministic kernel steps
@@ -202,6 +210,17 @@ class OnlineCollector:
     def collect(self, rollout_id: int, module: nn.Module | None = None) -> RolloutBatch:
         """The whole rollout in one batch, unscored."""
         return RolloutBatch.cat(list(self.micro_groups(rollout_id, module)))
+
+    def sync(self, module: nn.Module | None = None) -> dict[str, float]:
+        """Nothing to send: this engine samples with the module each call is given."""
+        return {}
+
+    def take_metrics(self) -> dict[str, float]:
+        """Seconds per stage since the last call (:meth:`StageClock.take`)."""
+        return self.clock.take()
+
+    def close(self) -> None:
+        pass
 
     @torch.no_grad()
     def _sample(self, chunk, micro_group, rollout_id, steps, module) -> RolloutBatch:
@@ -266,18 +285,3 @@ class OnlineCollector:
             if self.spec.keep_mean:
                 batch.traj_mean = torch.stack(out.traj_mean, 1)
         return batch
-
-
-def build_collector(
-    config: Config, family: ModelFamily, spec: CollectionSpec
-) -> OnlineCollector | OfflineCollector:
-    """The collector ``spec`` asks for: online sampling from ``data.prompts``, or ``data.dataset``."""
-    if spec.online:
-        return OnlineCollector(config, family, spec, load_prompts(config.data.prompts))
-    height, width = image_size(config, family)
-    return OfflineCollector(
-        build_offline_dataset(config, height, width, spec.offline_items),
-        family,
-        config.train.batch_size,
-        config.run.seed,
-    )

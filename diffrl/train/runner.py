@@ -2,8 +2,9 @@
 
 ``runner:`` in a recipe names one in :data:`RUNNERS`, or gives a dotted path to a user's class:
 
-- ``local`` (:class:`LocalRunner`): one process; the collector samples with the actor's own
-  module, so there is nothing to sync.
+- ``local`` (:class:`LocalRunner`): one process; the built-in engine samples with the actor's own
+  module, so there is nothing to sync (a serving engine, ``rollout.engine: sglang``, takes the
+  sampling weights at the start of each rollout).
 - ``ray`` (:class:`diffrl.distributed.ray.runner.RayRunner`): rollout engines, reward workers and
   FSDP2 trainer ranks as Ray actors.
 - ``my_pkg.my_runner:MyRunner``: a class built as ``MyRunner(config, algorithm, spec)`` that
@@ -30,7 +31,7 @@ from diffrl.models.registry import load_family
 from diffrl.registry import Registry
 from diffrl.rewards.base import PendingRewards, RewardOutput, RewardSet, SharedRewards
 from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
-from diffrl.sampling.collector import build_collector
+from diffrl.sampling.engine import build_collector
 from diffrl.train.actor import Actor
 from diffrl.train.checkpoint import load_resume_state, save_checkpoint
 from diffrl.train.evaluate import EvalResult, evaluate
@@ -113,8 +114,9 @@ class LocalRunner:
             self.eval_rewards = (
                 RewardSet(config.eval.rewards, shared=self.rewards) if config.eval.enabled else None
             )
-        except BaseException:  # a reward that fails to build: no workers left behind by the others
+        except BaseException:  # a reward that fails to build: no workers or servers left behind
             self.rewards.close()
+            self.collector.close()
             raise
         self._peak: tuple[float | None, str] = (None, "")
         self._compiled_s = 0.0
@@ -143,8 +145,9 @@ class LocalRunner:
         return self.actor.optimize(chunks, self.algorithm)
 
     def end_iteration(self) -> dict[str, float]:
-        # the collector samples with the actor's own module: nothing to sync
-        metrics = {**self.collector.clock.take(), **self.actor.update_old_policy(self.algorithm)}
+        # the built-in engine samples with the actor's own module; a serving engine takes the
+        # sampling weights at the start of each rollout (its sync is in its metrics)
+        metrics = {**self.collector.take_metrics(), **self.actor.update_old_policy(self.algorithm)}
         meter = self.family.meter
         if self.family.numerics.compile:
             metrics["perf/compile_time"], self._compiled_s = (
@@ -169,4 +172,7 @@ class LocalRunner:
         load_resume_state(self.actor, path)
 
     def close(self) -> None:
-        self.rewards.close()
+        try:
+            self.rewards.close()
+        finally:
+            self.collector.close()

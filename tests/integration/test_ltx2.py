@@ -22,7 +22,7 @@ from diffrl.data.prompts import PromptSet
 from diffrl.models.registry import load_family
 from diffrl.models.tiny import build_tokenizer
 from diffrl.rewards.base import RewardSet
-from diffrl.sampling.collector import build_collector
+from diffrl.sampling.engine import build_collector
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from diffrl.train.evaluate import generate
 from tests.integration.family_checks import (

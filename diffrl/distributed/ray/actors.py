@@ -1,6 +1,6 @@
 """The model-holding actors: plain classes that :class:`~diffrl.distributed.ray.runner.RayRunner`
-wraps with ``ray.remote``. Each reuses the single-process code: an engine samples with the local
-collector, a trainer rank optimises with :class:`~diffrl.train.actor.Actor`. (The reward worker
+wraps with ``ray.remote``. Each reuses the single-process code: an engine samples with the
+``rollout.engine`` the config names (the built-in collector, or a serving engine it drives), a trainer rank optimises with :class:`~diffrl.train.actor.Actor`. (The reward worker
 lives in :mod:`.reward_worker`: a Ray worker imports only the module of its actor's class, and a
 reward worker needs no diffusers, peft or model code.)"""
 
@@ -20,7 +20,8 @@ from diffrl.models.registry import load_family, resolve_device
 from diffrl.parallel import free_port, init_distributed
 from diffrl.rewards.base import RewardSet
 from diffrl.rollout import RolloutBatch
-from diffrl.sampling.collector import RolloutPlan, build_collector
+from diffrl.sampling.collector import RolloutPlan
+from diffrl.sampling.engine import build_collector
 from diffrl.train.actor import Actor, apply_lora
 from diffrl.train.checkpoint import load_resume_state, save_checkpoint
 from diffrl.train.evaluate import EvalResult, evaluate
@@ -45,8 +46,9 @@ class RolloutEngine:
         return self.collector.sample(plan, micro_group).to("cpu")
 
     def stage_times(self) -> dict[str, float]:
-        """Seconds per sampling stage since the last call (see :class:`~diffrl.sampling.collector.StageClock`)."""
-        return self.collector.clock.take()
+        """Seconds per sampling stage since the last call, and a serving engine's own counters
+        (see :meth:`~diffrl.sampling.engine.Engine.take_metrics`)."""
+        return self.collector.take_metrics()
 
     def forwards(self) -> tuple[str, tuple[str, ...]]:
         """How this engine's transformer forwards run, and the fallbacks taken (for the driver)."""
@@ -69,6 +71,7 @@ class RolloutEngine:
             raise KeyError(f"weight sync: the engine's trainable tensors and the sent ones differ ({odd})")
         load_state(module, state)
         self.state = state
+        self.collector.sync(module)  # a serving engine sends them on to its servers (checked there)
         return checksum(module_state(module, held))
 
     def evaluate(self, state: dict[str, torch.Tensor]) -> EvalResult:
@@ -83,6 +86,10 @@ class RolloutEngine:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def close(self) -> None:
+        """Stop what the engine started (a serving engine's servers)."""
+        self.collector.close()
 
 
 class TrainerRank:

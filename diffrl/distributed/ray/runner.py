@@ -191,6 +191,12 @@ class RayRunner:
         self.sync()
 
     def close(self) -> None:
+        engines = self.dispatch.engines.actors
+        if engines:  # a serving engine stops its servers (bounded: a stuck engine is killed anyway)
+            try:
+                import_ray().wait([e.close.remote() for e in engines], num_returns=len(engines), timeout=30)
+            except Exception:  # the cluster or the engines are gone already
+                pass
         for actor in [*self.ranks, *self.dispatch.actors()]:
             kill(actor)
         self.cluster.close()

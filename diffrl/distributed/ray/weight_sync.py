@@ -10,7 +10,6 @@ replaces a dead one takes the current weights first, and is checked alike).
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from torch import nn
 
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.distributed.ray.dispatch import ActorPool
-from diffrl.parallel import full_tensor
+from diffrl.parallel import full_tensor, state_checksum
 from diffrl.train.actor import OLD_ADAPTER
 
 LIVE_ADAPTER = "default"
@@ -81,12 +80,7 @@ def module_state(module: nn.Module, names: list[str]) -> dict[str, torch.Tensor]
     return {k: params[k].detach().cpu() for k in names}
 
 
-def checksum(state: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+checksum = state_checksum
 
 
 def state_bytes(state: dict[str, torch.Tensor]) -> int:

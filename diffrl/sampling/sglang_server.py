@@ -1,0 +1,272 @@
+"""sglang-diffusion servers: start one, wait for it, stop it, and the HTTP calls diffrl makes.
+
+The server is sglang's own process (``sglang serve``, in an environment of its own: see
+``docs/engines.md``); this module knows its command line and its post-training endpoints
+(sglang 0.5.23, ``multimodal_gen/runtime/entrypoints/post_training/``):
+
+- ``POST /rollout/generate``: JSON :class:`RolloutRequest` in, msgpack out, one dict per image;
+  tensors as ``{"__tensor__": True, "data": <safetensors bytes holding "t">, "shape", "dtype"}``
+  (``post_training/utils.py::_maybe_serialize``);
+- ``POST /update_weights_from_disk {"model_path", "target_modules"}``;
+- ``POST /get_weights_checksum {"module_names"}`` -> ``{name: sha256}``: sha256 over the module's
+  parameters sorted by name, each the name's bytes then the tensor's raw bytes
+  (``loader/weight_utils.py::compute_weights_checksum``).
+
+Nothing here loads a model: the server does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import torch
+from safetensors.torch import load as load_safetensors
+
+from diffrl.errors import DiffrlError
+
+
+class EngineServerError(DiffrlError, RuntimeError):
+    """A serving engine that cannot be started or reached, or that answered with an error."""
+
+
+class EngineUnreachable(EngineServerError):
+    """The server did not answer (refused, reset, timed out): a restart may cure it."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the server's process, before exec: SIGTERM it when the process that started it dies
+    (Linux ``prctl``), so a killed engine leaves no server behind; elsewhere a no-op."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def log_tail(path: Path | None, lines: int = 25) -> str:
+    if path is None or not path.exists():
+        return ""
+    text = path.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join("    " + line for line in text)
+
+
+@dataclass
+class ServeCommand:
+    """How to start one server: ``sglang serve`` with the model folder and diffrl's flags."""
+
+    executable: str
+    """The ``sglang`` command of sglang's environment (a path, or a name on PATH)."""
+    model_path: str
+    model_id: str | None
+    precision: str
+    """``fp32`` or ``bf16`` for the transformer, text encoders and VAE alike."""
+    extra_args: list[str]
+
+    def argv(self, host: str, port: int, num_text_encoders: int) -> list[str]:
+        args = [self.executable, "serve", "--model-path", self.model_path]
+        if self.model_id:
+            args += ["--model-id", self.model_id]
+        # --sleep-on-idle: the scheduler otherwise busy-polls a core; the precision flags go
+        # together (a fp32 transformer with bf16 encoders fails with a dtype mismatch)
+        args += ["--warmup-mode", "off", "--sleep-on-idle", "--host", host, "--port", str(port)]
+        args += ["--dit-precision", self.precision, "--vae-precision", self.precision]
+        args += ["--text-encoder-precisions", *[self.precision] * num_text_encoders]
+        return args + list(self.extra_args)
+
+
+class Server:
+    """One sglang-diffusion server: launched here (a process group of its own, its log in
+    ``log_path``) or given by URL (``process`` None: diffrl neither starts nor stops it)."""
+
+    def __init__(self, url: str, process: subprocess.Popen | None = None, log_path: Path | None = None):
+        self.url = url.rstrip("/")
+        self.process = process
+        self.log_path = log_path
+        parsed = urllib.parse.urlsplit(self.url)
+        if parsed.scheme != "http" or not parsed.hostname:
+            raise EngineServerError(f"an sglang server URL must be http://host:port, got {url!r}")
+        self.host, self.port = parsed.hostname, parsed.port or 80
+
+    @classmethod
+    def launch(
+        cls, command: ServeCommand, log_path: Path, num_text_encoders: int, timeout_s: float
+    ) -> Server:
+        """Start ``sglang serve`` on a free loopback port and wait for ``/health``."""
+        host, port = "127.0.0.1", free_port()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = command.argv(host, port, num_text_encoders)
+        with open(log_path, "ab") as log:
+            log.write(f"$ {' '.join(argv)}\n".encode())
+            log.flush()
+            try:
+                process = subprocess.Popen(
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as e:
+                raise EngineServerError(
+                    f"cannot start the sglang server ({argv[0]!r}: {e}); install sglang-diffusion in an "
+                    "environment of its own and set rollout.engine_options.command to its 'sglang' "
+                    "command (docs/engines.md)"
+                ) from e
+        server = cls(f"http://{host}:{port}", process, log_path)
+        try:
+            server.wait_healthy(timeout_s)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def alive(self) -> bool:
+        return self.process is None or self.process.poll() is None
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.alive():
+                raise EngineServerError(
+                    f"the sglang server exited with code {self.process.returncode} before it was "
+                    f"ready; the end of its log ({self.log_path}):\n{log_tail(self.log_path)}"
+                )
+            try:
+                status, _, _ = self.request("GET", "/health", None, timeout_s=5.0)
+                if status == 200:
+                    return
+            except EngineUnreachable:
+                pass
+            if time.monotonic() > deadline:
+                raise EngineServerError(
+                    f"the sglang server at {self.url} was not healthy within {timeout_s:.0f} s "
+                    f"(rollout.engine_options.start_timeout_s)"
+                    + (f"; the end of its log ({self.log_path}):\n{log_tail(self.log_path)}" if self.log_path else "")
+                )
+            time.sleep(0.5)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop a server launched here: SIGTERM to its process group, SIGKILL after ``grace_s``."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # the scheduler it spawned is in the same group: make sure none outlives it
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    # ---- HTTP ------------------------------------------------------------------------------------
+    def request(
+        self, method: str, path: str, body: dict | None, timeout_s: float, max_bytes: int = 1 << 30
+    ) -> tuple[int, bytes, str]:
+        """``(status, body, content type)``; :class:`EngineUnreachable` when the server does not
+        answer, :class:`EngineServerError` when its answer exceeds ``max_bytes``."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            headers = {"Content-Type": "application/json"} if data is not None else {}
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            length = resp.getheader("Content-Length")
+            if length is not None and int(length) > max_bytes:
+                raise EngineServerError(
+                    f"{path}: the server's answer is {int(length):,} bytes, over the "
+                    f"{max_bytes:,} allowed (rollout.engine_options.max_response_mb)"
+                )
+            payload = resp.read(max_bytes + 1)
+            if len(payload) > max_bytes:
+                raise EngineServerError(f"{path}: the server's answer exceeds {max_bytes:,} bytes")
+            return resp.status, payload, resp.getheader("Content-Type") or ""
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out
+            raise EngineUnreachable(f"{self.url}{path}: {type(e).__name__}: {e}") from e
+        finally:
+            conn.close()
+
+    def post(self, path: str, body: dict, timeout_s: float, max_bytes: int = 1 << 30) -> bytes:
+        status, payload, _ = self.request("POST", path, body, timeout_s, max_bytes)
+        if status != 200:
+            raise EngineServerError(f"{self.url}{path} answered {status}: {payload[:500].decode(errors='replace')}")
+        return payload
+
+    def generate(self, request: dict[str, Any], timeout_s: float, max_bytes: int) -> list[dict[str, Any]]:
+        """``POST /rollout/generate``: one decoded dict per image (tensors as tensors)."""
+        return decode_rollout(self.post("/rollout/generate", request, timeout_s, max_bytes))
+
+    def update_weights_from_disk(self, folder: Path, timeout_s: float) -> None:
+        payload = self.post(
+            "/update_weights_from_disk",
+            {"model_path": str(folder), "target_modules": ["transformer"]},
+            timeout_s,
+        )
+        answer = json.loads(payload)
+        if not answer.get("success", False):
+            raise EngineServerError(f"the sglang server refused the weights in {folder}: {answer.get('message')}")
+
+    def weights_checksum(self, module: str, timeout_s: float) -> str:
+        answer = json.loads(self.post("/get_weights_checksum", {"module_names": [module]}, timeout_s))
+        return str(answer.get(module, answer))
+
+
+def decode_tensors(obj: Any) -> Any:
+    """msgpack's plain values with every serialized tensor turned back into a tensor."""
+    if isinstance(obj, dict):
+        if obj.get("__tensor__"):
+            return load_safetensors(obj["data"])["t"]
+        return {k: decode_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode_tensors(v) for v in obj]
+    return obj
+
+
+def decode_rollout(payload: bytes) -> list[dict[str, Any]]:
+    try:
+        items = msgpack.unpackb(payload, raw=False)
+    except (ValueError, msgpack.UnpackException) as e:
+        raise EngineServerError(f"/rollout/generate: the answer is not msgpack ({e})") from e
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise EngineServerError("/rollout/generate: the answer is not a list of images")
+    return [decode_tensors(i) for i in items]
+
+
+def as_tensor(item: dict[str, Any], *path: str) -> torch.Tensor:
+    """``item[path[0]][path[1]]...`` as a tensor, or a clear error naming what is missing."""
+    value: Any = item
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    if not isinstance(value, torch.Tensor):
+        raise EngineServerError(f"/rollout/generate: the answer has no tensor {'.'.join(path)}")
+    return value
