@@ -82,7 +82,9 @@ def engine_options(config: Config, cls: type | None = None):
     options_cls = getattr(cls, "Options", None)
     if options_cls is None:
         if config.rollout.engine_options:
-            raise ConfigError([f"rollout.engine_options: the {config.rollout.engine!r} engine takes no options"])
+            raise ConfigError(
+                [f"rollout.engine_options: the {config.rollout.engine!r} engine takes no options"]
+            )
         return None
     errors: list[str] = []
     options = bind_dataclass(options_cls, config.rollout.engine_options, "rollout.engine_options", errors)
@@ -105,7 +107,9 @@ def engine_problems(config: Config, spec: CollectionSpec) -> list[str]:
     except RegistryError as e:
         return [f"rollout.engine: {e}"]
     if not isinstance(cls, type):
-        return [f"rollout.engine: {config.rollout.engine!r} is not a class (built as Engine(config, family, spec, prompts))"]
+        return [
+            f"rollout.engine: {config.rollout.engine!r} is not a class (built as Engine(config, family, spec, prompts))"
+        ]
     try:
         engine_options(config, cls)
     except ConfigError as e:

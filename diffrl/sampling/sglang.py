@@ -175,7 +175,7 @@ class SglangEngine:
         self._lock = threading.Lock()
         self.index = 0
         self.servers: list[Server] = []
-        self._start_servers()
+        """Started (or connected) on first use: the first sync."""
 
     # ---- servers ---------------------------------------------------------------------------------
     def _command(self) -> ServeCommand:
@@ -198,33 +198,35 @@ class SglangEngine:
         )
 
     def _start_servers(self) -> None:
+        if self.servers:
+            return
         if self.options.urls:
             self.servers = [Server(u) for u in self.options.urls]
             for s in self.servers:
                 s.wait_healthy(self.options.start_timeout_s)
         else:
             self.servers = [self._launch(0)]
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / f"servers-{id(self):x}.json").write_text(
-            json.dumps([{"url": s.url, "pid": s.pid, "log": str(s.log_path)} for s in self.servers])
-        )
+        self._write_servers()
 
     def server_pids(self) -> list[int | None]:
         return [s.pid for s in self.servers]
 
     def _restart(self, i: int) -> None:
+        """Server ``i`` stopped answering: relaunch one launched here (a server given by URL is
+        waited for), and load the last synced weights into it."""
         server = self.servers[i]
         if server.process is None:
-            server.wait_healthy(self.options.start_timeout_s)  # given by URL: wait for it to return
+            server.wait_healthy(self.options.start_timeout_s)
         else:
             server.stop(grace_s=2.0)
             self.restarts += 1
             self.servers[i] = self._launch(self.restarts)
             self._write_servers()
-        if self.weights_dir is not None:  # it lost the weights: load them again
+        if self.weights_dir is not None:
             self._load_into(self.servers[i], self.synced)
 
     def _write_servers(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / f"servers-{id(self):x}.json").write_text(
             json.dumps([{"url": s.url, "pid": s.pid, "log": str(s.log_path)} for s in self.servers])
         )
@@ -250,10 +252,14 @@ class SglangEngine:
         config_file = Path(self.config.model.path) / "transformer" / "config.json"
         shutil.copy(config_file, tmp / "transformer" / "config.json")
         tmp.rename(folder)  # complete or absent: a server never reads a half-written folder
-        old, self.weights_dir = self.weights_dir, folder
-        for server in self.servers:
-            self._load_into(server, expected)
-        self.synced = expected
+        self._start_servers()
+        old, self.weights_dir, self.synced = self.weights_dir, folder, expected
+        try:
+            for i in range(len(self.servers)):
+                self._send(i, expected)
+        except BaseException:
+            self.synced = None  # unknown what the servers hold: the next sync sends again
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         metrics = {
@@ -262,6 +268,18 @@ class SglangEngine:
         }
         self.metrics.update(metrics)
         return metrics
+
+    def _send(self, i: int, expected: str) -> None:
+        """Load the weights folder into server ``i``; one that does not answer is restarted (the
+        new one loads them)."""
+        for attempt in range(self.options.restarts + 1):
+            try:
+                return self._load_into(self.servers[i], expected)
+            except EngineUnreachable:
+                if attempt == self.options.restarts:
+                    raise
+                self._restart(i)
+                return
 
     def _load_into(self, server: Server, expected: str | None) -> None:
         timeout = self.options.request_timeout_s
@@ -310,11 +328,14 @@ class SglangEngine:
         while True:
             server = self.servers[i]
             try:
+                limit = int(o.max_response_mb * 2**20)
                 with ThreadPoolExecutor(min(o.concurrency, len(requests))) as pool:
                     parts = list(
                         pool.map(
-                            lambda r: server.generate(r, o.request_timeout_s, int(o.max_response_mb * 2**20)),
+                            server.generate,
                             requests,
+                            [o.request_timeout_s] * len(requests),
+                            [limit] * len(requests),
                         )
                     )
                 return [item for part in parts for item in part]
@@ -444,7 +465,9 @@ class SglangEngine:
     def _check_alignment(self, batch: RolloutBatch, answers: list[dict[str, Any]], steps: list[int]) -> None:
         """diffrl's kernel on the engine's own velocity (debug ``rollout_model_outputs``) against
         the engine's log-probs: the first step and row beyond 1e-4 go to ``alignment-*.json``."""
-        outputs = torch.stack([as_tensor(a, "rollout_debug_tensors", "rollout_model_outputs") for a in answers])
+        outputs = torch.stack(
+            [as_tensor(a, "rollout_debug_tensors", "rollout_model_outputs") for a in answers]
+        )
         sigma_max = self.sigmas[1].item()
         worst: dict[str, Any] | None = None
         for k, i in enumerate(steps):

@@ -166,7 +166,11 @@ class Server:
                 raise EngineServerError(
                     f"the sglang server at {self.url} was not healthy within {timeout_s:.0f} s "
                     f"(rollout.engine_options.start_timeout_s)"
-                    + (f"; the end of its log ({self.log_path}):\n{log_tail(self.log_path)}" if self.log_path else "")
+                    + (
+                        f"; the end of its log ({self.log_path}):\n{log_tail(self.log_path)}"
+                        if self.log_path
+                        else ""
+                    )
                 )
             time.sleep(0.5)
 
@@ -219,7 +223,9 @@ class Server:
     def post(self, path: str, body: dict, timeout_s: float, max_bytes: int = 1 << 30) -> bytes:
         status, payload, _ = self.request("POST", path, body, timeout_s, max_bytes)
         if status != 200:
-            raise EngineServerError(f"{self.url}{path} answered {status}: {payload[:500].decode(errors='replace')}")
+            raise EngineServerError(
+                f"{self.url}{path} answered {status}: {payload[:500].decode(errors='replace')}"
+            )
         return payload
 
     def generate(self, request: dict[str, Any], timeout_s: float, max_bytes: int) -> list[dict[str, Any]]:
@@ -234,7 +240,9 @@ class Server:
         )
         answer = json.loads(payload)
         if not answer.get("success", False):
-            raise EngineServerError(f"the sglang server refused the weights in {folder}: {answer.get('message')}")
+            raise EngineServerError(
+                f"the sglang server refused the weights in {folder}: {answer.get('message')}"
+            )
 
     def weights_checksum(self, module: str, timeout_s: float) -> str:
         answer = json.loads(self.post("/get_weights_checksum", {"module_names": [module]}, timeout_s))
