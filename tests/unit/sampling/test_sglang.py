@@ -1,0 +1,129 @@
+"""The sglang engine's contract on recorded ``/rollout/generate`` exchanges (``tests/data/sglang/``,
+recorded from a real sglang 0.5.23 server by ``tests/data/sglang/record.py``): the requests diffrl
+builds from a rollout plan, the answers mapped to a :class:`RolloutBatch`, and the alignment of
+diffrl's kernels and forward with the server's on the recorded transitions. No server runs here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffrl.algorithms.registry import build_algorithm
+from diffrl.data.prompts import load_prompts
+from diffrl.models.registry import load_family
+from diffrl.sampling.kernels import resolve_kernel
+from diffrl.sampling.sglang import SglangEngine
+from diffrl.sampling.sglang_server import as_tensor, decode_rollout
+from tests.integration.family_checks import family_config
+from tests.integration.test_flux import SIZE, write_tiny_flux
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "sglang"
+EXCHANGES = {
+    "flux_sde": (
+        {"algorithm.params": "{sampler: sde, step_strategy: {name: sde_window, size: 2, range: [0, 3]}}"},
+        True,
+    ),
+    "flux_cps": (
+        {"algorithm.params": "{sampler: cps, step_strategy: {name: sde_window, size: 2, range: [0, 3]}}"},
+        True,
+    ),
+    "flux_ode": ({"algorithm.name": "diffusion_nft", "algorithm.params": "{}"}, False),
+}
+"""Recorded exchange -> (the algorithm's overrides, whether the engine asks for debug tensors)."""
+
+
+def engine(tmp_path: Path, flux_dir: Path, algorithm: dict, debug: bool):
+    """An sglang engine for one micro-group of 2 samples of one prompt (no server started: the
+    engine starts or connects at its first sync), and rollout 0's plan."""
+    config = family_config(
+        tmp_path,
+        {
+            "model.family": "flux",
+            "model.path": str(flux_dir),
+            "sampling.guidance_scale": 1.0,
+            "sampling.height": SIZE,
+            "sampling.width": SIZE,
+        },
+        **algorithm,
+        **{
+            "rollout.batch_size": 1,
+            "train.batch_size": 2,
+            "rollout.engine": "sglang",
+            "rollout.engine_options": f"{{debug_alignment: {str(debug).lower()}, urls: ['http://127.0.0.1:9']}}",
+        },
+    )
+    spec = build_algorithm(config).collection_spec()
+    eng = SglangEngine(config, load_family(config), spec, load_prompts(config.data.prompts))
+    return eng, eng.plan(0)
+
+
+@pytest.fixture(scope="module")
+def flux_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_flux")
+    write_tiny_flux(path)
+    return path
+
+
+@pytest.mark.parametrize("name", list(EXCHANGES))
+def test_requests_are_built_from_the_plan_as_recorded(tmp_path, flux_dir, name):
+    eng, plan = engine(tmp_path, flux_dir, *EXCHANGES[name])
+    requests = eng.requests(plan.micro_groups[0], plan.steps)
+    assert requests == json.loads((DATA / f"{name}.json").read_text())
+    # one request for the prompt's 2 samples; sglang's i-th output draws from seed + i
+    (request,) = requests
+    assert request["num_outputs_per_prompt"] == 2
+    assert request["seed"] == eng.sample_seed(plan.micro_groups[0][0][0], 0)
+
+
+@pytest.mark.parametrize("name", ["flux_sde", "flux_cps"])
+def test_recorded_transitions_map_to_a_batch_that_replays_the_servers_log_probs(tmp_path, flux_dir, name):
+    eng, plan = engine(tmp_path, flux_dir, *EXCHANGES[name])
+    answers = decode_rollout((DATA / f"{name}.msgpack").read_bytes())
+    batch = eng._batch(plan.micro_groups[0], 0, plan.steps, answers)
+    steps = plan.steps
+    assert batch.x0.shape == (2, 4, SIZE // 2, SIZE // 2) and batch.images.dtype == torch.uint8
+    assert batch.traj_x.shape == (2, len(steps), 4, SIZE // 2, SIZE // 2)
+    assert torch.equal(
+        batch.traj_log_prob, torch.stack([as_tensor(a, "rollout_log_probs") for a in answers])[:, steps]
+    )
+    assert torch.equal(batch.traj_next[:, 0], batch.traj_x[:, 1])  # a window of consecutive steps
+    # diffrl's kernel on the server's own velocity: the server's transitions and log-probs
+    kernel = resolve_kernel(eng.spec.sampler)
+    family = eng.family
+    velocity = torch.stack([as_tensor(a, "rollout_debug_tensors", "rollout_model_outputs") for a in answers])
+    for k, i in enumerate(steps):
+        v = family.unpack_latents(velocity[:, i], SIZE, SIZE)
+        out = kernel.step(
+            batch.traj_x[:, k],
+            v,
+            batch.traj_sigma[:, k],
+            batch.traj_sigma_next[:, k],
+            noise_level=eng.spec.noise_level,
+            sigma_max=eng.sigmas[1].item(),
+            prev_sample=batch.traj_next[:, k],
+        )
+        assert (out.log_prob - batch.traj_log_prob[:, k]).abs().max() < 1e-5
+        # diffrl's forward with diffrl's encoding of the prompt: the server's velocity
+        ours = family.velocity(batch.traj_x[:, k], batch.traj_sigma[:, k], batch.cond)
+        assert (ours - v).abs().max() < 1e-5
+
+
+def test_final_samples_without_a_trajectory(tmp_path, flux_dir):
+    eng, plan = engine(tmp_path, flux_dir, *EXCHANGES["flux_ode"])
+    answers = decode_rollout((DATA / "flux_ode.msgpack").read_bytes())
+    batch = eng._batch(plan.micro_groups[0], 0, plan.steps, answers)
+    assert batch.traj_x is None and batch.traj_log_prob is None
+    assert batch.x0.shape == (2, 4, SIZE // 2, SIZE // 2) and torch.isfinite(batch.x0).all()
+    # the samples differ: sglang's per-output seeds gave each its own noise
+    assert not torch.equal(batch.x0[0], batch.x0[1])
+
+
+def test_a_wrong_schedule_is_refused(tmp_path, flux_dir):
+    eng, plan = engine(tmp_path, flux_dir, *EXCHANGES["flux_sde"])
+    answers = decode_rollout((DATA / "flux_sde.msgpack").read_bytes())
+    eng.sigmas = eng.sigmas * 0.5
+    with pytest.raises(Exception, match="sigmas"):
+        eng._batch(plan.micro_groups[0], 0, plan.steps, answers)
