@@ -53,7 +53,7 @@ from torch import nn
 from diffrl.config import Config
 from diffrl.data.prompts import PromptSet
 from diffrl.errors import Abandoned
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import DTYPES, ModelFamily
 from diffrl.parallel import state_checksum
 from diffrl.rollout import CollectionSpec, RolloutBatch, quantize
 from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, StageClock
@@ -74,6 +74,8 @@ SDE_TYPES = {"sde": ("sde", False), "cps": ("cps", True)}
 SEED_SPAN = 2**40
 """Per-slot seeds are drawn below 2^63 - SEED_SPAN, so ``seed + j`` never overflows."""
 SIGMA_TOLERANCE = 1e-5
+PRECISIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+"""``model.dtype`` -> the server's precision flags."""
 
 
 @torch.no_grad()
@@ -111,9 +113,9 @@ class SglangEngine:
         model_id: str | None = None
         """``--model-id`` for ``sglang serve`` (e.g. ``FLUX.1-dev``) when sglang cannot tell the
         model from its folder."""
-        precision: Literal["fp32", "bf16"] = "fp32"
-        """The server's transformer, text encoders and VAE (``bf16``: faster on GPUs; its
-        log-probs then differ from a float32 replay, see docs/engines.md)."""
+        precision: Literal["fp32", "bf16", "fp16"] | None = None
+        """The server's transformer, text encoders and VAE; None: ``model.dtype``'s (the trainer
+        replays in that dtype: ``bf16`` log-probs differ from a float32 replay, see docs/engines.md)."""
         start_timeout_s: float = 300.0
         request_timeout_s: float = 600.0
         max_response_mb: float = 1024.0
@@ -165,7 +167,8 @@ class SglangEngine:
         self.sigmas = sampling_sigmas(config, family).cpu()
         self.num_steps = config.sampling.num_steps
         self.kernel = self.planner.kernel
-        self.dtype = torch.float32 if self.options.precision == "fp32" else torch.bfloat16
+        self.precision = self.options.precision or PRECISIONS[config.model.dtype]
+        self.dtype = {v: DTYPES[k] for k, v in PRECISIONS.items()}[self.precision]
         self.run_dir = config.run.resolved_output_dir() / "sglang"
         self.weights_root = Path(tempfile.mkdtemp(prefix="diffrl-sglang-weights-"))
         self.weights_dir: Path | None = None
@@ -184,7 +187,7 @@ class SglangEngine:
             o.command or os.environ.get("DIFFRL_SGLANG", "sglang"),
             str(Path(self.config.model.path).resolve()),
             o.model_id,
-            o.precision,
+            self.precision,
             list(o.extra_args),
         )
 
@@ -289,7 +292,7 @@ class SglangEngine:
             raise EngineServerError(
                 f"weight sync: the sglang server at {server.url} holds transformer weights with checksum "
                 f"{held[:16]}..., not the trainer's {expected[:16]}... (precision "
-                f"{self.options.precision!r}: the server must hold the weights in that dtype)"
+                f"{self.precision!r}: the server must hold the weights in that dtype)"
             )
 
     # ---- rollouts --------------------------------------------------------------------------------
