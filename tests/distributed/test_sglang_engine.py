@@ -154,4 +154,6 @@ def test_a_server_killed_mid_rollout_is_restarted_and_nothing_is_lost(
         assert b["rollout/reward_failed"] == 0
         assert a["rollout/reward/raw_mean"] == pytest.approx(b["rollout/reward/raw_mean"], abs=1e-6)
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5, abs=1e-7)
-    assert held_weights(flux_dir, run.checkpoint) == held_weights(flux_dir, whole.checkpoint)
+    # the same trained weights (to float tolerance: only the seeds are guaranteed, not the bits)
+    a, b = (load_file(str(r.checkpoint / "trainable.safetensors")) for r in (whole, run))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
