@@ -184,8 +184,9 @@ class Dispatch:
         """Wait for a micro-group's scores, each reward by its deadline (``timeout_s`` from submit,
         as in one process: see :class:`~diffrl.rewards.base.PendingRewards`). A worker that died is
         replaced and the micro-group re-sent (counted in ``reissued``); one still busy, dead or
-        unreachable at the deadline is killed and replaced, and the micro-group fails (NaN, "timed
-        out") instead of being sent again."""
+        unreachable at the deadline (or that reports a sample timed out: it enforces the same deadline
+        itself, and its reward thread is stuck) is killed and replaced, and the micro-group fails
+        (NaN, "timed out") instead of being sent again."""
         ray = import_ray()
         outs, resent, deaths = [], 0, 0
         labels = reward_labels(self.rewards)
@@ -195,7 +196,12 @@ class Dispatch:
             deadline = submitted + cfg.timeout_s
             while True:
                 try:
-                    outs.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+                    out = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+                    if out.timed_out.any() and pool.replace(w, worker):
+                        # the worker enforced the deadline itself (the driver came to wait late):
+                        # its reward thread is still stuck, so it is replaced as if it were
+                        self._timed_out_workers.add(worker)
+                    outs.append(out)
                     break
                 except ray.exceptions.GetTimeoutError:
                     # stuck or too slow: a replacement takes the micro-groups queued behind this one
