@@ -32,6 +32,12 @@ via Regulated Clipping", arXiv 2510.22319), two options, off by default:
 
 Both are derived for the ``sde`` kernel (Flow-Factory's ``grpo-guard`` likewise requires Flow-SDE).
 With them on, ``ratio`` and ``clipfrac`` are of r̂; ``approx_kl`` stays on the raw log-ratio.
+
+Rollout correction (``rollout_correction: tis | mask``, none by default; see
+:mod:`diffrl.algorithms.rollout_correction`): when the rollout was drawn by another policy than the
+trainer's (a serving engine's kernels and precision), the update first replays every recorded
+transition with the weights it starts from (π_old), clips π_θ/π_old instead of π_θ/μ, and weights
+each transition's term by the truncated (or masked) ρ = π_old/μ, μ the log-prob the engine recorded.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import torch
 
 from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
 from diffrl.algorithms.base import DiffusionAlgorithm
+from diffrl.algorithms.rollout_correction import correction_problems, correction_weights
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.sampling.kernels import FlowSDE, kernel_problems, resolve_kernel
 from diffrl.sampling.step_strategies import build_step_strategy
@@ -124,6 +131,9 @@ class GRPOExamples(TrainExamples):
     ``x_t, x_next: (N, *latent)``; ``sigma, sigma_next, old_log_prob, advantages: (N,)``;
     ``sample_id, step: (N,)`` the rollout row and the step index each transition came from;
     ``old_mean: (N, *latent)`` the rollout's transition mean (GRPO-Guard's RatioNorm only, else None).
+    ``behaviour_log_prob (N,)``: with rollout correction, the log-probs the rollout recorded (μ),
+    while ``old_log_prob`` (and ``old_mean``) become the trainer's replay at the update's start
+    (filled in by ``before_update``); else None.
     """
 
     sample_id: torch.Tensor
@@ -136,6 +146,7 @@ class GRPOExamples(TrainExamples):
     advantages: torch.Tensor
     cond: Conditioning
     old_mean: torch.Tensor | None = None
+    behaviour_log_prob: torch.Tensor | None = None
 
 
 class FlowGRPO(DiffusionAlgorithm):
@@ -172,6 +183,14 @@ class FlowGRPO(DiffusionAlgorithm):
         grad_reweight: bool = False
         """GRPO-Guard's gradient reweighting: divide each transition's clipped term by its step's
         σ − σ' (see the module docstring; ``sampler: sde`` only)."""
+        rollout_correction: Literal["none", "tis", "mask"] = "none"
+        """``none`` (the recorded log-probs are π_old), ``tis`` (truncated importance weights
+        min(π_old/μ, cap)) or ``mask`` (transitions with π_old/μ outside [1/cap, cap] drop out),
+        π_old the trainer's replay at the update's start and μ the rollout's recorded log-prob: for
+        an engine whose kernels or precision differ from the trainer's (``rollout.engine``). Costs
+        one no-grad forward per transition per iteration. See the module docstring."""
+        rollout_correction_cap: float = 2.0
+        """``C`` of ``rollout_correction`` (verl's default threshold)."""
 
     def __init__(self, params, config):
         super().__init__(params, config)
@@ -200,6 +219,7 @@ class FlowGRPO(DiffusionAlgorithm):
             )
         if p.clip_range <= 0 or p.adv_clip_max <= 0 or p.kl_beta < 0:
             errors.append("algorithm.params: clip_range and adv_clip_max must be > 0, kl_beta >= 0")
+        errors += correction_problems(p.rollout_correction, p.rollout_correction_cap, "algorithm.params.")
         guard = p.ratio_norm or p.grad_reweight
         if guard and not sampler_problems and not isinstance(resolve_kernel(p.sampler), FlowSDE):
             errors.append(
@@ -257,24 +277,45 @@ class FlowGRPO(DiffusionAlgorithm):
             old_mean=batch.traj_mean[r_idx, k_idx] if self.params.ratio_norm else None,
         )
 
-    def compute_loss(self, policy, examples: GRPOExamples) -> tuple[torch.Tensor, dict[str, float]]:
-        p = self.params
-        s = self.config.sampling
-        kernel = resolve_kernel(p.sampler)  # the rollout's kernel: the replay scores the recorded step
-        sigma_max = policy.sigmas[1].item()
-        negative = policy.negative(examples.cond)
+    def _replay(self, policy, examples: GRPOExamples):
+        """The recorded transitions scored by the trainable policy: the kernel's step output
+        (``log_prob (N,)``, ``mean (N, *latent)``, ``std (N,)``)."""
+        kernel = resolve_kernel(self.params.sampler)  # the rollout's kernel: scores the recorded step
         v = policy.velocity(
-            examples.x_t, examples.sigma, examples.cond, guidance_scale=s.guidance_scale, negative=negative
+            examples.x_t,
+            examples.sigma,
+            examples.cond,
+            guidance_scale=self.config.sampling.guidance_scale,
+            negative=policy.negative(examples.cond),
         )
-        out = kernel.step(
+        return kernel.step(
             examples.x_t,
             v,
             examples.sigma,
             examples.sigma_next,
-            noise_level=p.noise_level,
-            sigma_max=sigma_max,
+            noise_level=self.params.noise_level,
+            sigma_max=policy.sigmas[1].item(),
             prev_sample=examples.x_next,
         )
+
+    def before_update(self, policy, examples: GRPOExamples) -> GRPOExamples:
+        if self.params.rollout_correction == "none":
+            return examples
+        # π_old: the same micro-batches as the update that follows, so its first ratio is exactly 1
+        outs = [self._replay(policy, mb) for mb in policy.micro_batches(examples)]
+        examples.behaviour_log_prob = examples.old_log_prob
+        examples.old_log_prob = torch.cat([o.log_prob for o in outs])
+        if self.params.ratio_norm:
+            examples.old_mean = torch.cat([o.mean for o in outs])
+        return examples
+
+    def compute_loss(self, policy, examples: GRPOExamples) -> tuple[torch.Tensor, dict[str, float]]:
+        p = self.params
+        s = self.config.sampling
+        kernel = resolve_kernel(p.sampler)
+        sigma_max = policy.sigmas[1].item()
+        negative = policy.negative(examples.cond)
+        out = self._replay(policy, examples)
         guard: dict[str, float] = {}
         log_ratio = weight = None
         if p.ratio_norm or p.grad_reweight:
@@ -287,6 +328,16 @@ class FlowGRPO(DiffusionAlgorithm):
                 guard["train/ratio_mean_bias"] = bias.detach().mean().item()
             if p.grad_reweight:
                 weight = 1.0 / minus_dt
+        recorded = examples.old_log_prob  # the rollout's log-probs (μ)
+        if p.rollout_correction != "none":
+            if examples.behaviour_log_prob is None:
+                raise RuntimeError("Flow-GRPO: rollout correction needs before_update's replay first")
+            recorded = examples.behaviour_log_prob
+            correction = correction_weights(
+                examples.old_log_prob, recorded, p.rollout_correction, p.rollout_correction_cap
+            )
+            weight = correction.weight if weight is None else weight * correction.weight
+            guard.update(correction.metrics)
         terms = ppo_clip_loss(
             out.log_prob,
             examples.old_log_prob,
@@ -321,8 +372,5 @@ class FlowGRPO(DiffusionAlgorithm):
         return loss, {
             **terms.metrics(kl),
             **guard,
-            "train/log_prob_mean_abs_diff": (out.log_prob.detach() - examples.old_log_prob)
-            .abs()
-            .mean()
-            .item(),
+            "train/log_prob_mean_abs_diff": (out.log_prob.detach() - recorded).abs().mean().item(),
         }

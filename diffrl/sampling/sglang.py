@@ -76,6 +76,20 @@ SEED_SPAN = 2**40
 SIGMA_TOLERANCE = 1e-5
 PRECISIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 """``model.dtype`` -> the server's precision flags."""
+MODEL_IDS = {"FluxPipeline": "FLUX.1-dev"}
+"""A diffusers folder's pipeline class -> the ``--model-id`` sglang resolves its native pipeline by
+(sglang 0.5.23 ``configs/pipeline_configs/flux.py``: any id with ``flux.1`` in it, dev and
+schnell alike). A folder sglang cannot resolve runs on its diffusers backend, which has no
+``/rollout/generate`` (:data:`~diffrl.sampling.sglang_server.DIFFUSERS_FALLBACK`)."""
+
+
+def default_model_id(path: Path) -> str | None:
+    """The ``--model-id`` for the diffusers folder ``path`` from its ``model_index.json``, if known."""
+    try:
+        name = json.loads((path / "model_index.json").read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return MODEL_IDS.get(name) if isinstance(name, str) else None
 
 
 @torch.no_grad()
@@ -111,8 +125,8 @@ class SglangEngine:
         """Running servers to use instead of starting one (``http://host:port``); diffrl then
         neither starts, restarts nor stops them."""
         model_id: str | None = None
-        """``--model-id`` for ``sglang serve`` (e.g. ``FLUX.1-dev``) when sglang cannot tell the
-        model from its folder."""
+        """``--model-id`` for ``sglang serve`` (e.g. ``FLUX.1-dev``): what sglang resolves its
+        native pipeline by. None: from the folder's ``model_index.json`` (:data:`MODEL_IDS`)."""
         precision: Literal["fp32", "bf16", "fp16"] | None = None
         """The server's transformer, text encoders and VAE; None: ``model.dtype``'s (the trainer
         replays in that dtype: ``bf16`` log-probs differ from a float32 replay, see docs/engines.md)."""
@@ -183,10 +197,11 @@ class SglangEngine:
     # ---- servers ---------------------------------------------------------------------------------
     def _command(self) -> ServeCommand:
         o = self.options
+        path = Path(self.config.model.path).resolve()
         return ServeCommand(
             o.command or os.environ.get("DIFFRL_SGLANG", "sglang"),
-            str(Path(self.config.model.path).resolve()),
-            o.model_id,
+            str(path),
+            o.model_id or default_model_id(path),
             self.precision,
             list(o.extra_args),
         )

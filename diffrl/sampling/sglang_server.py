@@ -70,6 +70,10 @@ def log_tail(path: Path | None, lines: int = 25) -> str:
     return "\n".join("    " + line for line in text)
 
 
+DIFFUSERS_FALLBACK = "Falling back to diffusers backend"
+"""What sglang logs when it cannot resolve a native pipeline for the model (0.5.23 ``registry.py``)."""
+
+
 @dataclass
 class ServeCommand:
     """How to start one server: ``sglang serve`` with the model folder and diffrl's flags."""
@@ -136,6 +140,13 @@ class Server:
         server = cls(f"http://{host}:{port}", process, log_path)
         try:
             server.wait_healthy(timeout_s)
+            if DIFFUSERS_FALLBACK in log_path.read_text(errors="replace"):
+                raise EngineServerError(
+                    f"sglang did not recognise the model in {command.model_path} and serves it with its "
+                    "diffusers backend, which cannot draw rollouts (no /rollout/generate); set "
+                    "rollout.engine_options.model_id to the model's name as sglang knows it (e.g. "
+                    f"FLUX.1-dev; was {command.model_id!r}). Its log: {log_path}"
+                )
         except BaseException:
             server.stop()
             raise

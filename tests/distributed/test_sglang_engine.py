@@ -92,10 +92,16 @@ def held_weights(flux_dir, checkpoint: Path) -> str:
     return state_checksum(merged_state(family.transformer, torch.float32))
 
 
+@pytest.fixture(scope="module")
+def grpo_run(ray_cluster, tmp_path_factory, flux_dir, server):
+    """Two Flow-GRPO iterations on the module's server (the killed run is compared with it too)."""
+    return train(config(tmp_path_factory.mktemp("grpo"), flux_dir, "flow_grpo", f"{{urls: ['{server.url}']}}"))
+
+
 def test_flow_grpo_replays_the_servers_transitions_and_the_server_holds_the_trainers_weights(
-    ray_cluster, tmp_path, flux_dir, server
+    flux_dir, server, grpo_run
 ):
-    result = train(config(tmp_path, flux_dir, "flow_grpo", f"{{urls: ['{server.url}']}}"))
+    result = grpo_run
     for m in result.history:
         assert m["train/log_prob_mean_abs_diff"] < ALIGNMENT
         assert m["sync/engine_bytes"] > 0 and m["perf/engine_sync_time"] > 0
@@ -129,10 +135,8 @@ def _kill_after(log_glob: Path, requests: int, killed: list[int], stop: threadin
         time.sleep(0.02)
 
 
-def test_a_server_killed_mid_rollout_is_restarted_and_nothing_is_lost(
-    ray_cluster, tmp_path, flux_dir, server
-):
-    whole = train(config(tmp_path / "whole", flux_dir, "flow_grpo", f"{{urls: ['{server.url}']}}"))
+def test_a_server_killed_mid_rollout_is_restarted_and_nothing_is_lost(ray_cluster, tmp_path, flux_dir, grpo_run):
+    whole = grpo_run
     killed: list[int] = []
     stop = threading.Event()
     out = tmp_path / "killed" / "run"
@@ -142,7 +146,10 @@ def test_a_server_killed_mid_rollout_is_restarted_and_nothing_is_lost(
     try:
         run = train(
             config(
-                tmp_path / "killed", flux_dir, "flow_grpo", f"{{command: '{SGLANG}', model_id: FLUX.1-dev}}"
+                tmp_path / "killed",
+                flux_dir,
+                "flow_grpo",
+                f"{{command: '{SGLANG}'}}",  # model_id from model_index.json
             )
         )
     finally:

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from diffrl.algorithms.advantages import group_advantages
 from diffrl.algorithms.flow_grpo import FlowGRPO
@@ -14,6 +15,7 @@ from diffrl.preflight import load_config
 from diffrl.sampling.collector import OnlineCollector
 from diffrl.train.loop import train
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
+from tests.engines import SHIFT
 
 REWARD = "tests.rewards:brightness"
 
@@ -119,8 +121,6 @@ def test_update_does_not_depend_on_micro_batch_size(tmp_path):
         result = train(
             grpo(tmp_path / str(micro), **{"train.micro_batch_size": micro, "rollout.micro_group_size": 4})
         )
-        from safetensors.torch import load_file
-
         weights.append(load_file(str(result.checkpoint / "trainable.safetensors")))
     for k in weights[0]:
         torch.testing.assert_close(weights[0][k], weights[1][k], atol=1e-6, rtol=1e-4)
@@ -252,3 +252,73 @@ def test_per_reward_advantages_end_to_end(tmp_path):
     )
     expected = (combined - combined.mean()) / (combined.std(unbiased=False) + 1e-4)
     torch.testing.assert_close(adv, expected.float())
+
+
+def _trainable(result) -> dict[str, torch.Tensor]:
+    return load_file(str(result.checkpoint / "trainable.safetensors"))
+
+
+@pytest.mark.parametrize("mode", ["tis", "mask"])
+def test_rollout_correction_changes_nothing_when_the_engine_is_the_trainer(tmp_path, mode):
+    """The built-in engine records the trainer's own log-probs bit for bit: every weight is 1 and
+    the run is the uncorrected run's, bit for bit."""
+    runs = {}
+    for correction in ("none", mode):
+        params = f"{{step_strategy: {{name: sde_window, size: 2, range: [0, 2]}}, rollout_correction: {correction}}}"
+        runs[correction] = train(
+            grpo(tmp_path / correction, **{"train.iterations": 2, "algorithm.params": params})
+        )
+    m = runs[mode].history[0]
+    assert m["train/rollout_is_weight_mean"] == 1.0 and m["train/rollout_is_corrected_frac"] == 0.0
+    assert m["train/rollout_log_prob_abs_diff"] == 0.0 and m["train/rollout_kl"] == 0.0
+    for a, b in zip(runs["none"].history, runs[mode].history):
+        assert (
+            a["train/policy_loss"] == b["train/policy_loss"] and a["train/grad_norm"] == b["train/grad_norm"]
+        )
+    off, on = _trainable(runs["none"]), _trainable(runs[mode])
+    assert off.keys() == on.keys() and all(torch.equal(off[k], on[k]) for k in off)
+
+
+def test_rollout_correction_replays_the_engines_transitions_and_weights_them(tmp_path):
+    """An engine whose recorded log-probs are another policy's (μ, off by a known shift): with the
+    correction the clipped ratio starts from the trainer's replay (exactly 1) and each transition's
+    term is weighted by ρ = π/μ truncated or masked; without it the ratio starts at π/μ and clips."""
+
+    def first_step(mode: str, cap: float) -> dict[str, float]:
+        params = (
+            "{step_strategy: {name: sde_window, size: 2, range: [0, 2]}, "
+            f"rollout_correction: {mode}, rollout_correction_cap: {cap}}}"
+        )
+        overrides = {"rollout.engine": "tests.engines:MisalignedLogProbs", "algorithm.params": params}
+        return train(grpo(tmp_path / f"{mode}{cap}", **overrides)).history[0]
+
+    runs = {
+        (mode, cap): first_step(mode, cap)
+        for mode, cap in [("none", 2), ("tis", 2), ("mask", 2), ("mask", 3)]
+    }
+    shift = torch.tensor(SHIFT, dtype=torch.float64)
+    rho, diff = shift.exp(), shift.abs().mean().item()  # even samples: ρ = e^1; odd: e^-0.25
+    for m in runs.values():
+        assert m["train/log_prob_mean_abs_diff"] == pytest.approx(diff, abs=1e-5)
+    assert runs["none", 2]["train/clipfrac"] == 1.0 and "train/rollout_is_weight_mean" not in runs["none", 2]
+    expected = {
+        ("tis", 2): ((2.0 + rho[1].item()) / 2, 0.5),
+        ("mask", 2): (0.5, 0.5),
+        ("mask", 3): (1.0, 0.0),
+    }
+    for key, (weight_mean, corrected) in expected.items():
+        m = runs[key]
+        assert m["train/ratio_abs_minus_1"] == 0.0 and m["train/clipfrac"] == 0.0
+        assert m["train/rollout_is_weight_mean"] == pytest.approx(weight_mean, abs=1e-5)
+        assert m["train/rollout_is_corrected_frac"] == corrected
+        assert m["train/rollout_is_raw_mean"] == pytest.approx(rho.mean().item(), abs=1e-5)
+        assert m["train/rollout_log_prob_abs_diff"] == pytest.approx(diff, abs=1e-5)
+        assert m["train/rollout_kl"] == pytest.approx((rho - 1 - shift).mean().item(), abs=1e-5)
+    # the weights are in the loss: with the ratio 1 it is mean(−A·w), with w = (0, 1) for (even,
+    # odd) samples at mask 2, (1, 1) at mask 3 and (2, e^-0.25) at tis 2
+    odd = runs["mask", 2]["train/policy_loss"]
+    even = runs["mask", 3]["train/policy_loss"] - odd
+    assert even != 0.0 and odd != 0.0
+    assert runs["tis", 2]["train/policy_loss"] == pytest.approx(
+        2 * even + rho[1].item() * odd, rel=1e-4, abs=1e-7
+    )

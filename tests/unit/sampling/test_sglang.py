@@ -15,7 +15,7 @@ from diffrl.algorithms.registry import build_algorithm
 from diffrl.data.prompts import load_prompts
 from diffrl.models.registry import load_family
 from diffrl.sampling.kernels import resolve_kernel
-from diffrl.sampling.sglang import SglangEngine
+from diffrl.sampling.sglang import SglangEngine, default_model_id
 from diffrl.sampling.sglang_server import as_tensor, decode_rollout
 from tests.integration.family_checks import family_config
 from tests.integration.test_flux import SIZE, write_tiny_flux
@@ -127,3 +127,13 @@ def test_a_wrong_schedule_is_refused(tmp_path, flux_dir):
     eng.sigmas = eng.sigmas * 0.5
     with pytest.raises(Exception, match="sigmas"):
         eng._batch(plan.micro_groups[0], 0, plan.steps, answers)
+
+
+def test_the_model_id_comes_from_the_folders_pipeline_class(tmp_path):
+    assert default_model_id(tmp_path) is None  # no model_index.json
+    (tmp_path / "model_index.json").write_text('{"_class_name": "FluxPipeline"}')
+    assert default_model_id(tmp_path) == "FLUX.1-dev"
+    (tmp_path / "model_index.json").write_text('{"_class_name": "SomeOtherPipeline"}')
+    assert default_model_id(tmp_path) is None
+    (tmp_path / "model_index.json").write_text("[not json")
+    assert default_model_id(tmp_path) is None
