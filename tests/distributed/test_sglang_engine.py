@@ -95,7 +95,9 @@ def held_weights(flux_dir, checkpoint: Path) -> str:
 @pytest.fixture(scope="module")
 def grpo_run(ray_cluster, tmp_path_factory, flux_dir, server):
     """Two Flow-GRPO iterations on the module's server (the killed run is compared with it too)."""
-    return train(config(tmp_path_factory.mktemp("grpo"), flux_dir, "flow_grpo", f"{{urls: ['{server.url}']}}"))
+    return train(
+        config(tmp_path_factory.mktemp("grpo"), flux_dir, "flow_grpo", f"{{urls: ['{server.url}']}}")
+    )
 
 
 def test_flow_grpo_replays_the_servers_transitions_and_the_server_holds_the_trainers_weights(
@@ -135,7 +137,9 @@ def _kill_after(log_glob: Path, requests: int, killed: list[int], stop: threadin
         time.sleep(0.02)
 
 
-def test_a_server_killed_mid_rollout_is_restarted_and_nothing_is_lost(ray_cluster, tmp_path, flux_dir, grpo_run):
+def test_a_server_killed_mid_rollout_is_restarted_and_nothing_is_lost(
+    ray_cluster, tmp_path, flux_dir, grpo_run
+):
     whole = grpo_run
     killed: list[int] = []
     stop = threading.Event()
