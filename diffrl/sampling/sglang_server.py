@@ -86,13 +86,18 @@ class ServeCommand:
     """``fp32`` or ``bf16`` for the transformer, text encoders and VAE alike."""
     extra_args: list[str]
 
-    def argv(self, host: str, port: int, num_text_encoders: int) -> list[str]:
+    def argv(self, host: str, port: int, num_text_encoders: int, internal: tuple[int, int]) -> list[str]:
+        """``internal``: the (torch.distributed master, scheduler) ports: sglang's defaults are fixed
+        (30005, 5555 + a random 0-100), checked for being free when it starts and bound later, so two
+        servers starting side by side (two engines on one host) could both take them; the
+        second then dies with EADDRINUSE (seen in CI)."""
         args = [self.executable, "serve", "--model-path", self.model_path]
         if self.model_id:
             args += ["--model-id", self.model_id]
         # --sleep-on-idle: the scheduler otherwise busy-polls a core; the precision flags go
         # together (a fp32 transformer with bf16 encoders fails with a dtype mismatch)
         args += ["--warmup-mode", "off", "--sleep-on-idle", "--host", host, "--port", str(port)]
+        args += ["--master-port", str(internal[0]), "--scheduler-port", str(internal[1])]
         args += ["--dit-precision", self.precision, "--vae-precision", self.precision]
         args += ["--text-encoder-precisions", *[self.precision] * num_text_encoders]
         return args + list(self.extra_args)
@@ -118,7 +123,7 @@ class Server:
         """Start ``sglang serve`` on a free loopback port and wait for ``/health``."""
         host, port = "127.0.0.1", free_port()
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = command.argv(host, port, num_text_encoders)
+        argv = command.argv(host, port, num_text_encoders, (free_port(), free_port()))
         with open(log_path, "ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()

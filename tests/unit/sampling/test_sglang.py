@@ -16,7 +16,7 @@ from diffrl.data.prompts import load_prompts
 from diffrl.models.registry import load_family
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sglang import SglangEngine, default_model_id
-from diffrl.sampling.sglang_server import as_tensor, decode_rollout
+from diffrl.sampling.sglang_server import ServeCommand, as_tensor, decode_rollout
 from tests.integration.family_checks import family_config
 from tests.integration.test_flux import SIZE, write_tiny_flux
 
@@ -137,3 +137,12 @@ def test_the_model_id_comes_from_the_folders_pipeline_class(tmp_path):
     assert default_model_id(tmp_path) is None
     (tmp_path / "model_index.json").write_text("[not json")
     assert default_model_id(tmp_path) is None
+
+
+def test_each_server_gets_its_own_internal_ports():
+    """sglang's master and scheduler ports default to fixed numbers: two servers starting side by
+    side would race for them, so each launch names its own."""
+    argv = ServeCommand("sglang", "/m", "FLUX.1-dev", "fp32", []).argv("127.0.0.1", 1234, 2, (4001, 4002))
+    assert argv[argv.index("--master-port") + 1] == "4001"
+    assert argv[argv.index("--scheduler-port") + 1] == "4002"
+    assert argv[argv.index("--port") + 1] == "1234"
