@@ -4,6 +4,14 @@ from pathlib import Path
 import pytest
 import torch
 
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+"""The tests' Ray clusters (loopback only) run without Ray 2.60's token auth, set before any Ray
+import: a process's auth mode is cached in Ray's config when Ray first reads it, and the kill -9
+test forks its driver from a pytest worker, so a worker that had read the mode before its own
+``ray.init`` enabled tokens gave a child whose requests carried no token to a cluster that wanted
+one (seen once: "Missing authorization header", GCS never reached). On a fresh machine two workers
+would also race to create ``~/.ray/auth_token``. A run's own cluster keeps Ray's default."""
+
 REFERENCE = Path(__file__).parent / "data" / "reference"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,18 +26,30 @@ def _threads():
     torch.set_num_threads(THREADS)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``--dist loadgroup``): a module's tests run in one worker, so its module
-    fixtures (a model, a run to resume against) are built once. The Ray tests (tests/distributed)
-    are the longest and share only a session cluster: each is scheduled on its own, so both
-    workers take them (each worker starts its cluster when its first Ray test needs one)."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.path.parent.name == "distributed" and item.path.parent.parent.name == "tests":
-            continue
-        item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+WHOLE_DISTRIBUTED_MODULES = {"tests/distributed/test_sglang_engine.py"}
+"""Ray modules kept in one worker anyway: their module fixtures (a server, a reference run) are
+the expensive part."""
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist: a module's tests run in one worker, so its module fixtures (a model, a
+    run to resume against) are built once. The Ray tests (tests/distributed) are the longest and
+    share only a session cluster: each is scheduled on its own, so both workers take them (each
+    worker starts its cluster when its first Ray test needs one).
+
+    A scheduler of our own, not ``xdist_group`` marks: xdist 3.8 groups by appending ``@group`` to
+    ``item._nodeid``, which pytest 9.2 no longer reads (a node's id is ``item._id``), so with the
+    lock's versions ``--dist loadgroup`` silently scheduled every test on its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if module.startswith("tests/distributed/") and module not in WHOLE_DISTRIBUTED_MODULES:
+                return nodeid
+            return module
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture

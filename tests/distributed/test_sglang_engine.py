@@ -35,14 +35,10 @@ from tests.integration.test_flux import SIZE, write_tiny_flux
 
 pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
 SGLANG = os.environ.get("DIFFRL_SGLANG") or shutil.which("sglang")
-pytestmark = [
-    pytest.mark.skipif(
-        SGLANG is None, reason="no sglang-diffusion environment: run .ci/sglang-env and set DIFFRL_SGLANG"
-    ),
-    # one xdist worker for the module: its server and reference run are built once (the other
-    # distributed modules spread over both workers, tests/conftest.py)
-    pytest.mark.xdist_group("sglang_engine"),
-]
+pytestmark = pytest.mark.skipif(
+    SGLANG is None, reason="no sglang-diffusion environment: run .ci/sglang-env and set DIFFRL_SGLANG"
+)
+# one xdist worker runs the whole module (tests/conftest.py): its server and reference run are built once
 ALIGNMENT = 1e-6
 """fp32 server, fp32 replay: ``train/log_prob_mean_abs_diff`` measured 3e-8 to 6e-8 (the LoRA is
 merged into the server's weights, unmerged in diffrl's forward: the last bits differ)."""
