@@ -57,10 +57,11 @@ def _rank(rank: int, port: int, path: str) -> None:
         mesh = sequence_mesh("cpu", 1, 2)
         enable_sequence_parallel(model, mesh)
         out, grads = forward_backward(model)
+        own = {k: g.clone() for k, g in grads.items()}  # this rank's part alone
         for g in grads.values():  # each rank's backward covered its half of the sequence
             dist.all_reduce(g, group=mesh["ulysses"].get_group())
         if rank == 0:
-            torch.save({"out": out, "grads": grads}, path)
+            torch.save({"out": out, "grads": grads, "own": own}, path)
     finally:
         dist.destroy_process_group()
 
@@ -75,20 +76,24 @@ def test_two_sequence_ranks_give_one_process_s_output_and_gradients(tmp_path):
     assert got["grads"].keys() == grads.keys() and grads
     for k, g in grads.items():
         torch.testing.assert_close(got["grads"][k], g, rtol=1e-5, atol=1e-7, msg=k)
+    # the sequence was split: one rank's backward alone is not the whole gradient
+    assert not all(torch.allclose(got["own"][k], g, rtol=1e-3, atol=1e-6) for k, g in grads.items())
 
 
 def _bare(rank: int, port: int, path: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         from diffusers import ContextParallelConfig
 
         try:
             tiny_wan().enable_parallelism(
-                config=ContextParallelConfig(ulysses_degree=1, mesh=sequence_mesh("cpu", 1, 1))
+                config=ContextParallelConfig(ulysses_degree=2, mesh=sequence_mesh("cpu", 1, 2))
             )
-            torch.save("ok", path)
+            outcome = "ok"
         except ZeroDivisionError:
-            torch.save("ZeroDivisionError", path)
+            outcome = "ZeroDivisionError"
+        if rank == 0:
+            torch.save(outcome, path)
     finally:
         dist.destroy_process_group()
 
@@ -99,5 +104,5 @@ def test_diffusers_still_divides_by_the_accelerator_count(tmp_path):
     ``torch.accelerator.device_count()`` (0 on CPU) before it reads a given mesh, this fails and the
     workaround can go."""
     path = str(tmp_path / "bare.pt")
-    mp.spawn(_bare, args=(free_port(), path), nprocs=1, join=True)
+    mp.spawn(_bare, args=(free_port(), path), nprocs=2, join=True)
     assert torch.load(path) == "ZeroDivisionError"
