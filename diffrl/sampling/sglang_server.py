@@ -230,6 +230,12 @@ class Server:
             payload = resp.read(max_bytes + 1)
             if len(payload) > max_bytes:
                 raise EngineServerError(f"{path}: the server's answer exceeds {max_bytes:,} bytes")
+            if length is not None and len(payload) < int(length):
+                # http.client's read(amt) returns what came before the connection closed, without
+                # IncompleteRead: a server killed mid-answer (seen in CI as undecodable msgpack)
+                raise EngineUnreachable(
+                    f"{self.url}{path}: the answer broke off after {len(payload):,} of {int(length):,} bytes"
+                )
             return resp.status, payload, resp.getheader("Content-Type") or ""
         except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out
             raise EngineUnreachable(f"{self.url}{path}: {type(e).__name__}: {e}") from e
@@ -246,7 +252,13 @@ class Server:
 
     def generate(self, request: dict[str, Any], timeout_s: float, max_bytes: int) -> list[dict[str, Any]]:
         """``POST /rollout/generate``: one decoded dict per image (tensors as tensors)."""
-        return decode_rollout(self.post("/rollout/generate", request, timeout_s, max_bytes))
+        payload = self.post("/rollout/generate", request, timeout_s, max_bytes)
+        try:
+            return decode_rollout(payload)
+        except Exception as e:
+            if not self.alive():  # it died while answering: what came is a piece of the answer
+                raise EngineUnreachable(f"{self.url}: the server died while answering ({e})") from e
+            raise
 
     def update_weights_from_disk(self, folder: Path, timeout_s: float) -> None:
         payload = self.post(

@@ -6,6 +6,8 @@ diffrl's kernels and forward with the server's on the recorded transitions. No s
 from __future__ import annotations
 
 import json
+import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from diffrl.data.prompts import load_prompts
 from diffrl.models.registry import load_family
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sglang import SglangEngine, default_model_id
-from diffrl.sampling.sglang_server import ServeCommand, as_tensor, decode_rollout
+from diffrl.sampling.sglang_server import EngineUnreachable, ServeCommand, Server, as_tensor, decode_rollout
 from tests.integration.family_checks import family_config
 from tests.integration.test_flux import SIZE, write_tiny_flux
 
@@ -146,3 +148,31 @@ def test_each_server_gets_its_own_internal_ports():
     assert argv[argv.index("--master-port") + 1] == "4001"
     assert argv[argv.index("--scheduler-port") + 1] == "4002"
     assert argv[argv.index("--port") + 1] == "1234"
+
+
+def test_an_answer_that_breaks_off_reads_as_an_unreachable_server():
+    """A server killed mid-answer: fewer bytes than its Content-Length, then the connection closes.
+    http.client returns the piece without an error; the client must treat it as a dead server (so
+    the engine restarts it), not decode the piece."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_half() -> None:
+        conn, _ = listener.accept()
+        request = b""
+        while not request.endswith(b"{}"):  # the whole request (its body is "{}"): no reset on close
+            request += conn.recv(65536)
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/msgpack\r\nContent-Length: 1000\r\n\r\n"
+            + b"x" * 10
+        )
+        conn.close()
+
+    server = threading.Thread(target=answer_half)
+    server.start()
+    try:
+        with pytest.raises(EngineUnreachable, match="broke off after 10 of 1,000 bytes"):
+            Server(f"http://127.0.0.1:{port}").request("POST", "/rollout/generate", {}, timeout_s=10)
+    finally:
+        server.join()
+        listener.close()
