@@ -1,5 +1,6 @@
 """FSDP2 for trainer ranks: ``torch.distributed`` set-up, ``fully_shard`` per transformer block,
-and the few collectives the actor needs (sums and maxima of plain numbers).
+the data x sequence device mesh, and the few collectives the actor needs (sums and maxima of plain
+numbers).
 
 Following PyTorch's FSDP2 guide (``torch.distributed.fsdp.fully_shard``): each block is its own
 FSDP unit (one all-gather per block in forward and backward), then the root module. Parameters
@@ -17,21 +18,44 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+SEQUENCE_MESH_DIMS = ("dp", "ring", "ulysses")
+"""The trainer mesh's axes: data parallel, then diffusers' two context-parallel axes (ring is 1)."""
+
+
+def sequence_mesh(device_type: str, data: int, sequence: int) -> DeviceMesh:
+    """The ``(dp, ring=1, ulysses)`` mesh over ``data * sequence`` ranks: consecutive ranks share
+    a sequence group (rank r is in data group r // sequence)."""
+    return init_device_mesh(device_type, (data, 1, sequence), mesh_dim_names=SEQUENCE_MESH_DIMS)
 
 
 @dataclass
 class DistContext:
-    """This process's place in the trainer group."""
+    """This process's place in the trainer group: ``world_size = data groups x sequence``; the
+    ``sequence`` ranks of a data group (consecutive ranks) hold the same examples and split each
+    sample's tokens (Ulysses, over ``mesh["ulysses"]``)."""
 
     rank: int
     world_size: int
     device: torch.device = torch.device("cpu")
     """Where the small collectives' tensors live (cuda under NCCL)."""
+    sequence: int = 1
+    mesh: DeviceMesh | None = None
+    """The ``(dp, ring, ulysses)`` mesh when ``sequence > 1`` (:func:`sequence_mesh`)."""
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's data group (the share of a step's examples it holds)."""
+        return self.rank // self.sequence
 
     def sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        """Sums over the data groups of per-group values (each group's first rank counts; the
+        other ranks of a sequence group hold the same numbers)."""
+        counted = values if self.rank % self.sequence == 0 else [0.0] * len(values)
+        t = torch.tensor(counted, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.tolist()
 
@@ -47,9 +71,16 @@ class DistContext:
 
 
 def init_distributed(
-    rank: int, world_size: int, address: str, port: int, backend: str | None, device: torch.device
+    rank: int,
+    world_size: int,
+    address: str,
+    port: int,
+    backend: str | None,
+    device: torch.device,
+    sequence: int = 1,
 ) -> DistContext:
-    """Join the trainer group (gloo on CPU, NCCL on GPU unless ``backend`` says otherwise)."""
+    """Join the trainer group (gloo on CPU, NCCL on GPU unless ``backend`` says otherwise); with
+    ``sequence > 1``, also the data x sequence mesh (``world_size`` a multiple of ``sequence``)."""
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if device.type == "cuda":
@@ -57,7 +88,9 @@ def init_distributed(
         device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)
     dist.init_process_group(backend, rank=rank, world_size=world_size)
-    return DistContext(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
+    mesh = sequence_mesh(device.type, world_size // sequence, sequence) if sequence > 1 else None
+    small = device if backend == "nccl" else torch.device("cpu")
+    return DistContext(rank, world_size, small, sequence, mesh)
 
 
 def shard_module(module: nn.Module, blocks: list[nn.Module]) -> None:

@@ -214,6 +214,11 @@ class RayConfig:
     """Actors per reward type, fed per micro-group as rollouts finish."""
     num_trainer_ranks: int = 1
     """FSDP2 ranks (one Ray actor each, in one placement group)."""
+    sequence_parallel: int = 1
+    """Trainer ranks per sample (Ulysses sequence parallel, for long videos): each sample's tokens
+    are split over this many ranks, whose attention exchanges heads for sequence (all-to-all);
+    ``num_trainer_ranks`` = data-parallel groups x this, and FSDP2 shards over all of them.
+    Families whose diffusers transformer has a context-parallel plan only."""
     colocate: bool = True
     """Engine i shares rank i's device (GPU runs); false: engines get devices of their own."""
     rewards_on_gpu: bool = False

@@ -84,6 +84,10 @@ class ModelFamily(ABC):
     sound: ClassVar[bool] = False
     """True: an audio-video family, whose :meth:`decode_media` returns a waveform with the frames
     (its latent state holds the audio stream too); rewards that hear (``Reward.audio``) need one."""
+    sequence_parallel: ClassVar[bool] = False
+    """True: the family's transformer trains with each sample's tokens split over
+    ``ray.sequence_parallel`` ranks (Ulysses, through the context-parallel plan diffusers declares
+    for its class; ``tests/distributed/test_sequence_parallel.py`` checks each such family)."""
 
     @dataclass
     class Options:
@@ -123,6 +127,33 @@ class ModelFamily(ABC):
         the names diffusers gives them; the rest of ``module`` becomes the root unit."""
         names = ("transformer_blocks", "single_transformer_blocks", "blocks")
         return [block for name in names for block in getattr(module, name, None) or []]
+
+    def sequence_parallel_modules(self, module: nn.Module) -> list[nn.Module]:
+        """The diffusers transformers inside ``module`` (the transformer, or a frozen copy of it)
+        that take the context-parallel plan: ``module`` itself unless it wraps several."""
+        return [module]
+
+    @classmethod
+    def sequence_lengths(cls, config: Config, check_files: bool = True) -> dict[str, int] | None:
+        """The lengths the context-parallel plan splits, by what they count (e.g. ``{"video
+        tokens": 2048}``), and the attention heads under ``"attention heads"``, from the config and
+        the model folder's JSON files before anything loads; None when they cannot be known yet.
+        Families with :attr:`sequence_parallel` override it."""
+        return None
+
+    @classmethod
+    def sequence_problems(cls, config: Config, check_files: bool = True) -> list[str]:
+        """Problems with splitting this config's samples over ``ray.sequence_parallel`` ranks:
+        every length the plan splits, and the heads Ulysses exchanges for tokens, must be a
+        multiple of it (diffusers asserts it mid-forward)."""
+        n = config.ray.sequence_parallel
+        lengths = cls.sequence_lengths(config, check_files) if n > 1 else None
+        return [
+            f"ray.sequence_parallel={n}: the {cls.name} model's {what} ({length}) do not split over "
+            f"{n} ranks (Ulysses needs a multiple of {n}{'' if what == 'attention heads' else '; change sampling.height/width or the frame count'})"
+            for what, length in (lengths or {}).items()
+            if length % n
+        ]
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod

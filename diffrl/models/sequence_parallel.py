@@ -14,16 +14,7 @@ from collections.abc import Iterator
 import torch
 from diffusers import ContextParallelConfig
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-SEQUENCE_MESH_DIMS = ("dp", "ring", "ulysses")
-"""The trainer mesh's axes: data parallel, then diffusers' two context-parallel axes (ring is 1)."""
-
-
-def sequence_mesh(device_type: str, data: int, sequence: int) -> DeviceMesh:
-    """The ``(dp, ring=1, ulysses)`` mesh over ``data * sequence`` ranks: consecutive ranks share
-    a sequence group (rank r is in data group r // sequence)."""
-    return init_device_mesh(device_type, (data, 1, sequence), mesh_dim_names=SEQUENCE_MESH_DIMS)
+from torch.distributed.device_mesh import DeviceMesh
 
 
 @contextlib.contextmanager

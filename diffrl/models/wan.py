@@ -187,6 +187,10 @@ class WanFamily(DiffusersFolderFamily):
     default_lora_targets = WAN_LORA_TARGETS
     fps = 16.0
     """Wan's frame rate (diffusers' Wan examples export with ``export_to_video(..., fps=16)``)."""
+    sequence_parallel = True
+    """``WanTransformer3DModel._cp_plan`` splits the video tokens after the patch embedding (and
+    the rope, and Wan 2.2 TI2V's per-token timesteps) and gathers ``proj_out``'s output; the
+    text cross-attention's keys stay whole."""
 
     @dataclass
     class Options:
@@ -253,6 +257,30 @@ class WanFamily(DiffusersFolderFamily):
             return None
         step = int(spatial) * int(patch[1])
         return SizeRule(step, f"the VAE's {spatial}x spatial compression times the patch size {patch[1]}")
+
+    @classmethod
+    def sequence_lengths(cls, config, check_files: bool = True) -> dict[str, int] | None:
+        """The video tokens, ``(num_frames - 1) / 4 + 1`` latent frames x ``H / 16`` x ``W / 16``
+        (VAE 8x, patch 2x2), and the attention heads."""
+        spatial = cls.component_setting(
+            config, check_files, "vae", "AutoencoderKLWan", "scale_factor_spatial"
+        )
+        patch = cls.component_setting(config, check_files, "transformer", cls.transformer_class, "patch_size")
+        heads = cls.component_setting(
+            config, check_files, "transformer", cls.transformer_class, "num_attention_heads"
+        )
+        frames = config.model.options.get("num_frames", cls.Options.num_frames)
+        s = config.sampling
+        height, width = s.height or 480, s.width or 832  # the pipeline's default size
+        if None in (spatial, patch, heads) or not isinstance(frames, int) or frames < 1:
+            return None
+        tokens = ((frames - 1) // TEMPORAL_FACTOR + 1) // int(patch[0])
+        tokens *= height // (int(spatial) * int(patch[1])) * (width // (int(spatial) * int(patch[2])))
+        return {"video tokens": tokens, "attention heads": int(heads)}
+
+    def sequence_parallel_modules(self, module: nn.Module) -> list[nn.Module]:
+        """Each expert of a :class:`WanExperts` (each a ``WanTransformer3DModel``)."""
+        return module.experts if isinstance(module, WanExperts) else [module]
 
     @classmethod
     def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:

@@ -21,9 +21,29 @@ def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
         return [f"model.family: {config.model.family!r} is not a ModelFamily subclass"]
     errors = family_cls.validate_config(config, check_files=check_files)
     errors += family_cls.lora_problems(config, check_files=check_files)
+    errors += sequence_parallel_problems(family_cls, config, check_files)
     if size:
         errors += family_cls.size_problems(config, check_files=check_files)
     return errors
+
+
+def sequence_parallel_problems(family_cls: type[ModelFamily], config: Config, check_files: bool) -> list[str]:
+    """``ray.sequence_parallel`` > 1 needs a family that can split its samples' tokens, and
+    lengths that split evenly."""
+    n = config.ray.sequence_parallel
+    if not isinstance(n, int) or n <= 1:
+        return []
+    if not family_cls.sequence_parallel:
+        able = [
+            name for name in FAMILIES.names() if getattr(FAMILIES.resolve(name), "sequence_parallel", False)
+        ]
+        return [
+            f"ray.sequence_parallel={n}: the {family_cls.name} family's transformer cannot split a "
+            f"sample over ranks (diffusers declares no context-parallel plan for it, or diffrl has "
+            f"not tested it); families that can: {', '.join(able) or 'none'}. Set "
+            "ray.sequence_parallel: 1 (FSDP2 still shards the weights over ray.num_trainer_ranks)"
+        ]
+    return family_cls.sequence_problems(config, check_files)
 
 
 def guidance_problems(config: Config) -> list[str]:

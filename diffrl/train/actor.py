@@ -15,6 +15,7 @@ from torch import nn
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config, LoraConfig
 from diffrl.models.base import ModelFamily
+from diffrl.models.sequence_parallel import enable_sequence_parallel
 from diffrl.parallel import DistContext, full_tensor, shard_module
 from diffrl.rollout import Conditioning, TrainExamples
 from diffrl.sampling.sampler import sampling_sigmas
@@ -198,7 +199,10 @@ class Actor:
 
     With ``dist`` (a trainer rank), the transformer (and the frozen copies an algorithm keeps) is
     sharded with FSDP2 after the adapters are in place and before the optimizer sees the
-    parameters; :meth:`train_step` then takes this rank's share of a step's examples.
+    parameters; :meth:`train_step` then takes this rank's share of a step's examples. With
+    ``dist.sequence > 1`` its attention first goes Ulysses over the sequence ranks
+    (:func:`~diffrl.models.sequence_parallel.enable_sequence_parallel`): the ranks of a sequence
+    group take the same examples, each computing its part of every sample's tokens.
     """
 
     def __init__(
@@ -223,8 +227,12 @@ class Actor:
         old = OldPolicy(family, config.model.lora) if keep_old else None
         if dist is not None and dist.world_size > 1:  # one rank holds everything: nothing to shard
             for module in (family.transformer, reference, old.module if old is not None else None):
-                if module is not None:
-                    shard_module(module, family.fsdp_blocks(module))
+                if module is None:
+                    continue
+                if dist.mesh is not None:  # Ulysses over the sequence ranks, then FSDP2 over all
+                    for part in family.sequence_parallel_modules(module):
+                        enable_sequence_parallel(part, dist.mesh)
+                shard_module(module, family.fsdp_blocks(module))
             if old is not None:
                 old.bind()
         self.params = family.trainable_parameters()
@@ -325,7 +333,8 @@ class Actor:
                     break
                 # every rank must run the same backward passes (FSDP collectives); the NaN
                 # gradient then skips the step on all of them
-            # FSDP averages gradients over ranks: scale back up to the sum of the shares
+            # FSDP averages gradients over all ranks: scale back up to the sum of the shares (a
+            # sequence group's ranks each hold the gradient of their tokens: these add up too)
             (loss * share * world).backward()
             loss_sum += loss.item() * share
             for k, v in metrics.items():

@@ -94,6 +94,13 @@ class LocalRunner:
 
     @classmethod
     def validate(cls, config: Config, check_files: bool = True) -> list[str]:
+        sp = config.ray.sequence_parallel
+        if sp != 1:
+            return [
+                f"ray.sequence_parallel={sp} splits each sample over trainer ranks, and runner=local "
+                "is one process: set runner: ray (with ray.num_trainer_ranks a multiple of it), or "
+                "ray.sequence_parallel: 1"
+            ]
         return []
 
     def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):

@@ -13,8 +13,8 @@ from diffusers import WanTransformer3DModel
 from peft import LoraConfig, inject_adapter_in_model
 from torch.distributed.fsdp import fully_shard
 
-from diffrl.models.sequence_parallel import enable_sequence_parallel, sequence_mesh
-from diffrl.parallel import free_port
+from diffrl.models.sequence_parallel import enable_sequence_parallel
+from diffrl.parallel import free_port, sequence_mesh
 
 
 def tiny_wan() -> WanTransformer3DModel:

@@ -387,3 +387,31 @@ def test_sample_writes_each_video_as_an_mp4_and_its_frames(tmp_path, wan21_dir, 
         assert (video.width, video.height, video.average_rate) == (SIZE * 2, SIZE, 16)
         assert sum(1 for _ in container.decode(video=0)) == FRAMES
     assert sorted(p.name for p in (out / "0000").iterdir()) == [f"frame_{i:04d}.png" for i in range(FRAMES)]
+
+
+def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path, wan21_dir):
+    """``ray.sequence_parallel: 4``: 5 frames of 48 x 48 are 2 x 3 x 3 = 18 video tokens, and the
+    tiny transformer has 2 heads; neither splits over 4 ranks (diffusers would assert mid-forward)."""
+    from diffrl.config import ConfigError
+
+    sp = {"runner": "ray", "ray.num_trainer_ranks": 4, "ray.sequence_parallel": 4}
+    with pytest.raises(ConfigError) as e:
+        wan_config(tmp_path, wan21_dir, **sp, **{"sampling.height": 48, "sampling.width": 48})
+    msg = str(e.value)
+    assert "ray.sequence_parallel=4: the wan model's video tokens (18) do not split over 4 ranks" in msg
+    assert "the wan model's attention heads (2) do not split over 4 ranks" in msg
+    # 2 ranks: 18 tokens and 2 heads split
+    assert (
+        wan_config(
+            tmp_path,
+            wan21_dir,
+            **{
+                **sp,
+                "ray.num_trainer_ranks": 2,
+                "ray.sequence_parallel": 2,
+                "sampling.height": 48,
+                "sampling.width": 48,
+            },
+        ).ray.sequence_parallel
+        == 2
+    )

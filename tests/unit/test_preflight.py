@@ -91,6 +91,26 @@ def test_guidance_defaults_to_the_familys_and_an_explicit_value_wins():
     assert load_config({}, ["sampling.guidance_scale=1"]).sampling.guidance_scale == 1.0
 
 
+def test_sequence_parallel_settings_are_checked_before_anything_starts():
+    recipe = "recipes/tiny_grpo_ocr_small.yaml"
+    with pytest.raises(ConfigError) as e:
+        load_config(recipe, ["runner=ray", "ray.num_trainer_ranks=3", "ray.sequence_parallel=2"])
+    msg = str(e.value)
+    assert "ray.sequence_parallel=2 ranks per sample do not divide ray.num_trainer_ranks=3" in msg
+    # the tiny family (SD3's transformer class) has no context-parallel plan: the error names who can
+    assert "the tiny family's transformer cannot split a sample over ranks" in msg and "can: wan" in msg
+    with pytest.raises(ConfigError, match=r"over 2 data-parallel group\(s\) \(ray.num_trainer_ranks=4 / "):
+        load_config(
+            recipe,
+            ["runner=ray", "ray.num_trainer_ranks=4", "ray.sequence_parallel=2", "train.batch_size=3"],
+            check_files=False,
+        )
+    with pytest.raises(ConfigError, match="runner=local is one process: set runner: ray"):
+        load_config(recipe, ["ray.sequence_parallel=2"])
+    with pytest.raises(ConfigError, match="ray.sequence_parallel must be >= 1, got 0"):
+        load_config(recipe, ["runner=ray", "ray.sequence_parallel=0"])
+
+
 def scores_on(images, prompts, metadata, device="cpu"):
     return [0.0] * len(prompts)
 

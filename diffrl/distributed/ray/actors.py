@@ -104,9 +104,9 @@ class TrainerRank:
 
     def setup(self, host: str, port: int) -> int:
         config = self.config
-        ctx = init_distributed(
-            self.rank, self.world_size, host, port, config.ray.backend, resolve_device(config.run.device)
-        )
+        device = resolve_device(config.run.device)
+        r = config.ray
+        ctx = init_distributed(self.rank, self.world_size, host, port, r.backend, device, r.sequence_parallel)
         torch.manual_seed(config.run.seed)  # the same LoRA init on every rank as in one process
         self.algorithm = build_algorithm(config)
         family = load_family(config)

@@ -51,11 +51,23 @@ def ray_checks(config: Config, check_files: bool) -> list[str]:
         )
     if r.backend not in (None, "gloo", "nccl"):
         errors.append(f"ray.backend must be gloo, nccl or null, got {r.backend!r}")
-    ranks, per_step = r.num_trainer_ranks, config.train.batch_size
-    if ranks >= 1 and per_step % ranks:
+    ranks, per_step, sp = r.num_trainer_ranks, config.train.batch_size, r.sequence_parallel
+    if sp < 1:
+        errors.append(f"ray.sequence_parallel must be >= 1, got {sp}")
+    elif ranks >= 1 and ranks % sp:
+        errors.append(
+            f"ray.sequence_parallel={sp} ranks per sample do not divide ray.num_trainer_ranks={ranks}: "
+            f"the trainer ranks form data-parallel groups of {sp} (e.g. ray.num_trainer_ranks={sp * max(1, ranks // sp)})"
+        )
+    elif ranks >= 1 and per_step % (ranks // sp):
+        groups = ranks // sp
         errors.append(
             f"batch arithmetic: train.batch_size={per_step} samples per optimizer step do not split "
-            f"evenly over ray.num_trainer_ranks={ranks} (ranks take whole samples)"
+            f"evenly over {groups} data-parallel group(s) (ray.num_trainer_ranks={ranks} / "
+            f"ray.sequence_parallel={sp}; groups take whole samples)"
+            if sp > 1
+            else f"batch arithmetic: train.batch_size={per_step} samples per optimizer step do not "
+            f"split evenly over ray.num_trainer_ranks={ranks} (ranks take whole samples)"
         )
     return errors
 

@@ -11,7 +11,9 @@ driver (this process: plans rollouts, runs the algorithm's postprocess/build_tra
 Every random draw of a rollout is keyed by (seed, prompt slot, sample, step), so the engines'
 union is the single-process rollout whatever engine samples which micro-group. Each optimizer
 step's examples are split over the ranks by whole samples; each rank weights its loss by its
-share of the global count, so the reduced gradient is the single-process one. After each update
+share of the global count, so the reduced gradient is the single-process one. With
+``ray.sequence_parallel: N`` the ranks form data-parallel groups of N: a group's ranks take the
+same samples and each runs its part of every sample's tokens (Ulysses attention). After each update
 only the trainable tensors (LoRA A/B pairs) go to the engines, with a checksum.
 
 Faults: an engine or reward worker that dies is replaced (the new engine first takes the current
@@ -141,10 +143,13 @@ class RayRunner:
 
     # ---- training ----------------------------------------------------------------------------------
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
-        per_rank, skipped = shard_steps(chunks, len(self.ranks), self.config.train.micro_batch_size)
+        r = self.config.ray
+        per_rank, skipped = shard_steps(
+            chunks, len(self.ranks), self.config.train.micro_batch_size, r.sequence_parallel
+        )
         if skipped:
             warnings.warn(
-                f"{skipped} optimizer step(s) skipped: fewer samples than trainer ranks", stacklevel=2
+                f"{skipped} optimizer step(s) skipped: fewer samples than data-parallel groups", stacklevel=2
             )
         if not per_rank[0]:
             return []

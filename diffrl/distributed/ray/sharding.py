@@ -33,19 +33,22 @@ def micro_batch_count(sizes: list[int], micro_batch_size: int) -> int:
 
 
 def shard_steps(
-    chunks: list[TrainExamples], world_size: int, micro_batch_size: int
+    chunks: list[TrainExamples], world_size: int, micro_batch_size: int, sequence: int = 1
 ) -> tuple[list[list[RankPart]], int]:
     """Each rank's parts of the optimizer steps ``chunks``, and how many steps are skipped (fewer
-    samples left than ranks: failed rewards, dropped groups)."""
+    samples left than data groups: failed rewards, dropped groups). The ``world_size / sequence``
+    data groups split a step's samples; the ``sequence`` ranks of a group (consecutive ranks) take
+    the same part, each running its share of every sample's tokens."""
+    groups = world_size // sequence
     per_rank: list[list[RankPart]] = [[] for _ in range(world_size)]
     skipped = 0
     for chunk in chunks:
-        parts = split_by_samples(chunk, world_size)
+        parts = split_by_samples(chunk, groups)
         sizes = [len(p) for p in parts]
         if min(sizes) == 0:
             skipped += 1
             continue
         count = micro_batch_count(sizes, micro_batch_size)
         for r in range(world_size):
-            per_rank[r].append((parts[r], sum(sizes), count))
+            per_rank[r].append((parts[r // sequence], sum(sizes), count))
     return per_rank, skipped

@@ -72,3 +72,17 @@ def test_shard_steps_gives_each_rank_its_share_the_global_count_and_the_common_m
 def test_shard_steps_with_every_step_skipped_leaves_the_ranks_nothing():
     per_rank, skipped = shard_steps([examples([0])], 2, micro_batch_size=2)
     assert (per_rank, skipped) == ([[], []], 1)
+
+
+def test_shard_steps_gives_a_sequence_groups_ranks_the_same_share_counted_once():
+    """``ray.sequence_parallel: 2`` on 4 ranks: 2 data groups (ranks 0-1, 2-3) split the samples;
+    the global count is the step's, not twice it."""
+    per_rank, skipped = shard_steps([examples([0, 1, 2, 3, 4, 5], steps_per_sample=2)], 4, 2, sequence=2)
+    assert skipped == 0
+    shares = [[(p.sample_id.tolist(), total, count) for p, total, count in steps] for steps in per_rank]
+    group0 = [([0, 0, 1, 1, 2, 2], 12, 3)]
+    group1 = [([3, 3, 4, 4, 5, 5], 12, 3)]
+    assert shares == [group0, group0, group1, group1]
+    # one sample: one data group's worth, so with 2 groups the step is skipped; with 1 it is not
+    assert shard_steps([examples([0])], 4, 2, sequence=2)[1] == 1
+    assert shard_steps([examples([0])], 2, 2, sequence=2)[1] == 0
