@@ -32,6 +32,7 @@ from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from torch import nn
 from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
+from diffrl.config import Config
 from diffrl.models.base import DTYPES, SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part
 from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
@@ -59,6 +60,48 @@ def image_ids(h: int, w: int, device: torch.device, dtype: torch.dtype) -> torch
     ids[..., 1] = torch.arange(h // 2)[:, None]
     ids[..., 2] = torch.arange(w // 2)[None, :]
     return ids.reshape(-1, 3).to(device=device, dtype=dtype)
+
+
+def sequence_ranks(module: nn.Module) -> int:
+    """The ranks ``module``'s tokens are split over: the context-parallel degree (Ulysses x ring)
+    that diffusers' ``ModelMixin.enable_parallelism`` (``models/modeling_utils.py``) records on
+    the model as ``_parallel_config``; 1 for a model without (every forward but sequence-parallel
+    training). ``tests/integration/test_sequence_parallel.py`` notices if diffusers moves it: its
+    Qwen-Image prompts are padded only through this."""
+    config = getattr(module, "_parallel_config", None)
+    cp = getattr(config, "context_parallel_config", None)
+    return 1 if cp is None else cp.ulysses_degree * cp.ring_degree
+
+
+def sample_size(config: Config, rule: SizeRule) -> tuple[int, int]:
+    """``(sampling.height, sampling.width)``, where unset the pipelines' default: 128 latents a
+    side (``default_sample_size``), 64 tokens of ``rule.multiple`` px."""
+    default = 64 * rule.multiple
+    return config.sampling.height or default, config.sampling.width or default
+
+
+def packed_lengths(
+    family: type[DiffusersFolderFamily], config: Config, check_files: bool, text: bool
+) -> dict[str, int] | None:
+    """What the context-parallel plans of FLUX.1, FLUX.2 and Qwen-Image split, for
+    :meth:`~diffrl.models.base.ModelFamily.sequence_lengths`: the packed image tokens of a
+    ``sampling.height x width`` sample (:func:`sample_size`; one token per ``SizeRule.multiple``
+    px square: VAE compression x 2 x 2 packing), with ``text`` the text tokens
+    (``model.options.max_sequence_length``: every prompt padded to it), and the attention heads
+    (Ulysses exchanges them for tokens). None until the model folder can be read."""
+    rule = family.size_rule(config, check_files)
+    heads = family.component_setting(
+        config, check_files, "transformer", family.transformer_class, "num_attention_heads"
+    )
+    length = config.model.options.get("max_sequence_length", family.Options.max_sequence_length)
+    if rule is None or heads is None or not isinstance(length, int):
+        return None
+    height, width = sample_size(config, rule)
+    lengths = {"image tokens": (height // rule.multiple) * (width // rule.multiple)}
+    if text:
+        lengths["text tokens (model.options.max_sequence_length)"] = length
+    lengths["attention heads"] = int(heads)
+    return lengths
 
 
 def resolution_shifted_sigmas(
@@ -137,6 +180,14 @@ class FluxFamily(PackedLatentFamily):
     default_lora_targets = SD3_LORA_TARGETS
     """The attention projections of the double-stream blocks incl. the text stream's ``add_*``
     (``to_q/k/v`` also match the single-stream blocks' attention), as for SD3."""
+    sequence_parallel = True
+    """diffusers' ``FluxTransformer2DModel._cp_plan`` (``models/transformers/transformer_flux.py``)
+    splits, at the model's input, the packed image tokens (``hidden_states``, with ``img_ids``) and
+    the T5 text tokens (``encoder_hidden_states``, with ``txt_ids``), all over the sequence, and
+    gathers ``proj_out``'s output; the pooled CLIP embedding, the timestep and the embedded
+    guidance stay whole. Each joint attention runs over every rank's text and image tokens (a
+    permuted order, which unmasked attention does not see). Both lengths are fixed by the config:
+    the image's size and ``max_sequence_length`` (T5 pads every prompt to it)."""
 
     @dataclass
     class Options:
@@ -166,6 +217,12 @@ class FluxFamily(PackedLatentFamily):
             return None
         vae = 2 ** (len(blocks) - 1)
         return SizeRule(vae * 2, f"the VAE's {vae}x downsampling, then 2 x 2 packing")
+
+    @classmethod
+    def sequence_lengths(cls, config, check_files: bool = True) -> dict[str, int] | None:
+        """The packed image tokens (``H / 16 x W / 16`` for the 8x VAE), the T5 text tokens
+        (``max_sequence_length``) and the attention heads."""
+        return packed_lengths(cls, config, check_files, text=True)
 
     def __init__(self, parts, pipeline_config, scheduler_config, device, options):
         super().__init__(parts, pipeline_config, scheduler_config, device, options)

@@ -89,6 +89,7 @@ from transformers import AutoProcessor, AutoTokenizer, Mistral3ForConditionalGen
 
 from diffrl.models.base import DTYPES, SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
+from diffrl.models.flux import packed_lengths
 from diffrl.models.sd3 import SD3_LORA_TARGETS
 from diffrl.rollout import Conditioning
 
@@ -195,6 +196,14 @@ class Flux2Family(DiffusersFolderFamily):
     ``sampling.guidance_scale: 4.0`` (``Flux2KleinPipeline``'s default)."""
     default_lora_targets = [*DOUBLE_STREAM_TARGETS, "attn.to_qkv_mlp_proj"]
     """Listed for messages; :meth:`lora_targets` adds every single-stream block's ``attn.to_out``."""
+    sequence_parallel = True
+    """diffusers' ``Flux2Transformer2DModel._cp_plan`` (``models/transformers/transformer_flux2.py``)
+    splits, at the model's input, the image tokens (``hidden_states``) and the text tokens
+    (``encoder_hidden_states``) over the sequence, with their position ids (``img_ids`` /
+    ``txt_ids``, 3-D ``(1, N, 4)`` as :meth:`forward` passes them: the plan leaves 2-D ids whole),
+    and gathers ``proj_out``'s output; the timestep and [dev]'s embedded guidance stay whole. Both
+    lengths are fixed by the config: the image's size and ``max_sequence_length`` (the pipelines'
+    prompt encoders pad every prompt to it)."""
 
     @dataclass
     class Options:
@@ -322,6 +331,12 @@ class Flux2Family(DiffusersFolderFamily):
         vae = 2 ** (len(blocks) - 1)
         return SizeRule(vae * 2, f"the VAE's {vae}x downsampling, then 2 x 2 patches")
 
+    @classmethod
+    def sequence_lengths(cls, config, check_files: bool = True) -> dict[str, int] | None:
+        """The image tokens (``H / 16 x W / 16`` for the 8x VAE), the text tokens
+        (``max_sequence_length``) and the attention heads."""
+        return packed_lengths(cls, config, check_files, text=True)
+
     # ---- construction --------------------------------------------------------------------------
     @classmethod
     def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
@@ -399,8 +414,11 @@ class Flux2Family(DiffusersFolderFamily):
             timestep=sigma.to(dtype),  # the pipeline's t / 1000
             guidance=guidance,
             encoder_hidden_states=text,
-            txt_ids=Flux2Pipeline._prepare_text_ids(text[:1])[0].to(x_t.device),  # (0, 0, 0, l)
-            img_ids=Flux2Pipeline._prepare_latent_ids(x_t[:1])[0].to(x_t.device),  # (0, row, col, 0)
+            # (1, L, 4) and (1, N, 4), the pipeline's 3-D layout with one row (the transformer reads
+            # row 0): the context-parallel plan splits ids on dim 1 of a 3-D tensor only, and would
+            # leave 2-D ones whole (their rotary embedding then twice the split tokens)
+            txt_ids=Flux2Pipeline._prepare_text_ids(text[:1]).to(x_t.device),  # (0, 0, 0, l)
+            img_ids=Flux2Pipeline._prepare_latent_ids(x_t[:1]).to(x_t.device),  # (0, row, col, 0)
             return_dict=False,
         )[0]
         return out.transpose(1, 2).reshape(b, c, h, w)

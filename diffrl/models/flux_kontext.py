@@ -44,7 +44,7 @@ from PIL import Image
 from torch import nn
 
 from diffrl.models.base import SourceError
-from diffrl.models.flux import FluxFamily, image_ids, pack, unpack
+from diffrl.models.flux import FluxFamily, image_ids, pack, sample_size, sequence_ranks, unpack
 from diffrl.rollout import Conditioning, Source
 
 
@@ -70,6 +70,10 @@ class FluxKontextFamily(FluxFamily):
     name = "flux_kontext"
     pipeline_class = "FluxKontextPipeline"
     edits = True
+    sequence_parallel = True
+    """FLUX.1's plan (``FluxTransformer2DModel._cp_plan``, see :attr:`FluxFamily.sequence_parallel`):
+    the image sequence it splits is the noisy tokens followed by the source's (with their ids),
+    so their sum must split; the text tokens and the heads as FLUX.1's."""
 
     @dataclass
     class Options(FluxFamily.Options):
@@ -83,6 +87,26 @@ class FluxKontextFamily(FluxFamily):
             vae_scale_factor=self.vae_scale_factor * 2
         )  # as the pipeline
         self._source_size: tuple[int, int] | None = None
+
+    @classmethod
+    def sequence_lengths(cls, config, check_files: bool = True) -> dict[str, int] | None:
+        """FLUX.1's, the image tokens counting the source's too: with ``auto_resize``, those of
+        the Kontext resolution nearest the output's aspect ratio (the sources are cropped to it);
+        without, a source keeps its own size, which only the images tell: then the image tokens
+        are left out here, and :meth:`forward` reports a sum that does not split."""
+        lengths = super().sequence_lengths(config, check_files)
+        if lengths is None:
+            return None
+        if not config.model.options.get("auto_resize", cls.Options.auto_resize):
+            del lengths["image tokens"]
+            return lengths
+        rule = cls.size_rule(config, check_files)  # known: FLUX.1's lengths needed it
+        height, width = sample_size(config, rule)
+        m = rule.multiple
+        if min(height, width) >= m:  # smaller: a size error (size_problems)
+            sh, sw = kontext_size(width, height, m, True)
+            lengths["image tokens"] += (sh // m) * (sw // m)
+        return lengths
 
     # ---- the source image ----------------------------------------------------------------------
     @classmethod
@@ -136,5 +160,15 @@ class FluxKontextFamily(FluxFamily):
         source_ids = image_ids(sh, sw, x_t.device, torch.float32)
         source_ids[:, 0] = 1
         tokens = torch.cat([pack(x_t), pack(source.to(x_t.dtype))], dim=1)
+        noise_tokens, source_tokens = (h // 2) * (w // 2), (sh // 2) * (sw // 2)
+        ranks = sequence_ranks(module)
+        if (noise_tokens + source_tokens) % ranks:  # before diffusers' bare assert in its split
+            v = self.vae_scale_factor
+            raise SourceError(
+                f"{self.name}: {noise_tokens} output tokens and {source_tokens} source tokens "
+                f"({sw * v}x{sh * v} px) do not split over ray.sequence_parallel={ranks} ranks; "
+                f"their sum must be a multiple of {ranks}: change sampling.height/width, the "
+                "sources' size, or set model.options.auto_resize: true"
+            )
         out = self.forward_tokens(module, tokens, torch.cat([ids, source_ids]), sigma, cond)
-        return unpack(out[:, : (h // 2) * (w // 2)], h, w)
+        return unpack(out[:, :noise_tokens], h, w)

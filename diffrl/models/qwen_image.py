@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 from torch import nn
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from diffrl.models.base import DTYPES, SizeRule
 from diffrl.models.diffusers_folder import latent_stats, load_part, read_json
-from diffrl.models.flux import PackedLatentFamily, pack, unpack
+from diffrl.models.flux import PackedLatentFamily, pack, packed_lengths, sequence_ranks, unpack
 from diffrl.rollout import Conditioning
 
 # QwenImagePipeline.__init__'s constants (the integration test checks they still match)
@@ -65,6 +66,23 @@ QWEN_IMAGE_LORA_TARGETS = [
 ]
 
 
+def text_tokens(module: nn.Module, cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
+    """The text a forward of ``module`` takes from ``cond``: ``encoder_hidden_states (B, n, D)``
+    and ``encoder_hidden_states_mask (B, n)``, cut after the batch's longest prompt (the rest is
+    padding, masked anyway; the pipeline pads to the batch's longest prompt too, and a short prompt
+    saves most of the text). Under sequence parallel the plan splits the text tokens, so ``n`` is
+    rounded up to a multiple of the ranks (:func:`~diffrl.models.flux.sequence_ranks`) with more
+    masked zeros: masked keys take no attention, and the text's RoPE positions go by index, so the
+    prompt's tokens and the image see the same as without (up to float rounding)."""
+    text, mask = cond.tensors["encoder_hidden_states"], cond.tensors["encoder_hidden_states_mask"]
+    ranks = sequence_ranks(module)
+    n = -(-max(1, int(mask.sum(dim=1).max())) // ranks) * ranks
+    if n > mask.shape[1]:  # beyond the cached padding (an odd max_sequence_length)
+        extra = n - mask.shape[1]
+        text, mask = F.pad(text, (0, 0, 0, extra)), F.pad(mask, (0, extra))
+    return text[:, :n], mask[:, :n]
+
+
 class QwenImageFamily(PackedLatentFamily):
     name = "qwen_image"
     pipeline_class = "QwenImagePipeline"
@@ -73,6 +91,16 @@ class QwenImageFamily(PackedLatentFamily):
     default_guidance = 4.0
     """``QwenImagePipeline``'s ``true_cfg_scale`` (applied with ``sampling.negative_prompt``)."""
     default_lora_targets = QWEN_IMAGE_LORA_TARGETS
+    sequence_parallel = True
+    """diffusers' ``QwenImageTransformer2DModel._cp_plan``
+    (``models/transformers/transformer_qwenimage.py``) splits over the sequence the packed image
+    tokens (``hidden_states``) and the text tokens (``encoder_hidden_states``) at the first block's
+    input, the text mask (and 2511's ``modulate_index``) at every block's, and the rotary
+    embeddings ``pos_embed`` returns for both; it gathers ``proj_out``'s output. The timestep
+    embedding stays whole. Each Ulysses attention gathers the ranks' text masks with their keys
+    (``TemplatedUlyssesAttention`` in ``models/attention_dispatch.py``). The image tokens are fixed
+    by the config; the text tokens are the batch's longest prompt, which :func:`text_tokens` pads
+    with masked zeros to a multiple of the ranks."""
 
     @dataclass
     class Options:
@@ -103,6 +131,12 @@ class QwenImageFamily(PackedLatentFamily):
                 "is true CFG: sampling.guidance_scale)"
             )
         return problems
+
+    @classmethod
+    def sequence_lengths(cls, config, check_files: bool = True) -> dict[str, int] | None:
+        """The packed image tokens (``H / 16 x W / 16`` for the 8x VAE) and the attention heads
+        (the text, padded at each forward, always splits)."""
+        return packed_lengths(cls, config, check_files, text=False)
 
     @classmethod
     def size_rule(cls, config, check_files: bool = True) -> SizeRule | None:
@@ -160,16 +194,12 @@ class QwenImageFamily(PackedLatentFamily):
         velocity ``(B, C, H, W)``, through the packed ``(B, H/2 * W/2, 4C)`` tokens."""
         b, _, h, w = x_t.shape
         dtype = next(module.parameters()).dtype
-        c = cond.to(x_t.device, dtype)
-        mask = c.tensors["encoder_hidden_states_mask"]
-        # the text tokens after the batch's longest prompt are masked anyway: drop them (the
-        # pipeline pads to the batch's longest prompt too); a short prompt saves most of the text
-        n = max(1, int(mask.sum(dim=1).max()))
+        text, mask = text_tokens(module, cond.to(x_t.device, dtype))
         out = module(
             hidden_states=pack(x_t).to(dtype),
             timestep=sigma.to(dtype),  # the pipeline's t / 1000
-            encoder_hidden_states=c.tensors["encoder_hidden_states"][:, :n],
-            encoder_hidden_states_mask=mask[:, :n],
+            encoder_hidden_states=text,
+            encoder_hidden_states_mask=mask,
             img_shapes=[[(1, h // 2, w // 2)]] * b,
             return_dict=False,
         )[0]

@@ -69,8 +69,8 @@ from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditi
 from diffrl.config import ConfigError
 from diffrl.models.base import DTYPES, SourceError
 from diffrl.models.diffusers_folder import load_part, read_json
-from diffrl.models.flux import pack, unpack
-from diffrl.models.qwen_image import QwenImageFamily
+from diffrl.models.flux import pack, sample_size, sequence_ranks, unpack
+from diffrl.models.qwen_image import QwenImageFamily, text_tokens
 from diffrl.rollout import Conditioning, Source
 
 # QwenImageEditPlusPipeline's constants (the integration test checks they still match)
@@ -109,6 +109,11 @@ class QwenImageEditFamily(QwenImageFamily):
     own_condition_size: ClassVar[bool] = True
     """True: the VL encoder's picture is resized to ``condition_image_area``; False: it is the VAE's
     image (the first Qwen-Image-Edit)."""
+    sequence_parallel = True
+    """Qwen-Image's plan (see :attr:`QwenImageFamily.sequence_parallel`): the image sequence it
+    splits is the noise tokens followed by the reference's (``pos_embed`` gives both their rotary
+    embedding, 2511's ``modulate_index`` marks them), so their sum must split; the text is padded
+    as Qwen-Image's."""
 
     @dataclass
     class Options:
@@ -156,6 +161,22 @@ class QwenImageEditFamily(QwenImageFamily):
         except ConfigError:
             return None  # reported with the other option problems
         return cls.variant(path).edit_sizes(width, height, options)
+
+    @classmethod
+    def sequence_lengths(cls, config, check_files: bool = True) -> dict[str, int] | None:
+        """Qwen-Image's, the image tokens counting the reference's: ``vae_image_area`` at the
+        output's aspect ratio (the sources are cropped to it), packed 2 x 2 after the 8x VAE."""
+        lengths = super().sequence_lengths(config, check_files)
+        rule = cls.size_rule(config, check_files)
+        if lengths is None or rule is None:
+            return lengths
+        height, width = sample_size(config, rule)
+        sizes = cls.source_size(config, width, height)
+        if sizes is None:
+            return lengths
+        vae_w, vae_h, _, _ = sizes
+        lengths["image tokens"] += (vae_h // rule.multiple) * (vae_w // rule.multiple)
+        return lengths
 
     @classmethod
     def variant(cls, folder: Path) -> type[QwenImageEditFamily]:
@@ -351,15 +372,24 @@ class QwenImageEditFamily(QwenImageFamily):
         b, _, h, w = x_t.shape
         dtype = next(module.parameters()).dtype
         c = cond.to(x_t.device, dtype)
-        mask = c.tensors["encoder_hidden_states_mask"]
-        n = max(1, int(mask.sum(dim=1).max()))  # the batch's longest edit (the rest is padding)
+        text, mask = text_tokens(module, c)  # the batch's longest edit (the rest is padding)
         reference = c.tensors["image_latents"]
         rh, rw = reference.shape[-2:]
+        noise_tokens, reference_tokens = (h // 2) * (w // 2), (rh // 2) * (rw // 2)
+        ranks = sequence_ranks(module)
+        if (noise_tokens + reference_tokens) % ranks:  # before diffusers' bare assert in its split
+            v = self.vae_scale_factor
+            raise SourceError(
+                f"{self.name}: {noise_tokens} output tokens and {reference_tokens} reference tokens "
+                f"({rw * v}x{rh * v} px) do not split over ray.sequence_parallel={ranks} ranks; "
+                f"their sum must be a multiple of {ranks}: change sampling.height/width or "
+                "model.options.vae_image_area"
+            )
         out = module(
             hidden_states=torch.cat([pack(x_t.to(dtype)), pack(reference)], dim=1),
             timestep=sigma.to(dtype),  # the pipeline's t / 1000
-            encoder_hidden_states=c.tensors["encoder_hidden_states"][:, :n],
-            encoder_hidden_states_mask=mask[:, :n],
+            encoder_hidden_states=text,
+            encoder_hidden_states_mask=mask,
             img_shapes=[[(1, h // 2, w // 2), (1, rh // 2, rw // 2)]] * b,
             return_dict=False,
         )[0]

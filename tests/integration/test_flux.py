@@ -20,6 +20,20 @@ from tests.integration.family_checks import (
 )
 
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
+SEQUENCE_3 = {"runner": "ray", "ray.num_trainer_ranks": 3, "ray.sequence_parallel": 3}
+"""One sequence group of 3 trainer ranks: the tiny models' 16-token images and 2 heads do not split."""
+SEQUENCE_2 = {**SEQUENCE_3, "ray.num_trainer_ranks": 2, "ray.sequence_parallel": 2}
+
+
+def pretend_sequence_ranks(module, n: int) -> None:
+    """Leave on ``module`` the record of a split over ``n`` ranks that diffusers'
+    ``enable_parallelism`` leaves (``_parallel_config``), without its hooks: what a family reads
+    (:func:`diffrl.models.flux.sequence_ranks`) to pad its text or refuse its tokens, checked in
+    one process (the forward itself stays whole)."""
+    from types import SimpleNamespace
+
+    cp = SimpleNamespace(ulysses_degree=n, ring_degree=1)
+    module._parallel_config = SimpleNamespace(context_parallel_config=cp)
 
 
 def write_tiny_flux(path, guidance_embeds: bool = True, pipeline: str = "FluxPipeline") -> None:
@@ -206,3 +220,20 @@ def test_bad_folders_and_options_are_reported_together_before_loading(tmp_path, 
         assert problem in str(e.value)
     with pytest.raises(ConfigError, match="no built-in weights"):
         flux_config(tmp_path, "random")
+
+
+def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path, flux_dir):
+    """``ray.sequence_parallel: 3``: 16 image tokens, 16 T5 tokens (``max_sequence_length``) and 2
+    heads; none splits over 3 ranks (diffusers would assert mid-forward); over 2 all do."""
+    from diffrl.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        flux_config(tmp_path, flux_dir, **SEQUENCE_3)
+    msg = str(e.value)
+    for what in (
+        "image tokens (16)",
+        "text tokens (model.options.max_sequence_length) (16)",
+        "attention heads (2)",
+    ):
+        assert f"ray.sequence_parallel=3: the flux model's {what} do not split over 3 ranks" in msg
+    assert flux_config(tmp_path, flux_dir, **SEQUENCE_2).ray.sequence_parallel == 2

@@ -196,3 +196,33 @@ def test_bad_options_and_a_guidance_embedded_transformer_are_refused(tmp_path, q
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "guidance_embeds": True}))
     with pytest.raises(ConfigError, match="guidance_embeds"):  # before any weights load
         qwen_config(tmp_path, guided)
+
+
+def test_sequence_parallel_config_errors_and_the_text_padded_to_a_multiple_of_the_ranks(tmp_path, qwen_dir):
+    """``ray.sequence_parallel: 3``: 16 image tokens and 2 heads do not split over 3 ranks. The text
+    is no config error: a forward takes the batch's longest prompt (143 tokens here, a prompt
+    ending exactly at ``max_sequence_length``) and, under sequence parallel, pads it with masked
+    zeros to a multiple of the ranks (144 for 2); the velocity stays the unpadded one's (masked
+    keys get no attention weight: measured 2.4e-7 of velocities up to 1.9, float rounding)."""
+    from diffrl.config import ConfigError
+    from diffrl.models.qwen_image import text_tokens
+    from tests.integration.test_flux import SEQUENCE_2, SEQUENCE_3, pretend_sequence_ranks
+
+    with pytest.raises(ConfigError) as e:
+        qwen_config(tmp_path, qwen_dir, **SEQUENCE_3)
+    msg = str(e.value)
+    for what in ("image tokens (16)", "attention heads (2)"):
+        assert f"ray.sequence_parallel=3: the qwen_image model's {what} do not split over 3 ranks" in msg
+    assert "text tokens" not in msg
+    config = qwen_config(tmp_path, qwen_dir, **SEQUENCE_2, **{"model.options": "{max_sequence_length: 143}"})
+    family = load_family(config)
+    cond = family.encode_prompts(['the word "cats"', "a red square"])  # 143 and 140 text tokens
+    x = torch.randn(2, 16, 8, 8, generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.9, 0.4])
+    with torch.no_grad():
+        whole = family.velocity(x, sigma, cond)
+        pretend_sequence_ranks(family.transformer, 2)
+        text, mask = text_tokens(family.transformer, cond)
+        padded = family.velocity(x, sigma, cond)
+    assert text.shape[1] == 144 and mask.sum(dim=1).tolist() == [143, 140]
+    torch.testing.assert_close(padded, whole, rtol=0, atol=1e-6)

@@ -431,3 +431,26 @@ def test_long_edits_sources_of_another_size_and_prompts_without_sources_are_erro
         family.encode_prompts(['write "42"'])
     with pytest.raises(ValueError, match="encodes the negative prompt with each row's source"):
         family.negative("", 4.0)
+
+
+def test_sequence_parallel_lengths_that_do_not_split_are_errors(tmp_path, edit_dir):
+    """``ray.sequence_parallel: 3``: the image tokens are the output's 24 and the reference's 128
+    (``vae_image_area`` at the output's 2:3), 152, which with the 2 heads do not split over 3 ranks;
+    the forward refuses them too, before diffusers' assert (a source of another aspect than the
+    output's brings a reference of another size than the config check counted)."""
+    from diffrl.models.base import SourceError
+    from tests.integration.test_flux import SEQUENCE_3, pretend_sequence_ranks
+
+    with pytest.raises(ConfigError) as e:
+        qedit_config(tmp_path, edit_dir, **SEQUENCE_3)
+    msg = str(e.value)
+    for what in ("image tokens (152)", "attention heads (2)"):
+        assert f"ray.sequence_parallel=3: the qwen_image_edit model's {what} do not split over 3 ranks" in msg
+    family = load_family(qedit_config(tmp_path, edit_dir, **{"model.lora": "null"}))
+    sources = [load_source(p, HEIGHT, WIDTH) for p in write_sources(tmp_path / "signs")]
+    cond = family.encode_prompts(['write "7"'] * 2, sources)
+    pretend_sequence_ranks(family.transformer, 3)
+    with pytest.raises(
+        SourceError, match=r"24 output tokens and 128 reference tokens \(64x32 px\) do not split"
+    ):
+        family.velocity(torch.zeros(2, 16, 8, 12), torch.tensor([0.9, 0.4]), cond)
