@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 
 from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
-from diffrl.algorithms.base import DiffusionAlgorithm, x0_collection_problems, x0_only_spec
+from diffrl.algorithms.base import DiffusionAlgorithm, TrainCost, x0_collection_problems, x0_only_spec
 from diffrl.algorithms.flow_grpo import ppo_clip_loss
 from diffrl.algorithms.forward_process import expand_timesteps, noised
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
@@ -149,6 +149,13 @@ class AWM(DiffusionAlgorithm):
     @property
     def needs_reference(self) -> bool:
         return self.params.kl_beta > 0
+
+    def train_cost(self) -> TrainCost:
+        """``num_timesteps`` drawn per sample, each replayed once without gradient before the
+        update (the old log-likelihood) and, when kept, by the reference; CFG only with ``train_cfg``."""
+        return TrainCost(
+            self.params.num_timesteps, self.params.train_cfg, 1 + int(bool(self.needs_reference))
+        )
 
     def collection_spec(self) -> CollectionSpec:
         return x0_only_spec(self.params.sampler, self.params.noise_level)

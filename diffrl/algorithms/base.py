@@ -14,6 +14,7 @@ types passing between the stages live at the bottom of the layers, in :mod:`diff
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -85,6 +86,19 @@ def x0_collection_problems(sampler: str, global_std: bool, config: Config) -> li
     return errors
 
 
+@dataclass(frozen=True)
+class TrainCost:
+    """What an iteration's training asks of the transformer per sample, for ``diffrl plan``."""
+
+    examples_per_sample: int
+    """Training examples each sample yields (a trained step, a drawn timestep): each one forward
+    and backward of the policy."""
+    guided: bool
+    """True: those forwards are CFG-combined (two rows each: negative and positive)."""
+    no_grad_forwards: int
+    """Further forwards per example without gradient (reference, old policy, a replay)."""
+
+
 class DiffusionAlgorithm(ABC):
     """One RL/SFT algorithm. Instances are cheap: they are built while validating the config."""
 
@@ -115,6 +129,17 @@ class DiffusionAlgorithm(ABC):
     def old_policy_decay(self, optimizer_step: int) -> float:
         """``d`` in ``θ_old ← d·θ_old + (1 − d)·θ``, applied after each iteration."""
         return 0.0
+
+    def train_cost(self) -> TrainCost:
+        """Per sample: the trained steps of its trajectory (1 without one), with the sampling
+        guidance, plus a reference forward when kept (:attr:`needs_reference`) and an old-policy
+        one (:attr:`keeps_old_policy`). Algorithms that draw timesteps or replay override it."""
+        spec, s = self.collection_spec(), self.config.sampling
+        k = 1
+        if spec.online and spec.keep_trajectory and spec.step_strategy is not None:
+            k = len(spec.step_strategy(s.num_steps, 0, self.config.run.seed))
+        extra = int(bool(self.needs_reference)) + int(bool(self.keeps_old_policy))
+        return TrainCost(max(1, k), True, extra)
 
     def before_update(self, policy: Policy, examples: TrainExamples) -> TrainExamples:
         """Called once per iteration, before its optimizer steps, without gradients: fill in what

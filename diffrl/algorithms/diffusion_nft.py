@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 
 from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
-from diffrl.algorithms.base import DiffusionAlgorithm, x0_collection_problems, x0_only_spec
+from diffrl.algorithms.base import DiffusionAlgorithm, TrainCost, x0_collection_problems, x0_only_spec
 from diffrl.algorithms.forward_process import expand_timesteps, noised
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 
@@ -168,6 +168,12 @@ class DiffusionNFT(DiffusionAlgorithm):
 
     def old_policy_decay(self, optimizer_step: int) -> float:
         return old_policy_decay(self.params.decay_schedule, optimizer_step)
+
+    def train_cost(self) -> TrainCost:
+        """``timestep_fraction`` of the sampling steps per sample, each with the old policy's
+        forward (and the reference's when kept); CFG only with ``train_cfg``."""
+        k = int(self.config.sampling.num_steps * self.params.timestep_fraction)
+        return TrainCost(max(1, k), self.params.train_cfg, 1 + int(bool(self.needs_reference)))
 
     def collection_spec(self) -> CollectionSpec:
         return x0_only_spec(self.params.sampler, self.params.noise_level)

@@ -40,6 +40,7 @@ COMMANDS: dict[str, Command] = {
     "sample": Command("diffrl.cli.sample:run", inputs.sample_inputs),
     "export": Command("diffrl.cli.export:run", inputs.export_inputs),
     "report": Command("diffrl.cli.report:run", inputs.report_inputs),
+    "plan": Command("diffrl.cli.plan:run", inputs.plan_inputs),
     "recipes": Command("diffrl.cli.recipes:run"),
     "serve-reward": Command("diffrl.cli.serve_reward:run", inputs.serve_inputs),
 }

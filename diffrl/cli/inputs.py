@@ -129,6 +129,18 @@ def train_inputs(args: argparse.Namespace) -> Target:
     return Target(config, None, source, SECTIONS)
 
 
+PLAN_GPUS = ("H200", "H100", "A100", "L40S", "L4", "A10", "RTX 4090")
+"""``diffrl plan --gpu``: the GPUs whose datasheet figures :mod:`diffrl.models.numerics` holds."""
+
+
+def plan_inputs(args: argparse.Namespace) -> Target:
+    if args.gpu not in PLAN_GPUS:
+        raise DiffrlError(f"--gpu {args.gpu!r} is not one of {', '.join(PLAN_GPUS)}")
+    if not 0 < args.mfu <= 1:
+        raise DiffrlError(f"--mfu {args.mfu:g} must be in (0, 1], e.g. 0.4")
+    return train_inputs(args)
+
+
 def eval_inputs(args: argparse.Namespace) -> EvalInputs:
     out = Path(args.out).expanduser()
     check_out_dir(out, "--out")

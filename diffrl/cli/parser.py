@@ -14,6 +14,7 @@ DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
   diffrl sample base --prompt 'the number "42"'              prompts -> PNG files and a grid
   diffrl export runs/tiny_sft/checkpoints/final OUT_DIR      a checkpoint -> diffusers-layout model
   diffrl report runs/tiny_sft                                a run's curves, grids and config -> one HTML page
+  diffrl plan recipes/wan22_grpo.yaml --gpu H100             memory per rank and time per iteration, no weights
   diffrl recipes                                             list the shipped recipes
   diffrl serve-reward --reward ocr --port 8100               serve a reward over HTTP (the remote reward)
 """
@@ -112,6 +113,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     h.add_argument("run_dir", help="a training run's output folder, e.g. runs/tiny_demo")
     h.add_argument("--out", help="the HTML file to write (default: RUN_DIR/report.html)")
+
+    n = sub.add_parser(
+        "plan",
+        parents=[common],
+        help="predict a recipe's peak memory per trainer rank and FLOPs per iteration for the real "
+        "model size, without its weights (the model on fake tensors, measured by torch's tools)",
+    )
+    n.add_argument("recipe")
+    n.add_argument("overrides", nargs="*", help="key=value overrides, e.g. ray.num_trainer_ranks=16")
+    n.add_argument(
+        "--gpu",
+        default="H100",
+        help="datasheet peak and memory of: H200, H100, A100, L40S, L4, A10, RTX 4090",
+    )
+    n.add_argument(
+        "--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed for the times (0-1]"
+    )
 
     sub.add_parser("recipes", parents=[common], help="list the shipped recipes")
     return p

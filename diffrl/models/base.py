@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -54,6 +54,40 @@ class SizeRule:
     max_side: int | None = None
     """The largest side the model takes (a learned position embedding's extent), if any."""
     max_why: str = ""
+
+
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "assets" / "configs"
+"""Real models' JSON files without weights (``assets/configs/README.md``), for ``diffrl plan``."""
+
+
+def meta_model(model_cls: type, settings: dict[str, Any], dtype: torch.dtype) -> nn.Module:
+    """A diffusers model built from its ``config.json`` settings on the meta device (no weights,
+    no memory) in ``dtype``, but for the modules its class keeps in float32
+    (``_keep_in_fp32_modules``), as ``from_pretrained(torch_dtype=dtype)`` loads them."""
+    with torch.device("meta"):
+        model = model_cls.from_config(settings)
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    for name, p in model.named_parameters():
+        wanted = torch.float32 if any(k in name for k in keep) else dtype
+        if p.is_floating_point():
+            p.data = p.data.to(wanted)
+    return model
+
+
+@dataclass
+class Planned:
+    """A family's trainable transformer built on the meta device for ``diffrl plan`` (no weights),
+    and how to run it at a recipe's size on synthetic conditioning shaped as the family's."""
+
+    module: nn.Module
+    """What the actor trains (e.g. both Wan 2.2 experts), on the meta device, in ``model.dtype``."""
+    latent_shape: tuple[int, ...]
+    """One sample's latent ``(C, ...)`` at the recipe's size."""
+    forward: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+    """``(module, x_t (B, *latent_shape), sigma (B,)) -> velocity``: the family's forward with
+    zero conditioning of the shapes its prompts encode to (the text length of a full prompt)."""
+    description: str
+    """The model in words, e.g. ``WanTransformer3DModel x 2 experts``."""
 
 
 class ModelFamily(ABC):
@@ -122,13 +156,15 @@ class ModelFamily(ABC):
         full model folder instead)."""
         return None
 
-    def fsdp_blocks(self, module: nn.Module) -> list[nn.Module]:
+    @classmethod
+    def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
         """The units FSDP2 shards one by one inside ``module`` (a transformer): its blocks, under
         the names diffusers gives them; the rest of ``module`` becomes the root unit."""
         names = ("transformer_blocks", "single_transformer_blocks", "blocks")
         return [block for name in names for block in getattr(module, name, None) or []]
 
-    def sequence_parallel_modules(self, module: nn.Module) -> list[nn.Module]:
+    @classmethod
+    def sequence_parallel_modules(cls, module: nn.Module) -> list[nn.Module]:
         """The diffusers transformers inside ``module`` (the transformer, or a frozen copy of it)
         that take the context-parallel plan: ``module`` itself unless it wraps several."""
         return [module]
@@ -154,6 +190,13 @@ class ModelFamily(ABC):
             for what, length in (lengths or {}).items()
             if length % n
         ]
+
+    @classmethod
+    def planned(cls, config: Config, folder: Path) -> Planned | None:
+        """The trainable transformer of the model whose JSON files are in ``folder`` (a diffusers
+        folder, weights not needed), on the meta device, at ``config``'s size and options; None
+        when the family cannot be planned yet (``diffrl plan`` says so)."""
+        return None
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod

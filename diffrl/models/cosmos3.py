@@ -248,7 +248,8 @@ class Cosmos3Family(DiffusersFolderFamily):
             transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict(),
         )
 
-    def fsdp_blocks(self, module: nn.Module) -> list[nn.Module]:
+    @classmethod
+    def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
         """The decoder layers (``Cosmos3OmniTransformer.layers``)."""
         return list(getattr(module, "layers", None) or []) or super().fsdp_blocks(module)
 

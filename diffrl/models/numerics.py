@@ -243,6 +243,9 @@ def dry_run_flops(run: Callable[[], object], device: torch.device) -> float:
     return float(counter.get_total_flops())
 
 
+GPU_MEMORY_GB = {"H200": 141, "H100": 80, "A100": 80, "L40S": 48, "L4": 24, "A10": 24, "RTX 4090": 24}
+"""Device memory (GB, 1e9 bytes) of the GPUs below (A100: the 80 GB model), for ``diffrl plan``."""
+
 GPU_PEAK_TFLOPS = {
     # dense tensor-core bf16/fp16, and fp32 without TF32 (the vendors' datasheets)
     "H200": (989.0, 67.0),

@@ -22,8 +22,8 @@ from diffusers import AutoencoderKL, SD3Transformer2DModel
 from torch import nn
 from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
-from diffrl.models.base import DTYPES, SizeRule
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part
+from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
+from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
 from diffrl.rollout import Conditioning
 
 CLIP_MAX_TOKENS = 77
@@ -193,6 +193,33 @@ class SD3Family(DiffusersFolderFamily):
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
         return sd3_forward(module, x_t, sigma, cond)
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer from ``folder/transformer/config.json``; conditioning as
+        :meth:`_encode_prompts` gives it: 77 CLIP tokens then ``max_sequence_length`` T5 tokens."""
+        settings = read_json(folder / "transformer" / "config.json")
+        if settings is None:
+            return None
+        module = meta_model(SD3Transformer2DModel, settings, DTYPES[config.model.dtype])
+        options = cls.parse_options(config.model.options)
+        if options.gradient_checkpointing:
+            module.enable_gradient_checkpointing()
+        vae = read_json(folder / "vae" / "config.json") or {}
+        factor = 2 ** (len(vae.get("block_out_channels", [128, 256, 512, 512])) - 1)
+        height, width = config.sampling.height or 1024, config.sampling.width or 1024
+        latent = (module.config.in_channels, height // factor, width // factor)
+        tokens = 77 + options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            b, c = len(x_t), m.config
+            cond = {
+                "encoder_hidden_states": x_t.new_zeros(b, tokens, c.joint_attention_dim),
+                "pooled_projections": x_t.new_zeros(b, c.pooled_projection_dim),
+            }
+            return sd3_forward(m, x_t, sigma, Conditioning(cond))
+
+        return Planned(module, latent, forward, "SD3Transformer2DModel")
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:

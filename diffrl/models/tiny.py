@@ -25,8 +25,16 @@ from tokenizers.processors import TemplateProcessing
 from torch import nn
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, PreTrainedTokenizerFast
 
-from diffrl.models.base import ModelFamily, SizeRule, check_family_dir, write_family_file
-from diffrl.models.diffusers_folder import load_part
+from diffrl.models.base import (
+    DTYPES,
+    ModelFamily,
+    Planned,
+    SizeRule,
+    check_family_dir,
+    meta_model,
+    write_family_file,
+)
+from diffrl.models.diffusers_folder import load_part, read_json
 from diffrl.models.sd3 import SD3_LORA_TARGETS, sd3_forward
 from diffrl.rollout import Conditioning
 
@@ -233,6 +241,24 @@ class TinyFamily(ModelFamily):
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
         return sd3_forward(module, x_t, sigma, cond)
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The tiny transformer (``folder/transformer/config.json``, else the built-in config) on
+        pixels; conditioning: :data:`MAX_PROMPT_TOKENS` CLIP tokens and the pooled embedding."""
+        settings = read_json(folder / "transformer" / "config.json") or TRANSFORMER_CONFIG
+        module = meta_model(SD3Transformer2DModel, settings, DTYPES[config.model.dtype])
+        latent = (module.config.in_channels, config.sampling.height or 32, config.sampling.width or 32)
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            b, c = len(x_t), m.config
+            cond = {
+                "encoder_hidden_states": x_t.new_zeros(b, MAX_PROMPT_TOKENS, c.joint_attention_dim),
+                "pooled_projections": x_t.new_zeros(b, c.pooled_projection_dim),
+            }
+            return sd3_forward(m, x_t, sigma, Conditioning(cond))
+
+        return Planned(module, latent, forward, "SD3Transformer2DModel (tiny)")
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         return images * 2.0 - 1.0

@@ -45,12 +45,13 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from transformers import AutoTokenizer, UMT5EncoderModel
 
-from diffrl.models.base import DTYPES, SizeRule
+from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import (
     DiffusersFolderFamily,
     encode_normalised_videos,
     latent_stats,
     load_part,
+    read_json,
 )
 from diffrl.rollout import Conditioning
 
@@ -141,10 +142,12 @@ class WanExperts(nn.Module, PeftAdapterMixin):
         timestep: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
         return_dict: bool = False,
+        expert: int | None = None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor]:
         """``hidden_states (B, C, F, H, W)``, ``timestep (B,)`` or ``(B, L)``,
-        ``encoder_hidden_states (B, S, D)`` -> ``(velocity (B, C, F, H, W),)``."""
+        ``encoder_hidden_states (B, S, D)`` -> ``(velocity (B, C, F, H, W),)``. ``expert``: every
+        row to that expert, unread timesteps (``diffrl plan``'s fake tensors hold no values)."""
         if return_dict:
             raise ValueError("WanExperts returns a tuple only (return_dict=False)")
         inputs = dict(
@@ -153,6 +156,8 @@ class WanExperts(nn.Module, PeftAdapterMixin):
             encoder_hidden_states=encoder_hidden_states,
             **kwargs,
         )
+        if expert is not None:
+            return self.experts[expert](**inputs, return_dict=False)
         owner = self.owner(timestep)
         used = self._agree([bool((owner == k).any()) for k in range(len(self.experts))], owner.device)
         if sum(used) == 1 and bool((owner == used.index(True)).all()):
@@ -278,7 +283,8 @@ class WanFamily(DiffusersFolderFamily):
         tokens *= height // (int(spatial) * int(patch[1])) * (width // (int(spatial) * int(patch[2])))
         return {"video tokens": tokens, "attention heads": int(heads)}
 
-    def sequence_parallel_modules(self, module: nn.Module) -> list[nn.Module]:
+    @classmethod
+    def sequence_parallel_modules(cls, module: nn.Module) -> list[nn.Module]:
         """Each expert of a :class:`WanExperts` (each a ``WanTransformer3DModel``)."""
         return module.experts if isinstance(module, WanExperts) else [module]
 
@@ -337,7 +343,8 @@ class WanFamily(DiffusersFolderFamily):
             how.append(f"pipe.load_lora_weights({str(low)!r}, load_into_transformer_2=True)")
         return "; ".join(how)
 
-    def fsdp_blocks(self, module: nn.Module) -> list[nn.Module]:
+    @classmethod
+    def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
         """Every block of both experts (the experts' embeddings and heads form the root unit)."""
         if isinstance(module, WanExperts):
             return [block for expert in module.experts for block in expert.blocks]
@@ -402,6 +409,43 @@ class WanFamily(DiffusersFolderFamily):
             encoder_hidden_states=cond.tensors["encoder_hidden_states"].to(x_t.device, dtype),
             return_dict=False,
         )[0]
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """Both experts when ``model_index.json`` sets ``boundary_ratio`` (each a
+        ``WanTransformer3DModel`` from its folder's ``config.json``), as :meth:`load_parts` holds
+        them; conditioning: ``max_sequence_length`` UMT5 tokens, as :meth:`_encode_prompts` pads."""
+        settings = read_json(folder / "transformer" / "config.json")
+        if settings is None:
+            return None
+        boundary = (read_json(folder / "model_index.json") or {}).get("boundary_ratio")
+        steps = int(
+            (read_json(folder / "scheduler" / "scheduler_config.json") or {}).get("num_train_timesteps", 1000)
+        )
+        dtype = DTYPES[config.model.dtype]
+        high = meta_model(WanTransformer3DModel, settings, dtype)
+        low = None
+        if boundary is not None:
+            low_settings = read_json(folder / "transformer_2" / "config.json") or settings
+            low = meta_model(WanTransformer3DModel, low_settings, dtype)
+        module = WanExperts(high, low, boundary * steps if boundary is not None else None)
+        options = cls.parse_options(config.model.options)
+        if options.gradient_checkpointing:
+            module.enable_gradient_checkpointing()
+        vae = read_json(folder / "vae" / "config.json") or {}
+        spatial, temporal = int(vae.get("scale_factor_spatial", 8)), int(vae.get("scale_factor_temporal", 4))
+        height, width = config.sampling.height or 480, config.sampling.width or 832
+        frames = (options.num_frames - 1) // temporal + 1
+        latent = (high.config.in_channels, frames, height // spatial, width // spatial)
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            text = x_t.new_zeros(len(x_t), tokens, high.config.text_dim, dtype=dtype)
+            timestep = sigma.float() * steps  # the high-noise expert's (both are the same size)
+            return m(hidden_states=x_t.to(dtype), timestep=timestep, encoder_hidden_states=text, expert=0)[0]
+
+        experts = f" x {len(module.experts)} experts" if low is not None else ""
+        return Planned(module, latent, forward, f"WanTransformer3DModel{experts}")
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     @torch.no_grad()

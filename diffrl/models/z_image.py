@@ -148,7 +148,8 @@ class ZImageFamily(DiffusersFolderFamily):
         super().__init__(parts, pipeline_config, scheduler_config, device, options)
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)  # as the pipeline
 
-    def fsdp_blocks(self, module: nn.Module) -> list[nn.Module]:
+    @classmethod
+    def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
         return [*module.noise_refiner, *module.context_refiner, *module.layers]
 
     # ---- construction --------------------------------------------------------------------------
