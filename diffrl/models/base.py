@@ -60,6 +60,14 @@ SHIPPED_CONFIGS = Path(__file__).resolve().parent / "assets" / "configs"
 """Real models' JSON files without weights (``assets/configs/README.md``), for ``diffrl plan``."""
 
 
+def _length_fix(what: str) -> str:
+    """What to change when ``what`` (a :meth:`ModelFamily.sequence_lengths` entry) does not split:
+    nothing for the model's heads, the named setting where the entry names one, else the size."""
+    if what == "attention heads" or "(" in what:
+        return ""
+    return "; change sampling.height/width or the frame count"
+
+
 def meta_model(model_cls: type, settings: dict[str, Any], dtype: torch.dtype) -> nn.Module:
     """A diffusers model built from its ``config.json`` settings on the meta device (no weights,
     no memory) in ``dtype``, but for the modules its class keeps in float32
@@ -186,7 +194,7 @@ class ModelFamily(ABC):
         lengths = cls.sequence_lengths(config, check_files) if n > 1 else None
         return [
             f"ray.sequence_parallel={n}: the {cls.name} model's {what} ({length}) do not split over "
-            f"{n} ranks (Ulysses needs a multiple of {n}{'' if what == 'attention heads' else '; change sampling.height/width or the frame count'})"
+            f"{n} ranks (Ulysses needs a multiple of {n}{_length_fix(what)})"
             for what, length in (lengths or {}).items()
             if length % n
         ]

@@ -261,24 +261,28 @@ def _memory(
     module = planned.module
     fsdp = init_device_mesh("cpu", (ranks,)) if ranks > 1 else None
     mesh = sequence_mesh("cpu", ranks // sequence, sequence) if sequence > 1 else None
+    if mesh is not None:  # on the meta module: diffusers' set-up reads the mesh (no fake tensors)
+        for part in family.sequence_parallel_modules(module):
+            enable_sequence_parallel(part, mesh)
     with FakeTensorMode(allow_non_fake_inputs=True):
         module = module.to_empty(device="cpu")
-        if mesh is not None:
-            for part in family.sequence_parallel_modules(module):
-                enable_sequence_parallel(part, mesh)
         if fsdp is not None:
             for block in family.fsdp_blocks(module):
                 fully_shard(block, mesh=fsdp)
             fully_shard(module, mesh=fsdp)
         params = [p for p in module.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=1e-4)
+        for p in params:  # AdamW's state as after the first step: it stays for the whole run
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         x, sigma = _inputs(planned, rows)
         if fsdp is not None:
             tracker = _IdleUnitsFSDPMemTracker(module, optimizer)
             tracker.track_inputs((x, sigma))
         else:
             tracker = _FrozenAwareMemTracker()
-            tracker.track_external(x, sigma)
+            tracker.track_external(optimizer, x, sigma)
         with tracker:
             planned.forward(module, x, sigma).float().square().mean().backward()
             optimizer.step()
