@@ -64,6 +64,9 @@ skips that forward; (3) the optional ``processor``, ``prompt_enhancer`` and ``du
 (LTX-2.5) are not loaded: diffrl always sets ``num_frames`` and never enhances prompts, so the
 pipeline would not use them either (``save_pretrained`` writes the folder without them).
 
+Sequence parallel (``ray.sequence_parallel``): the video and the audio tokens split over the ranks
+through diffrl's context-parallel plan, not the class's (:mod:`diffrl.models.ltx2_sequence_parallel`).
+
 A user's checkpoint: ``model: {family: ltx2, path: /models/LTX-2, options: {num_frames: 121}}``.
 For an SFT on still images set ``num_frames: 1`` (the audio of a still is the audio VAE's encoding of
 silence, see :meth:`LTX2Family.encode_images`).
@@ -85,6 +88,7 @@ from diffusers import (
     LTX2Pipeline,
     LTX2VideoTransformer3DModel,
 )
+from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LATENT_DOWNSAMPLE_FACTOR
 from diffusers.pipelines.ltx2 import LTX2TextConnectors
 from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
 from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
@@ -94,9 +98,12 @@ from transformers import AutoTokenizer
 from diffrl.models.base import DTYPES, SizeRule
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, as_videos, load_part, read_json
 from diffrl.models.flux import resolution_shifted_sigmas
+from diffrl.models.ltx2_sequence_parallel import prepare_sequence_parallel
 from diffrl.rollout import Audio, Conditioning, Media
 
 PIPELINE_CLASS = "LTX2Pipeline"
+DEFAULT_SIZE = (512, 768)
+"""``LTX2Pipeline.__call__``'s default height x width."""
 PIPELINE_MULTIPLE = 32
 """``LTX2Pipeline.check_inputs`` refuses a height or width that is not a multiple of 32
 (``pipeline_ltx2.py:476``)."""
@@ -106,10 +113,24 @@ SILENCE_LOG_MEL = math.log(1e-5)
 VOCODERS = ("LTX2Vocoder", "LTX2VocoderWithBWE")
 """The vocoder classes of ``LTX2Pipeline`` (``pipelines/ltx2/vocoder.py``)."""
 
+SEQUENCE_HINTS = {
+    "video tokens": "; change sampling.height/width or model.options.num_frames",
+    "audio tokens": "; change model.options.num_frames or frame_rate",
+    "video attention heads": "",
+    "audio attention heads": "",
+}
+"""What to change when a length of :meth:`LTX2Family.sequence_lengths` does not split."""
+
 # Every attention projection of every block: the video and audio self-attention (attn1,
 # audio_attn1), text cross-attention (attn2, audio_attn2) and the audio <-> video cross-attention
 # (audio_to_video_attn, video_to_audio_attn): what diffusers' LoRA scripts' to_q/k/v/out.0 hit.
 LTX2_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
+
+
+def audio_frames(num_frames: int, frame_rate: float, latents_per_second: float) -> int:
+    """The audio latent frames of a clip of ``num_frames`` at ``frame_rate``
+    (``pipeline_ltx2.py:1306-1310``)."""
+    return round(num_frames / frame_rate * latents_per_second)
 
 
 @dataclass(frozen=True)
@@ -167,6 +188,10 @@ class LTX2Family(DiffusersFolderFamily):
     """``LTX2Pipeline.__call__``'s ``guidance_scale`` (the video stream's CFG)."""
     default_lora_targets = LTX2_LORA_TARGETS
     sound = True
+    sequence_parallel = True
+    """Through diffrl's plan (:mod:`diffrl.models.ltx2_sequence_parallel`), not the class's: the video
+    and the audio tokens split, their self-attentions Ulysses; the text and the audio <-> video
+    cross-attentions run locally on each rank (the text whole, the other stream's keys gathered)."""
 
     @dataclass
     class Options:
@@ -216,7 +241,7 @@ class LTX2Family(DiffusersFolderFamily):
         audio = self.audio_vae.config
         self.audio_latents_per_second = (
             audio.sample_rate / audio.mel_hop_length / float(self.audio_vae.temporal_compression_ratio)
-        )
+        )  # as sequence_lengths, which reads the same settings before loading
         self.latent_mel_bins = audio.mel_bins // self.audio_vae.mel_compression_ratio
         self._grids: dict[int, Grid] = {}
         self._silence: dict[int, torch.Tensor] = {}
@@ -363,10 +388,57 @@ class LTX2Family(DiffusersFolderFamily):
             f"LTX2Pipeline takes multiples of {PIPELINE_MULTIPLE}; the VAE's {ratios[0]}x spatial compression",
         )
 
+    @classmethod
+    def sequence_lengths(cls, config, check_files: bool = True) -> dict[str, int] | None:
+        """The video tokens ``F' x H' x W'`` (patch 1), the audio tokens (:func:`audio_frames`), and
+        the heads of the video and the audio self-attention, which go Ulysses; the text is not split
+        (the cross-attentions run locally, :mod:`diffrl.models.ltx2_sequence_parallel`)."""
+        ratios = cls._ratios(config, check_files)
+        setting = lambda sub, name, key: cls.component_setting(  # noqa: E731
+            config, check_files, sub, name, key
+        )
+        heads = setting("transformer", cls.transformer_class, "num_attention_heads")
+        audio_heads = setting("transformer", cls.transformer_class, "audio_num_attention_heads")
+        rate = setting("audio_vae", "AutoencoderKLLTX2Audio", "sample_rate")
+        hop = setting("audio_vae", "AutoencoderKLLTX2Audio", "mel_hop_length")
+        o = config.model.options
+        frames = o.get("num_frames", cls.Options.num_frames)
+        frame_rate = o.get("frame_rate", cls.Options.frame_rate)
+        if None in (ratios, heads, audio_heads, rate, hop) or not isinstance(frames, int) or frames < 1:
+            return None
+        if not isinstance(frame_rate, int | float) or frame_rate <= 0 or (frames - 1) % ratios[1]:
+            return None  # validate_config reports it
+        height, width = config.sampling.height or DEFAULT_SIZE[0], config.sampling.width or DEFAULT_SIZE[1]
+        video = ((frames - 1) // ratios[1] + 1) * (height // ratios[0]) * (width // ratios[0])
+        audio = audio_frames(frames, frame_rate, rate / hop / float(LATENT_DOWNSAMPLE_FACTOR))
+        return {
+            "video tokens": video,
+            "audio tokens": audio,
+            "video attention heads": int(heads),
+            "audio attention heads": int(audio_heads),
+        }
+
+    @classmethod
+    def sequence_problems(cls, config, check_files: bool = True) -> list[str]:
+        """:meth:`ModelFamily.sequence_problems`, saying what to change for each stream."""
+        n = config.ray.sequence_parallel
+        lengths = cls.sequence_lengths(config, check_files) if n > 1 else None
+        return [
+            f"ray.sequence_parallel={n}: the {cls.name} model's {what} ({length}) do not split over "
+            f"{n} ranks (Ulysses needs a multiple of {n}{SEQUENCE_HINTS[what]})"
+            for what, length in (lengths or {}).items()
+            if length % n
+        ]
+
+    def sequence_parallel_modules(self, module: nn.Module) -> list[nn.Module]:
+        """The transformer, readied for diffrl's plan (:func:`prepare_sequence_parallel`: its
+        ``_cp_plan``, the local cross-attentions' processors and key / value gathers)."""
+        return [prepare_sequence_parallel(module)]
+
     # ---- geometry ------------------------------------------------------------------------------
     @property
     def default_size(self) -> tuple[int, int]:
-        return (512, 768)  # the pipeline's default height x width
+        return DEFAULT_SIZE
 
     def grid(self, height: int, width: int) -> Grid:
         """The latent :class:`Grid` of a ``height x width`` video of ``options.num_frames`` frames
@@ -385,13 +457,12 @@ class LTX2Family(DiffusersFolderFamily):
             raise ValueError(
                 f"ltx2: model.options.num_frames={frames}; this VAE needs num_frames = {self.temporal_factor}k + 1"
             )
-        seconds = frames / self.options.frame_rate
         return Grid(
             frames=(frames - 1) // self.temporal_factor + 1,
             height=height // self.spatial_factor,
             width=width // self.spatial_factor,
             channels=self.transformer.config.in_channels,
-            audio_frames=round(seconds * self.audio_latents_per_second),
+            audio_frames=audio_frames(frames, self.options.frame_rate, self.audio_latents_per_second),
             audio_width=self.audio_vae.config.latent_channels * self.latent_mel_bins,
         )
 

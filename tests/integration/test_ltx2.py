@@ -42,10 +42,11 @@ OPTIONS = f"{{num_frames: {FRAMES}, max_sequence_length: 16, stg_blocks: [1]}}" 
 ATOL = 1e-5  # float32 on CPU
 
 
-def write_tiny_ltx2(path, perturbed_attn: bool = True) -> None:
+def write_tiny_ltx2(path, perturbed_attn: bool = True, rope_type: str = "split") -> None:
     """A random LTX-2 with every part of the real one, sized for a CPU, saved by the pipeline, with
     non-trivial latent statistics; ``perturbed_attn``: LTX-2.3's transformer (STG acts), else
-    LTX-2.0's (STG changes nothing)."""
+    LTX-2.0's (STG changes nothing); ``rope_type``: the transformer's rope layout ("split", as the
+    released checkpoints, or "interleaved")."""
     from diffusers import (
         AutoencoderKLLTX2Audio,
         AutoencoderKLLTX2Video,
@@ -117,7 +118,7 @@ def write_tiny_ltx2(path, perturbed_attn: bool = True) -> None:
         audio_cross_attention_dim=8,
         num_layers=2,
         caption_channels=16,
-        rope_type="split",
+        rope_type=rope_type,
         perturbed_attn=perturbed_attn,
     )
     vae = AutoencoderKLLTX2Video(  # patch 2 x one spatiotemporal block: 4x spatial, 2x temporal
