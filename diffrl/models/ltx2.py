@@ -430,7 +430,8 @@ class LTX2Family(DiffusersFolderFamily):
             if length % n
         ]
 
-    def sequence_parallel_modules(self, module: nn.Module) -> list[nn.Module]:
+    @classmethod
+    def sequence_parallel_modules(cls, module: nn.Module) -> list[nn.Module]:
         """The transformer, readied for diffrl's plan (:func:`prepare_sequence_parallel`: its
         ``_cp_plan``, the local cross-attentions' processors and key / value gathers)."""
         return [prepare_sequence_parallel(module)]
