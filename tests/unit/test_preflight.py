@@ -98,7 +98,8 @@ def test_sequence_parallel_settings_are_checked_before_anything_starts():
     msg = str(e.value)
     assert "ray.sequence_parallel=2 ranks per sample do not divide ray.num_trainer_ranks=3" in msg
     # the tiny family (SD3's transformer class) has no context-parallel plan: the error names who can
-    assert "the tiny family's transformer cannot split a sample over ranks" in msg and "can: wan" in msg
+    assert "the tiny family's transformer cannot split a sample over ranks" in msg
+    assert "families that can: " in msg and "ltx2" in msg and "wan" in msg
     with pytest.raises(ConfigError, match=r"over 2 data-parallel group\(s\) \(ray.num_trainer_ranks=4 / "):
         load_config(
             recipe,
