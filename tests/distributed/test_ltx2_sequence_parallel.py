@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from diffrl.parallel import free_port
 from tests.distributed.test_sequence_parallel import ALGORITHMS, KEYS, RTOL, _one_process, _rank
 from tests.integration.test_ltx2 import ltx2_config, write_tiny_ltx2
 from tests.integration.test_ltx2_sequence_parallel import OPTIONS
+from tests.ranks import run_ranks
 
 GRAD_RTOL = (1e-5, 1e-4)
 """Per update, the gradients' largest difference over the largest gradient entry, Wan's bounds: the
@@ -47,7 +47,7 @@ def test_two_sequence_ranks_update_tiny_ltx2_as_one_process(tmp_path, algorithm)
     write_tiny_ltx2(folder)
     examples, reference = _one_process(_config(tmp_path, folder, algorithm, "local"))
     config = _config(tmp_path, folder, algorithm, "ray")
-    mp.spawn(_rank, args=(config, examples, free_port(), str(tmp_path)), nprocs=2, join=True)
+    run_ranks(_rank, config, examples, free_port(), str(tmp_path))
     runs = torch.load(tmp_path / "runs.pt", weights_only=False)
     worst = [0.0, 0.0]
     for i, ((expected, expected_grads), (metrics, grads, _)) in enumerate(

@@ -15,7 +15,6 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.distributed.ray.sharding import shard_steps
@@ -23,6 +22,7 @@ from diffrl.parallel import free_port, full_tensor
 from diffrl.train import stages
 from diffrl.train.runner import LocalRunner
 from tests.integration.test_wan import wan_config, write_tiny_wan
+from tests.ranks import run_ranks
 
 RTOL = 1e-5
 GRAD_RTOL = (1e-5, 1e-4)
@@ -107,7 +107,7 @@ def test_two_sequence_ranks_update_tiny_wan_as_one_process(tmp_path, algorithm):
     write_tiny_wan(folder, two_experts=True)
     examples, reference = _one_process(_config(tmp_path, folder, algorithm, "local"))
     config = _config(tmp_path, folder, algorithm, "ray")
-    mp.spawn(_rank, args=(config, examples, free_port(), str(tmp_path)), nprocs=2, join=True)
+    run_ranks(_rank, config, examples, free_port(), str(tmp_path))
     runs = torch.load(tmp_path / "runs.pt", weights_only=False)
     worst = [0.0, 0.0]
     for i, ((expected, expected_grads), (metrics, grads, _)) in enumerate(

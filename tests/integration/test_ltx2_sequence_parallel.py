@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from peft import LoraConfig, inject_adapter_in_model
 
@@ -25,6 +24,7 @@ from diffrl.models.sequence_parallel import enable_sequence_parallel
 from diffrl.parallel import free_port, sequence_mesh
 from diffrl.rollout import Conditioning
 from tests.integration.test_ltx2 import SIZE, ltx2_config, write_tiny_ltx2
+from tests.ranks import run_ranks
 
 OPTIONS = "{num_frames: 5, frame_rate: 12.5, max_sequence_length: 16, stg_blocks: [1]}"
 """3 x 8 x 8 = 192 video tokens and 5 / 12.5 s x 25 = 10 audio tokens: both split over 2 ranks."""
@@ -108,7 +108,7 @@ def test_two_sequence_ranks_give_one_process_s_velocity_and_gradients(tmp_path, 
         rope: ltx2_config(tmp_path / rope, folders[rope], **{"model.options": OPTIONS}) for rope in ROPES
     }
     out = str(tmp_path / "rank0.pt")
-    mp.spawn(_rank, args=(free_port(), configs, out), nprocs=2, join=True)
+    run_ranks(_rank, free_port(), configs, out)
     results = torch.load(out)
     for rope, config in configs.items():
         v, grads, _ = forward_backward(config)

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from diffusers import WanTransformer3DModel
 from peft import LoraConfig, inject_adapter_in_model
 from torch.distributed.fsdp import fully_shard
 
 from diffrl.models.sequence_parallel import enable_sequence_parallel
 from diffrl.parallel import free_port, sequence_mesh
+from tests.ranks import run_ranks
 
 
 def tiny_wan() -> WanTransformer3DModel:
@@ -87,7 +87,7 @@ def test_two_sequence_ranks_give_one_process_s_output_and_gradients(tmp_path, fs
     model = tiny_wan()
     out, grads = forward_backward(model)
     path = str(tmp_path / "rank0.pt")
-    mp.spawn(_rank, args=(free_port(), path, fsdp), nprocs=2, join=True)
+    run_ranks(_rank, free_port(), path, fsdp)
     got = torch.load(path)
     torch.testing.assert_close(got["out"], out, rtol=0, atol=1e-6)
     assert got["grads"].keys() == grads.keys() and grads
@@ -121,7 +121,7 @@ def test_diffusers_still_divides_by_the_accelerator_count(tmp_path):
     ``torch.accelerator.device_count()`` (0 on CPU) before it reads a given mesh, this fails and the
     workaround can go."""
     path = str(tmp_path / "bare.pt")
-    mp.spawn(_bare, args=(free_port(), path), nprocs=2, join=True)
+    run_ranks(_bare, free_port(), path)
     assert torch.load(path) == "ZeroDivisionError"
 
 
@@ -230,12 +230,8 @@ def test_image_families_split_their_own_forwards_over_two_sequence_ranks(tmp_pat
     configs = family_configs(tmp_path)
     expected = {name: family_forward_backward(config) for name, config in configs.items()}
     path = str(tmp_path / "rank0.pt")
-    # forked, not spawned: a spawned rank re-imports torch, diffusers, transformers and the five
-    # families (~11 s more on 2 cores: 13 s against 2), a forked one inherits them. Each rank first
-    # goes to one thread, so it never enters the parent's OpenMP pool, whose threads a fork drops
-    mp.start_processes(
-        _family_rank, args=(free_port(), configs, path), nprocs=2, join=True, start_method="fork"
-    )
+    # forked (tests/ranks.py): spawned ranks re-importing the five families took 13 s, forked 2 s
+    run_ranks(_family_rank, free_port(), configs, path)
     got = torch.load(path)
     for name, (out, grads) in expected.items():
         torch.testing.assert_close(got[name]["out"], out, rtol=0, atol=1e-6, msg=name)
