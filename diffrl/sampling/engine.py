@@ -93,6 +93,13 @@ def engine_options(config: Config, cls: type | None = None):
     return options
 
 
+def engine_devices(config: Config) -> int:
+    """The devices one engine of ``rollout.engine`` holds (an engine class's optional
+    ``devices(config)``; 1 without one), for the Ray placement of engines on devices of their own."""
+    devices = getattr(engine_class(config), "devices", None)
+    return int(devices(config)) if devices is not None else 1
+
+
 def engine_problems(config: Config, spec: CollectionSpec) -> list[str]:
     """``rollout.engine`` names an engine class; its options bind; the engine's own checks."""
     if not spec.online:

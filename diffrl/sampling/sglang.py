@@ -142,6 +142,10 @@ class SglangEngine:
         kernel, given the engine's own velocity, disagrees with its log-prob (``sglang/alignment-*.json``)."""
         extra_args: list[str] = field(default_factory=list)
         """More ``sglang serve`` arguments."""
+        sequence_parallel: int = 1
+        """Ranks (GPUs) each launched server spans: ``--num-gpus N --sp-degree N --ulysses-degree
+        N``, each sample's tokens split over them (Ulysses, sglang's own); under Ray each engine
+        then holds N GPUs (``ray.colocate: false``)."""
 
     @classmethod
     def validate(cls, config: Config, spec: CollectionSpec) -> list[str]:
@@ -168,9 +172,28 @@ class SglangEngine:
         for url in options.urls:
             if not isinstance(url, str) or not url.startswith("http://"):
                 errors.append(f"rollout.engine_options.urls: {url!r} is not an http://host:port URL")
+        if options.sequence_parallel < 1:
+            errors.append(
+                f"rollout.engine_options.sequence_parallel must be >= 1, got {options.sequence_parallel}"
+            )
+        elif options.sequence_parallel > 1 and options.urls:
+            errors.append(
+                "rollout.engine_options.sequence_parallel: diffrl starts no server when urls are "
+                "given; start those servers with --num-gpus/--sp-degree/--ulysses-degree yourself"
+            )
+        elif options.sequence_parallel > 1 and config.runner == "ray" and config.ray.colocate:
+            errors.append(
+                f"rollout.engine_options.sequence_parallel={options.sequence_parallel}: an engine "
+                "spanning several GPUs cannot share a trainer rank's GPU; set ray.colocate=false"
+            )
         if options.concurrency < 1 or options.restarts < 0 or options.max_response_mb <= 0:
             errors.append("rollout.engine_options: concurrency >= 1, restarts >= 0, max_response_mb > 0")
         return errors
+
+    @classmethod
+    def devices(cls, config: Config) -> int:
+        """GPUs one engine's server spans (``sequence_parallel``)."""
+        return engine_options(config, cls).sequence_parallel
 
     def __init__(self, config: Config, family: ModelFamily, spec: CollectionSpec, prompts: PromptSet):
         self.config, self.family, self.spec, self.prompts = config, family, spec, prompts
@@ -204,6 +227,7 @@ class SglangEngine:
             o.model_id or default_model_id(path),
             self.precision,
             list(o.extra_args),
+            o.sequence_parallel,
         )
 
     def _launch(self, number: int) -> Server:

@@ -51,6 +51,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def server_ports(host: str = "127.0.0.1") -> tuple[int, int, int]:
+    """Free ports for a server: its HTTP port, then its torch.distributed master and scheduler
+    ports, none of them the HTTP port + 1: sglang binds its offline-job broker there
+    (``ServerArgs.broker_port``), and a master port that lands on it stops the server (measured
+    with ``--num-gpus 2``: "Address already in use")."""
+    port = free_port(host)
+    internal: list[int] = []
+    while len(internal) < 2:
+        p = free_port(host)
+        if p not in (port, port + 1, *internal):
+            internal.append(p)
+    return port, internal[0], internal[1]
+
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -85,6 +99,8 @@ class ServeCommand:
     precision: str
     """``fp32`` or ``bf16`` for the transformer, text encoders and VAE alike."""
     extra_args: list[str]
+    sequence_parallel: int = 1
+    """Ranks (GPUs) the server spans, its transformer's attention Ulysses over all of them."""
 
     def argv(self, host: str, port: int, num_text_encoders: int, internal: tuple[int, int]) -> list[str]:
         """``internal``: the (torch.distributed master, scheduler) ports: sglang's defaults are fixed
@@ -100,6 +116,9 @@ class ServeCommand:
         args += ["--master-port", str(internal[0]), "--scheduler-port", str(internal[1])]
         args += ["--dit-precision", self.precision, "--vae-precision", self.precision]
         args += ["--text-encoder-precisions", *[self.precision] * num_text_encoders]
+        if self.sequence_parallel > 1:  # one server process per rank, the sequence split over all
+            n = str(self.sequence_parallel)
+            args += ["--num-gpus", n, "--sp-degree", n, "--ulysses-degree", n]
         return args + list(self.extra_args)
 
 
@@ -121,9 +140,10 @@ class Server:
         cls, command: ServeCommand, log_path: Path, num_text_encoders: int, timeout_s: float
     ) -> Server:
         """Start ``sglang serve`` on a free loopback port and wait for ``/health``."""
-        host, port = "127.0.0.1", free_port()
+        host = "127.0.0.1"
+        port, master, scheduler = server_ports(host)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = command.argv(host, port, num_text_encoders, (free_port(), free_port()))
+        argv = command.argv(host, port, num_text_encoders, (master, scheduler))
         with open(log_path, "ab") as log:
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()

@@ -163,9 +163,10 @@ class Cluster:
                 _system_config={"worker_niceness": 0},
             )
 
-    def place(self, config: Config) -> Config:
+    def place(self, config: Config, engine_gpus: int = 1) -> Config:
         """Check the cluster's devices and reserve the ranks' bundles; returns the config the
-        actors get (under Ray each actor sees its own GPU(s) from 0)."""
+        actors get (under Ray each actor sees its own GPU(s) from 0). ``engine_gpus``: the GPUs an
+        engine on devices of its own holds (a server spanning several)."""
         ray = import_ray()
         r = self.settings
         n_ranks, n_engines, cpus = r.num_trainer_ranks, r.num_engines, r.cpus_per_actor
@@ -178,6 +179,7 @@ class Cluster:
         if config.run.device.startswith("cuda:"):
             config = copy.deepcopy(config)
             config.run.device = "cuda"
+        self.engine_gpus = engine_gpus
         self.threads = max(1, (os.cpu_count() or 1) // max(n_ranks, n_engines))
         per_bundle = 1 + (-(-n_engines // n_ranks) if r.colocate else 0)
         if r.rewards_on_gpu:
@@ -217,7 +219,7 @@ class Cluster:
                 "num_gpus": self.share,
                 "scheduling_strategy": self._in_bundle(i % self.settings.num_trainer_ranks),
             }
-        return {"num_cpus": cpus, "num_gpus": 1.0 if self.gpu else 0}
+        return {"num_cpus": cpus, "num_gpus": float(self.engine_gpus) if self.gpu else 0}
 
     def reward_options(self, i: int) -> dict:
         """``.options`` of reward actor ``i`` (counted over every reward's workers): in rank

@@ -46,6 +46,7 @@ from diffrl.distributed.ray.weight_sync import EngineWeights
 from diffrl.rewards.base import reward_labels
 from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.sampling.collector import RolloutPlanner
+from diffrl.sampling.engine import engine_devices
 from diffrl.train.evaluate import EvalResult
 from diffrl.train.runner import PendingScore
 
@@ -78,7 +79,7 @@ class RayRunner:
 
     def _start(self, config: Config, spec: CollectionSpec) -> None:
         ray, cluster, r = import_ray(), self.cluster, config.ray
-        actor_config = cluster.place(config)
+        actor_config = cluster.place(config, engine_devices(config))
         rank_cls = ray.remote(TrainerRank)
         self.ranks = [
             rank_cls.options(**cluster.rank_options(i)).remote(
