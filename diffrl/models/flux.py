@@ -21,10 +21,12 @@ A user's checkpoint: ``model: {family: flux, path: /models/FLUX.1-dev}``.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import diffusers
 import numpy as np
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
@@ -33,8 +35,8 @@ from torch import nn
 from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
 from diffrl.config import Config
-from diffrl.models.base import DTYPES, SizeRule
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part
+from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
+from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
 from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
 from diffrl.rollout import Conditioning
 
@@ -78,6 +80,67 @@ def sample_size(config: Config, rule: SizeRule) -> tuple[int, int]:
     side (``default_sample_size``), 64 tokens of ``rule.multiple`` px."""
     default = 64 * rule.multiple
     return config.sampling.height or default, config.sampling.width or default
+
+
+def folder_setting(folder: Path, sub: str, class_name: str, key: str) -> Any:
+    """``key`` of ``folder/sub/config.json``, else the default of diffusers' ``class_name`` (what
+    ``from_pretrained`` builds where the file leaves it out, or where there is no file): what
+    :meth:`~diffrl.models.base.ModelFamily.planned` reads a model's shape from."""
+    settings = read_json(folder / sub / "config.json") or {}
+    if key in settings:
+        return settings[key]
+    return inspect.signature(getattr(diffusers, class_name).__init__).parameters[key].default
+
+
+def flux_forward_tokens(
+    module: nn.Module,
+    tokens: torch.Tensor,
+    ids: torch.Tensor,
+    sigma: torch.Tensor,
+    cond: Conditioning,
+    guidance: float | None,
+) -> torch.Tensor:
+    """One ``FluxTransformer2DModel`` call on packed image ``tokens (B, N, 4C)`` with their
+    position ``ids (N, 3)`` -> its output ``(B, N, 4C)``: the text (T5 tokens, ids zero) and the
+    pooled CLIP embedding from ``cond``, ``guidance`` embedded (None: a transformer without
+    guidance embeddings)."""
+    dtype = next(module.parameters()).dtype
+    c = cond.to(tokens.device, dtype)
+    embedded = None
+    if guidance is not None:  # float32, as the pipeline
+        embedded = torch.full((len(tokens),), float(guidance), device=tokens.device, dtype=torch.float32)
+    text = c.tensors["encoder_hidden_states"]
+    return module(
+        hidden_states=tokens.to(dtype),
+        timestep=sigma.to(dtype),  # the pipeline's t / 1000
+        guidance=embedded,
+        pooled_projections=c.tensors["pooled_projections"],
+        encoder_hidden_states=text,
+        txt_ids=torch.zeros(text.shape[1], 3, device=tokens.device, dtype=dtype),
+        img_ids=ids.to(dtype),
+        return_dict=False,
+    )[0]
+
+
+def flux_forward(
+    module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, guidance: float | None
+) -> torch.Tensor:
+    """:func:`flux_forward_tokens` on ``x_t (B, C, H, W)`` packed 2 x 2 -> velocity ``(B, C, H, W)``."""
+    h, w = x_t.shape[-2:]
+    dtype = next(module.parameters()).dtype
+    ids = image_ids(h, w, x_t.device, dtype)
+    return unpack(flux_forward_tokens(module, pack(x_t), ids, sigma, cond, guidance), h, w)
+
+
+def flux_conditioning(module: nn.Module, like: torch.Tensor, tokens: int) -> dict[str, torch.Tensor]:
+    """Zero text tensors shaped as :meth:`FluxFamily._encode_prompts` gives them for ``len(like)``
+    prompts: ``tokens`` T5 embeddings (every prompt is padded to ``max_sequence_length``) and the
+    pooled CLIP embedding."""
+    b, c = len(like), module.config
+    return {
+        "encoder_hidden_states": like.new_zeros(b, tokens, c.joint_attention_dim),
+        "pooled_projections": like.new_zeros(b, c.pooled_projection_dim),
+    }
 
 
 def packed_lengths(
@@ -274,45 +337,55 @@ class FluxFamily(PackedLatentFamily):
         }
 
     # ---- the velocity forward ------------------------------------------------------------------
+    @property
+    def embedded_guidance(self) -> float | None:
+        """The guidance the transformer embeds: ``options.guidance`` when it is distilled, else None."""
+        return float(self.options.guidance) if self.distilled_guidance else None
+
     def forward(
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
-        """One ``FluxTransformer2DModel`` call: ``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity
-        ``(B, C, H, W)``, with ``options.guidance`` embedded when the transformer is distilled."""
-        h, w = x_t.shape[-2:]
-        dtype = next(module.parameters()).dtype
-        ids = image_ids(h, w, x_t.device, dtype)
-        return unpack(self.forward_tokens(module, pack(x_t), ids, sigma, cond), h, w)
+        """One ``FluxTransformer2DModel`` call (:func:`flux_forward`): ``x_t (B, C, H, W)``,
+        ``sigma (B,)`` -> velocity ``(B, C, H, W)``, with ``options.guidance`` embedded when the
+        transformer is distilled."""
+        return flux_forward(module, x_t, sigma, cond, self.embedded_guidance)
 
-    def forward_tokens(
-        self,
-        module: nn.Module,
-        tokens: torch.Tensor,
-        ids: torch.Tensor,
-        sigma: torch.Tensor,
-        cond: Conditioning,
-    ) -> torch.Tensor:
-        """The transformer on packed image ``tokens (B, N, 4C)`` with their position ``ids (N, 3)``
-        -> its output ``(B, N, 4C)``: the text (T5 tokens, ids zero) and the pooled CLIP embedding
-        from ``cond``, ``options.guidance`` embedded when the transformer is distilled."""
-        dtype = next(module.parameters()).dtype
-        c = cond.to(tokens.device, dtype)
-        guidance = None
-        if self.distilled_guidance:  # float32, as the pipeline
-            guidance = torch.full(
-                (len(tokens),), float(self.options.guidance), device=tokens.device, dtype=torch.float32
-            )
-        text = c.tensors["encoder_hidden_states"]
-        return module(
-            hidden_states=tokens.to(dtype),
-            timestep=sigma.to(dtype),  # the pipeline's t / 1000
-            guidance=guidance,
-            pooled_projections=c.tensors["pooled_projections"],
-            encoder_hidden_states=text,
-            txt_ids=torch.zeros(text.shape[1], 3, device=tokens.device, dtype=dtype),
-            img_ids=ids.to(dtype),
-            return_dict=False,
-        )[0]
+    @classmethod
+    def planned_transformer(cls, config, folder: Path) -> tuple[nn.Module, Any, int, int, int] | None:
+        """What :meth:`planned` builds on: the transformer from ``folder/transformer/config.json``
+        on the meta device, the parsed options, the VAE's compression ``v`` (``folder``'s
+        ``vae/config.json``, else ``AutoencoderKL``'s default) and the sample's height and width
+        (:func:`sample_size`); None without the transformer's config."""
+        settings = read_json(folder / "transformer" / "config.json")
+        if settings is None:
+            return None
+        module = meta_model(FluxTransformer2DModel, settings, DTYPES[config.model.dtype])
+        options = cls.parse_options(config.model.options)
+        if options.gradient_checkpointing:
+            module.enable_gradient_checkpointing()
+        vae = 2 ** (len(folder_setting(folder, "vae", "AutoencoderKL", "block_out_channels")) - 1)
+        height, width = sample_size(config, SizeRule(vae * 2, "the VAE's compression, then 2 x 2 packing"))
+        return module, options, vae, height, width
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer at ``sampling.height x width`` (the latent ``(in_channels / 4, H / v,
+        W / v)``); conditioning as :meth:`_encode_prompts` gives it: ``max_sequence_length`` T5
+        tokens and the pooled CLIP embedding, ``options.guidance`` embedded when the transformer is
+        distilled."""
+        built = cls.planned_transformer(config, folder)
+        if built is None:
+            return None
+        module, options, vae, height, width = built
+        latent = (module.config.in_channels // 4, height // vae, width // vae)
+        guidance = float(options.guidance) if module.config.guidance_embeds else None
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            cond = Conditioning(flux_conditioning(m, x_t, tokens))
+            return flux_forward(m, x_t, sigma, cond, guidance)
+
+        return Planned(module, latent, forward, "FluxTransformer2DModel")
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:

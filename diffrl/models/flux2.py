@@ -87,9 +87,9 @@ from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
 from torch import nn
 from transformers import AutoProcessor, AutoTokenizer, Mistral3ForConditionalGeneration, Qwen3ForCausalLM
 
-from diffrl.models.base import DTYPES, SizeRule
+from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
-from diffrl.models.flux import packed_lengths
+from diffrl.models.flux import folder_setting, packed_lengths, sample_size
 from diffrl.models.sd3 import SD3_LORA_TARGETS
 from diffrl.rollout import Conditioning
 
@@ -177,6 +177,33 @@ def flux2_sigmas(scheduler_config: dict, num_steps: int, image_seq_len: int) -> 
     mu = compute_empirical_mu(image_seq_len=image_seq_len, num_steps=num_steps)
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
     return scheduler.sigmas.float().cpu()
+
+
+def flux2_forward(
+    module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, guidance: float | None
+) -> torch.Tensor:
+    """One ``Flux2Transformer2DModel`` call: ``x_t (B, C, h, w)``, ``sigma (B,)`` -> velocity
+    ``(B, C, h, w)`` through the ``(B, h * w, C)`` tokens (``Flux2Pipeline._pack_latents``), with
+    ``guidance`` embedded ([dev]; None: [klein], whose pipeline passes none)."""
+    b, c, h, w = x_t.shape
+    dtype = next(module.parameters()).dtype
+    text = cond.to(x_t.device, dtype).tensors["encoder_hidden_states"]
+    embedded = None
+    if guidance is not None:  # float32, as the pipeline
+        embedded = torch.full((b,), float(guidance), device=x_t.device, dtype=torch.float32)
+    out = module(
+        hidden_states=Flux2Pipeline._pack_latents(x_t.to(dtype)),
+        timestep=sigma.to(dtype),  # the pipeline's t / 1000
+        guidance=embedded,
+        encoder_hidden_states=text,
+        # (1, L, 4) and (1, N, 4), the pipeline's 3-D layout with one row (the transformer reads
+        # row 0): the context-parallel plan splits ids on dim 1 of a 3-D tensor only, and would
+        # leave 2-D ones whole (their rotary embedding then twice the split tokens)
+        txt_ids=Flux2Pipeline._prepare_text_ids(text[:1]).to(x_t.device),  # (0, 0, 0, l)
+        img_ids=Flux2Pipeline._prepare_latent_ids(x_t[:1]).to(x_t.device),  # (0, row, col, 0)
+        return_dict=False,
+    )[0]
+    return out.transpose(1, 2).reshape(b, c, h, w)
 
 
 def folder_variant(folder: Path) -> Variant | None:
@@ -400,28 +427,38 @@ class Flux2Family(DiffusersFolderFamily):
     def forward(
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
-        """One ``Flux2Transformer2DModel`` call: ``x_t (B, C, h, w)``, ``sigma (B,)`` -> velocity
-        ``(B, C, h, w)`` through the ``(B, h * w, C)`` tokens (``Flux2Pipeline._pack_latents``),
-        with ``options.guidance`` embedded for [dev]."""
-        b, c, h, w = x_t.shape
-        dtype = next(module.parameters()).dtype
-        text = cond.to(x_t.device, dtype).tensors["encoder_hidden_states"]
-        guidance = None
-        if self.variant.embeds_guidance:  # float32, as the pipeline
-            guidance = torch.full((b,), float(self.options.guidance), device=x_t.device, dtype=torch.float32)
-        out = module(
-            hidden_states=Flux2Pipeline._pack_latents(x_t.to(dtype)),
-            timestep=sigma.to(dtype),  # the pipeline's t / 1000
-            guidance=guidance,
-            encoder_hidden_states=text,
-            # (1, L, 4) and (1, N, 4), the pipeline's 3-D layout with one row (the transformer reads
-            # row 0): the context-parallel plan splits ids on dim 1 of a 3-D tensor only, and would
-            # leave 2-D ones whole (their rotary embedding then twice the split tokens)
-            txt_ids=Flux2Pipeline._prepare_text_ids(text[:1]).to(x_t.device),  # (0, 0, 0, l)
-            img_ids=Flux2Pipeline._prepare_latent_ids(x_t[:1]).to(x_t.device),  # (0, row, col, 0)
-            return_dict=False,
-        )[0]
-        return out.transpose(1, 2).reshape(b, c, h, w)
+        """One ``Flux2Transformer2DModel`` call (:func:`flux2_forward`): ``x_t (B, C, h, w)``,
+        ``sigma (B,)`` -> velocity ``(B, C, h, w)``, with ``options.guidance`` embedded for [dev]."""
+        guidance = float(self.options.guidance) if self.variant.embeds_guidance else None
+        return flux2_forward(module, x_t, sigma, cond, guidance)
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer from ``folder/transformer/config.json`` at ``sampling.height x width``
+        (the latent ``(in_channels, H / 16, W / 16)`` for the 8x VAE); conditioning as
+        :meth:`_encode_prompts` gives it: ``max_sequence_length`` tokens of the stacked text
+        features (``joint_attention_dim``), ``options.guidance`` embedded for [dev] (the variant
+        from ``model_index.json``; without one, from the transformer's ``guidance_embeds``)."""
+        settings = read_json(folder / "transformer" / "config.json")
+        if settings is None:
+            return None
+        module = meta_model(Flux2Transformer2DModel, settings, DTYPES[config.model.dtype])
+        options = cls.parse_options(config.model.options)
+        if options.gradient_checkpointing:
+            module.enable_gradient_checkpointing()
+        variant = folder_variant(folder) or (DEV if module.config.guidance_embeds else KLEIN)
+        blocks = folder_setting(folder, "vae", "AutoencoderKLFlux2", "block_out_channels")
+        step = 2 ** (len(blocks) - 1) * 2  # the VAE's compression, then 2 x 2 patches
+        height, width = sample_size(config, SizeRule(step, "the VAE's compression, then 2 x 2 patches"))
+        latent = (module.config.in_channels, height // step, width // step)
+        guidance = float(options.guidance) if variant.embeds_guidance else None
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            text = x_t.new_zeros(len(x_t), tokens, m.config.joint_attention_dim)
+            return flux2_forward(m, x_t, sigma, Conditioning({"encoder_hidden_states": text}), guidance)
+
+        return Planned(module, latent, forward, f"Flux2Transformer2DModel ({variant.label})")
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     def _bn_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,6 +36,7 @@ A user's checkpoint: ``model: {family: flux_kontext, path: /models/FLUX.1-Kontex
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from diffusers.image_processor import VaeImageProcessor
@@ -43,8 +44,17 @@ from diffusers.pipelines.flux import pipeline_flux_kontext
 from PIL import Image
 from torch import nn
 
-from diffrl.models.base import SourceError
-from diffrl.models.flux import FluxFamily, image_ids, pack, sample_size, sequence_ranks, unpack
+from diffrl.models.base import Planned, SourceError
+from diffrl.models.flux import (
+    FluxFamily,
+    flux_conditioning,
+    flux_forward_tokens,
+    image_ids,
+    pack,
+    sample_size,
+    sequence_ranks,
+    unpack,
+)
 from diffrl.rollout import Conditioning, Source
 
 
@@ -64,6 +74,40 @@ def kontext_size(width: int, height: int, multiple: int, auto_resize: bool) -> t
         resolutions = pipeline_flux_kontext.PREFERRED_KONTEXT_RESOLUTIONS
         _, width, height = min((abs(aspect - w / h), w, h) for w, h in resolutions)
     return height // multiple * multiple, width // multiple * multiple
+
+
+def kontext_forward(
+    module: nn.Module,
+    x_t: torch.Tensor,
+    sigma: torch.Tensor,
+    cond: Conditioning,
+    guidance: float | None,
+    vae_scale_factor: int,
+) -> torch.Tensor:
+    """One ``FluxTransformer2DModel`` call as ``FluxKontextPipeline``'s denoising loop:
+    ``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity ``(B, C, H, W)``; the noisy tokens, then the
+    source's ``(B, h'/2 * w'/2, 4C)`` (``cond``'s ``image_latents``, ids with first axis 1), the
+    noisy tokens' output kept. ``vae_scale_factor`` only sizes the error for a sequence that does
+    not split over the sequence-parallel ranks."""
+    h, w = x_t.shape[-2:]
+    source = cond.tensors["image_latents"].to(x_t.device)
+    sh, sw = source.shape[-2:]
+    ids = image_ids(h, w, x_t.device, torch.float32)
+    source_ids = image_ids(sh, sw, x_t.device, torch.float32)
+    source_ids[:, 0] = 1
+    tokens = torch.cat([pack(x_t), pack(source.to(x_t.dtype))], dim=1)
+    noise_tokens, source_tokens = (h // 2) * (w // 2), (sh // 2) * (sw // 2)
+    ranks = sequence_ranks(module)
+    if (noise_tokens + source_tokens) % ranks:  # before diffusers' bare assert in its split
+        v = vae_scale_factor
+        raise SourceError(
+            f"flux_kontext: {noise_tokens} output tokens and {source_tokens} source tokens "
+            f"({sw * v}x{sh * v} px) do not split over ray.sequence_parallel={ranks} ranks; "
+            f"their sum must be a multiple of {ranks}: change sampling.height/width, the "
+            "sources' size, or set model.options.auto_resize: true"
+        )
+    out = flux_forward_tokens(module, tokens, torch.cat([ids, source_ids]), sigma, cond, guidance)
+    return unpack(out[:, :noise_tokens], h, w)
 
 
 class FluxKontextFamily(FluxFamily):
@@ -151,24 +195,29 @@ class FluxKontextFamily(FluxFamily):
     def forward(
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
-        """``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity ``(B, C, H, W)``: the noisy tokens, then
-        the source's ``(B, h'/2 * w'/2, 4C)`` (ids with first axis 1), the noisy tokens' output kept."""
-        h, w = x_t.shape[-2:]
-        source = cond.tensors["image_latents"].to(x_t.device)
-        sh, sw = source.shape[-2:]
-        ids = image_ids(h, w, x_t.device, torch.float32)
-        source_ids = image_ids(sh, sw, x_t.device, torch.float32)
-        source_ids[:, 0] = 1
-        tokens = torch.cat([pack(x_t), pack(source.to(x_t.dtype))], dim=1)
-        noise_tokens, source_tokens = (h // 2) * (w // 2), (sh // 2) * (sw // 2)
-        ranks = sequence_ranks(module)
-        if (noise_tokens + source_tokens) % ranks:  # before diffusers' bare assert in its split
-            v = self.vae_scale_factor
-            raise SourceError(
-                f"{self.name}: {noise_tokens} output tokens and {source_tokens} source tokens "
-                f"({sw * v}x{sh * v} px) do not split over ray.sequence_parallel={ranks} ranks; "
-                f"their sum must be a multiple of {ranks}: change sampling.height/width, the "
-                "sources' size, or set model.options.auto_resize: true"
-            )
-        out = self.forward_tokens(module, tokens, torch.cat([ids, source_ids]), sigma, cond)
-        return unpack(out[:, :noise_tokens], h, w)
+        """``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity ``(B, C, H, W)`` (:func:`kontext_forward`)."""
+        return kontext_forward(module, x_t, sigma, cond, self.embedded_guidance, self.vae_scale_factor)
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """FLUX.1's transformer (:meth:`FluxFamily.planned_transformer`) with each row's source:
+        with ``auto_resize``, the Kontext resolution nearest the output's aspect ratio (the sources
+        are cropped to it); without, a source keeps its own size, which only the images tell: then
+        one of the output's size is planned. Conditioning as :meth:`_encode_edits` gives it:
+        FLUX.1's text tensors and ``image_latents (B, C, h', w')``."""
+        built = cls.planned_transformer(config, folder)
+        if built is None:
+            return None
+        module, options, vae, height, width = built
+        source_h, source_w = kontext_size(width, height, vae * 2, options.auto_resize)
+        channels = module.config.in_channels // 4
+        latent = (channels, height // vae, width // vae)
+        guidance = float(options.guidance) if module.config.guidance_embeds else None
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            cond = flux_conditioning(m, x_t, tokens)
+            cond["image_latents"] = x_t.new_zeros(len(x_t), channels, source_h // vae, source_w // vae)
+            return kontext_forward(m, x_t, sigma, Conditioning(cond), guidance, vae)
+
+        return Planned(module, latent, forward, f"FluxTransformer2DModel (+ a {source_w}x{source_h} source)")

@@ -37,9 +37,17 @@ from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 from torch import nn
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from diffrl.models.base import DTYPES, SizeRule
+from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import latent_stats, load_part, read_json
-from diffrl.models.flux import PackedLatentFamily, pack, packed_lengths, sequence_ranks, unpack
+from diffrl.models.flux import (
+    PackedLatentFamily,
+    folder_setting,
+    pack,
+    packed_lengths,
+    sample_size,
+    sequence_ranks,
+    unpack,
+)
 from diffrl.rollout import Conditioning
 
 # QwenImagePipeline.__init__'s constants (the integration test checks they still match)
@@ -66,21 +74,88 @@ QWEN_IMAGE_LORA_TARGETS = [
 ]
 
 
-def text_tokens(module: nn.Module, cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
+def text_tokens(
+    module: nn.Module, cond: Conditioning, longest: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The text a forward of ``module`` takes from ``cond``: ``encoder_hidden_states (B, n, D)``
     and ``encoder_hidden_states_mask (B, n)``, cut after the batch's longest prompt (the rest is
     padding, masked anyway; the pipeline pads to the batch's longest prompt too, and a short prompt
     saves most of the text). Under sequence parallel the plan splits the text tokens, so ``n`` is
     rounded up to a multiple of the ranks (:func:`~diffrl.models.flux.sequence_ranks`) with more
     masked zeros: masked keys take no attention, and the text's RoPE positions go by index, so the
-    prompt's tokens and the image see the same as without (up to float rounding)."""
+    prompt's tokens and the image see the same as without (up to float rounding).
+
+    ``longest``: the batch's longest prompt in tokens when the caller knows it (``diffrl plan``,
+    whose fake tensors hold no mask values to count); None reads it from the mask."""
     text, mask = cond.tensors["encoder_hidden_states"], cond.tensors["encoder_hidden_states_mask"]
     ranks = sequence_ranks(module)
-    n = -(-max(1, int(mask.sum(dim=1).max())) // ranks) * ranks
+    if longest is None:
+        longest = max(1, int(mask.sum(dim=1).max()))
+    n = -(-longest // ranks) * ranks
     if n > mask.shape[1]:  # beyond the cached padding (an odd max_sequence_length)
         extra = n - mask.shape[1]
         text, mask = F.pad(text, (0, 0, 0, extra)), F.pad(mask, (0, extra))
     return text[:, :n], mask[:, :n]
+
+
+def qwen_image_forward(
+    module: nn.Module,
+    x_t: torch.Tensor,
+    sigma: torch.Tensor,
+    cond: Conditioning,
+    reference: torch.Tensor | None = None,
+    longest: int | None = None,
+) -> torch.Tensor:
+    """One ``QwenImageTransformer2DModel`` call: ``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity
+    ``(B, C, H, W)``, through the packed ``(B, H/2 * W/2, 4C)`` tokens and the text of
+    :func:`text_tokens` (``longest`` passed on). ``reference (B, C, h, w)``: an editing pipeline's
+    reference latents, packed after the noise tokens as a second image of ``img_shapes`` (never
+    noised); the prediction is cut to the noise tokens."""
+    b, _, h, w = x_t.shape
+    dtype = next(module.parameters()).dtype
+    c = cond.to(x_t.device, dtype)
+    text, mask = text_tokens(module, c, longest)
+    tokens, shapes = [pack(x_t.to(dtype))], [(1, h // 2, w // 2)]
+    if reference is not None:
+        rh, rw = reference.shape[-2:]
+        tokens.append(pack(reference.to(x_t.device, dtype)))
+        shapes.append((1, rh // 2, rw // 2))
+    out = module(
+        hidden_states=torch.cat(tokens, dim=1),
+        timestep=sigma.to(dtype),  # the pipeline's t / 1000
+        encoder_hidden_states=text,
+        encoder_hidden_states_mask=mask,
+        img_shapes=[shapes] * b,
+        return_dict=False,
+    )[0]
+    return unpack(out[:, : (h // 2) * (w // 2)], h, w)
+
+
+def qwen_conditioning(module: nn.Module, like: torch.Tensor, tokens: int) -> dict[str, torch.Tensor]:
+    """Text tensors shaped as :meth:`QwenImageFamily._encode_prompts` gives them for ``len(like)``
+    prompts of the full ``tokens`` (``max_sequence_length``): zero embeddings, and a mask of ones
+    (every token a prompt's, as a full-length prompt's are)."""
+    b = len(like)
+    return {
+        "encoder_hidden_states": like.new_zeros(b, tokens, module.config.joint_attention_dim),
+        "encoder_hidden_states_mask": torch.ones(b, tokens, dtype=torch.long, device=like.device),
+    }
+
+
+def planned_qwen_transformer(config, folder: Path, options) -> tuple[nn.Module, int, int, int] | None:
+    """What the Qwen-Image families' :meth:`~diffrl.models.base.ModelFamily.planned` builds on:
+    the transformer from ``folder/transformer/config.json`` on the meta device, the VAE's
+    compression ``v`` (``2 ** len(temperal_downsample)``, as the pipelines) and the sample's height
+    and width; None without the transformer's config."""
+    settings = read_json(folder / "transformer" / "config.json")
+    if settings is None:
+        return None
+    module = meta_model(QwenImageTransformer2DModel, settings, DTYPES[config.model.dtype])
+    if options.gradient_checkpointing:
+        module.enable_gradient_checkpointing()
+    vae = 2 ** len(folder_setting(folder, "vae", "AutoencoderKLQwenImage", "temperal_downsample"))
+    height, width = sample_size(config, SizeRule(vae * 2, "the VAE's compression, then 2 x 2 packing"))
+    return module, vae, height, width
 
 
 class QwenImageFamily(PackedLatentFamily):
@@ -190,20 +265,30 @@ class QwenImageFamily(PackedLatentFamily):
     def forward(
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
-        """One ``QwenImageTransformer2DModel`` call: ``x_t (B, C, H, W)``, ``sigma (B,)`` ->
-        velocity ``(B, C, H, W)``, through the packed ``(B, H/2 * W/2, 4C)`` tokens."""
-        b, _, h, w = x_t.shape
-        dtype = next(module.parameters()).dtype
-        text, mask = text_tokens(module, cond.to(x_t.device, dtype))
-        out = module(
-            hidden_states=pack(x_t).to(dtype),
-            timestep=sigma.to(dtype),  # the pipeline's t / 1000
-            encoder_hidden_states=text,
-            encoder_hidden_states_mask=mask,
-            img_shapes=[[(1, h // 2, w // 2)]] * b,
-            return_dict=False,
-        )[0]
-        return unpack(out, h, w)
+        """One ``QwenImageTransformer2DModel`` call (:func:`qwen_image_forward`): ``x_t (B, C, H, W)``,
+        ``sigma (B,)`` -> velocity ``(B, C, H, W)``, through the packed ``(B, H/2 * W/2, 4C)`` tokens."""
+        return qwen_image_forward(module, x_t, sigma, cond)
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer (:func:`planned_qwen_transformer`) at ``sampling.height x width`` (the
+        latent ``(in_channels / 4, H / v, W / v)``); conditioning as :meth:`_encode_prompts` gives
+        it for prompts of the full ``max_sequence_length``, which the forward keeps whole (its cut
+        to the batch's longest prompt reads the mask's values, which fake tensors do not hold: the
+        length is given instead)."""
+        options = cls.parse_options(config.model.options)
+        built = planned_qwen_transformer(config, folder, options)
+        if built is None:
+            return None
+        module, vae, height, width = built
+        latent = (module.config.in_channels // 4, height // vae, width // vae)
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            cond = Conditioning(qwen_conditioning(m, x_t, tokens))
+            return qwen_image_forward(m, x_t, sigma, cond, longest=tokens)
+
+        return Planned(module, latent, forward, "QwenImageTransformer2DModel")
 
     def guide(self, v_neg: torch.Tensor, v_pos: torch.Tensor, scale: float) -> torch.Tensor:
         """``QwenImagePipeline``'s true CFG on ``(B, C, H, W)`` velocities: the usual combination,

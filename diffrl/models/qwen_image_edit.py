@@ -67,10 +67,15 @@ from torch import nn
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from diffrl.config import ConfigError
-from diffrl.models.base import DTYPES, SourceError
+from diffrl.models.base import DTYPES, Planned, SourceError
 from diffrl.models.diffusers_folder import load_part, read_json
-from diffrl.models.flux import pack, sample_size, sequence_ranks, unpack
-from diffrl.models.qwen_image import QwenImageFamily, text_tokens
+from diffrl.models.flux import sample_size, sequence_ranks
+from diffrl.models.qwen_image import (
+    QwenImageFamily,
+    planned_qwen_transformer,
+    qwen_conditioning,
+    qwen_image_forward,
+)
 from diffrl.rollout import Conditioning, Source
 
 # QwenImageEditPlusPipeline's constants (the integration test checks they still match)
@@ -92,6 +97,37 @@ VAE_IMAGE_AREA = 1024 * 1024
 """The pipeline's ``VAE_IMAGE_SIZE``: the reference image's area, in pixels."""
 MIN_AREA = 32 * 32
 """``calculate_dimensions`` rounds sides to 32 px: a smaller area rounds a side to nothing."""
+
+
+def qwen_edit_forward(
+    module: nn.Module,
+    x_t: torch.Tensor,
+    sigma: torch.Tensor,
+    cond: Conditioning,
+    vae_scale_factor: int,
+    longest: int | None = None,
+) -> torch.Tensor:
+    """One ``QwenImageTransformer2DModel`` call as the edit pipelines' denoising loop:
+    ``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity ``(B, C, H, W)``; the packed noise tokens
+    ``(B, H/2 * W/2, 4C)`` are followed by the reference's (``cond``'s ``image_latents``), and the
+    prediction is cut to the noise tokens (:func:`~diffrl.models.qwen_image.qwen_image_forward`,
+    ``longest`` passed on). ``vae_scale_factor`` only sizes the error for a sequence that does not
+    split over the sequence-parallel ranks."""
+    h, w = x_t.shape[-2:]
+    reference = cond.tensors["image_latents"]
+    rh, rw = reference.shape[-2:]
+    noise_tokens, reference_tokens = (h // 2) * (w // 2), (rh // 2) * (rw // 2)
+    ranks = sequence_ranks(module)
+    if (noise_tokens + reference_tokens) % ranks:  # before diffusers' bare assert in its split
+        v = vae_scale_factor
+        raise SourceError(
+            f"qwen_image_edit: {noise_tokens} output tokens and {reference_tokens} reference tokens "
+            f"({rw * v}x{rh * v} px) do not split over ray.sequence_parallel={ranks} ranks; "
+            f"their sum must be a multiple of {ranks}: change sampling.height/width or "
+            "model.options.vae_image_area"
+        )
+    # the text is the batch's longest edit (the rest is padding)
+    return qwen_image_forward(module, x_t, sigma, cond, reference=reference, longest=longest)
 
 
 class QwenImageEditFamily(QwenImageFamily):
@@ -366,34 +402,41 @@ class QwenImageEditFamily(QwenImageFamily):
     def forward(
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
-        """One ``QwenImageTransformer2DModel`` call: ``x_t (B, C, H, W)``, ``sigma (B,)`` ->
-        velocity ``(B, C, H, W)``; the packed noise tokens ``(B, H/2 * W/2, 4C)`` are followed by
-        the reference's ``(B, h/2 * w/2, 4C)``, and the prediction is cut to the noise tokens."""
-        b, _, h, w = x_t.shape
-        dtype = next(module.parameters()).dtype
-        c = cond.to(x_t.device, dtype)
-        text, mask = text_tokens(module, c)  # the batch's longest edit (the rest is padding)
-        reference = c.tensors["image_latents"]
-        rh, rw = reference.shape[-2:]
-        noise_tokens, reference_tokens = (h // 2) * (w // 2), (rh // 2) * (rw // 2)
-        ranks = sequence_ranks(module)
-        if (noise_tokens + reference_tokens) % ranks:  # before diffusers' bare assert in its split
-            v = self.vae_scale_factor
-            raise SourceError(
-                f"{self.name}: {noise_tokens} output tokens and {reference_tokens} reference tokens "
-                f"({rw * v}x{rh * v} px) do not split over ray.sequence_parallel={ranks} ranks; "
-                f"their sum must be a multiple of {ranks}: change sampling.height/width or "
-                "model.options.vae_image_area"
-            )
-        out = module(
-            hidden_states=torch.cat([pack(x_t.to(dtype)), pack(reference)], dim=1),
-            timestep=sigma.to(dtype),  # the pipeline's t / 1000
-            encoder_hidden_states=text,
-            encoder_hidden_states_mask=mask,
-            img_shapes=[[(1, h // 2, w // 2), (1, rh // 2, rw // 2)]] * b,
-            return_dict=False,
-        )[0]
-        return unpack(out[:, : (h // 2) * (w // 2)], h, w)
+        """One ``QwenImageTransformer2DModel`` call (:func:`qwen_edit_forward`): ``x_t (B, C, H, W)``,
+        ``sigma (B,)`` -> velocity ``(B, C, H, W)``, the reference's tokens after the noise's."""
+        return qwen_edit_forward(module, x_t, sigma, cond, self.vae_scale_factor)
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """Qwen-Image's transformer (:func:`~diffrl.models.qwen_image.planned_qwen_transformer`) at
+        ``sampling.height x width``, with each row's reference at ``vae_image_area`` and the
+        output's aspect ratio (the sources are cropped to it; :meth:`edit_sizes` of the folder's
+        pipeline). Conditioning as :meth:`_encode_edits` gives it for edits of the full
+        ``max_sequence_length`` (the picture's vision tokens among them), which the forward keeps
+        whole (its cut to the batch's longest edit reads the mask's values, which fake tensors do
+        not hold: the length is given instead); the VL picture (``condition_pixels``) is left
+        out, as the transformer never reads it."""
+        options = cls.parse_options(config.model.options)
+        built = planned_qwen_transformer(config, folder, options)
+        if built is None:
+            return None
+        module, vae, height, width = built
+        reference_w, reference_h, _, _ = cls.variant(folder).edit_sizes(width, height, options)
+        channels = module.config.in_channels // 4
+        latent = (channels, height // vae, width // vae)
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            cond = qwen_conditioning(m, x_t, tokens)
+            cond["image_latents"] = x_t.new_zeros(len(x_t), channels, reference_h // vae, reference_w // vae)
+            return qwen_edit_forward(m, x_t, sigma, Conditioning(cond), vae, longest=tokens)
+
+        return Planned(
+            module,
+            latent,
+            forward,
+            f"QwenImageTransformer2DModel (+ a {reference_w}x{reference_h} reference)",
+        )
 
 
 class QwenImageEditV1Family(QwenImageEditFamily):

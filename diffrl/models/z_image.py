@@ -49,9 +49,9 @@ from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sig
 from torch import nn
 from transformers import AutoTokenizer, Qwen3Model
 
-from diffrl.models.base import DTYPES, SizeRule
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part
-from diffrl.models.flux import resolution_shifted_sigmas
+from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
+from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
+from diffrl.models.flux import folder_setting, resolution_shifted_sigmas, sample_size
 from diffrl.models.sd3 import vae_decode, vae_encode
 from diffrl.rollout import Conditioning
 
@@ -70,6 +70,36 @@ Z_IMAGE_LORA_TARGETS = [
     "feed_forward.w2",
     "feed_forward.w3",
 ]
+
+
+def z_image_time(sigma: torch.Tensor, num_train_timesteps: int) -> torch.Tensor:
+    """``sigma (B,)`` -> the transformer's ``t (B,)`` float32 as ``ZImagePipeline`` computes it from
+    the scheduler's timesteps: ``(1000 - sigma * num_train_timesteps) / 1000``, 1 - sigma up to
+    rounding (the transformer multiplies by its ``t_scale``, 1000)."""
+    timesteps = sigma.float() * num_train_timesteps
+    return (1000 - timesteps) / 1000
+
+
+def z_image_forward(
+    module: nn.Module,
+    x_t: torch.Tensor,
+    t: torch.Tensor,
+    cond: Conditioning,
+    lengths: list[int] | None = None,
+) -> torch.Tensor:
+    """One ``ZImageTransformer2DModel`` call: ``x_t (B, C, H, W)`` at the model time ``t (B,)``
+    (:func:`z_image_time`) -> velocity ``(B, C, H, W)``. Each row of ``cond``'s ``prompt_embeds``
+    is sliced back to its caption's length (the pipeline's list of variable-length embeddings):
+    ``lengths`` when the caller knows them (``diffrl plan``, whose fake tensors hold no mask
+    values to count), else the sums of ``prompt_mask``. The latents go in the transformer's dtype,
+    the caption embeddings in the text encoder's (as the pipeline gives them), ``t`` in float32."""
+    dtype = next(module.parameters()).dtype
+    embeds = cond.tensors["prompt_embeds"].to(x_t.device)
+    if lengths is None:
+        lengths = cond.tensors["prompt_mask"].sum(dim=1).tolist()
+    captions = [e[:n] for e, n in zip(embeds, lengths)]
+    out = module(list(x_t.to(dtype).unsqueeze(2).unbind(0)), t, captions, return_dict=False)[0]
+    return -torch.stack(out).squeeze(2)  # x0 - noise -> noise - x0
 
 
 class ZImageFamily(DiffusersFolderFamily):
@@ -222,16 +252,40 @@ class ZImageFamily(DiffusersFolderFamily):
     def forward(
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
-        """One ``ZImageTransformer2DModel`` call: ``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity
-        ``(B, C, H, W)``. The latents go in the transformer's dtype, the caption embeddings in the
-        text encoder's (as the pipeline gives them), ``t`` in float32."""
-        dtype = next(module.parameters()).dtype
-        embeds = cond.tensors["prompt_embeds"].to(x_t.device)
-        lengths = cond.tensors["prompt_mask"].sum(dim=1).tolist()
-        captions = [e[:n] for e, n in zip(embeds, lengths)]
-        t = self.model_time(sigma)
-        out = module(list(x_t.to(dtype).unsqueeze(2).unbind(0)), t, captions, return_dict=False)[0]
-        return -torch.stack(out).squeeze(2)  # x0 - noise -> noise - x0
+        """One ``ZImageTransformer2DModel`` call (:func:`z_image_forward`): ``x_t (B, C, H, W)``,
+        ``sigma (B,)`` -> velocity ``(B, C, H, W)``."""
+        return z_image_forward(module, x_t, self.model_time(sigma), cond)
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer from ``folder/transformer/config.json`` at ``sampling.height x width``
+        (the latent ``(in_channels, H / v, W / v)`` for the VAE's ``v``x compression); conditioning
+        as :meth:`_encode_prompts` gives it for prompts of the full ``max_sequence_length``, each
+        row's caption that long (the forward's slicing to each caption reads the mask's values,
+        which fake tensors do not hold: the lengths are given instead)."""
+        settings = read_json(folder / "transformer" / "config.json")
+        if settings is None:
+            return None
+        module = meta_model(ZImageTransformer2DModel, settings, DTYPES[config.model.dtype])
+        options = cls.parse_options(config.model.options)
+        if options.gradient_checkpointing:
+            module.enable_gradient_checkpointing()
+        vae = 2 ** (len(folder_setting(folder, "vae", "AutoencoderKL", "block_out_channels")) - 1)
+        scheduler = read_json(folder / "scheduler" / "scheduler_config.json") or {}
+        steps = int(scheduler.get("num_train_timesteps", 1000))
+        height, width = sample_size(config, SizeRule(vae * 2, "the VAE's compression, then 2 x 2 patches"))
+        latent = (module.config.in_channels, height // vae, width // vae)
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            b = len(x_t)
+            cond = {
+                "prompt_embeds": x_t.new_zeros(b, tokens, m.config.cap_feat_dim),
+                "prompt_mask": torch.ones(b, tokens, dtype=torch.long, device=x_t.device),
+            }
+            return z_image_forward(m, x_t, z_image_time(sigma, steps), Conditioning(cond), [tokens] * b)
+
+        return Planned(module, latent, forward, "ZImageTransformer2DModel")
 
     def velocity(
         self,
@@ -274,11 +328,9 @@ class ZImageFamily(DiffusersFolderFamily):
         return [t <= truncation for t in self.model_time(sigma).tolist()]
 
     def model_time(self, sigma: torch.Tensor) -> torch.Tensor:
-        """``sigma (B,)`` -> the transformer's ``t (B,)`` float32 as the pipeline computes it from the
-        scheduler's timesteps: ``(1000 - sigma * num_train_timesteps) / 1000``, 1 - sigma up to
-        rounding (the transformer multiplies by its ``t_scale``, 1000)."""
-        timesteps = sigma.float() * self.scheduler_config.get("num_train_timesteps", 1000)
-        return (1000 - timesteps) / 1000
+        """``sigma (B,)`` -> the transformer's ``t (B,)`` float32 (:func:`z_image_time` with the
+        scheduler's ``num_train_timesteps``)."""
+        return z_image_time(sigma, self.scheduler_config.get("num_train_timesteps", 1000))
 
     def _guided(
         self,

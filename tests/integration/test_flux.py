@@ -237,3 +237,77 @@ def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path,
     ):
         assert f"ray.sequence_parallel=3: the flux model's {what} do not split over 3 ranks" in msg
     assert flux_config(tmp_path, flux_dir, **SEQUENCE_2).ray.sequence_parallel == 2
+
+
+def _assert_same(ours, theirs, where: str = "input") -> None:
+    """``ours`` and ``theirs`` (a forward's arguments: tensors, lists, tuples, dicts, plain values)
+    are the same, tensors to the bit and in the same dtype."""
+    if isinstance(theirs, torch.Tensor):
+        assert isinstance(ours, torch.Tensor) and ours.dtype == theirs.dtype, where
+        assert ours.shape == theirs.shape and torch.equal(ours, theirs), where
+    elif isinstance(theirs, list | tuple):
+        assert type(ours) is type(theirs) and len(ours) == len(theirs), where
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            _assert_same(a, b, f"{where}[{i}]")
+    elif isinstance(theirs, dict):
+        assert ours.keys() == theirs.keys(), where
+        for k in theirs:
+            _assert_same(ours[k], theirs[k], f"{where}.{k}")
+    else:
+        assert ours == theirs, where
+
+
+def assert_plan_runs(config) -> None:
+    """``diffrl plan`` of ``config`` (the family's ``planned`` from the model folder's JSON files,
+    one micro-batch's step on fake tensors) measures memory and FLOPs."""
+    from diffrl.algorithms.registry import build_algorithm
+    from diffrl.train.plan import plan
+
+    result = plan(config, build_algorithm(config))
+    assert result.memory.peak > 0 and result.memory.activations > 0 and result.train_flops > 0
+
+
+def assert_planned_is_the_familys(config, folder, sources=None, masks: tuple[str, ...] = ()) -> None:
+    """What ``diffrl plan`` runs is the family's own model and forward: the transformer its
+    ``planned`` builds on the meta device from ``folder`` has the loaded transformer's tensors
+    (names, shapes, dtypes), and the planned forward, run on the loaded transformer, hands it
+    exactly the inputs of the family's forward with real prompts' conditioning (with ``sources``
+    for an editing family) zeroed (the ``masks`` set to ones: every token a prompt's, as the plan's
+    full-length prompts), and gives the same velocity."""
+    from pathlib import Path
+
+    from diffrl.rollout import Conditioning
+
+    family = load_family(config)
+    planned = type(family).planned(config, Path(folder))
+
+    def tensors(module):
+        return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items()}
+
+    assert tensors(planned.module) == tensors(family.transformer)
+    encoded = family.encode_prompts(["a", "b"], sources).tensors
+    cond = Conditioning(
+        {k: torch.ones_like(v) if k in masks else torch.zeros_like(v) for k, v in encoded.items()}
+    )
+    x = torch.randn(2, *planned.latent_shape, generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.9, 0.4])
+    calls = []
+    hook = family.transformer.register_forward_pre_hook(
+        lambda _, args, kwargs: calls.append((args, kwargs)), with_kwargs=True
+    )
+    try:
+        with torch.no_grad():
+            theirs = family.forward(family.transformer, x, sigma, cond)
+            ours = planned.forward(family.transformer, x, sigma)
+    finally:
+        hook.remove()
+    _assert_same(calls[1], calls[0])
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+
+
+def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, flux_dir):
+    """``diffrl plan`` of the tiny FLUX.1 runs, and its planned forward is the family's: the
+    distilled guidance (3.5) embedded, 16 T5 tokens, 16 image tokens."""
+    config = flux_config(tmp_path, flux_dir)
+    assert_plan_runs(config)
+    assert_planned_is_the_familys(config, flux_dir)

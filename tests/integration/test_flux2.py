@@ -25,6 +25,7 @@ from tests.integration.family_checks import (
     family_config,
     train_one,
 )
+from tests.integration.test_flux import assert_plan_runs, assert_planned_is_the_familys
 
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8, patchified 2 x 2 -> 4 x 4 = 16 tokens
 LAYERS = [1, 2, 3]  # text_encoder_out_layers of the 3-layer tiny text encoders
@@ -416,3 +417,12 @@ def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path,
     ):
         assert f"ray.sequence_parallel=3: the flux2 model's {what} do not split over 3 ranks" in msg
     assert flux2_config(tmp_path, dev_dir, "dev", **SEQUENCE_2).ray.sequence_parallel == 2
+
+
+def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, dev_dir, klein_dir):
+    """``diffrl plan`` of the tiny [klein] base with CFG (the recipe's) runs, and the planned forward
+    is the family's for both variants: [dev] embeds its guidance (4.0), [klein] none."""
+    klein = flux2_config(tmp_path, klein_dir, "klein", guidance=4.0)
+    assert_plan_runs(klein)
+    assert_planned_is_the_familys(klein, klein_dir)
+    assert_planned_is_the_familys(flux2_config(tmp_path, dev_dir, "dev"), dev_dir)

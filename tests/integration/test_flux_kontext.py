@@ -22,7 +22,7 @@ from tests.integration.family_checks import (
     edit_config,
     train_one,
 )
-from tests.integration.test_flux import write_tiny_flux
+from tests.integration.test_flux import assert_plan_runs, assert_planned_is_the_familys, write_tiny_flux
 
 SIZE = 16  # pixels: 8 x 8 latents, 16 noisy tokens; a 16 px source adds 16 more
 TINY_RESOLUTIONS = [(32, 32), (48, 16), (16, 48)]
@@ -251,3 +251,18 @@ def test_sequence_parallel_lengths_that_do_not_split_are_errors(tmp_path, kontex
         match=r"16 output tokens and 16 source tokens \(16x16 px\) do not split over ray.sequence_parallel=3",
     ):
         family.velocity(torch.zeros(2, 4, 8, 8), torch.tensor([0.9, 0.4]), cond)
+
+
+@pytest.mark.parametrize("auto_resize", [False, True], ids=["own_size", "preferred"])
+def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, kontext_dir, monkeypatch, auto_resize):
+    """``diffrl plan`` of the tiny Kontext with ``auto_resize`` (the recipe's) runs, and the planned
+    forward is the family's, the sources' tokens after the 16 noisy ones: resized to the preferred
+    resolution nearest the output's aspect (the tiny 32 x 32: 64 tokens), or, without
+    ``auto_resize``, of the output's size (what the plan assumes then: 16 tokens)."""
+    monkeypatch.setattr(pipeline_flux_kontext, "PREFERRED_KONTEXT_RESOLUTIONS", TINY_RESOLUTIONS)
+    options = f"{{max_sequence_length: 16, auto_resize: {str(auto_resize).lower()}}}"
+    config = kontext_config(tmp_path, kontext_dir, options)
+    if auto_resize:
+        assert_plan_runs(config)
+    sources = [load_source(p, SIZE, SIZE) for p in write_sources(tmp_path / "sources")]
+    assert_planned_is_the_familys(config, kontext_dir, sources)

@@ -17,6 +17,7 @@ from tests.integration.family_checks import (
     family_config,
     train_one,
 )
+from tests.integration.test_flux import assert_plan_runs, assert_planned_is_the_familys
 
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
 TEXT_TOKENS = 256  # the byte-level tokenizer leaves ~150 tokens of the template after the drop
@@ -226,3 +227,11 @@ def test_sequence_parallel_config_errors_and_the_text_padded_to_a_multiple_of_th
         padded = family.velocity(x, sigma, cond)
     assert text.shape[1] == 144 and mask.sum(dim=1).tolist() == [143, 140]
     torch.testing.assert_close(padded, whole, rtol=0, atol=1e-6)
+
+
+def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, qwen_dir):
+    """``diffrl plan`` of the tiny Qwen-Image with true CFG runs, and the planned forward is the
+    family's: prompts of the full ``max_sequence_length`` (a mask of ones, the text kept whole)."""
+    config = qwen_config(tmp_path, qwen_dir)
+    assert_plan_runs(config)
+    assert_planned_is_the_familys(config, qwen_dir, masks=("encoder_hidden_states_mask",))

@@ -27,6 +27,7 @@ from tests.integration.family_checks import (
     edit_config,
     train_one,
 )
+from tests.integration.test_flux import assert_plan_runs, assert_planned_is_the_familys
 from tests.integration.test_qwen_image import SCHEDULER
 
 HEIGHT, WIDTH = 16, 24  # the output: the tiny VAE halves it to 8 x 12 latents, packed 2 x 2 -> 24 tokens
@@ -454,3 +455,17 @@ def test_sequence_parallel_lengths_that_do_not_split_are_errors(tmp_path, edit_d
         SourceError, match=r"24 output tokens and 128 reference tokens \(64x32 px\) do not split"
     ):
         family.velocity(torch.zeros(2, 16, 8, 12), torch.tensor([0.9, 0.4]), cond)
+
+
+@pytest.mark.parametrize("variant", ["2509", "2511", "v1"])
+def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, edit_dirs, variant):
+    """``diffrl plan`` of the tiny 2509 with true CFG (the recipe's) runs, and the planned forward
+    is the family's for each variant (2511's ``zero_cond_t`` is the transformer's own): edits of
+    the full ``max_sequence_length`` (a mask of ones, the text kept whole) and the reference at
+    ``vae_image_area`` and the output's 2:3 (64 x 32 px: 128 tokens after the noise's 24)."""
+    folder = edit_dirs(variant)
+    config = qedit_config(tmp_path, folder)
+    if variant == "2509":
+        assert_plan_runs(config)
+    sources = [load_source(p, HEIGHT, WIDTH) for p in write_sources(tmp_path / "sources")]
+    assert_planned_is_the_familys(config, folder, sources, masks=("encoder_hidden_states_mask",))

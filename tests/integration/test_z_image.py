@@ -22,6 +22,7 @@ from tests.integration.family_checks import (
     family_config,
     train_one,
 )
+from tests.integration.test_flux import assert_plan_runs, assert_planned_is_the_familys
 from tests.integration.test_qwen_image import build_qwen_tokenizer
 
 HEIGHT, WIDTH = 16, 24  # pixels: the tiny VAE halves them to 8 x 12 latents, 4 x 6 = 24 patches
@@ -249,3 +250,12 @@ def test_bad_settings_are_refused_before_loading(tmp_path, z_dir, overrides, mes
 
     with pytest.raises(ConfigError, match=message):
         z_config(tmp_path, z_dir, **overrides)
+
+
+def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, z_dir):
+    """``diffrl plan`` of the tiny Z-Image-Turbo without CFG (the recipe's) runs, and the planned
+    forward is the family's: captions of the full ``max_sequence_length`` (a mask of ones), the
+    model time from the scheduler's ``num_train_timesteps``."""
+    config = z_config(tmp_path, z_dir)
+    assert_plan_runs(config)
+    assert_planned_is_the_familys(config, z_dir, masks=("prompt_mask",))
