@@ -478,7 +478,14 @@ class ModelFamily(ABC):
 
     # ---- LoRA ----------------------------------------------------------------------------------
     def lora_targets(self, configured: list[str] | None) -> list[str]:
-        return list(configured) if configured else list(self.default_lora_targets)
+        """The module names peft's LoRA targets in this family's transformer."""
+        return self.lora_targets_of(self.transformer, configured)
+
+    @classmethod
+    def lora_targets_of(cls, module: nn.Module, configured: list[str] | None) -> list[str]:
+        """:meth:`lora_targets` for ``module`` (the transformer, or ``diffrl plan``'s meta copy):
+        ``configured``, else :attr:`default_lora_targets`."""
+        return list(configured) if configured else list(cls.default_lora_targets)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.trainable_module().parameters() if p.requires_grad]

@@ -491,10 +491,11 @@ class Flux2Family(DiffusersFolderFamily):
         return (images.float() * 0.5 + 0.5).clamp(0.0, 1.0)
 
     # ---- LoRA ----------------------------------------------------------------------------------
-    def lora_targets(self, configured: list[str] | None) -> list[str]:
+    @classmethod
+    def lora_targets_of(cls, module: nn.Module, configured: list[str] | None) -> list[str]:
         """``configured``, else :attr:`default_lora_targets` and each single-stream block's
         ``attn.to_out`` by name (diffusers' FLUX.2 LoRA scripts' choice)."""
         if configured:
             return list(configured)
-        singles = range(len(self.transformer.single_transformer_blocks))
-        return [*self.default_lora_targets, *(f"single_transformer_blocks.{i}.attn.to_out" for i in singles)]
+        singles = range(len(module.single_transformer_blocks))
+        return [*cls.default_lora_targets, *(f"single_transformer_blocks.{i}.attn.to_out" for i in singles)]

@@ -161,7 +161,7 @@ def _lora(module: nn.Module, family: type[ModelFamily], config: Config, keep_old
     """peft LoRA as :func:`~diffrl.train.actor.apply_lora` adds it (float32 adapters), and the old
     policy's second adapter when the algorithm keeps one."""
     cfg = config.model.lora
-    targets = list(cfg.target_modules) if cfg.target_modules else list(family.default_lora_targets)
+    targets = family.lora_targets_of(module, cfg.target_modules)
     peft = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets)
     module.requires_grad_(False)
     module.add_adapter(peft)

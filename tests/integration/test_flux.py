@@ -263,8 +263,14 @@ def assert_plan_runs(config) -> None:
     from diffrl.algorithms.registry import build_algorithm
     from diffrl.train.plan import plan
 
+    from diffrl.train.actor import apply_lora
+
     result = plan(config, build_algorithm(config))
     assert result.memory.peak > 0 and result.memory.activations > 0 and result.train_flops > 0
+    if config.model.lora is not None:  # the LoRA the actor trains (the family's own targets)
+        family = load_family(config)
+        apply_lora(family, config.model.lora)
+        assert result.trainable == sum(p.numel() for p in family.trainable_parameters())
 
 
 def assert_planned_is_the_familys(config, folder, sources=None, masks: tuple[str, ...] = ()) -> None:
