@@ -67,6 +67,11 @@ pipeline would not use them either (``save_pretrained`` writes the folder withou
 Sequence parallel (``ray.sequence_parallel``): the video and the audio tokens split over the ranks
 through diffrl's context-parallel plan, not the class's (:mod:`diffrl.models.ltx2_sequence_parallel`).
 
+``diffrl plan``: :meth:`LTX2Family.planned` builds the transformer on the meta device from the folder's
+JSON files and runs :meth:`LTX2Family.call_transformer`, the very call of :meth:`LTX2Family.forward`, on
+zero conditioning of the shapes a prompt encodes to. The planner counts CFG's two rows; a guided
+velocity's modality-isolation (and LTX-2.3's STG) transformer calls are not in its FLOPs.
+
 A user's checkpoint: ``model: {family: ltx2, path: /models/LTX-2, options: {num_frames: 121}}``.
 For an SFT on still images set ``num_frames: 1`` (the audio of a still is the audio VAE's encoding of
 silence, see :meth:`LTX2Family.encode_images`).
@@ -95,7 +100,7 @@ from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 from torch import nn
 from transformers import AutoTokenizer
 
-from diffrl.models.base import DTYPES, SizeRule
+from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, as_videos, load_part, read_json
 from diffrl.models.flux import resolution_shifted_sigmas
 from diffrl.models.ltx2_sequence_parallel import prepare_sequence_parallel
@@ -152,6 +157,62 @@ class Grid:
     @property
     def size(self) -> int:
         return self.video_size + self.audio_frames * self.audio_width
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a model's parts say about its latents: the video VAE's ``spatial`` and ``temporal``
+    compression, the transformer's latent ``channels``, the audio VAE's latent frames per second
+    and its latent mel bins (its packed tokens are ``latent channels x latent mel bins`` wide)."""
+
+    spatial: int
+    temporal: int
+    channels: int
+    audio_latents_per_second: float
+    latent_mel_bins: int
+    audio_width: int
+
+    @classmethod
+    def of(cls, transformer_config: Any, vae: nn.Module, audio_vae: nn.Module) -> Geometry:
+        """From the transformer's config and the two VAEs (loaded, or built on the meta device by
+        :meth:`LTX2Family.planned`), as the pipeline reads them (``pipeline_ltx2.py:1272-1310``)."""
+        audio = audio_vae.config
+        mel_bins = audio.mel_bins // audio_vae.mel_compression_ratio
+        return cls(
+            spatial=int(vae.spatial_compression_ratio),
+            temporal=int(vae.temporal_compression_ratio),
+            channels=int(transformer_config.in_channels),
+            audio_latents_per_second=audio.sample_rate
+            / audio.mel_hop_length
+            / float(audio_vae.temporal_compression_ratio),
+            latent_mel_bins=mel_bins,
+            audio_width=audio.latent_channels * mel_bins,
+        )
+
+    def grid(self, height: int, width: int, num_frames: int, frame_rate: float) -> Grid:
+        """The latent :class:`Grid` of a ``height x width`` video of ``num_frames`` frames at
+        ``frame_rate`` (the pipeline's ``latent_num_frames``, ``latent_height``, ``latent_width`` and
+        ``audio_num_frames``)."""
+        if (
+            height % PIPELINE_MULTIPLE
+            or width % PIPELINE_MULTIPLE
+            or height % self.spatial
+            or width % self.spatial
+        ):
+            step = math.lcm(PIPELINE_MULTIPLE, self.spatial)
+            raise ValueError(f"ltx2: height and width must be multiples of {step}, got {height}x{width}")
+        if num_frames < 1 or (num_frames - 1) % self.temporal:
+            raise ValueError(
+                f"ltx2: model.options.num_frames={num_frames}; this VAE needs num_frames = {self.temporal}k + 1"
+            )
+        return Grid(
+            frames=(num_frames - 1) // self.temporal + 1,
+            height=height // self.spatial,
+            width=width // self.spatial,
+            channels=self.channels,
+            audio_frames=audio_frames(num_frames, frame_rate, self.audio_latents_per_second),
+            audio_width=self.audio_width,
+        )
 
 
 @dataclass(frozen=True)
@@ -236,13 +297,8 @@ class LTX2Family(DiffusersFolderFamily):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"  # Gemma's chat-style left padding, as the pipeline
         self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
-        self.spatial_factor = int(self.vae.spatial_compression_ratio)
-        self.temporal_factor = int(self.vae.temporal_compression_ratio)
-        audio = self.audio_vae.config
-        self.audio_latents_per_second = (
-            audio.sample_rate / audio.mel_hop_length / float(self.audio_vae.temporal_compression_ratio)
-        )  # as sequence_lengths, which reads the same settings before loading
-        self.latent_mel_bins = audio.mel_bins // self.audio_vae.mel_compression_ratio
+        # as sequence_lengths, which reads the same settings before loading
+        self.geometry = Geometry.of(self.transformer.config, self.vae, self.audio_vae)
         self._grids: dict[int, Grid] = {}
         self._silence: dict[int, torch.Tensor] = {}
 
@@ -436,6 +492,47 @@ class LTX2Family(DiffusersFolderFamily):
         ``_cp_plan``, the local cross-attentions' processors and key / value gathers)."""
         return [prepare_sequence_parallel(module)]
 
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer of ``folder/transformer/config.json`` and one :meth:`call_transformer` at
+        ``config``'s size, frames and options: the grid from the VAE's and the audio VAE's settings
+        (both built on the meta device, read by :meth:`Geometry.of` as the loaded family reads
+        them), ``num_train_timesteps`` from the scheduler's, and zero conditioning as
+        :meth:`_encode_prompts` gives it: ``max_sequence_length`` tokens as wide as the connectors'
+        outputs, in ``text_encoder_dtype``, and an all-ones int64 mask (a full prompt; the
+        connectors' learnable registers fill any padding, so theirs is always all ones)."""
+        settings = read_json(folder / "transformer" / "config.json")
+        if settings is None:
+            return None
+        part = lambda sub, name="config.json": read_json(folder / sub / name) or {}  # noqa: E731
+        dtype = DTYPES[config.model.dtype]
+        module = meta_model(LTX2VideoTransformer3DModel, settings, dtype)
+        options = cls.parse_options(config.model.options)
+        if options.gradient_checkpointing:
+            module.enable_gradient_checkpointing()
+        with torch.device("meta"):  # their settings only: no weights, no memory
+            vae = AutoencoderKLLTX2Video.from_config(part("vae"))
+            audio_vae = AutoencoderKLLTX2Audio.from_config(part("audio_vae"))
+            connectors = LTX2TextConnectors.from_config(part("connectors"))
+        height, width = config.sampling.height or DEFAULT_SIZE[0], config.sampling.width or DEFAULT_SIZE[1]
+        grid = Geometry.of(module.config, vae, audio_vae).grid(
+            height, width, options.num_frames, options.frame_rate
+        )
+        steps = int(part("scheduler", "scheduler_config.json").get("num_train_timesteps", 1000))
+        tokens, text_dtype = options.max_sequence_length, DTYPES[options.text_encoder_dtype]
+        widths = connectors.video_connector.inner_dim, connectors.audio_connector.inner_dim
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            b = len(x_t)
+            tensors = {
+                "encoder_hidden_states": x_t.new_zeros(b, tokens, widths[0], dtype=text_dtype),
+                "audio_encoder_hidden_states": x_t.new_zeros(b, tokens, widths[1], dtype=text_dtype),
+                "encoder_attention_mask": x_t.new_ones(b, tokens, dtype=torch.int64),
+            }
+            return cls.call_transformer(m, x_t, sigma, tensors, grid, options, steps)
+
+        return Planned(module, (grid.size,), forward, "LTX2VideoTransformer3DModel (video + audio streams)")
+
     # ---- geometry ------------------------------------------------------------------------------
     @property
     def default_size(self) -> tuple[int, int]:
@@ -443,29 +540,8 @@ class LTX2Family(DiffusersFolderFamily):
 
     def grid(self, height: int, width: int) -> Grid:
         """The latent :class:`Grid` of a ``height x width`` video of ``options.num_frames`` frames
-        (the pipeline's ``latent_num_frames``, ``latent_height``, ``latent_width`` and
-        ``audio_num_frames``, ``pipeline_ltx2.py:1272-1310``)."""
-        if (
-            height % PIPELINE_MULTIPLE
-            or width % PIPELINE_MULTIPLE
-            or height % self.spatial_factor
-            or width % self.spatial_factor
-        ):
-            step = math.lcm(PIPELINE_MULTIPLE, self.spatial_factor)
-            raise ValueError(f"ltx2: height and width must be multiples of {step}, got {height}x{width}")
-        frames = self.options.num_frames
-        if frames < 1 or (frames - 1) % self.temporal_factor:
-            raise ValueError(
-                f"ltx2: model.options.num_frames={frames}; this VAE needs num_frames = {self.temporal_factor}k + 1"
-            )
-        return Grid(
-            frames=(frames - 1) // self.temporal_factor + 1,
-            height=height // self.spatial_factor,
-            width=width // self.spatial_factor,
-            channels=self.transformer.config.in_channels,
-            audio_frames=audio_frames(frames, self.options.frame_rate, self.audio_latents_per_second),
-            audio_width=self.audio_vae.config.latent_channels * self.latent_mel_bins,
-        )
+        at ``options.frame_rate`` (:meth:`Geometry.grid`)."""
+        return self.geometry.grid(height, width, self.options.num_frames, self.options.frame_rate)
 
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
         """``(N,)``: ``N = F' * H' * W' * C`` video numbers, then ``L * C_a * M'`` audio numbers."""
@@ -474,7 +550,7 @@ class LTX2Family(DiffusersFolderFamily):
         if known != grid:
             raise ValueError(
                 f"ltx2: a {height}x{width} latent has as many numbers ({grid.size}) as the "
-                f"{known.height * self.spatial_factor}x{known.width * self.spatial_factor} one used "
+                f"{known.height * self.geometry.spatial}x{known.width * self.geometry.spatial} one used "
                 f"before; the flat state cannot tell them apart: use one of the two sizes per process"
             )
         return (grid.size,)
@@ -491,7 +567,8 @@ class LTX2Family(DiffusersFolderFamily):
             )
         return self._grids[n]
 
-    def split(self, x: torch.Tensor, grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+    @staticmethod
+    def split(x: torch.Tensor, grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
         """``x (B, N)`` -> packed video ``(B, F' H' W', C)`` and audio ``(B, L, C_a M')`` tokens."""
         video, audio = x.split([grid.video_size, x.shape[1] - grid.video_size], dim=1)
         return (
@@ -551,16 +628,43 @@ class LTX2Family(DiffusersFolderFamily):
         inside :meth:`_pass`, with the STG blocks perturbed or the audio <-> video cross-attention
         off, as the pipeline's extra guidance passes."""
         stg, isolate = self._variant
-        grid = self.grid_of(x_t)
+        return self.call_transformer(
+            module,
+            x_t,
+            sigma,
+            cond.tensors,
+            self.grid_of(x_t),
+            self.options,
+            self.num_train_timesteps,
+            stg=stg,
+            isolate=isolate,
+        )
+
+    @classmethod
+    def call_transformer(
+        cls,
+        module: nn.Module,
+        x_t: torch.Tensor,
+        sigma: torch.Tensor,
+        tensors: dict[str, torch.Tensor],
+        grid: Grid,
+        options: Options,
+        num_train_timesteps: int,
+        stg: bool = False,
+        isolate: bool = False,
+    ) -> torch.Tensor:
+        """:meth:`forward`'s transformer call on ``x_t (B, N)`` of ``grid``, conditioned on
+        ``tensors`` (:meth:`_encode_prompts`'): both streams' velocities ``(B, N)``. Also what
+        :meth:`planned` runs, so that ``diffrl plan`` measures this very call."""
         dtype = module.proj_in.weight.dtype
-        video, audio = self.split(x_t, grid)
-        timestep = sigma.float() * self.num_train_timesteps  # the scheduler's float32 timesteps
-        mask = cond.tensors["encoder_attention_mask"].to(x_t.device)
+        video, audio = cls.split(x_t, grid)
+        timestep = sigma.float() * num_train_timesteps  # the scheduler's float32 timesteps
+        mask = tensors["encoder_attention_mask"].to(x_t.device)
         v_video, v_audio = module(
             hidden_states=video.to(dtype),
             audio_hidden_states=audio.to(dtype),
-            encoder_hidden_states=cond.tensors["encoder_hidden_states"].to(x_t.device, dtype),
-            audio_encoder_hidden_states=cond.tensors["audio_encoder_hidden_states"].to(x_t.device, dtype),
+            encoder_hidden_states=tensors["encoder_hidden_states"].to(x_t.device, dtype),
+            audio_encoder_hidden_states=tensors["audio_encoder_hidden_states"].to(x_t.device, dtype),
             timestep=timestep,
             sigma=timestep,  # as the pipeline (LTX-2.3's prompt modulation reads it)
             encoder_attention_mask=mask,
@@ -568,14 +672,14 @@ class LTX2Family(DiffusersFolderFamily):
             num_frames=grid.frames,
             height=grid.height,
             width=grid.width,
-            fps=conditioning_frame_rate(self.options.frame_rate, self.options.motion_speed),
+            fps=conditioning_frame_rate(options.frame_rate, options.motion_speed),
             audio_num_frames=grid.audio_frames,
             isolate_modalities=isolate,
-            spatio_temporal_guidance_blocks=list(self.options.stg_blocks) if stg else None,
-            use_cross_timestep=self.options.use_cross_timestep,
+            spatio_temporal_guidance_blocks=list(options.stg_blocks) if stg else None,
+            use_cross_timestep=options.use_cross_timestep,
             return_dict=False,
         )
-        return self.join(v_video, v_audio)
+        return cls.join(v_video, v_audio)
 
     def _pass(self, module: nn.Module, x_t, sigma, cond, stg: bool = False, isolate: bool = False):
         """A guidance pass (STG or modality isolation) through the base ``_forward`` (the run's
@@ -716,7 +820,7 @@ class LTX2Family(DiffusersFolderFamily):
             audio, self.audio_vae.latents_mean, self.audio_vae.latents_std
         )
         audio = LTX2Pipeline._unpack_audio_latents(
-            audio, grid.audio_frames, num_mel_bins=self.latent_mel_bins
+            audio, grid.audio_frames, num_mel_bins=self.geometry.latent_mel_bins
         )
         return video, audio
 

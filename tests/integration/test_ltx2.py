@@ -468,3 +468,56 @@ def test_a_flat_state_of_a_size_never_asked_for_or_ambiguous_is_refused(tmp_path
     assert family.decode_media(wide).images.shape == (1, 3, FRAMES, SIZE, 2 * SIZE)
     with pytest.raises(ValueError, match="cannot tell them apart"):
         family.latent_shape(2 * SIZE, SIZE)
+
+
+def test_plan_runs_and_its_planned_forward_is_the_familys(tmp_path, ltx2_dir, monkeypatch):
+    """``diffrl plan`` on the tiny LTX-2 predicts a positive peak and FLOPs; and the transformer call
+    it measures is the family's: the meta-built transformer given the loaded one's weights, on the
+    same ``x_t`` and sigmas, gives what :meth:`LTX2Family.forward` gives on zero conditioning of the
+    shapes :meth:`_encode_prompts` produces (both streams, the grid of 5 frames at 32 x 32)."""
+    from diffrl.models.ltx2 import LTX2Family
+    from diffrl.rollout import Conditioning
+    from diffrl.train.plan import plan
+
+    # a full fine-tune of the conditional velocity: the fewest modules and rows for torch's trackers
+    config = ltx2_config(tmp_path, ltx2_dir, **{"model.lora": "null", "sampling.guidance_scale": 1.0})
+    result = plan(config, build_algorithm(config))
+    assert result.memory.peak > 0 and result.memory.activations > 0
+    assert result.forward_flops_per_sample > 0 and result.train_flops > 0
+
+    family = load_family(config)
+    planned = LTX2Family.planned(config, ltx2_dir)
+    assert planned.latent_shape == family.latent_shape(SIZE, SIZE)
+    assert not planned.module.is_gradient_checkpointing
+    module = planned.module.to_empty(device="cpu")
+    module.load_state_dict(family.transformer.state_dict())
+    x = torch.randn(2, *planned.latent_shape, generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.9, 0.4])
+
+    seen: dict[str, torch.Tensor] = {}  # the conditioning the planned forward makes
+    call = LTX2Family.call_transformer
+
+    def spy(module, x_t, sigma, tensors, *args, **kwargs):
+        seen.update(tensors)
+        return call(module, x_t, sigma, tensors, *args, **kwargs)
+
+    monkeypatch.setattr(LTX2Family, "call_transformer", staticmethod(spy))
+    with torch.no_grad():
+        v_planned = planned.forward(module, x, sigma)
+    monkeypatch.undo()
+    encoded = family.encode_prompts(["a dog barks", "rain"]).tensors
+    assert {k: (v.shape, v.dtype) for k, v in seen.items()} == {
+        k: (v.shape, v.dtype) for k, v in encoded.items()
+    }
+    assert torch.equal(seen["encoder_attention_mask"], torch.ones_like(encoded["encoder_attention_mask"]))
+    zeros = {k: torch.zeros_like(v) for k, v in encoded.items()}
+    zeros["encoder_attention_mask"] = seen["encoder_attention_mask"]
+    with torch.no_grad():
+        v_family = family.forward(family.transformer, x, sigma, Conditioning(zeros))
+    assert v_planned.shape == v_family.shape == x.shape
+    torch.testing.assert_close(v_planned, v_family, rtol=0, atol=1e-6)
+
+    checkpointed = ltx2_config(
+        tmp_path, ltx2_dir, **{"model.options": OPTIONS[:-1] + ", gradient_checkpointing: true}"}
+    )
+    assert LTX2Family.planned(checkpointed, ltx2_dir).module.is_gradient_checkpointing
