@@ -8,7 +8,8 @@ checkpointing, Ulysses sequence parallel and FSDP2 over the trainer ranks as the
 one micro-batch's forward, backward and AdamW step on fake tensors (``FakeTensorMode``: shapes and
 dtypes, no storage) against a fake process group of the run's world size (this process plays rank
 0). torch's own tools measure it: ``FSDPMemTracker`` / ``MemTracker``
-(``torch.distributed._tools``) the memory by kind, ``FlopCounterMode`` the FLOPs.
+(``torch.distributed._tools``) the memory by kind, ``torch.utils.flop_counter``'s per-op formulas
+the FLOPs (in the same pass).
 
 What it does not hold: the frozen text encoders and VAE a rank also loads (their JSON files are not
 shipped: add them to the folder to plan a local copy), the rollout engines' memory, allocator
@@ -31,7 +32,8 @@ from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
@@ -157,6 +159,25 @@ class _IdleUnitsFSDPMemTracker(FSDPMemTracker):
         return post_backward
 
 
+class _OpFlops(TorchDispatchMode):
+    """FLOPs of the ops run inside, by torch's own per-op formulas (``torch.utils.flop_counter``'s
+    registry, what ``FlopCounterMode`` sums). Not ``FlopCounterMode`` itself: its per-module
+    attribution hooks keep gradient-checkpointed blocks' tensors alive (measured on Wan 2.2 A14B:
+    332 GiB of activations against 22), so it cannot run inside the memory pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.total += formula(*args, **kwargs, out_val=out)
+        return out
+
+
 def _lora(module: nn.Module, family: type[ModelFamily], config: Config, keep_old: bool) -> None:
     """peft LoRA as :func:`~diffrl.train.actor.apply_lora` adds it (float32 adapters), and the old
     policy's second adapter when the algorithm keeps one."""
@@ -200,12 +221,15 @@ def measure(
     copies = 0  # a full fine-tune's frozen copies: the reference and the old policy
     if not lora:
         copies = int(bool(algorithm.needs_reference)) + int(bool(algorithm.keeps_old_policy))
-    flops = _flops(planned, rows, cfg_on)
     dist.init_process_group("fake", rank=0, world_size=ranks, store=FakeStore())
     try:
-        memory = _memory(planned, family, ranks, sequence, rows, copies)
+        memory, counted = _memory(planned, family, ranks, sequence, rows, copies)
     finally:
         dist.destroy_process_group()
+    # this rank's FLOPs are its 1/sequence of each sample (the unsplit parts, the text's keys and
+    # the patch embedding, run on every rank and are counted once per rank: an upper bound)
+    flops = {k: v * sequence for k, v in counted.items()}
+    flops["forward"] *= (2 if cfg_on else 1) / rows  # one sampling step of one sample
     r, s = config.rollout, config.sampling
     samples = r.batch_size * r.n_samples_per_prompt
     examples = samples * cost.examples_per_sample
@@ -240,28 +264,12 @@ def _inputs(planned: Planned, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(rows, *planned.latent_shape), torch.full((rows,), 0.9)
 
 
-def _flops(planned: Planned, rows: int, cfg_on: bool) -> dict[str, float]:
-    """FLOPs of one sampling step of one sample (both CFG rows) and of one training micro-batch's
-    forward + backward, counted on an unsharded fake copy. A pass of its own: ``FlopCounterMode``
-    inside the memory pass defeats gradient checkpointing's freeing (measured on Wan 2.2 A14B: 332
-    GiB of activations against 22), though not without checkpointing."""
-    module = copy.deepcopy(planned.module)
-    out = {}
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        module = module.to_empty(device="cpu")
-        with torch.no_grad(), FlopCounterMode(display=False) as forward:
-            planned.forward(module, *_inputs(planned, 2 if cfg_on else 1))
-        out["forward"] = float(forward.get_total_flops())
-        with FlopCounterMode(display=False) as counter:
-            planned.forward(module, *_inputs(planned, rows)).float().square().mean().backward()
-        out["train"] = float(counter.get_total_flops())
-    return out
-
-
 def _memory(
     planned: Planned, family: type[ModelFamily], ranks: int, sequence: int, rows: int, copies: int
-) -> RankMemory:
-    """Peak of one micro-batch's forward, backward and AdamW step on rank 0 of ``ranks`` fake ranks."""
+) -> tuple[RankMemory, dict[str, float]]:
+    """Peak of one micro-batch's forward, backward and AdamW step on rank 0 of ``ranks`` fake ranks,
+    and this rank's FLOPs of its forward (``forward``) and of forward and backward (``train``: with
+    gradient checkpointing, the recomputed forwards too)."""
     module = planned.module
     fsdp = init_device_mesh("cpu", (ranks,)) if ranks > 1 else None
     mesh = sequence_mesh("cpu", ranks // sequence, sequence) if sequence > 1 else None
@@ -288,12 +296,15 @@ def _memory(
             tracker = _FrozenAwareMemTracker()
             tracker.track_external(optimizer, x, sigma)
         with tracker:
-            planned.forward(module, x, sigma).float().square().mean().backward()
+            with _OpFlops() as counter:
+                loss = planned.forward(module, x, sigma).float().square().mean()
+                forward = counter.total
+                loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
     frozen_copies = copies * sum(p.numel() * p.element_size() for p in module.parameters()) // ranks
-    return RankMemory(
+    memory = RankMemory(
         parameters=_category(peak, "Parameter", "Sharded Param") + frozen_copies,
         gathered=_category(peak, "Unsharded Param", "All Gather", "Buffer"),
         gradients=_category(peak, "Gradient", "Sharded Grad", "Unsharded Grad", "Reduce Scatter"),
@@ -302,6 +313,7 @@ def _memory(
         temporary=_category(peak, "Temp", "Other"),
         peak=peak["Total"] + frozen_copies,
     )
+    return memory, {"forward": float(forward), "train": float(counter.total)}
 
 
 def plan(config: Config, algorithm: DiffusionAlgorithm) -> Plan:
