@@ -96,6 +96,9 @@ class Planned:
     zero conditioning of the shapes its prompts encode to (the text length of a full prompt)."""
     description: str
     """The model in words, e.g. ``WanTransformer3DModel x 2 experts``."""
+    guided_rows: int = 2
+    """Transformer rows of one guided velocity of one sample: the negative and the positive
+    prompt's; more where the family's guidance adds passes (LTX-2's modality isolation, STG)."""
 
 
 class ModelFamily(ABC):

@@ -531,7 +531,10 @@ class LTX2Family(DiffusersFolderFamily):
             }
             return cls.call_transformer(m, x_t, sigma, tensors, grid, options, steps)
 
-        return Planned(module, (grid.size,), forward, "LTX2VideoTransformer3DModel (video + audio streams)")
+        s = cls.scales_of(options, config.sampling.guidance_scale or cls.default_guidance)
+        rows = 1 + int(s.do_cfg) + int(s.do_stg) + int(s.do_modality)  # the guided velocity's passes
+        description = "LTX2VideoTransformer3DModel (video + audio streams)"
+        return Planned(module, (grid.size,), forward, description, guided_rows=max(2, rows))
 
     # ---- geometry ------------------------------------------------------------------------------
     @property
@@ -693,7 +696,11 @@ class LTX2Family(DiffusersFolderFamily):
     def scales(self, guidance_scale: float) -> Scales:
         """The per-stream scales of a guided velocity, the audio ones falling back to the video ones
         when null or 0 (``pipeline_ltx2.py:1157-1160``)."""
-        o = self.options
+        return self.scales_of(self.options, guidance_scale)
+
+    @staticmethod
+    def scales_of(o: Any, guidance_scale: float) -> Scales:
+        """:meth:`scales` for the options ``o``."""
         return Scales(
             cfg=(guidance_scale, o.audio_guidance_scale or guidance_scale),
             stg=(o.stg_scale, o.audio_stg_scale or o.stg_scale),

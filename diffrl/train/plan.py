@@ -78,7 +78,8 @@ class Plan:
     trainable: int
     latent: tuple[int, ...]
     rows: int
-    """Rows of one training micro-batch through the transformer (samples x 2 with CFG)."""
+    """Rows of one training micro-batch through the transformer (samples x 2 with CFG; the memory
+    of a family's further guidance passes, e.g. LTX-2's isolation pass, is not in the peak)."""
     ranks: int
     sequence: int
     memory: RankMemory
@@ -226,15 +227,15 @@ def measure(
         memory, counted = _memory(planned, family, ranks, sequence, rows, copies)
     finally:
         dist.destroy_process_group()
-    # this rank's FLOPs are its 1/sequence of each sample (the unsplit parts, the text's keys and
-    # the patch embedding, run on every rank and are counted once per rank: an upper bound)
-    flops = {k: v * sequence for k, v in counted.items()}
-    flops["forward"] *= (2 if cfg_on else 1) / rows  # one sampling step of one sample
+    # per transformer row; this rank's FLOPs are its 1/sequence of each sample (the unsplit parts,
+    # the text's keys and the patch embedding, run on every rank: counted x sequence, an upper bound)
+    row_forward, row_train = (counted[k] * sequence / rows for k in ("forward", "train"))
+    sample_rows = planned.guided_rows if cfg_on else 1  # a guided velocity's rows, sampling
+    train_rows = sample_rows if cost.guided else 1
     r, s = config.rollout, config.sampling
     samples = r.batch_size * r.n_samples_per_prompt
     examples = samples * cost.examples_per_sample
-    per_example_train = flops["train"] / rows * (2 if cfg_on and cost.guided else 1)
-    per_example_forward = flops["forward"] / (2 if cfg_on else 1) * (2 if cfg_on and cost.guided else 1)
+    per_example = train_rows * (row_train + cost.no_grad_forwards * row_forward)
     return Plan(
         model=planned.description,
         source="",
@@ -245,9 +246,9 @@ def measure(
         ranks=ranks,
         sequence=sequence,
         memory=memory,
-        forward_flops_per_sample=flops["forward"],
-        rollout_flops=samples * s.num_steps * flops["forward"] if _online(algorithm) else 0.0,
-        train_flops=examples * (per_example_train + cost.no_grad_forwards * per_example_forward),
+        forward_flops_per_sample=row_forward * sample_rows,
+        rollout_flops=samples * s.num_steps * row_forward * sample_rows if _online(algorithm) else 0.0,
+        train_flops=examples * per_example,
         samples=samples,
         steps=s.num_steps,
         examples=examples,
@@ -332,6 +333,14 @@ def plan(config: Config, algorithm: DiffusionAlgorithm) -> Plan:
     return result
 
 
+def _si(flops: float) -> str:
+    """FLOPs with the largest unit that keeps a digit before the point, e.g. ``870.7 PFLOP``."""
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if flops >= scale:
+            return f"{flops / scale:.1f} {unit}"
+    return f"{flops / 1e6:.1f} MFLOP"
+
+
 def _gib(n: float) -> str:
     return f"{n / GiB:.2f}"
 
@@ -375,12 +384,12 @@ def render(result: Plan, config: Config, gpu: str, mfu: float, memory_gb: float 
     if result.rollout_flops:
         seconds = result.rollout_flops / (result.engines * peak * mfu)
         lines.append(
-            f"  rollout  {result.rollout_flops / 1e15:10.1f} PFLOP  {result.samples} samples x {result.steps} steps "
-            f"x {result.forward_flops_per_sample / 1e12:.2f} TFLOP -> {seconds:8.1f} s on {result.engines} engine(s)"
+            f"  rollout  {_si(result.rollout_flops):>13}  {result.samples} samples x {result.steps} steps "
+            f"x {_si(result.forward_flops_per_sample)} -> {seconds:.3g} s on {result.engines} engine(s)"
         )
     seconds = result.train_flops / (result.ranks * peak * mfu)
     lines.append(
-        f"  train    {result.train_flops / 1e15:10.1f} PFLOP  {result.examples} examples -> {seconds:8.1f} s "
+        f"  train    {_si(result.train_flops):>13}  {result.examples} examples -> {seconds:.3g} s "
         f"on {result.ranks} rank(s)"
     )
     return "\n".join(lines)
