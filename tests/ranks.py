@@ -9,6 +9,7 @@ destructors at interpreter teardown have aborted a child after its work was done
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,5 +23,9 @@ def _one_thread(rank: int, fn: Callable[..., None], args: tuple[Any, ...]) -> No
 
 
 def run_ranks(fn: Callable[..., None], *args: Any, nprocs: int = 2) -> None:
-    """``fn(rank, *args)`` in ``nprocs`` forked processes; raises what a rank raised."""
-    mp.start_processes(_one_thread, args=(fn, args), nprocs=nprocs, join=True, start_method="fork")
+    """``fn(rank, *args)`` in ``nprocs`` forked processes (spawned where this process is connected
+    to Ray: forking its gRPC threads left ``ray.shutdown()`` hanging at the session's end); raises
+    what a rank raised."""
+    ray = sys.modules.get("ray")
+    method = "spawn" if ray is not None and ray.is_initialized() else "fork"
+    mp.start_processes(_one_thread, args=(fn, args), nprocs=nprocs, join=True, start_method=method)
