@@ -233,7 +233,9 @@ def measure(
     sample_rows = planned.guided_rows if cfg_on else 1  # a guided velocity's rows, sampling
     train_rows = sample_rows if cost.guided else 1
     r, s = config.rollout, config.sampling
-    samples = r.batch_size * r.n_samples_per_prompt
+    online = _online(algorithm)
+    # offline algorithms (SFT, offline DPO) read train.batch_size items per iteration, sample none
+    samples = r.batch_size * r.n_samples_per_prompt if online else config.train.batch_size
     examples = samples * cost.examples_per_sample
     per_example = train_rows * (row_train + cost.no_grad_forwards * row_forward)
     return Plan(
@@ -247,7 +249,7 @@ def measure(
         sequence=sequence,
         memory=memory,
         forward_flops_per_sample=row_forward * sample_rows,
-        rollout_flops=samples * s.num_steps * row_forward * sample_rows if _online(algorithm) else 0.0,
+        rollout_flops=samples * s.num_steps * row_forward * sample_rows if online else 0.0,
         train_flops=examples * per_example,
         samples=samples,
         steps=s.num_steps,
