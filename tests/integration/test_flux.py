@@ -261,9 +261,8 @@ def assert_plan_runs(config) -> None:
     """``diffrl plan`` of ``config`` (the family's ``planned`` from the model folder's JSON files,
     one micro-batch's step on fake tensors) measures memory and FLOPs."""
     from diffrl.algorithms.registry import build_algorithm
-    from diffrl.train.plan import plan
-
     from diffrl.train.actor import apply_lora
+    from diffrl.train.plan import plan
 
     result = plan(config, build_algorithm(config))
     assert result.memory.peak > 0 and result.memory.activations > 0 and result.train_flops > 0
