@@ -273,6 +273,9 @@ class RolloutBatch(Batch):
     ``sources``: an offline edit pair's source images, one per row (in ``cond`` already; kept
     for SFT, which encodes the prompts again), else None (online rollouts keep only ``cond``: the
     sources at file resolution would travel back from every rollout engine).
+    ``policy_version``: ``(B,)`` int64, the version of the weights that drew each sample (the
+    number of updates they had had), stamped by whatever sampled it; the trainer's version minus
+    it is the sample's staleness (``rollout/staleness``; 1 with ``train.off_policy_steps: 1``).
     """
 
     prompts: list[str]
@@ -296,6 +299,7 @@ class RolloutBatch(Batch):
     reward_scores: RewardScores | None = None
     audio: Audio | None = None
     sources: list[Source] | None = None
+    policy_version: torch.Tensor | None = None
 
 
 @dataclass

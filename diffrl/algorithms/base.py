@@ -126,6 +126,19 @@ class DiffusionAlgorithm(ABC):
         """Algorithm-specific config problems (reported with all others before anything loads)."""
         return []
 
+    def off_policy_problems(self, config: Config) -> list[str]:
+        """Why this algorithm cannot train on samples drawn one update earlier
+        (``train.off_policy_steps: 1``), checked only then. Online algorithms whose loss does not
+        use the behaviour policy's own probabilities (DiffusionNFT, AWM, online DPO: a forward-
+        process or pair loss on the samples) take them as they are; an offline one has no rollout
+        to draw ahead; an algorithm whose ratio uses the recorded log-probs says what it needs."""
+        if not self.collection_spec().online:
+            return [
+                f"train.off_policy_steps={config.train.off_policy_steps}: algorithm {self.name!r} trains on "
+                "a fixed dataset (no rollout to draw ahead); set train.off_policy_steps: 0"
+            ]
+        return []
+
     def old_policy_decay(self, optimizer_step: int) -> float:
         """``d`` in ``θ_old ← d·θ_old + (1 − d)·θ``, applied after each iteration."""
         return 0.0

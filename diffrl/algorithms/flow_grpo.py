@@ -50,6 +50,7 @@ import torch
 from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.algorithms.rollout_correction import correction_problems, correction_weights
+from diffrl.config import Config
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.sampling.kernels import FlowSDE, kernel_problems, resolve_kernel
 from diffrl.sampling.step_strategies import build_step_strategy
@@ -297,6 +298,18 @@ class FlowGRPO(DiffusionAlgorithm):
             sigma_max=policy.sigmas[1].item(),
             prev_sample=examples.x_next,
         )
+
+    def off_policy_problems(self, config: Config) -> list[str]:
+        """The clipped ratio is against the recorded log-probs (μ): one update old with
+        ``train.off_policy_steps: 1``, so the update replays them with its starting weights (π_old)
+        and weights each term by the truncated ρ = π_old/μ (rollout correction) instead."""
+        if self.params.rollout_correction == "none":
+            return [
+                "train.off_policy_steps=1 draws each rollout with the weights of one update earlier; "
+                "Flow-GRPO's ratio then needs rollout correction: set "
+                "algorithm.params.rollout_correction: tis (or mask)"
+            ]
+        return []
 
     def before_update(self, policy, examples: GRPOExamples) -> GRPOExamples:
         if self.params.rollout_correction == "none":

@@ -178,6 +178,11 @@ class TrainConfig:
     max_nonfinite_steps: int = 5
     """Stop the run (with an error naming the last good checkpoint) after this many consecutive
     optimizer steps skipped for a non-finite loss or gradient."""
+    off_policy_steps: int = 0
+    """0: the synchronous loop (draw, score, train, sync, draw again). 1: pipelined: the engines
+    draw iteration i+1 with the weights of iteration i while the trainer ranks train on iteration
+    i, so each sample is one update old when it trains (``rollout/staleness``); needs
+    ``runner: ray`` and an algorithm that can learn off-policy (see ``docs/scaling.md``)."""
 
 
 @dataclass

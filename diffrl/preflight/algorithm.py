@@ -43,5 +43,7 @@ def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None
             "record the trajectory) or do not require it"
         )
     errors.extend(algorithm.validate(config))
+    if config.train.off_policy_steps > 0:
+        errors.extend(algorithm.off_policy_problems(config))
     errors.extend(engine_problems(config, spec))
     return errors, spec

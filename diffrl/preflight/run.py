@@ -62,7 +62,15 @@ def runner_problems(config: Config, check_files: bool) -> list[str]:
             f"runner: {config.runner!r} is not a class (a runner is built as Runner(config, algorithm, spec))"
         ]
     check = getattr(runner, "validate", None)
-    return list(check(config, check_files)) if check is not None else []
+    errors = list(check(config, check_files)) if check is not None else []
+    said = any("train.off_policy_steps" in e for e in errors)  # the runner's own reason
+    if config.train.off_policy_steps > 0 and not hasattr(runner, "end_rollout") and not said:
+        errors.append(
+            f"train.off_policy_steps={config.train.off_policy_steps}: runner {config.runner!r} cannot draw "
+            "a rollout while it trains (it has no end_rollout(); see diffrl.train.runner.Runner); set "
+            "runner: ray or train.off_policy_steps: 0"
+        )
+    return errors
 
 
 def output_dir_problems(out: Path) -> list[str]:

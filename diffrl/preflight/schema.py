@@ -131,6 +131,12 @@ def _train_problems(config: Config) -> list[str]:
             errors.append(f"train.{name} must be >= 0 (0: none), got {getattr(t, name)}")
     if t.keep_last is not None and t.keep_last < 1:
         errors.append(f"train.keep_last must be >= 1 or null (keep all), got {t.keep_last}")
+    if t.off_policy_steps not in (0, 1):
+        errors.append(
+            f"train.off_policy_steps must be 0 (synchronous) or 1 (rollout one iteration ahead), got "
+            f"{t.off_policy_steps!r}: one rollout in flight already hides the shorter of rollout and "
+            "training; more would only add staleness"
+        )
     for name in ("max_failed_iterations", "max_nonfinite_steps"):
         if getattr(t, name) < 1:
             errors.append(f"train.{name} must be >= 1, got {getattr(t, name)}")

@@ -11,6 +11,10 @@ trainable.safetensors
 optimizer.safetensors   (tensors; the rest of the optimizer state is in checkpoint.json)
 ema.safetensors         (when train.ema_decay is set)
 old_policy.safetensors  (algorithms that sample with a trailing old policy, e.g. DiffusionNFT)
+rollout_weights.safetensors
+                        (train.off_policy_steps: 1) the sampling weights the engines held: those
+                        the rollout in flight was drawn with; a resumed run draws it again with
+                        them (their version: "loop": {"rollout_version": ...})
 ```
 
 A checkpoint is written whole or not at all: into a hidden temporary folder next to it, each
@@ -43,6 +47,8 @@ from diffrl.parallel import copy_full_, full_tensor
 
 FORMAT = "diffrl-checkpoint-2"
 REQUIRED = {"trainable.safetensors", "optimizer.safetensors", "config.yaml"}
+ROLLOUT_WEIGHTS = "rollout_weights.safetensors"
+ROLLOUT_VERSION = "rollout_version"
 TMP_PREFIX = ".tmp-"
 """Hidden folders being written (``checkpoints/.tmp-step_00004-PID``); never read as checkpoints."""
 
@@ -167,10 +173,12 @@ def save_checkpoint(
     write: bool = True,
     run_id: str = "",
     loop_state: dict[str, Any] | None = None,
+    rollout_weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write the checkpoint atomically. On FSDP2 ranks every rank calls it (the shards are
     gathered) and only the one with ``write`` writes. ``loop_state``: what the driver needs to
-    continue (eval history, training time), stored in ``checkpoint.json``."""
+    continue (eval history, training time), stored in ``checkpoint.json``; ``rollout_weights``:
+    a pipelined run's engine weights (:data:`ROLLOUT_WEIGHTS`)."""
     path = Path(path)
     files = {"trainable.safetensors": trainable_state(actor)}
     tensors, param_groups = _optimizer_tensors(actor.optimizer)
@@ -180,6 +188,8 @@ def save_checkpoint(
     if actor.policy.old is not None:  # named as the live parameters the old ones trail
         names = _names_by_id(actor)
         files["old_policy.safetensors"] = {names[id(live)]: _whole(o) for live, o in actor.policy.old.pairs}
+    if rollout_weights is not None:
+        files[ROLLOUT_WEIGHTS] = rollout_weights
     if not write:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

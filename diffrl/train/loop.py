@@ -15,8 +15,10 @@ import torch
 from diffrl.config import Config
 from diffrl.errors import Abandoned, Interrupted
 from diffrl.logging import Progress, console
+from diffrl.rollout import RolloutBatch, RolloutStats
 from diffrl.train import stages
 from diffrl.train.checkpoint import iteration_of
+from diffrl.train.pipeline import RolloutAhead
 from diffrl.train.session import TrainSession
 from diffrl.train.stages import TrainResult
 from diffrl.train.stop import StopSignals
@@ -36,6 +38,9 @@ class Driver:
         self.algorithm, self.spec, self.runner = session.algorithm, session.spec, session.runner
         self.state, self.result, self.logger = session.state, session.result, session.logger
         self.start = self.step = session.start
+        self.ahead = (
+            RolloutAhead(self.runner, self.stop.requested) if self.config.train.off_policy_steps > 0 else None
+        )
 
     def run(self) -> TrainResult:
         try:
@@ -47,6 +52,9 @@ class Driver:
                 print(stages.stage_summary(self.result.history, self.state.evals), flush=True)
         except Abandoned:
             raise self.interrupted() from None
+        finally:
+            if self.ahead is not None:  # a rollout still in flight (an error, a stop, the time budget)
+                self.ahead.close()
         return self.result
 
     def iterate(self, progress: Progress) -> None:
@@ -80,16 +88,28 @@ class Driver:
         self.eval_point(self.step)
         self.session.save(self.step, final=True)
 
-    def iteration(self, it: int) -> tuple[dict[str, float], list[dict[str, float]]]:
-        """One iteration: its metrics, and those of each optimizer step."""
-        t0, algorithm = time.time(), self.algorithm
-        rollout = stages.Rollout()
+    def collect(self, it: int) -> tuple[RolloutBatch, RolloutStats, dict[str, float]]:
+        """Rollout ``it``, scored, and the rollout side's metrics (:mod:`diffrl.train.pipeline`
+        when pipelined: then the next rollout is on its way when this returns)."""
+        if self.ahead is not None:
+            batch, stats, waited = self.ahead.take(it)
+            side = self.runner.end_rollout()  # nothing in flight: the engines take the weights of `it`
+            if it + 1 < self.config.train.iterations:
+                self.ahead.launch(it + 1)
+            return batch, stats, {**side, "perf/rollout_wait_time": waited}
+        t0, rollout = time.time(), stages.Rollout()
         with Progress("rollout", stages.micro_group_count(self.config, self.spec), "group") as bar:
             for part in self.runner.sample(it, self.stop.requested):  # collect,
                 rollout.add(part, self.runner.score(part))  # and score each micro-group as it arrives
                 bar.update(len(rollout.parts))
         batch, stats = rollout.finish()
-        metrics = stages.rollout_metrics(batch, stats, it)
+        return batch, stats, {"perf/rollout_wait_time": time.time() - t0}
+
+    def iteration(self, it: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """One iteration: its metrics, and those of each optimizer step."""
+        t0, algorithm = time.time(), self.algorithm
+        batch, stats, side = self.collect(it)
+        metrics = {**stages.rollout_metrics(batch, stats, it), **side}
         batch = stages.scored_samples(batch)
         self.state.guard.rollout(len(batch), stats.errors)
         steps: list[dict[str, float]] = []

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
 from diffrl.logging import console
@@ -71,7 +73,13 @@ class Runner(Protocol):
 
     def end_iteration(self) -> dict[str, float]:
         """Update the old policy (if kept), send the sampling weights where rollouts run, and
-        report the runner's own counters of the iteration."""
+        report the runner's own counters of the iteration. (With ``train.off_policy_steps: 1`` a
+        rollout is in flight meanwhile: the sending is :meth:`end_rollout`'s.)"""
+
+    def end_rollout(self) -> dict[str, float]:
+        """``train.off_policy_steps: 1`` only (a runner without it refuses that setting): the
+        rollout just finished and none is in flight; send the trainer's sampling weights where
+        rollouts run (the next rollout draws with them) and report the rollout side's counters."""
 
     def evaluate(self) -> EvalResult | None:
         """Eval with the weights to evaluate (EMA if enabled); None when eval is off."""
@@ -94,14 +102,23 @@ class LocalRunner:
 
     @classmethod
     def validate(cls, config: Config, check_files: bool = True) -> list[str]:
+        errors = []
         sp = config.ray.sequence_parallel
         if sp != 1:
-            return [
+            errors.append(
                 f"ray.sequence_parallel={sp} splits each sample over trainer ranks, and runner=local "
                 "is one process: set runner: ray (with ray.num_trainer_ranks a multiple of it), or "
                 "ray.sequence_parallel: 1"
-            ]
-        return []
+            )
+        if config.train.off_policy_steps > 0:
+            errors.append(
+                f"train.off_policy_steps={config.train.off_policy_steps} draws the next rollout while "
+                "the ranks train, and runner=local samples and trains with one module on the same "
+                "device and cores: the two would only take turns (no faster, one update staler). Set "
+                "runner: ray (engines and trainer ranks on their own devices or cores), or "
+                "train.off_policy_steps: 0"
+            )
+        return errors
 
     def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):
         self.config, self.algorithm = config, algorithm
@@ -113,6 +130,7 @@ class LocalRunner:
             keep_old=algorithm.keeps_old_policy,
         )
         self.collector = build_collector(config, self.family, spec)
+        self.online = spec.online
         # one reward per name and params for training and eval: OCR's worker pool starts once
         # (here, in the background, so the first eval does not wait for it) and closes once
         self.rewards = SharedRewards()
@@ -141,7 +159,10 @@ class LocalRunner:
     def sample(self, iteration: int, should_stop: Callable[[], bool] | None = None) -> Iterator[RolloutBatch]:
         self.family.transformer.eval()
         with self.actor.policy.sampling_weights() as module:  # the old policy when the algorithm keeps one
-            yield from self.collector.micro_groups(iteration, module, should_stop)
+            for part in self.collector.micro_groups(iteration, module, should_stop):
+                if self.online:  # drawn with the weights of `iteration` updates
+                    part.policy_version = torch.full((len(part),), iteration, dtype=torch.long)
+                yield part
 
     def score(self, part: RolloutBatch) -> PendingRewards | None:
         if self.train_rewards is None:

@@ -36,18 +36,24 @@ class Rollout:
     def add(self, part: RolloutBatch, pending: PendingScore | None) -> None:
         self.parts.append((part, pending))
 
-    def finish(self) -> tuple[RolloutBatch, RolloutStats]:
-        """The rollout in micro-group order, with the rewards attached once every score is in."""
+    def finish(self, bars: bool = True) -> tuple[RolloutBatch, RolloutStats]:
+        """The rollout in micro-group order, with the rewards attached once every score is in
+        (``bars``: show the scoring's progress; off for a rollout drawn in the background)."""
         stats = RolloutStats(sampling_time=time.time() - self.start)
         parts = sorted(self.parts, key=lambda p: int(p[0].micro_group[0]))
         batch = RolloutBatch.cat([part for part, _ in parts])
         if parts and parts[0][1] is not None:
             t0 = time.time()
             scored = []
-            with Progress("scoring", len(parts), "group") as bar:  # the micro-groups' scores awaited
-                for _, pending in parts:
+            bar = Progress("scoring", len(parts), "group") if bars else None
+            try:
+                for _, pending in parts:  # the micro-groups' scores awaited
                     scored.append(pending.result())
-                    bar.update(len(scored))
+                    if bar is not None:
+                        bar.update(len(scored))
+            finally:
+                if bar is not None:
+                    bar.close()
             out = RewardOutput.cat(scored)
             stats.reward_wait_time = time.time() - t0
             batch.rewards = out.total
@@ -61,13 +67,14 @@ class Rollout:
 
 
 def collect_rollout(
-    runner: Runner, iteration: int, should_stop: Callable[[], bool] | None = None
+    runner: Runner, iteration: int, should_stop: Callable[[], bool] | None = None, bars: bool = True
 ) -> tuple[RolloutBatch, RolloutStats]:
-    """Sample and score one rollout as the driver does (for tests, benchmarks and tools)."""
+    """Sample and score one rollout (the pipelined driver's background rollout; tests, benchmarks
+    and tools)."""
     rollout = Rollout()
     for part in runner.sample(iteration, should_stop):
         rollout.add(part, runner.score(part))
-    return rollout.finish()
+    return rollout.finish(bars)
 
 
 def rollout_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) -> dict[str, float]:
@@ -78,11 +85,16 @@ def rollout_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) ->
             + (f" (and {len(stats.errors) - 1} more error(s))" if len(stats.errors) > 1 else ""),
             stacklevel=2,
         )
+    metrics = dict(stats.metrics)
+    if batch.policy_version is not None and len(batch):
+        stale = iteration - batch.policy_version
+        metrics["rollout/staleness_mean"] = stale.double().mean().item()
+        metrics["rollout/staleness_max"] = float(stale.max())
     if batch.rewards is None:
-        return dict(stats.metrics)
+        return metrics
     ok = torch.isfinite(batch.rewards)
     if not ok.any():
-        return {"rollout/reward_failed": float(stats.reward_failed), **stats.metrics}
+        return {"rollout/reward_failed": float(stats.reward_failed), **metrics}
     r, group_id = batch.rewards[ok], batch.group_id[ok]
     groups = group_id.unique()
     zero = sum(bool((r[group_id == g] == r[group_id == g][0]).all()) for g in groups)
@@ -93,7 +105,7 @@ def rollout_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) ->
         "rollout/reward/raw_max": r.max().item(),
         "rollout/zero_std_ratio": zero / len(groups),
         "rollout/reward_failed": float(stats.reward_failed),
-        **stats.metrics,
+        **metrics,
     }
 
 

@@ -13,6 +13,8 @@ import json
 import signal
 import time
 
+import pytest
+
 from diffrl.preflight import load_config
 from diffrl.train.loop import train
 from tests.conftest import ROOT
@@ -27,9 +29,9 @@ RAY = {
 }
 
 
-def train_here(out, *extra: str):
+def train_here(out, *extra: str, runner: dict = RAY):
     """The run ``crash_driver`` would start (its settings, into ``out``), in this process."""
-    settings = {**SETTINGS, **RAY, "run.output_dir": str(out)}
+    settings = {**SETTINGS, **runner, "run.output_dir": str(out)}
     overrides = [f"{k}={v}" for k, v in settings.items()] + list(extra)
     return train(load_config(str(ROOT / RECIPE), overrides))
 
@@ -41,13 +43,29 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_kill_9_of_the_ray_driver_then_resume_latest(tmp_path, monkeypatch, capsys, ray_cluster):
+@pytest.mark.parametrize(
+    "off_policy_steps",
+    [
+        # pipelined: the driver dies while rollout 3 is drawn in the background during iteration 2's
+        # update; the checkpoint of step 2 holds the weights that drew rollout 2 (one update old)
+        1,
+        # synchronous: the same code but for the rollout weights (the local runner's crash tests
+        # cover the synchronous resume in the default run)
+        pytest.param(0, marks=pytest.mark.slow),
+    ],
+)
+def test_kill_9_of_the_ray_driver_then_resume_latest(
+    off_policy_steps, tmp_path, monkeypatch, capsys, ray_cluster
+):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # the reward workers import the test's reward
     monkeypatch.setenv("CRASH_PIDS_FILE", str(tmp_path / "pids.json"))
-    train_here(tmp_path / "whole")
+    ray = {**RAY, "train.off_policy_steps": off_policy_steps}
+    whole = train_here(tmp_path / "whole", runner=ray)
+    staleness = [row["rollout/staleness_max"] for row in whole.history]
+    assert staleness == [0.0] + [float(off_policy_steps)] * (len(staleness) - 1)
 
     out = tmp_path / "run"
-    killed = run(out, "kill-dispatch", 3, runner=RAY)
+    killed = run(out, "kill-dispatch", 3, runner=ray)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     # the driver's local Ray cluster goes with it: GCS, raylet, the engine, ranks and reward
     # workers. Ray's two agents (DashboardAgent, RuntimeEnvAgent) are left out: they poll for
@@ -61,6 +79,6 @@ def test_kill_9_of_the_ray_driver_then_resume_latest(tmp_path, monkeypatch, caps
     assert not [below[str(p)] for p in work if _alive(p)]
 
     capsys.readouterr()
-    train_here(out, "train.resume=latest")
+    train_here(out, "train.resume=latest", runner=ray)
     assert f"resumed from {out / 'checkpoints' / 'step_00002'} at iteration 2" in capsys.readouterr().out
     assert_same(state(out), state(tmp_path / "whole"))

@@ -40,10 +40,14 @@ class RolloutEngine:
         spec = build_algorithm(config).collection_spec()
         self.collector = build_collector(config, self.family, spec)
         self.state: dict[str, torch.Tensor] = {}
+        self.version = 0
+        """The version of the sampling weights held (updates they had had), stamped on samples."""
         self.eval_rewards = None
 
     def sample(self, plan: RolloutPlan, micro_group: int) -> RolloutBatch:
-        return self.collector.sample(plan, micro_group).to("cpu")
+        batch = self.collector.sample(plan, micro_group).to("cpu")
+        batch.policy_version = torch.full((len(batch),), self.version, dtype=torch.long)
+        return batch
 
     def stage_times(self) -> dict[str, float]:
         """Seconds per sampling stage since the last call, and a serving engine's own counters
@@ -61,8 +65,9 @@ class RolloutEngine:
     def collect(self, iteration: int) -> RolloutBatch:
         return self.collector.collect(iteration).to("cpu")
 
-    def load(self, state: dict[str, torch.Tensor]) -> str:
-        """Take the trainer's sampling weights; returns the checksum of what this engine now holds."""
+    def load(self, state: dict[str, torch.Tensor], version: int) -> str:
+        """Take the trainer's sampling weights (of ``version`` updates); returns the checksum of
+        what this engine now holds."""
         module = self.family.transformer
         lora = self.config.model.lora is not None
         held = [n for n, _ in module.named_parameters() if not lora or "lora_" in n]
@@ -70,7 +75,7 @@ class RolloutEngine:
             odd = sorted(set(held) ^ set(state))[:1]
             raise KeyError(f"weight sync: the engine's trainable tensors and the sent ones differ ({odd})")
         load_state(module, state)
-        self.state = state
+        self.state, self.version = state, version
         self.collector.sync(module)  # a serving engine sends them on to its servers (checked there)
         return checksum(module_state(module, held))
 
@@ -136,9 +141,25 @@ class TrainerRank:
         state = live_state(self.actor)
         return state if self.rank == 0 else None
 
-    def save(self, path: str, iteration: int, run_id: str, loop_state: dict) -> str:
+    def save(
+        self,
+        path: str,
+        iteration: int,
+        run_id: str,
+        loop_state: dict,
+        rollout_weights: dict[str, torch.Tensor] | None = None,
+    ) -> str:
+        """``rollout_weights`` (rank 0, pipelined runs): the engines' sampling weights, kept with
+        the checkpoint (see :data:`~diffrl.train.checkpoint.ROLLOUT_WEIGHTS`)."""
         save_checkpoint(
-            path, self.actor, self.config, iteration, self.rank == 0, run_id=run_id, loop_state=loop_state
+            path,
+            self.actor,
+            self.config,
+            iteration,
+            self.rank == 0,
+            run_id=run_id,
+            loop_state=loop_state,
+            rollout_weights=rollout_weights,
         )
         return path
 

@@ -34,6 +34,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from safetensors.torch import load_file
+
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
 from diffrl.data.prompts import load_prompts
@@ -47,6 +49,7 @@ from diffrl.rewards.base import reward_labels
 from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.sampling.collector import RolloutPlanner
 from diffrl.sampling.engine import engine_devices
+from diffrl.train.checkpoint import ROLLOUT_VERSION, ROLLOUT_WEIGHTS, read_checkpoint_info
 from diffrl.train.evaluate import EvalResult
 from diffrl.train.runner import PendingScore
 
@@ -66,6 +69,10 @@ class RayRunner:
 
     def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):
         self.config, self.algorithm, self.spec = config, algorithm, spec
+        self.pipelined = config.train.off_policy_steps > 0
+        self.updates = 0
+        """The trainer's version: iterations trained (the engines' samples carry the version they
+        were drawn with)."""
         self.last_checkpoint: str | None = None
         self.ranks: list = []
         self.weights = EngineWeights()
@@ -158,9 +165,16 @@ class RayRunner:
 
     def end_iteration(self) -> dict[str, float]:
         metrics = self._ranks_call("end_iteration")[0]
+        self.updates += 1
+        if self.pipelined:  # the next rollout is on the engines now: they sync in end_rollout
+            return metrics
+        return {**metrics, **self.end_rollout()}
+
+    def end_rollout(self) -> dict[str, float]:
+        """The engines' counters of the rollout just drawn, and the trainer's sampling weights
+        sent to them (the next rollout draws with them)."""
         return {
             **self.engine_stage_times(),
-            **metrics,
             **self.sync(),
             "rollout/reissued": float(self.dispatch.reissued),
         }
@@ -177,7 +191,9 @@ class RayRunner:
 
     def sync(self) -> dict[str, float]:
         """Send the sampling weights to every engine and check that they hold them exactly."""
-        return self.weights.sync(lambda: self._ranks_call("sampling_state")[0], self.dispatch.engines)
+        return self.weights.sync(
+            lambda: self._ranks_call("sampling_state")[0], self.dispatch.engines, self.updates
+        )
 
     # ---- eval, checkpoints -------------------------------------------------------------------------
     def evaluate(self) -> EvalResult | None:
@@ -186,15 +202,33 @@ class RayRunner:
         return self.dispatch.engine_call(0, "evaluate", self._ranks_call("live_state")[0])
 
     def save(self, path: Path, iteration: int, run_id: str, loop_state: dict) -> Path:
-        self._ranks_call("save", str(Path(path).resolve()), iteration, run_id, loop_state)
+        """Every rank saves (rank 0 writes). Pipelined, the checkpoint also holds the weights the
+        engines hold (those of the rollout in flight, or of the next one), so that a resumed run
+        draws that rollout again exactly."""
+        args = [str(Path(path).resolve()), iteration, run_id, loop_state, None]
+        per_rank = [args] * len(self.ranks)
+        if self.pipelined:
+            loop_state = {**loop_state, ROLLOUT_VERSION: self.weights.version}
+            per_rank = [
+                [*args[:3], loop_state, self.weights.ref if i == 0 else None] for i in range(len(self.ranks))
+            ]
+        self._ranks_call("save", per_rank=per_rank)
         self.last_checkpoint = str(path)
         return Path(path)
 
     def resume(self, path: Path) -> None:
-        """Every rank loads its shards; then the engines take the resumed sampling weights."""
+        """Every rank loads its shards; then the engines take the resumed sampling weights (the
+        saved rollout weights when pipelined: those the next rollout was drawn with)."""
         self._ranks_call("resume", str(Path(path).resolve()))
         self.last_checkpoint = str(path)
-        self.sync()
+        info = read_checkpoint_info(path)
+        self.updates = int(info["iteration"])
+        saved = Path(path) / ROLLOUT_WEIGHTS
+        if self.pipelined and ROLLOUT_WEIGHTS in info["files"]:
+            version = int(info["loop"][ROLLOUT_VERSION])
+            self.weights.sync(lambda: load_file(str(saved)), self.dispatch.engines, version)
+        else:
+            self.sync()
 
     def close(self) -> None:
         engines = self.dispatch.engines.actors

@@ -92,16 +92,21 @@ class EngineWeights:
 
     def __init__(self) -> None:
         self.ref = None
+        self.version = 0
+        """The version of the weights sent last (the trainer's updates at the time)."""
 
-    def sync(self, gather: Callable[[], dict[str, torch.Tensor]], engines: ActorPool) -> dict[str, float]:
-        """Send the state ``gather()`` returns (the trainer's sampling weights) to every engine and
-        check that they hold it exactly; an engine that died meanwhile is replaced (and checked)."""
+    def sync(
+        self, gather: Callable[[], dict[str, torch.Tensor]], engines: ActorPool, version: int
+    ) -> dict[str, float]:
+        """Send the state ``gather()`` returns (the trainer's sampling weights after ``version``
+        updates) to every engine and check that they hold it exactly; an engine that died meanwhile
+        is replaced (and checked)."""
         ray = import_ray()
         t0 = time.time()
         state = gather()
         expected = checksum(state)
-        self.ref = ray.put(state)
-        sent = [(i, e, e.load.remote(self.ref)) for i, e in enumerate(engines.actors)]
+        self.ref, self.version = ray.put(state), version
+        sent = [(i, e, e.load.remote(self.ref, version)) for i, e in enumerate(engines.actors)]
         match = True
         for i, engine, ref in sent:
             try:
@@ -122,6 +127,6 @@ class EngineWeights:
         if self.ref is None:
             return
         ray = import_ray()
-        held = ray.get(engine.load.remote(self.ref))
+        held = ray.get(engine.load.remote(self.ref, self.version))
         if held != checksum(ray.get(self.ref)):
             raise RuntimeError(f"weight sync: replacement engine {i} does not hold the trainer's weights")
