@@ -234,6 +234,10 @@ class RayConfig:
     backend: str | None = None
     """torch.distributed backend; ``null``: nccl on GPU, gloo on CPU."""
     cpus_per_actor: float = 1.0
+    threads_per_actor: int | None = None
+    """torch threads of each engine and trainer rank; ``null``: the machine's cores shared by the
+    actors that compute at the same time (the larger of the engine and rank groups; both groups
+    with ``train.off_policy_steps: 1``, as they then run side by side)."""
 
 
 @dataclass

@@ -172,3 +172,34 @@ def test_a_malformed_edit_line_is_reported_with_its_file_and_line_before_loading
     assert str(tmp_path / "edits.jsonl") in str(
         e.value
     ) and "line 1: \"image\" 'gone.png': no such file" in str(e.value)
+
+
+def test_off_policy_steps_are_checked_before_anything_starts():
+    """``train.off_policy_steps: 1`` needs a runner that can draw while it trains and an
+    algorithm that can learn from samples one update old; each refusal says why and what to set."""
+    with pytest.raises(ConfigError) as e:
+        load_config("recipes/tiny_nft_ocr.yaml", ["train.off_policy_steps=1"])
+    assert "runner=local samples and trains with one module" in str(e.value)
+    assert "Set runner: ray" in str(e.value)
+    with pytest.raises(ConfigError, match="train.off_policy_steps must be 0 .synchronous. or 1"):
+        load_config("recipes/tiny_nft_ocr.yaml", ["runner=ray", "train.off_policy_steps=2"])
+    # Flow-GRPO's ratio is against the recorded log-probs: off-policy it needs the correction
+    grpo = ["runner=ray", "train.off_policy_steps=1"]
+    with pytest.raises(ConfigError, match="set algorithm.params.rollout_correction: tis"):
+        load_config("recipes/tiny_grpo_ocr_small.yaml", grpo)
+    load_config("recipes/tiny_grpo_ocr_small.yaml", [*grpo, "algorithm.params.rollout_correction=tis"])
+    # forward-process and pair losses take older samples as they are; SFT has no rollout to draw ahead
+    for recipe in ("tiny_nft_ocr", "tiny_awm_ocr", "tiny_dpo_ocr"):
+        assert load_config(f"recipes/{recipe}.yaml", grpo).train.off_policy_steps == 1
+    with pytest.raises(ConfigError, match="trains on a fixed dataset .no rollout to draw ahead."):
+        load_config("recipes/tiny_sft.yaml", grpo)
+    # a user's runner without end_rollout cannot pipeline
+    with pytest.raises(ConfigError, match="cannot draw a rollout while it trains .it has no end_rollout"):
+        load_config(
+            "recipes/tiny_nft_ocr.yaml",
+            ["runner=tests.unit.test_preflight:PlainRunner", "train.off_policy_steps=1"],
+        )
+
+
+class PlainRunner:
+    """A user's runner that does not pipeline (no ``end_rollout``)."""

@@ -25,6 +25,10 @@ def ray_checks(config: Config, check_files: bool) -> list[str]:
         if getattr(r, name) < 1:
             errors.append(f"ray.{name} must be >= 1, got {getattr(r, name)}")
     errors += _number("ray.cpus_per_actor", r.cpus_per_actor, r.cpus_per_actor >= 0, ">= 0")
+    if r.threads_per_actor is not None and not 1 <= r.threads_per_actor <= 4096:
+        errors.append(
+            f"ray.threads_per_actor must be in [1, 4096] or null (share the cores), got {r.threads_per_actor}"
+        )
     if r.address not in (None, "auto") and ray_host_port(r.address) is None:
         errors.append(
             f"ray.address must be null (start a local cluster), auto (the cluster 'ray start' began on "
@@ -133,8 +137,9 @@ class Cluster:
     the trainer ranks' placement group, and how the actors share its bundles (CPUs and GPUs).
 
     Colocated (``ray.colocate``), rank i's bundle also holds engines i, i + ranks, ...; its GPU is
-    shared evenly between them. Each actor runs ``threads`` torch threads: the machine's cores
-    shared by the larger of the two actor groups.
+    shared evenly between them. Each actor runs ``threads`` torch threads (``ray.threads_per_actor``):
+    by default the machine's cores shared by the larger of the two actor groups, or by both when a
+    pipelined run computes with both at once.
     """
 
     def __init__(self, config: Config, needs_reward: bool):
@@ -180,7 +185,8 @@ class Cluster:
             config = copy.deepcopy(config)
             config.run.device = "cuda"
         self.engine_gpus = engine_gpus
-        self.threads = max(1, (os.cpu_count() or 1) // max(n_ranks, n_engines))
+        side_by_side = n_ranks + n_engines if config.train.off_policy_steps > 0 else max(n_ranks, n_engines)
+        self.threads = r.threads_per_actor or max(1, (os.cpu_count() or 1) // side_by_side)
         per_bundle = 1 + (-(-n_engines // n_ranks) if r.colocate else 0)
         if r.rewards_on_gpu:
             per_bundle += -(-self.num_reward_actors // n_ranks)
