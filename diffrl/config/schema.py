@@ -70,6 +70,10 @@ class ModelConfig:
     """LoRA on the transformer; ``null`` trains all transformer weights."""
     options: dict[str, Any] = field(default_factory=dict)
     """Family-specific options, validated by the family's ``Options`` dataclass."""
+    encode_once: bool = False
+    """Encode every prompt of the run (``data.prompts``, ``eval.prompts``, the negative prompt)
+    once, keep the embeddings (in the run folder too, for every process and a resumed run) and
+    free the text encoders (:mod:`diffrl.sampling.prompt_cache`); online text-to-image/video runs."""
 
 
 @dataclass

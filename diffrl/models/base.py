@@ -12,6 +12,7 @@ Conventions (as diffusers' flow-matching pipelines):
 
 from __future__ import annotations
 
+import gc
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -144,6 +145,8 @@ class ModelFamily(ABC):
         self.options = options
         self._prompt_cache: dict[Any, dict[str, torch.Tensor]] = {}
         """Encoded rows by prompt (by (prompt, source key) for an editing family)."""
+        self.text_encoders_released = False
+        """True after :meth:`release_text_encoders` (``model.encode_once``)."""
         self.numerics = Numerics()
         """How the transformer forwards run (``model.autocast``, ``model.compile``); set by
         :func:`~diffrl.models.registry.load_family`."""
@@ -364,7 +367,38 @@ class ModelFamily(ABC):
         with torch.no_grad():
             return self._encode_cached(prompts, sources)
 
+    TEXT_PARTS: ClassVar[tuple[str, ...]] = ("text_encoder", "tokenizer")
+    """Name prefixes of the family's attributes that only turn prompts into embeddings (diffusers'
+    pipelines name them ``text_encoder``, ``text_encoder_2``, ``tokenizer_3``, ...)."""
+
+    def fill_prompt_cache(self, rows: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Take embeddings by prompt (one row each, as :meth:`encode_prompts` makes them) into
+        the prompt cache, on this family's device."""
+        for prompt, row in rows.items():
+            self._prompt_cache[prompt] = {k: v.to(self.device) for k, v in row.items()}
+
+    def release_text_encoders(self) -> int:
+        """Drop the text encoders and tokenizers (:attr:`TEXT_PARTS`): from now on only the cached
+        prompts can be encoded (another one is an error naming it). Returns the bytes of weights
+        freed."""
+        freed = 0
+        for name in [n for n in vars(self) if n.startswith(self.TEXT_PARTS)]:
+            part = getattr(self, name)
+            if isinstance(part, nn.Module):
+                freed += sum(t.numel() * t.element_size() for t in [*part.parameters(), *part.buffers()])
+            setattr(self, name, None)
+        self.text_encoders_released = True
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return freed
+
     def _encode(self, prompts: list[str], sources: list[Source] | None) -> dict[str, torch.Tensor]:
+        if self.text_encoders_released:
+            raise RuntimeError(
+                f"model.encode_once: the {self.name} family's text encoders were released after the run's "
+                f"prompts were encoded, and {prompts[0]!r:.200} is not one of them"
+            )
         return self._encode_prompts(prompts) if sources is None else self._encode_edits(prompts, sources)
 
     def _encode_cached(self, prompts: Sequence[str], sources: Sequence[Source] | None) -> Conditioning:

@@ -164,14 +164,15 @@ class TinyFamily(ModelFamily):
         super().__init__(transformer, device, options)
         self.text_encoder = text_encoder
         self.tokenizer = tokenizer
-        self._both = nn.ModuleDict({"transformer": transformer, "text_encoder": text_encoder})
+        both = {"transformer": transformer, "text_encoder": text_encoder}
+        self._both = nn.ModuleDict(both) if options.train_text_encoder else None
 
     @property
     def text_encoder_trainable(self) -> bool:
         return self.options.train_text_encoder
 
     def trainable_module(self) -> nn.Module:
-        return self._both if self.options.train_text_encoder else self.transformer
+        return self._both if self._both is not None else self.transformer
 
     @classmethod
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, options) -> Self:

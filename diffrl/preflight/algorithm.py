@@ -43,6 +43,11 @@ def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None
             "record the trajectory) or do not require it"
         )
     errors.extend(algorithm.validate(config))
+    if config.model.encode_once and not spec.online:
+        errors.append(
+            f"model.encode_once: algorithm {algorithm.name!r} trains on a dataset's captions (no fixed "
+            "prompt set to encode up front); set model.encode_once: false"
+        )
     if config.train.off_policy_steps > 0:
         errors.extend(algorithm.off_policy_problems(config))
     errors.extend(engine_problems(config, spec))

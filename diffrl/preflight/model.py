@@ -22,6 +22,15 @@ def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
     errors = family_cls.validate_config(config, check_files=check_files)
     errors += family_cls.lora_problems(config, check_files=check_files)
     errors += sequence_parallel_problems(family_cls, config, check_files)
+    if config.model.encode_once and family_cls.edits:
+        errors.append(
+            f"model.encode_once: the {family_cls.name} family edits images, and its conditioning holds "
+            "each prompt's source image; set model.encode_once: false"
+        )
+    if config.model.encode_once and config.model.options.get("train_text_encoder"):
+        errors.append(
+            "model.encode_once: the text encoder trains (model.options.train_text_encoder); set one false"
+        )
     if size:
         errors += family_cls.size_problems(config, check_files=check_files)
     return errors

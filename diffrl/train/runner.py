@@ -34,6 +34,7 @@ from diffrl.registry import Registry
 from diffrl.rewards.base import PendingRewards, RewardOutput, RewardSet, SharedRewards
 from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.sampling.engine import build_collector
+from diffrl.sampling.prompt_cache import encode_once
 from diffrl.train.actor import Actor
 from diffrl.train.checkpoint import load_resume_state, save_checkpoint
 from diffrl.train.evaluate import EvalResult, evaluate
@@ -123,6 +124,8 @@ class LocalRunner:
     def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):
         self.config, self.algorithm = config, algorithm
         self.family = load_family(config)
+        if config.model.encode_once:
+            console(encode_once(self.family, config).describe())
         self.actor = Actor(
             self.family,
             config,

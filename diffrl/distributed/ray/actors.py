@@ -22,6 +22,7 @@ from diffrl.rewards.base import RewardSet
 from diffrl.rollout import RolloutBatch
 from diffrl.sampling.collector import RolloutPlan
 from diffrl.sampling.engine import build_collector
+from diffrl.sampling.prompt_cache import encode_once
 from diffrl.train.actor import Actor, apply_lora
 from diffrl.train.checkpoint import load_resume_state, save_checkpoint
 from diffrl.train.evaluate import EvalResult, evaluate
@@ -34,6 +35,8 @@ class RolloutEngine:
         torch.set_num_threads(threads)
         self.config = config
         self.family = load_family(config)
+        if config.model.encode_once:
+            print(encode_once(self.family, config).describe(), flush=True)  # (the actor's log)
         if config.model.lora is not None:
             apply_lora(self.family, config.model.lora)
         self.family.transformer.requires_grad_(False).eval()
@@ -115,6 +118,8 @@ class TrainerRank:
         torch.manual_seed(config.run.seed)  # the same LoRA init on every rank as in one process
         self.algorithm = build_algorithm(config)
         family = load_family(config)
+        if config.model.encode_once:
+            encode_once(family, config)
         self.actor = Actor(
             family,
             config,
