@@ -373,9 +373,9 @@ class ModelFamily(ABC):
 
     def fill_prompt_cache(self, rows: dict[str, dict[str, torch.Tensor]]) -> None:
         """Take embeddings by prompt (one row each, as :meth:`encode_prompts` makes them) into
-        the prompt cache, on this family's device."""
-        for prompt, row in rows.items():
-            self._prompt_cache[prompt] = {k: v.to(self.device) for k, v in row.items()}
+        the prompt cache, kept where they are (the CPU: a large prompt set's embeddings take host
+        memory, not the device's; each batch moves to the device as it is encoded)."""
+        self._prompt_cache.update(rows)
 
     def release_text_encoders(self) -> int:
         """Drop the text encoders and tokenizers (:attr:`TEXT_PARTS`): from now on only the cached
@@ -415,7 +415,9 @@ class ModelFamily(ABC):
             for row, i in enumerate(missing):
                 self._prompt_cache[keys[i]] = {k: v[row].detach() for k, v in encoded.items()}
         names = self._prompt_cache[keys[0]].keys()
-        return Conditioning({k: torch.stack([self._prompt_cache[key][k] for key in keys]) for k in names})
+        return Conditioning(
+            {k: torch.stack([self._prompt_cache[key][k] for key in keys]).to(self.device) for k in names}
+        )
 
     # ---- the sigma schedule --------------------------------------------------------------------
     def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
