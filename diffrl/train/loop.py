@@ -97,13 +97,12 @@ class Driver:
             if it + 1 < self.config.train.iterations:
                 self.ahead.launch(it + 1)
             return batch, stats, {**side, "perf/rollout_wait_time": waited}
-        t0, rollout = time.time(), stages.Rollout()
+        rollout = stages.Rollout()
         with Progress("rollout", stages.micro_group_count(self.config, self.spec), "group") as bar:
             for part in self.runner.sample(it, self.stop.requested):  # collect,
                 rollout.add(part, self.runner.score(part))  # and score each micro-group as it arrives
                 bar.update(len(rollout.parts))
-        batch, stats = rollout.finish()
-        return batch, stats, {"perf/rollout_wait_time": time.time() - t0}
+        return *rollout.finish(), {}
 
     def iteration(self, it: int) -> tuple[dict[str, float], list[dict[str, float]]]:
         """One iteration: its metrics, and those of each optimizer step."""

@@ -219,6 +219,7 @@ STAGES = (
         ),
     ),
     ("weight sync", "perf/weight_sync_time", ()),
+    ("waiting for the rollout ahead", "perf/rollout_wait_time", ()),  # train.off_policy_steps: 1
 )
 """The stages of an iteration in the end-of-run summary: (name, its metric or None for the sum of
 its parts, its parts)."""

@@ -126,7 +126,8 @@ class RayRunner:
         forwards, notes = ray.get(self.dispatch.engines.actors[0].forwards.remote())
         return (
             f"{self.trainable:,} trainable parameters; Ray: {r.num_engines} engine(s), "
-            f"{r.num_trainer_ranks} FSDP2 rank(s), {r.num_reward_workers} reward worker(s) per reward; "
+            f"{r.num_trainer_ranks} FSDP2 rank(s), {r.num_reward_workers} reward worker(s) per reward"
+            f"{', rollouts drawn one iteration ahead' if self.pipelined else ''}; "
             f"forwards {forwards}" + "".join(f"\n  note: {note}" for note in notes)
         )
 
