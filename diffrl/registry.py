@@ -6,8 +6,10 @@ imports the user's own object. An unknown name is an error that lists the known 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from diffrl.errors import DiffrlError
@@ -17,8 +19,27 @@ class RegistryError(DiffrlError, ValueError):
     """A name that is neither registered nor an importable dotted path."""
 
 
+_REFUSED: dict[str, str] = {}
+"""Dotted paths :func:`import_object` refuses while :func:`refusing` is active -> why."""
+
+
+@contextlib.contextmanager
+def refusing(paths: Mapping[str, str]) -> Iterator[None]:
+    """While inside, :func:`import_object` refuses each path of ``paths`` with its message (the
+    dotted paths a downloaded checkpoint's config names: importing one runs its code)."""
+    saved = dict(_REFUSED)
+    _REFUSED.update(paths)
+    try:
+        yield
+    finally:
+        _REFUSED.clear()
+        _REFUSED.update(saved)
+
+
 def import_object(path: str) -> Any:
     """Import ``pkg.mod:attr`` or ``pkg.mod.attr``; raise ``RegistryError`` naming what failed."""
+    if path in _REFUSED:
+        raise RegistryError(_REFUSED[path])
     if ":" in path:
         module_name, _, attr = path.partition(":")
     else:

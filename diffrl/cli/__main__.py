@@ -1,7 +1,14 @@
 """``python -m diffrl.cli``: the ``diffrl`` command."""
 
+import os
 import sys
 
-from diffrl.cli import main
+# `-m` puts the working directory first on sys.path: a torch.py or safetensors.py lying there would
+# shadow diffrl's own imports. The `diffrl` console script does not put it there; neither does this
+# (PYTHONPATH still adds folders on purpose). diffrl.cli's own light imports came before this line.
+if sys.path and not sys.flags.safe_path and sys.path[0] in ("", os.getcwd()):
+    del sys.path[0]
+
+from diffrl.cli import main  # noqa: E402 - after the path is made safe
 
 sys.exit(main())
