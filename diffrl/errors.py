@@ -6,6 +6,8 @@ Every error a user can cause with a config, a file or a command-line argument de
 
 from __future__ import annotations
 
+import reprlib
+
 EXIT_USER_ERROR = 2
 """Bad input: a config, file or argument the run cannot use."""
 EXIT_RUN_STOPPED = 3
@@ -42,3 +44,32 @@ class Interrupted(DiffrlError):
     def __init__(self, message: str, checkpoint: str | None = None):
         super().__init__(message)
         self.checkpoint = checkpoint
+
+
+QUOTE_LIMIT = 200
+"""The most characters of a user's value an error message quotes (a value may be megabytes)."""
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters with the length of
+    what was left out (``'aaaa...' (+999,800 characters)``). Never expands a huge value first: a
+    string is cut before its repr, a container's repr is built by :mod:`reprlib` (bounded by
+    its element and depth limits), so a YAML alias bomb or a megabyte override costs nothing."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{value[:limit]!r}... (+{len(value) - limit:,} characters)"
+    if isinstance(value, bytes | bytearray):
+        if len(value) <= limit:
+            return repr(value)
+        return f"{bytes(value[:limit])!r}... (+{len(value) - limit:,} bytes)"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * limit:
+        # str() of a huge int is slow, and refused past 4,300 digits
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+    text = _SHORT.repr(value) if isinstance(value, list | tuple | dict | set | frozenset) else repr(value)
+    return text if len(text) <= limit + 20 else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 3, 8, 8, 8
+_SHORT.maxset, _SHORT.maxfrozenset, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 8, 8, 60, 60, 60

@@ -4,6 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
+from collections.abc import Callable
+
+MAX_PROMPTS = 10**7
+"""``--num-prompts`` at most (as ``eval.num_prompts``)."""
+MAX_SAMPLES_PER_PROMPT = 4096
+"""``--samples-per-prompt`` at most (as ``eval.samples_per_prompt``)."""
+SEEDS = (-(2**63), 2**64 - 1)
+"""``--seed``: torch's seed range (as ``run.seed``)."""
 
 DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
 
@@ -18,6 +28,66 @@ DESCRIPTION = """RL post-training for diffusion and flow-matching generators.
   diffrl recipes                                             list the shipped recipes
   diffrl serve-reward --reward ocr --port 8100               serve a reward over HTTP (the remote reward)
 """
+
+
+def integer(lo: int, hi: int, shown: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``[lo, hi]`` (``1e3`` and ``2.0`` are integers too;
+    ``2.5``, ``nan`` and words are not), else an error that says the range (argparse exits 2)."""
+    big = max(abs(lo), abs(hi)) >= 1_000_000
+    bounds = shown or (f"[{lo:_}, {hi:_}]" if big else f"[{lo}, {hi}]")
+
+    def parse(text: str) -> int:
+        value: int | None = None
+        if re.fullmatch(r"\s*[-+]?\d+\s*", text) and len(text) < 100:
+            value = int(text)
+        elif len(text) < 100:
+            try:
+                number = float(text)
+            except ValueError:
+                number = math.nan
+            if math.isfinite(number) and number.is_integer():
+                value = int(number)
+        if value is None:
+            raise argparse.ArgumentTypeError(f"expected an integer in {bounds}, got {_cut(text)}")
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be in {bounds}, got {_cut(text)}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(lo: float, hi: float, lo_open: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``),
+    else an error that says the range; ``nan`` and ``inf`` are refused."""
+    bounds = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text) if len(text) < 100 else math.nan
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number in {bounds}, got {_cut(text)}") from None
+        inside = lo < value <= hi if lo_open else lo <= value <= hi  # NaN fails both
+        if not (math.isfinite(value) and inside):
+            raise argparse.ArgumentTypeError(f"must be a number in {bounds}, got {_cut(text)}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _cut(text: str, limit: int = 60) -> str:
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+PROMPT_COUNT = integer(1, MAX_PROMPTS)
+SAMPLE_COUNT = integer(1, MAX_SAMPLES_PER_PROMPT)
+
+
+TRUST_HELP = (
+    "import the dotted paths (rewards, model family, ...) a checkpoint's config.yaml names without "
+    "naming them again; only for a checkpoint you trust: importing runs its code (docs/troubleshooting.md)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,14 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--prompts", help="prompt file, all of its prompts unless --num-prompts (default: eval.prompts)"
     )
-    e.add_argument("--num-prompts", type=int, help="the first N prompts (sets eval.num_prompts)")
-    e.add_argument("--samples-per-prompt", type=int, help="default: the config's eval.samples_per_prompt")
+    e.add_argument(
+        "--num-prompts", type=PROMPT_COUNT, help="the first N prompts (sets eval.num_prompts; 1 to 10^7)"
+    )
+    e.add_argument(
+        "--samples-per-prompt",
+        type=SAMPLE_COUNT,
+        help="default: the config's eval.samples_per_prompt (1 to 4096)",
+    )
     e.add_argument(
         "--baseline",
         help="another target ('base', a checkpoint, ...) sampled with the same prompts and seeds; "
         "prints the paired difference of the mean reward and its standard error",
     )
     e.add_argument("--out", default="runs/eval")
+    e.add_argument("--trust-checkpoint-code", action="store_true", help=TRUST_HELP)
 
     s = sub.add_parser(
         "sample",
@@ -64,10 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--image", action="append", help="an editing family's source image for each --prompt (repeatable)"
     )
     s.add_argument("--prompts", help="prompt file")
-    s.add_argument("--num-prompts", type=int, help="the first N prompts of --prompts (default: all)")
-    s.add_argument("--samples-per-prompt", type=int, default=1)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--num-prompts", type=PROMPT_COUNT, help="the first N prompts of --prompts (default: all)")
+    s.add_argument("--samples-per-prompt", type=SAMPLE_COUNT, default=1, help="1 to 4096")
+    s.add_argument("--seed", type=integer(*SEEDS, "[-2**63, 2**64 - 1] (torch's seed range)"), default=0)
     s.add_argument("--out", default="runs/samples")
+    s.add_argument("--trust-checkpoint-code", action="store_true", help=TRUST_HELP)
 
     x = sub.add_parser(
         "export",
@@ -85,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write into a non-empty OUT_DIR (files of the same name are replaced)",
     )
+    x.add_argument("--trust-checkpoint-code", action="store_true", help=TRUST_HELP)
 
     v = sub.add_parser(
         "serve-reward",
@@ -96,14 +175,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--params", nargs="*", default=[], help="the reward's params: key=value ... or one mapping '{k: v}'"
     )
     v.add_argument("--host", help="address to bind (default 127.0.0.1; with --ray, the node's address)")
-    v.add_argument("--port", type=int, help="default 8000 (with --ray: a free port); 0: a free port")
+    v.add_argument(
+        "--port", type=integer(0, 65535), help="default 8000 (with --ray: a free port); 0: a free port"
+    )
     v.add_argument("--token-file", help="a file holding the token clients must send (Bearer)")
     v.add_argument("--token-env", help="an environment variable holding the token")
-    v.add_argument("--max-request-mb", type=float, default=64.0, help="larger requests get HTTP 413")
+    v.add_argument(
+        "--max-request-mb",
+        type=number(0, 65536, lo_open=True),
+        default=64.0,
+        help="larger requests get HTTP 413 (in (0, 65536])",
+    )
     v.add_argument("--ray", action="store_true", help="serve from a Ray actor (its own CPUs/GPUs)")
     v.add_argument("--ray-address", help="with --ray: auto or HOST:PORT of a cluster (default: start one)")
-    v.add_argument("--num-gpus", type=float, default=0, help="with --ray: GPUs for the server's actor")
-    v.add_argument("--num-cpus", type=float, default=1, help="with --ray: CPUs for the server's actor")
+    v.add_argument(
+        "--num-gpus", type=number(0, 1024), default=0, help="with --ray: GPUs for the server's actor"
+    )
+    v.add_argument(
+        "--num-cpus", type=number(0, 1024), default=1, help="with --ray: CPUs for the server's actor"
+    )
 
     h = sub.add_parser(
         "report",
@@ -128,7 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="datasheet peak and memory of: H200, H100, A100, L40S, L4, A10, RTX 4090",
     )
     n.add_argument(
-        "--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed for the times (0-1]"
+        "--mfu",
+        type=number(0, 1, lo_open=True),
+        default=0.4,
+        help="model FLOPs utilisation assumed for the times, in (0, 1]",
     )
 
     sub.add_parser("recipes", parents=[common], help="list the shipped recipes")

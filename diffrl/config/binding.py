@@ -1,21 +1,30 @@
 """Binding plain data (YAML recipes, ``key=value`` overrides) to the schema's dataclasses,
-collecting every error: unknown keys (with a "did you mean"), wrong types. What the values mean
-together is checked above, by :mod:`diffrl.preflight`.
+collecting every error: unknown keys (with a "did you mean"), wrong types, numbers outside their
+field's :class:`~diffrl.config.schema.Range`. What the values mean together is checked above, by
+:mod:`diffrl.preflight`.
+
+YAML is read by :func:`load_yaml`, which refuses what a plain ``yaml.safe_load`` accepts
+silently or cannot bound: duplicate keys (the last would win), aliases that expand past
+:data:`MAX_YAML_VALUES` values (an alias bomb), nesting deeper than :data:`MAX_YAML_DEPTH`, and
+recipes over :data:`MAX_RECIPE_BYTES`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import re
 import types
 import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 
-from diffrl.config.schema import Config
-from diffrl.errors import DiffrlError
+from diffrl.config.schema import Config, Range
+from diffrl.errors import DiffrlError, quoted
 from diffrl.registry import did_you_mean
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -39,10 +48,27 @@ def _type_name(tp: Any) -> str:
     return str(tp).replace("typing.", "")
 
 
+MAX_TEXT = 100_000
+"""Characters of a string field at most (a path, a prompt, a name): a longer value is a mistake."""
+YAML_WORDS = {"yes", "no", "on", "off", "true", "false", "y", "n", "null", "~"}
+
+
 def _bind_value(tp: Any, value: Any, where: str, errors: list[str]) -> Any:
     origin = get_origin(tp)
     if tp is Any:
         return value
+    if origin is Annotated:
+        base, *extras = get_args(tp)
+        before = len(errors)
+        bound = _bind_value(base, value, where, errors)
+        for extra in extras:
+            if not isinstance(extra, Range) or bound is None:
+                continue
+            if isinstance(bound, float) and not math.isfinite(bound) and len(errors) == before + 1:
+                errors[-1] = f"{where} must be {extra.text()}, got {quoted(value)}"  # NaN, inf, 10**400
+            elif len(errors) == before and bound not in extra:
+                errors.append(f"{where} must be {extra.text()}, got {quoted(bound)}")
+        return bound
     if origin in (typing.Union, types.UnionType):
         options = get_args(tp)
         if value is None:
@@ -58,18 +84,18 @@ def _bind_value(tp: Any, value: Any, where: str, errors: list[str]) -> Any:
             bound = _bind_value(option, value, where, trial)
             if not trial:
                 return bound
-        errors.append(f"{where}: {value!r} is not a {_type_name(tp)}")
+        errors.append(f"{where}: {quoted(value)} is not a {_type_name(tp)}")
         return None
     if origin is Literal:
         allowed = get_args(tp)
-        if value not in allowed:
-            errors.append(f"{where}: {value!r} is not one of {list(allowed)}")
+        if isinstance(value, dict | list) or value not in allowed:
+            errors.append(f"{where}: {quoted(value)} is not one of {list(allowed)}")
         return value
     if dataclasses.is_dataclass(tp):
         return bind_dataclass(tp, value, where, errors)
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
-            errors.append(f"{where}: expected a list, got {value!r}")
+            errors.append(f"{where}: expected a list, got {quoted(value)}")
             return value
         args = get_args(tp)
         if origin is tuple and args and args[-1] is not Ellipsis:
@@ -84,30 +110,77 @@ def _bind_value(tp: Any, value: Any, where: str, errors: list[str]) -> Any:
         return tuple(out) if origin is tuple else out
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            errors.append(f"{where}: expected a mapping, got {value!r}")
+            errors.append(f"{where}: expected a mapping, got {quoted(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            errors.append(f"{where}: expected true/false, got {value!r}")
+            errors.append(f"{where}: expected true/false, got {quoted(value)}")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            errors.append(f"{where}: expected an integer, got {value!r}")
-        return value
+        return _bind_int(value, where, errors)
     if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            errors.append(f"{where}: expected a number, got {value!r}")
-            return value
-        return float(value)
+        return _bind_float(value, where, errors)
     if tp is str:
-        if not isinstance(value, str):
-            errors.append(f"{where}: expected a string, got {value!r}")
+        return _bind_str(value, where, errors)
+    return value
+
+
+# YAML 1.1 reads 1e-4 and 1e3 (an exponent, no dot) as strings: they are numbers all the same
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _bind_int(value: Any, where: str, errors: list[str]) -> Any:
+    """An integer: an int, or a float / exponent string with an integral value (``1e3``, ``2.0``);
+    ``2.5``, ``nan`` and booleans are errors."""
+    if isinstance(value, str) and len(value) < 400 and _EXPONENT.fullmatch(value.strip()):
+        value = float(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.append(f"{where}: expected an integer, got {quoted(value)}")
+    return value
+
+
+def _bind_float(value: Any, where: str, errors: list[str]) -> Any:
+    """A finite number (an int is taken as a float); NaN, inf and an int too large for a float are
+    errors (a field's :class:`Range` says which values it takes)."""
+    if isinstance(value, str):
+        try:
+            value = float(value) if len(value) < 400 else value
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        errors.append(f"{where}: expected a number, got {quoted(value)}")
         return value
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        errors.append(f"{where} must be a finite number, got {quoted(value)}")
+    return number
+
+
+def _bind_str(value: Any, where: str, errors: list[str]) -> Any:
+    """A string; a value YAML read as something else (``no`` as false, ``1.5`` as a number) is an
+    error that says to quote it; NUL bytes and strings over :data:`MAX_TEXT` are errors."""
+    if value is None:
+        errors.append(
+            f"{where}: null is not allowed here; give a string (a literal 'null' needs quotes: {where}: 'null')"
+        )
+    elif isinstance(value, bool | int | float):
+        word = "a boolean" if isinstance(value, bool) else "a number"
+        errors.append(
+            f"{where}: expected a string, got {quoted(value)} (YAML reads the unquoted word as {word}: "
+            "yes/no/on/off/true/false and numbers need quotes to stay text); quote it: "
+            f"{where}: '...' in a recipe, {where}=\"'...'\" on the command line"
+        )
+    elif not isinstance(value, str):
+        errors.append(f"{where}: expected a string, got {quoted(value)}")
+    elif "\x00" in value:
+        errors.append(f"{where}: holds a NUL byte (character {value.index(chr(0))}): {quoted(value)}")
+    elif len(value) > MAX_TEXT:
+        errors.append(f"{where}: {len(value):,} characters; at most {MAX_TEXT:,}: {quoted(value)}")
     return value
 
 
@@ -118,9 +191,9 @@ def bind_dataclass(cls: type, data: Any, where: str, errors: list[str]) -> Any:
     if not isinstance(data, dict):
         names = [f.name for f in dataclasses.fields(cls)]
         hint = f"; e.g. {{name: {data}}}" if isinstance(data, str) and "name" in names else ""
-        errors.append(f"{where or 'config'}: expected a mapping, got {data!r}{hint}")
+        errors.append(f"{where or 'config'}: expected a mapping, got {quoted(data)}{hint}")
         return cls()
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
@@ -132,7 +205,7 @@ def bind_dataclass(cls: type, data: Any, where: str, errors: list[str]) -> Any:
                 if colon and head in names
                 else did_you_mean(str(key), names)
             )
-            errors.append(f"unknown key {path!r}.{hint} Valid keys here: {', '.join(names)}")
+            errors.append(f"unknown key {quoted(path)}.{hint} Valid keys here: {', '.join(names)}")
             continue
         before = len(errors)
         bound = _bind_value(hints[key], value, path, errors)
@@ -146,25 +219,48 @@ def bind_dataclass(cls: type, data: Any, where: str, errors: list[str]) -> Any:
         return cls()
 
 
+MAX_OVERRIDE_CHARS = 100_000
+"""Characters of one ``key=value`` override at most."""
+
+
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """``["train.lr=1e-4", "model.lora=null"]`` -> nested dict. Values are parsed as YAML."""
+    """``["train.lr=1e-4", "model.lora=null"]`` -> nested dict. Values are parsed as YAML (by
+    :func:`load_yaml`: no duplicate keys, no alias bombs)."""
     tree: dict[str, Any] = {}
     problems = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            problems.append(f"override {item!r} is not of the form key=value (e.g. train.lr=1e-4)")
+            problems.append(f"override {quoted(item)} is not of the form key=value (e.g. train.lr=1e-4)")
+            continue
+        if len(item) > MAX_OVERRIDE_CHARS:
+            problems.append(
+                f"override {quoted(item)} is {len(item):,} characters long; an override is at most "
+                f"{MAX_OVERRIDE_CHARS:,} (put long values in a recipe file)"
+            )
+            continue
+        if "\x00" in item:
+            problems.append(f"override {quoted(item)} holds a NUL byte; remove it")
+            continue
+        if not re.fullmatch(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*", key.strip()):
+            problems.append(
+                f"override {quoted(item)}: {quoted(key)} is not a dotted key (e.g. train.lr, "
+                "model.lora.rank); a list item is set by giving the whole list (rewards=[...])"
+            )
             continue
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
+            value = load_yaml(raw)[0] if raw != "" else ""
+        except YamlProblem as e:
+            problems.append(f"override {quoted(item)}: {e}")
+            continue
+        except (yaml.YAMLError, ValueError):
+            value = raw  # not YAML (e.g. an unbalanced bracket): the text as it is
         node = tree
         parts = key.strip().split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                problems.append(f"override {item!r} conflicts with another override of {part!r}")
+                problems.append(f"override {quoted(item)} conflicts with another override of {part!r}")
                 break
         else:
             node[parts[-1]] = _Replace(value) if isinstance(value, dict) else value
@@ -189,7 +285,131 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_RECIPE_BYTES = 1_048_576
+"""A recipe file's size at most (the shipped ones are a few KB)."""
+MAX_YAML_DEPTH = 40
+"""Nesting of mappings and lists at most (a recipe nests four or five deep)."""
+MAX_YAML_VALUES = 100_000
+"""Values (scalars, lists, mappings) a YAML document holds once its aliases (``*name``) are
+expanded, at most: a 400-byte document of nested aliases can stand for billions."""
+
+
+class YamlProblem(ValueError):
+    """YAML that parses but that diffrl refuses: a duplicate key, too deep, too many values."""
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate keys and bounds nesting (see :func:`load_yaml`)."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent, index):  # noqa: ANN001, ANN201 - PyYAML's signature
+        self.depth += 1
+        try:
+            if self.depth > MAX_YAML_DEPTH:
+                line = self.peek_event().start_mark.line + 1
+                raise YamlProblem(f"line {line}: nested more than {MAX_YAML_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001, ANN201 - PyYAML's signature
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:  # the mapping's own keys (a merge ``<<`` may be overridden)
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise YamlProblem(
+                    f"line {line}: duplicate key {quoted(key)} (first at line {seen[key]}); YAML would "
+                    "keep only the last one: keep one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str) -> tuple[Any, dict[str, int]]:
+    """``text`` -> (its value, the line of each config path in it: ``{"train.lr": 3,
+    "rewards[0]": 7}``). Raises :class:`YamlProblem` for a duplicate key (with its line), nesting
+    past :data:`MAX_YAML_DEPTH` or aliases expanding past :data:`MAX_YAML_VALUES` values, and
+    ``yaml.YAMLError`` for text that is not YAML. Bounded: nothing is expanded before it is
+    counted."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}
+        _count_values(node)
+        try:
+            value = loader.construct_document(node)
+        except ValueError as e:  # Python refuses int("9" * 5000): no setting takes such a number
+            if isinstance(e, YamlProblem):
+                raise
+            what = "a number of more than 4,300 digits" if "digits" in str(e) else quoted(str(e))
+            raise YamlProblem(f"a value YAML cannot read: {what}") from e
+        return value, _lines(node)
+    except RecursionError as e:  # a guard: the depth bound stops nesting well before Python's limit
+        raise YamlProblem(f"nested more than {MAX_YAML_DEPTH} levels deep") from e
+    finally:
+        loader.dispose()
+
+
+def _count_values(node: yaml.Node) -> None:
+    """Refuse a document whose aliases expand past :data:`MAX_YAML_VALUES` values (each node's
+    expanded size counted once: linear in the document, not in its expansion)."""
+    sizes: dict[int, int] = {}
+
+    def size(n: yaml.Node) -> int:
+        if id(n) not in sizes:
+            if isinstance(n, yaml.SequenceNode):
+                total = 1 + sum(size(item) for item in n.value)
+            elif isinstance(n, yaml.MappingNode):
+                total = 1 + sum(size(k) + size(v) for k, v in n.value)
+            else:
+                total = 1
+            sizes[id(n)] = total
+            if total > MAX_YAML_VALUES:
+                raise YamlProblem(
+                    f"line {n.start_mark.line + 1}: this value expands to more than {MAX_YAML_VALUES:,} "
+                    "values (aliases *name repeat their anchor's value, aliases of aliases multiply); "
+                    "a recipe holds a few hundred: write the values out"
+                )
+        return sizes[id(n)]
+
+    size(node)
+
+
+def _lines(node: yaml.Node, prefix: str = "", out: dict[str, int] | None = None) -> dict[str, int]:
+    """The line of each path (mapping keys ``a.b``, list items ``a[0]``) in a document already
+    bounded by :func:`_count_values`."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if not isinstance(k, yaml.ScalarNode):
+                continue
+            if k.tag == "tag:yaml.org,2002:merge":
+                _lines(v, prefix, out)  # merged keys: the anchor's lines (the node's own keys win)
+                continue
+            path = f"{prefix}.{k.value}" if prefix else k.value
+            out[path] = k.start_mark.line + 1
+            _lines(v, path, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            path = f"{prefix}[{i}]"
+            out[path] = item.start_mark.line + 1
+            _lines(item, path, out)
+    return out
+
+
 def read_recipe(path: str | Path) -> dict[str, Any]:
+    return _read_recipe(path)[0]
+
+
+def _read_recipe(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """A recipe file -> (its sections, the line of each config path in it)."""
     path = Path(path)
     if not path.exists() and (shipped := shipped_recipe(path)) is not None:
         path = shipped
@@ -209,22 +429,85 @@ def read_recipe(path: str | Path) -> dict[str, Any]:
             [f"recipe file {str(path)!r} does not exist.{hint} List them with 'diffrl recipes'."], str(path)
         )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+        if size > MAX_RECIPE_BYTES:
+            raise ConfigError(
+                [
+                    f"the recipe is {size:,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,} (is it the right file?)"
+                ],
+                str(path),
+            )
+        data, lines = load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(
             [f"not a text file (byte {e.start} is not UTF-8); a recipe is a YAML file of sections"], str(path)
         ) from e
     except OSError as e:
         raise ConfigError([f"cannot read the recipe: {e.strerror}"], str(path)) from e
+    except YamlProblem as e:
+        raise ConfigError([str(e)], str(path)) from e
     except yaml.YAMLError as e:
-        raise ConfigError([f"not valid YAML: {e}"], str(path)) from e
+        raise ConfigError([f"not valid YAML: {_cut(str(e))}"], str(path)) from e
     if data is None:
-        data = {}
+        raise ConfigError(
+            [
+                "the recipe is empty (no sections; comments only, or nothing): it would train every "
+                "default. Start from a shipped recipe ('diffrl recipes' lists them)"
+            ],
+            str(path),
+        )
     if not isinstance(data, dict):
         raise ConfigError(
             [f"the top level must be a mapping of sections, got {type(data).__name__}"], str(path)
         )
-    return data
+    return data, lines
+
+
+def _cut(text: str, limit: int = 600) -> str:
+    """A message (PyYAML's quotes the offending line) cut to ``limit`` characters."""
+    return text if len(text) <= limit else f"{text[:limit]}... (+{len(text) - limit:,} characters)"
+
+
+def recipe_lines(recipe: str | Path | dict[str, Any] | None, overrides: list[str] | None) -> dict[str, int]:
+    """The line in the recipe file of each config path whose value comes from the file (a path
+    the ``overrides`` set maps to 0); ``{}`` for a dict recipe or an unreadable file."""
+    if not isinstance(recipe, str | Path):
+        return {}
+    try:
+        lines = _read_recipe(recipe)[1]
+        tree = parse_overrides(overrides or [])
+    except ConfigError:
+        return {}
+    for key in _paths(tree):  # 0: the value comes from the command line (no line to point at)
+        lines = {p: n for p, n in lines.items() if not (p == key or p.startswith((f"{key}.", f"{key}[")))}
+        lines[key] = 0
+    return lines
+
+
+def _paths(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in tree.items():
+        path = f"{prefix}.{k}" if prefix else k
+        out += _paths(v, path) if isinstance(v, dict) and not isinstance(v, _Replace) else [path]
+    return out
+
+
+_PATH = re.compile(r"(?:unknown key ')?([A-Za-z_][\w-]*(?:\.[\w-]+|\[\d+\])*)")
+
+
+def with_lines(problems: list[str], lines: Mapping[str, int]) -> list[str]:
+    """``problems`` (each naming its config path first, ``train.lr must be ...``), each led by
+    ``line N:`` where ``lines`` (:func:`recipe_lines`) knows the path or a section above it."""
+    if not lines:
+        return problems
+    out = []
+    for problem in problems:
+        match = _PATH.match(problem)
+        path = match.group(1) if match else ""
+        while path and path not in lines:
+            path = re.sub(r"(\.[^.\[]*|\[\d+\])$", "", path) if re.search(r"[.\[]", path) else ""
+        out.append(f"line {lines[path]}: {problem}" if path and lines[path] else problem)
+    return out
 
 
 def recipes_dir() -> Path:
@@ -249,6 +532,43 @@ def shipped_recipe(path: Path) -> Path | None:
 
 SECTIONS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Config))
 """The top-level sections of :class:`Config`; ``load_config(sections=...)`` checks those given."""
+
+
+def value_problems(obj: Any, where: str) -> list[str]:
+    """The type and range problems of a dataclass instance's values (every nested one too), as
+    the binder finds them in data: for a config built in code rather than bound. A list is
+    checked item by item."""
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in value_problems(v, f"{where}[{i}]")]
+    if not (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
+        return []
+    hints = typing.get_type_hints(type(obj), include_extras=True)
+    errors: list[str] = []
+    for f in dataclasses.fields(obj):
+        value, path = getattr(obj, f.name), f"{where}.{f.name}" if where else f.name
+        if dataclasses.is_dataclass(value) or (
+            isinstance(value, list) and value and dataclasses.is_dataclass(value[0])
+        ):
+            errors += value_problems(value, path)
+        else:
+            _bind_value(hints[f.name], value, path, errors)
+    return errors
+
+
+def signature_problems(fn: Callable[..., Any], params: Mapping[str, Any], where: str) -> list[str]:
+    """The type and range problems of ``params`` for ``fn``'s parameters of the same names, by
+    their annotations (``num_workers: Annotated[int, Range(0, 256)] | None``), as the binder
+    checks a config's fields; parameters without an annotation it can read are left alone."""
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+        names = inspect.signature(fn).parameters
+    except Exception:  # noqa: BLE001 - a plugin's annotations may not resolve here: nothing to check
+        return []
+    errors: list[str] = []
+    for name, value in params.items():
+        if name in names and name in hints:
+            _bind_value(hints[name], value, f"{where}.{name}", errors)
+    return errors
 
 
 def bind_config(

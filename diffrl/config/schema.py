@@ -12,7 +12,61 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field takes, declared on its type: ``Annotated[int, Range(1, 1000)]``.
+    The binder (:mod:`diffrl.config.binding`) checks every value against it and says the range in
+    its message. Every bound is finite (no field takes inf or NaN), and every count has an upper
+    bound, so a value that would allocate without limit (a LoRA rank of 10^9) is refused before
+    anything loads, with the limit in the message (the limits are listed in
+    ``docs/configuration.md``)."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+    hint: str = ""
+    """Said after the range: an example, or what the ends mean (``0: none``)."""
+    shown: str = ""
+    """Shown instead of the bounds (``[-2**63, 2**64 - 1] (torch's seed range)``)."""
+
+    def __contains__(self, value: float) -> bool:
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        return above and below
+
+    def text(self) -> str:
+        """``in (0, 1] (e.g. 1e-4)``."""
+        bounds = self.shown or (
+            f"in {'(' if self.lo_open else '['}{_number(self.lo)}, {_number(self.hi)}{')' if self.hi_open else ']'}"
+        )
+        return f"{bounds} ({self.hint})" if self.hint else bounds
+
+
+def _number(x: float) -> str:
+    if isinstance(x, int):
+        return f"{x:_}" if abs(x) >= 1_000_000 else str(x)
+    return f"{x:g}".replace("e+0", "e").replace("e+", "e").replace("e-0", "e-")  # 1e6, 1e-8
+
+
+MAX_COUNT = 10**9
+"""Iterations, steps between saves or evals: at most this many (a run of 10^9 iterations is already
+beyond any budget; a bound keeps a typo of 10^20 from reaching the code)."""
+MAX_BATCH = 65_536
+"""Prompts, samples or examples held at once (a rollout, a micro-batch, an eval batch)."""
+MAX_SIDE = 16_384
+"""Pixels of an image's side (``sampling.height/width``); a family narrows it to what it can draw."""
+Seed = Annotated[int, Range(-(2**63), 2**64 - 1, shown="in [-2**63, 2**64 - 1] (torch's seed range)")]
+Count = Annotated[int, Range(1, MAX_COUNT)]
+Batch = Annotated[int, Range(1, MAX_BATCH)]
+Every = Annotated[int, Range(0, MAX_COUNT, hint="0: none")]
+Fraction = Annotated[float, Range(0, 1, hi_open=True)]
+Beta = Annotated[float, Range(0, 1, hi_open=True, hint="e.g. [0.9, 0.999]")]
+ImagesPerForward = Annotated[int, Range(1, 4096, hint="images per forward pass")]
+"""A reward's ``batch_size`` param."""
 
 
 @dataclass
@@ -20,10 +74,10 @@ class RunConfig:
     name: str = "diffrl"
     output_dir: str | None = None
     """Where checkpoints, metrics and images go; default ``runs/<name>``."""
-    seed: int = 0
+    seed: Seed = 0
     device: str = "auto"
     """``auto`` (cuda if available, else cpu), ``cpu``, ``cuda`` or ``cuda:N``."""
-    log_every: int = 1
+    log_every: Annotated[int, Range(1, MAX_COUNT, hint="print every N iterations")] = 1
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
     """Where the metrics go: ``jsonl`` (``RUN_DIR/metrics.jsonl``; always written, listed or not),
     ``tensorboard`` (event files in ``RUN_DIR/tensorboard``; ``pip install 'diffrl[tensorboard]'``),
@@ -33,7 +87,7 @@ class RunConfig:
     and the batch arithmetic."""
     wandb_project: str = "diffrl"
     """The W&B project a ``wandb`` logger files the run in (the W&B run's name is ``run.name``)."""
-    peak_tflops: float | None = None
+    peak_tflops: Annotated[float, Range(0, 100_000, lo_open=True, hint="or null")] | None = None
     """The device's peak TFLOP/s for ``perf/*_mfu``; ``None``: the datasheet figure for known GPUs
     (bf16 dense under autocast, else fp32), otherwise a matmul measured after the first iteration."""
 
@@ -43,9 +97,10 @@ class RunConfig:
 
 @dataclass
 class LoraConfig:
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
+    rank: Annotated[int, Range(1, 4096)] = 8
+    """At most 4096 (no transformer's hidden size is larger; a rank past it adds only memory)."""
+    alpha: Annotated[float, Range(0, 1e6, lo_open=True, hint="e.g. twice the rank")] = 16.0
+    dropout: Fraction = 0.0
     target_modules: list[str] | None = None
     """``None`` takes the model family's default targets."""
     init: Literal["gaussian", "default"] = "gaussian"
@@ -78,19 +133,22 @@ class ModelConfig:
 
 @dataclass
 class SamplingConfig:
-    num_steps: int = 10
-    shift: float | None = None
+    num_steps: Annotated[int, Range(1, 1000)] = 10
+    """At most 1000 (the training schedule of every family has 1000 timesteps)."""
+    shift: Annotated[float, Range(0, 100, lo_open=True, hint="e.g. 3.0, or null for the family's")] | None = (
+        None
+    )
     """A static schedule shift (SD3's ``shift``); ``None`` takes the schedule of the family's own
     pipeline (SD3, tiny: 3.0; Wan: the folder's ``flow_shift``; FLUX, Qwen-Image: shifted by the
     image's token count)."""
-    guidance_scale: float | None = None
+    guidance_scale: Annotated[float, Range(0, 100, hint="or null for the family's")] | None = None
     """Classifier-free guidance with ``negative_prompt`` (1 disables it; 0 for Z-Image, which guides
     as ``pos + s * (pos - neg)``); ``None`` takes the family's
     default. FLUX.1 [dev]'s distilled guidance is a model option (``model.options.guidance``)."""
     negative_prompt: str = ""
-    height: int | None = None
+    height: Annotated[int, Range(1, MAX_SIDE, hint="pixels, or null for the family's default")] | None = None
     """``None`` takes the family's default size."""
-    width: int | None = None
+    width: Annotated[int, Range(1, MAX_SIDE, hint="pixels, or null for the family's default")] | None = None
 
 
 @dataclass
@@ -116,7 +174,7 @@ class DataConfig:
     subfolders; or a ``datasets`` folder with an image column and a caption column), or of preference
     pairs, a ``metadata.jsonl`` of ``{"prompt": ..., "chosen": FILE, "rejected": FILE}`` rows
     (DPO with ``algorithm.params.pairs: offline``)."""
-    dataset_size: int | None = None
+    dataset_size: Annotated[int, Range(1, 10**7, hint="or null for one example per prompt")] | None = None
     """Synthetic datasets: number of distinct examples (``None``: one per train prompt)."""
 
 
@@ -125,13 +183,13 @@ class RolloutConfig:
     """Online collection. ``batch_size x n_samples_per_prompt`` samples per rollout must equal
     ``train.batch_size x num_steps_per_rollout`` (samples per optimizer step x optimizer steps)."""
 
-    batch_size: int = 8
+    batch_size: Batch = 8
     """Prompts per rollout (one group of samples each)."""
-    n_samples_per_prompt: int = 4
-    micro_group_size: int | None = None
+    n_samples_per_prompt: Batch = 4
+    micro_group_size: Annotated[int, Range(1, MAX_BATCH, hint="or null")] | None = None
     """Samples per sampling forward; ``None`` takes ``train.micro_batch_size`` (then the first
     replay in training runs the very same forwards as the rollout, bit for bit)."""
-    num_steps_per_rollout: int = 1
+    num_steps_per_rollout: Batch = 1
     """Optimizer steps per rollout."""
     same_latent: bool = False
     """Samples of one prompt group start from the same initial noise (flow_grpo's
@@ -148,25 +206,29 @@ class RolloutConfig:
 
 @dataclass
 class TrainConfig:
-    iterations: int = 10
-    batch_size: int = 16
+    iterations: Count = 10
+    batch_size: Annotated[int, Range(1, 2**20)] = 16
     """Examples per optimizer step (global)."""
-    micro_batch_size: int = 8
+    micro_batch_size: Batch = 8
     """Examples per forward/backward; gradients accumulate over batch_size / micro_batch_size."""
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    grad_clip: float | None = 1.0
+    lr: Annotated[float, Range(0, 1, lo_open=True, hint="e.g. 1e-4")] = 1e-4
+    weight_decay: Annotated[float, Range(0, 1, hint="AdamW's decoupled decay; e.g. 0.01")] = 0.0
+    adam_betas: tuple[Beta, Beta] = (0.9, 0.999)
+    adam_eps: Annotated[float, Range(0, 1, lo_open=True, hi_open=True, hint="e.g. 1e-8")] = 1e-8
+    grad_clip: (
+        Annotated[float, Range(0, 1e6, lo_open=True, hint="a max gradient norm, or null for none")] | None
+    ) = 1.0
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
-    warmup_steps: int = 0
-    ema_decay: float | None = None
+    warmup_steps: Every = 0
+    ema_decay: (
+        Annotated[float, Range(0, 1, lo_open=True, hi_open=True, hint="e.g. 0.99, or null for no EMA")] | None
+    ) = None
     """EMA of the trainable weights (used for eval and saved with checkpoints)."""
-    save_every: int = 0
+    save_every: Every = 0
     """Checkpoint every N iterations (0: only the final one)."""
-    eval_every: int = 0
+    eval_every: Every = 0
     """Evaluate every N iterations (0: only before and after training)."""
-    time_budget_minutes: float | None = None
+    time_budget_minutes: Annotated[float, Range(0, 1e7, lo_open=True, hint="or null for none")] | None = None
     """Stop after the iteration that passes this much training time (evals not counted), then
     evaluate and save as at the end of ``iterations``."""
     resume: str | None = None
@@ -174,15 +236,23 @@ class TrainConfig:
     and LR schedule, EMA and old policy. Rollout ids, prompts and noise continue as if the run
     had not stopped. The time budget counts this process's training time only. ``latest``: the
     newest verified checkpoint in the run's output folder, or a fresh start when there is none."""
-    keep_last: int | None = None
+    keep_last: Annotated[int, Range(1, 10**6, hint="or null to keep all")] | None = None
     """Keep only the newest N ``step_*`` checkpoints (``final`` is always kept); ``None`` keeps all."""
-    max_failed_iterations: int = 3
+    max_failed_iterations: Annotated[int, Range(1, 10**6)] = 3
     """Stop the run (with an error) after this many consecutive iterations in which every
     sample's reward failed."""
-    max_nonfinite_steps: int = 5
+    max_nonfinite_steps: Annotated[int, Range(1, 10**6)] = 5
     """Stop the run (with an error naming the last good checkpoint) after this many consecutive
     optimizer steps skipped for a non-finite loss or gradient."""
-    off_policy_steps: int = 0
+    off_policy_steps: Annotated[
+        int,
+        Range(
+            0,
+            1,
+            hint="0: synchronous, 1: rollout one iteration ahead; one rollout in flight already hides "
+            "the shorter of rollout and training, more would only add staleness",
+        ),
+    ] = 0
     """0: the synchronous loop (draw, score, train, sync, draw again). 1: pipelined: the engines
     draw iteration i+1 with the weights of iteration i while the trainer ranks train on iteration
     i, so each sample is one update old when it trains (``rollout/staleness``); needs
@@ -192,20 +262,20 @@ class TrainConfig:
 @dataclass
 class RewardConfig:
     name: str = "ocr"
-    weight: float = 1.0
+    weight: Annotated[float, Range(-1e6, 1e6, hint="e.g. 1.0")] = 1.0
     params: dict[str, Any] = field(default_factory=dict)
-    timeout_s: float = 300.0
+    timeout_s: Annotated[float, Range(0, 604_800, lo_open=True, hint="seconds, at most a week")] = 300.0
     """Deadline for one scoring call (a micro-group); late samples are failed and counted."""
 
 
 @dataclass
 class EvalConfig:
     prompts: str = "builtin:tiny_text/test.txt"
-    num_prompts: int | None = 64
-    samples_per_prompt: int = 1
-    seed: int = 1234
-    batch_size: int = 32
-    grid_images: int = 32
+    num_prompts: Annotated[int, Range(1, 10**7, hint="or null for every prompt of the file")] | None = 64
+    samples_per_prompt: Annotated[int, Range(1, 4096)] = 1
+    seed: Seed = 1234
+    batch_size: Batch = 32
+    grid_images: Annotated[int, Range(1, 1024)] = 32
     rewards: list[RewardConfig] = field(default_factory=lambda: [RewardConfig()])
     enabled: bool = True
 
@@ -217,13 +287,13 @@ class RayConfig:
     address: str | None = None
     """``null``: start a local Ray cluster for this run; ``auto``: join the cluster started with
     ``ray start`` on this node; or ``host:port`` of a cluster's head."""
-    num_engines: int = 1
+    num_engines: Annotated[int, Range(1, 4096)] = 1
     """Rollout engines; the micro-groups of a rollout are shared out among them."""
-    num_reward_workers: int = 1
+    num_reward_workers: Annotated[int, Range(1, 4096)] = 1
     """Actors per reward type, fed per micro-group as rollouts finish."""
-    num_trainer_ranks: int = 1
+    num_trainer_ranks: Batch = 1
     """FSDP2 ranks (one Ray actor each, in one placement group)."""
-    sequence_parallel: int = 1
+    sequence_parallel: Annotated[int, Range(1, 1024)] = 1
     """Trainer ranks per sample (Ulysses sequence parallel, for long videos): each sample's tokens
     are split over this many ranks, whose attention exchanges heads for sequence (all-to-all);
     ``num_trainer_ranks`` = data-parallel groups x this, and FSDP2 shards over all of them.
@@ -237,8 +307,8 @@ class RayConfig:
     ``remote`` reward."""
     backend: str | None = None
     """torch.distributed backend; ``null``: nccl on GPU, gloo on CPU."""
-    cpus_per_actor: float = 1.0
-    threads_per_actor: int | None = None
+    cpus_per_actor: Annotated[float, Range(0, 1024)] = 1.0
+    threads_per_actor: Annotated[int, Range(1, 4096, hint="or null")] | None = None
     """torch threads of each engine and trainer rank; ``null``: the machine's cores shared by the
     actors that compute at the same time (the larger of the engine and rank groups; both groups
     with ``train.off_policy_steps: 1``, as they then run side by side)."""

@@ -17,6 +17,8 @@ read (it exists and decodes as an image), so a bad line is reported before any m
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,14 @@ FORMATS = (
 )
 RESERVED = ("prompt", "metadata", "image")
 """A JSONL line's keys that are not reward metadata (``image``: an editing set's source)."""
+
+
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
+"""What ends a line of a prompt file: ``\n``, ``\r\n`` or ``\r``, nothing else (``str.splitlines``
+would also split at the separators below, silently making two prompts of one)."""
+SEPARATORS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+"""Characters some tools take for a line break and others do not (vertical tab, form feed, the
+information separators, NEL, U+2028, U+2029): a line holding one is refused, with its place."""
 
 
 class PromptFileError(DiffrlError, ValueError):
@@ -162,12 +172,19 @@ def load_prompts(path: str | Path, splits: tuple[str, ...] = TRAIN_SPLITS) -> Pr
         raise PromptFileError(f"prompt file {str(path)!r} cannot be read: {e.strerror}") from e
     if "\x00" in text:
         raise PromptFileError(f"prompt file {str(path)!r} holds NUL bytes: not a text file; give {FORMATS}")
-    lines = text.splitlines()  # \n, \r\n or \r
+    lines = LINE_BREAK.split(text)
     while lines and not lines[-1].strip():  # blank lines at the end are no prompts
         lines.pop()
     prompts, metadata, images, problems = [], [], [], []
     jsonl = file.suffix == ".jsonl"
     for n, line in enumerate(lines, start=1):
+        if found := SEPARATORS.search(line):
+            char = found.group()
+            problems.append(
+                f"line {n}, column {found.start() + 1}: U+{ord(char):04X} ({unicodedata.name(char, 'a control character')}), "
+                "which some tools read as a line break; replace it with a space (or a newline for two prompts)"
+            )
+            continue
         if not line.strip():
             problems.append(f"line {n}: empty prompt line (remove it)")
             continue

@@ -3,7 +3,11 @@ whether the model family makes the sound a reward hears."""
 
 from __future__ import annotations
 
+import re
+
 from diffrl.config import Config, RewardConfig
+from diffrl.config.binding import signature_problems
+from diffrl.errors import quoted
 from diffrl.models.registry import FAMILIES
 from diffrl.registry import RegistryError
 from diffrl.rewards.base import Reward, param_name_problems
@@ -20,12 +24,21 @@ def reward_problems(where: str, rewards: list[RewardConfig], check_files: bool) 
             errors.append(f"{where}[{i}].name: {e}")
             continue
         if not isinstance(r.params, dict):
-            errors.append(f"{where}[{i}].params must be a mapping of name: value, got {r.params!r}")
+            errors.append(f"{where}[{i}].params must be a mapping of name: value, got {quoted(r.params)}")
             continue
         problems = param_name_problems(obj, r.params)
-        if not problems and isinstance(obj, type) and issubclass(obj, Reward):
-            problems = obj.param_problems(r.params, check_files)
-        errors += [f"{where}[{i}] ({r.name}).params: {p}" for p in problems]
+        is_reward = isinstance(obj, type) and issubclass(obj, Reward)
+        typed: list[str] = []
+        if not problems:  # each param's type and range, as its annotation declares them
+            fn = obj.__init__ if is_reward else obj
+            typed = signature_problems(fn, r.params, f"{where}[{i}] ({r.name}).params")
+        if not problems and is_reward:
+            # the reward's own checks, less those of a param whose type or range is already reported
+            flagged = {p.partition(").params.")[2].split(" ")[0].rstrip(":") for p in typed}
+            problems = [
+                p for p in obj.param_problems(r.params, check_files) if re.split(r"[ :]", p)[0] not in flagged
+            ]
+        errors += [f"{where}[{i}] ({r.name}).params: {p}" for p in problems] + typed
     return errors
 
 

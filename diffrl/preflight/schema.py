@@ -1,7 +1,8 @@
 """The first stage of the checks: what the config's values say on their own, with no plugin, file
 or device asked. It imports no torch (nor any plugin), so the command line answers a bad config at
-once: binding (unknown keys with a "did you mean", types) and every range or arithmetic rule of
-the schema's own numbers, all problems at once.
+once: binding (unknown keys with a "did you mean", types, and the range every number of the schema
+declares, :class:`~diffrl.config.schema.Range`) and the rules between the schema's own values, all
+problems at once, each led by its line in the recipe file where it has one.
 
 The second stage (:mod:`diffrl.preflight.plugins`) asks the plugins the config names.
 """
@@ -13,19 +14,12 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from diffrl.config import (
-    SECTIONS,
-    Config,
-    ConfigError,
-    EvalConfig,
-    RewardConfig,
-    SamplingConfig,
-    bind_config,
-)
-from diffrl.config import number_problem as _number
+from diffrl.config import SECTIONS, Config, ConfigError, bind_config
+from diffrl.config.binding import recipe_lines, value_problems, with_lines
+from diffrl.errors import quoted
 
-TORCH_SEEDS = (-(2**63), 2**64 - 1)
-"""The seeds ``torch.manual_seed`` takes."""
+MAX_NAME_BYTES = 255
+"""``run.name`` names a folder: at most this many bytes (UTF-8), as file systems allow."""
 
 
 def check_sections(sections: Collection[str]) -> None:
@@ -47,27 +41,21 @@ def read_config(
     config, errors, source = bind_config(recipe, overrides)
     errors.extend(schema_problems(config, sections))
     if errors:
-        raise ConfigError(errors, source)
+        raise ConfigError(with_lines(errors, recipe_lines(recipe, overrides)), source)
     return config, source
 
 
 def schema_problems(config: Config, sections: Collection[str] = SECTIONS) -> list[str]:
     """The problems of the config's own values in ``sections`` (see :func:`read_config`)."""
-    on, errors = set(sections), []
+    on = set(sections)
+    # every value's type and range, as the binder checks them (for a config built in code)
+    errors = [p for name in SECTIONS if name in on for p in value_problems(getattr(config, name), name)]
+    if errors:
+        return errors
     if "run" in on:
         errors += _run_problems(config, on)
     if "train" in on:
         errors += _train_problems(config)
-    if "sampling" in on:
-        errors += _sampling_problems(config.sampling)
-    if "model" in on:
-        errors += _lora_problems(config)
-    if "rewards" in on:
-        errors += reward_number_problems("rewards", config.rewards)
-    if "eval" in on and config.eval.enabled:
-        errors += _eval_problems(config.eval)
-    if "data" in on:
-        errors += _data_problems(config)
     return errors
 
 
@@ -75,130 +63,28 @@ def _run_problems(config: Config, sections: set[str]) -> list[str]:
     run, errors = config.run, []
     if not run.name.strip():
         errors.append("run.name must not be empty (it names the run folder runs/<name>)")
-    if not TORCH_SEEDS[0] <= run.seed <= TORCH_SEEDS[1]:
-        errors.append(f"run.seed must be in [-2**63, 2**64 - 1] (torch's seed range), got {run.seed}")
-    if run.log_every < 1:
-        errors.append(f"run.log_every must be >= 1 (print every N iterations), got {run.log_every}")
+    if len(run.name.encode("utf-8", "replace")) > MAX_NAME_BYTES:
+        errors.append(
+            f"run.name names the run's folder: at most {MAX_NAME_BYTES} bytes, got "
+            f"{len(run.name.encode('utf-8', 'replace')):,}: {quoted(run.name)}"
+        )
     if "train" in sections and "wandb" in run.loggers and not run.wandb_project.strip():
         errors.append(
             "run.wandb_project must not be empty with the wandb logger (e.g. run.wandb_project=diffrl)"
         )
     if run.device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", run.device):
-        errors.append(f"run.device must be auto, cpu, cuda or cuda:N, got {run.device!r}")
+        errors.append(f"run.device must be auto, cpu, cuda or cuda:N, got {quoted(run.device)}")
     return errors
 
 
 def _train_problems(config: Config) -> list[str]:
-    t, errors = config.train, []
-    for name in ("iterations", "batch_size", "micro_batch_size"):
-        if getattr(t, name) < 1:
-            errors.append(f"train.{name} must be >= 1, got {getattr(t, name)}")
-    if t.batch_size >= 1 and t.micro_batch_size >= 1 and t.batch_size % t.micro_batch_size:
-        errors.append(
+    """What the numbers of ``train`` say together (each one's range is the binder's)."""
+    t = config.train
+    if t.batch_size % t.micro_batch_size:
+        return [
             f"train.batch_size ({t.batch_size}) must be a multiple of train.micro_batch_size "
-            f"({t.micro_batch_size}); e.g. set train.micro_batch_size={_largest_divisor(t.batch_size, t.micro_batch_size)}"
-        )
-    errors += _number("train.lr", t.lr, 0 < t.lr <= 1, "in (0, 1] (e.g. 1e-4)")
-    errors += _number(
-        "train.weight_decay",
-        t.weight_decay,
-        0 <= t.weight_decay <= 1,
-        "in [0, 1] (AdamW's decoupled decay; e.g. 0.01)",
-    )
-    for i, beta in enumerate(t.adam_betas):
-        errors += _number(f"train.adam_betas[{i}]", beta, 0 <= beta < 1, "in [0, 1) (e.g. [0.9, 0.999])")
-    errors += _number("train.adam_eps", t.adam_eps, 0 < t.adam_eps < 1, "in (0, 1) (e.g. 1e-8)")
-    errors += _number(
-        "train.grad_clip",
-        t.grad_clip,
-        t.grad_clip is None or t.grad_clip > 0,
-        "a max gradient norm > 0, or null for none",
-    )
-    errors += _number(
-        "train.ema_decay",
-        t.ema_decay,
-        t.ema_decay is None or 0 < t.ema_decay < 1,
-        "in (0, 1) (e.g. 0.99), or null for no EMA",
-    )
-    errors += _number(
-        "train.time_budget_minutes",
-        t.time_budget_minutes,
-        t.time_budget_minutes is None or t.time_budget_minutes > 0,
-        "> 0 (or null for none)",
-    )
-    for name in ("warmup_steps", "save_every", "eval_every"):
-        if getattr(t, name) < 0:
-            errors.append(f"train.{name} must be >= 0 (0: none), got {getattr(t, name)}")
-    if t.keep_last is not None and t.keep_last < 1:
-        errors.append(f"train.keep_last must be >= 1 or null (keep all), got {t.keep_last}")
-    if t.off_policy_steps not in (0, 1):
-        errors.append(
-            f"train.off_policy_steps must be 0 (synchronous) or 1 (rollout one iteration ahead), got "
-            f"{t.off_policy_steps!r}: one rollout in flight already hides the shorter of rollout and "
-            "training; more would only add staleness"
-        )
-    for name in ("max_failed_iterations", "max_nonfinite_steps"):
-        if getattr(t, name) < 1:
-            errors.append(f"train.{name} must be >= 1, got {getattr(t, name)}")
-    return errors
-
-
-def _sampling_problems(s: SamplingConfig) -> list[str]:
-    """``sampling.*`` but the guidance scale, whose lowest value is the model family's."""
-    errors = []
-    if s.num_steps < 1:
-        errors.append(f"sampling.num_steps must be >= 1, got {s.num_steps}")
-    errors += _number(
-        "sampling.shift",
-        s.shift,
-        s.shift is None or 0 < s.shift <= 100,
-        "in (0, 100] (e.g. 3.0), or null for the family's",
-    )
-    for name in ("height", "width"):
-        value = getattr(s, name)
-        if value is not None and value < 1:
-            errors.append(
-                f"sampling.{name} must be >= 1 pixel, or null for the family's default, got {value}"
-            )
-    return errors
-
-
-def _lora_problems(config: Config) -> list[str]:
-    lora, errors = config.model.lora, []
-    if lora is not None:
-        if lora.rank < 1:
-            errors.append(f"model.lora.rank must be >= 1, got {lora.rank}")
-        errors += _number("model.lora.alpha", lora.alpha, lora.alpha > 0, "> 0 (e.g. twice the rank)")
-        errors += _number("model.lora.dropout", lora.dropout, 0 <= lora.dropout < 1, "in [0, 1)")
-    return errors
-
-
-def reward_number_problems(where: str, rewards: list[RewardConfig]) -> list[str]:
-    """Each reward's weight and deadline (its name and params are the plugin stage's)."""
-    errors = []
-    for i, r in enumerate(rewards):
-        errors += _number(f"{where}[{i}].weight", r.weight, True, "a finite number (e.g. 1.0)")
-        if not r.timeout_s > 0 or r.timeout_s == float("inf"):  # NaN fails both
-            errors.append(f"{where}[{i}].timeout_s must be a number of seconds > 0, got {r.timeout_s}")
-    return errors
-
-
-def _eval_problems(e: EvalConfig) -> list[str]:
-    errors = []
-    for name in ("samples_per_prompt", "batch_size", "grid_images"):
-        if getattr(e, name) < 1:
-            errors.append(f"eval.{name} must be >= 1, got {getattr(e, name)}")
-    if e.num_prompts is not None and e.num_prompts < 1:
-        errors.append(
-            f"eval.num_prompts must be >= 1, or null for every prompt of the file, got {e.num_prompts}"
-        )
-    return errors + reward_number_problems("eval.rewards", e.rewards)
-
-
-def _data_problems(config: Config) -> list[str]:
-    d = config.data
-    if d.dataset_size is not None and d.dataset_size < 1:
-        return [f"data.dataset_size must be >= 1, or null for one example per prompt, got {d.dataset_size}"]
+            f"({t.micro_batch_size}); e.g. set train.micro_batch_size={largest_divisor(t.batch_size, t.micro_batch_size)}"
+        ]
     return []
 
 
@@ -207,12 +93,7 @@ def rollout_arithmetic(config: Config) -> list[str]:
     steps. Pure arithmetic, but it applies only to an online algorithm, which only the algorithm's
     collection spec says, so the plugin stage calls it."""
     r, t = config.rollout, config.train
-    errors = []
-    for name in ("batch_size", "n_samples_per_prompt", "num_steps_per_rollout"):
-        if getattr(r, name) < 1:
-            errors.append(f"rollout.{name} must be >= 1, got {getattr(r, name)}")
-    if r.micro_group_size is not None and r.micro_group_size < 1:
-        errors.append(f"rollout.micro_group_size must be >= 1 or null, got {r.micro_group_size}")
+    errors = value_problems(r, "rollout")  # a config built in code: its ranges are not yet checked
     if errors:
         return errors
     samples = r.batch_size * r.n_samples_per_prompt
@@ -228,5 +109,14 @@ def rollout_arithmetic(config: Config) -> list[str]:
     return errors
 
 
-def _largest_divisor(n: int, at_most: int) -> int:
-    return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
+def largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n >= 1`` that is at most ``at_most`` (1 at least): the divisor pairs
+    up to sqrt(n), so 10^6 steps for n = 10^12, never a scan up to ``at_most``."""
+    best, d = 1, 1
+    while d * d <= n:
+        if n % d == 0:
+            for divisor in (d, n // d):
+                if best < divisor <= at_most:
+                    best = divisor
+        d += 1
+    return best

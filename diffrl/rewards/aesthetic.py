@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from diffrl.config.schema import ImagesPerForward
 from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.pretrained import (
@@ -83,7 +84,12 @@ class Aesthetic(Reward):
     name = "aesthetic"
 
     def __init__(
-        self, clip: str, predictor: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 32
+        self,
+        clip: str,
+        predictor: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        batch_size: ImagesPerForward = 32,
     ):
         self.batch_size = batch_size
         torch_device, torch_dtype = device_and_dtype(device, dtype)

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, ClapFeatureExtractor, ClapModel
 
+from diffrl.config.schema import ImagesPerForward
 from diffrl.rewards.base import Reward
 from diffrl.rewards.pretrained import chunks, device_and_dtype, device_dtype_problems, folder_problems
 from diffrl.rollout import Audio
@@ -53,7 +54,9 @@ class ClapScore(Reward):
     name = "clap"
     audio = True  # gets the clips whole (one row per clip) and their sound; the frames are not looked at
 
-    def __init__(self, model: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 16):
+    def __init__(
+        self, model: str, device: str = "cpu", dtype: str = "float32", batch_size: ImagesPerForward = 16
+    ):
         self.batch_size = batch_size
         self.device, torch_dtype = device_and_dtype(device, dtype)
         folder = Path(model).expanduser()

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from diffrl.config.schema import ImagesPerForward
 from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward
 from diffrl.rewards.pretrained import device_and_dtype, folder_problems
@@ -39,7 +40,9 @@ class ClipScore(Reward):
 
     name = "clip_score"
 
-    def __init__(self, model: str, device: str = "cpu", dtype: str = "float32", batch_size: int = 32):
+    def __init__(
+        self, model: str, device: str = "cpu", dtype: str = "float32", batch_size: ImagesPerForward = 32
+    ):
         self.batch_size = batch_size
         torch_device, torch_dtype = device_and_dtype(device, dtype)
         self.model = clip_embed.load_clip_model(self.name, model, torch_device, torch_dtype)

@@ -42,6 +42,7 @@ from safetensors.torch import load_file
 from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 
+from diffrl.config.schema import ImagesPerForward
 from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward
 from diffrl.rewards.pretrained import device_and_dtype, file_problems, pil_images
@@ -248,7 +249,7 @@ class HPSv2(Reward):
         tokenizer: str,
         device: str = "cpu",
         dtype: str = "float32",
-        batch_size: int = 32,
+        batch_size: ImagesPerForward = 32,
     ):
         self.batch_size = batch_size
         torch_device, torch_dtype = device_and_dtype(device, dtype)

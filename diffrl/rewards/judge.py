@@ -39,11 +39,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
+from diffrl.config import Range
+from diffrl.config.schema import MAX_SIDE, ImagesPerForward
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.pretrained import (
     chunks,
@@ -59,6 +61,8 @@ MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl")
 """``config.json`` model types whose processors build image inputs as above (tested: both)."""
 
 WHAT = "a Qwen2.5-VL or Qwen3-VL model (e.g. Qwen/Qwen2.5-VL-7B-Instruct or a judge fine-tune of it)"
+
+Pixels = Annotated[int, Range(1, MAX_SIDE**2, hint="pixels of an image, or null")]
 
 
 class JudgeReward(Reward):
@@ -76,9 +80,9 @@ class JudgeReward(Reward):
         negative: str = "No",
         device: str = "cpu",
         dtype: str = "float32",
-        batch_size: int = 8,
-        max_pixels: int | None = None,
-        min_pixels: int | None = None,
+        batch_size: ImagesPerForward = 8,
+        max_pixels: Pixels | None = None,
+        min_pixels: Pixels | None = None,
     ):
         self.question, self.normalize, self.batch_size = question, normalize, batch_size
         folder = Path(processor or model).expanduser()

@@ -17,9 +17,11 @@ wait for the workers to start; a worker imports only :mod:`diffrl.rewards.ocr_wo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
 
+from diffrl.config import Range
 from diffrl.rewards.base import Pending, Reward
 from diffrl.rewards.ocr_worker import recognize, worker_init
 from diffrl.rewards.workers import ProcessPool, pool_size
@@ -68,7 +70,11 @@ def default_num_workers() -> int:
 class OCRReward(Reward):
     name = "ocr"
 
-    def __init__(self, num_workers: int | None = None):
+    def __init__(
+        self,
+        num_workers: Annotated[int, Range(0, 256, hint="0 or 1: none, OCR runs in this process")]
+        | None = None,
+    ):
         """``num_workers``: worker processes (0 or 1: none, OCR runs in this process); ``None``:
         :func:`default_num_workers`."""
         self.num_workers = default_num_workers() if num_workers is None else num_workers

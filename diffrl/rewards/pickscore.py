@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from diffrl.config.schema import ImagesPerForward
 from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward
 from diffrl.rewards.pretrained import device_and_dtype, folder_problems
@@ -40,7 +41,7 @@ class PickScore(Reward):
         processor: str | None = None,
         device: str = "cpu",
         dtype: str = "float32",
-        batch_size: int = 32,
+        batch_size: ImagesPerForward = 32,
     ):
         self.batch_size = batch_size
         torch_device, torch_dtype = device_and_dtype(device, dtype)

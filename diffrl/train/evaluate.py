@@ -266,11 +266,17 @@ def caption_font(cell_width: int) -> Font:
 
 def wrap(text: str, font: Font, width: float, max_lines: int = PROMPT_LINES) -> list[str]:
     """``text`` in lines that fit ``width`` pixels in ``font`` (words that do not fit are split),
-    at most ``max_lines``, the last one ending in "…" when text is left over."""
+    at most ``max_lines``, the last one ending in "…" when text is left over. Bounded whatever the
+    text's length: only the characters that could fill ``max_lines + 1`` lines are measured (a
+    glyph is taken to be at least 1/4 px wide), so a prompt of a million characters costs what a
+    few lines cost."""
+    words = " ".join(text.split())
+    budget = (max_lines + 1) * (4 * int(width) + 8)
+    cut_off = len(words) > budget
     lines: list[str] = []
     line = ""
-    for word in " ".join(text.split()).split(" "):
-        while word:
+    for word in words[:budget].split(" "):
+        while word and len(lines) <= max_lines:
             trial = f"{line} {word}" if line else word
             if font.getlength(trial) <= width:
                 line, word = trial, ""
@@ -285,12 +291,12 @@ def wrap(text: str, font: Font, width: float, max_lines: int = PROMPT_LINES) -> 
                 word = word[cut:]
     if line:
         lines.append(line)
-    if len(lines) <= max_lines:
+    if len(lines) <= max_lines and not (cut_off and lines):
         return lines
-    last = lines[max_lines - 1]
+    last = lines[min(len(lines), max_lines) - 1]
     while last and font.getlength(last + "…") > width:
         last = last[:-1]
-    return [*lines[: max_lines - 1], last.rstrip() + "…"]
+    return [*lines[: min(len(lines), max_lines) - 1], last.rstrip() + "…"]
 
 
 def caption_lines(caption: Caption | str, font: Font, width: float) -> list[str]:

@@ -234,7 +234,7 @@ def test_preflight_reports_datasets_folder_problems_with_the_others(tmp_path):
     text = str(e.value)
     assert "data.dataset: dataset folder:" in text and "its columns: question" in text
     assert "eval.prompts: prompt folder:" in text and "no split 'test'; its splits: 'train'" in text
-    assert "sampling.num_steps must be >= 1" in text
+    assert "sampling.num_steps must be in [1, 1000]" in text
 
 
 def test_eval_reads_the_test_split(tmp_path):

@@ -153,7 +153,7 @@ def test_params_are_checked_before_loading(folder, tmp_path):
     [problem] = preflight_problems("clap", {"model": str(tmp_path / "clip")})
     assert "holds a 'clip' model" in problem and "ClapModel" in problem
     [problem] = preflight_problems("clap", {"model": str(folder[0]), "batch_size": 0})
-    assert "batch_size must be an integer >= 1" in problem
+    assert "(clap).params.batch_size must be in [1, 4096] (images per forward pass), got 0" in problem
     [problem] = preflight_problems("clap", {"modle": "x"})
     assert "did you mean 'model'?" in problem.lower()
 

@@ -247,7 +247,7 @@ def test_param_problems(files, tmp_path):
     [batch] = preflight_problems(
         "hpsv2", {"checkpoint": checkpoint, "tokenizer": str(root / "laion"), "batch_size": 2.5}
     )
-    assert "batch_size must be a whole number >= 1" in batch
+    assert "(hpsv2).params.batch_size: expected an integer, got 2.5" in batch
 
 
 def test_matches_open_clip_itself(tmp_path):

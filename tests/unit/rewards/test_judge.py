@@ -267,7 +267,7 @@ def test_preflight_checks_the_folders_and_params(qwen25, tmp_path):
         f"'Is it {{prompt}} and {{other}}?'; e.g. {VQASCORE_QUESTION!r}",
         where[3] + "min_pixels (512) is above max_pixels (256)",
         where[4] + "answer and negative are the same token; normalize would always give 0.5",
-        where[4] + "batch_size must be an integer >= 1, got 0",
+        "rewards[4] (judge).params.batch_size must be in [1, 4096] (images per forward pass), got 0",
     ]
     assert (
         validate(
