@@ -13,6 +13,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from diffrl.errors import DiffrlError
+from diffrl.interrupts import is_real_interrupt
+from diffrl.user_code import describe, note_plugin
 
 
 class RegistryError(DiffrlError, ValueError):
@@ -37,7 +39,10 @@ def refusing(paths: Mapping[str, str]) -> Iterator[None]:
 
 
 def import_object(path: str) -> Any:
-    """Import ``pkg.mod:attr`` or ``pkg.mod.attr``; raise ``RegistryError`` naming what failed."""
+    """Import ``pkg.mod:attr`` or ``pkg.mod.attr``; raise ``RegistryError`` naming what failed,
+    whatever the module's import raised or did (``sys.exit()`` at its top, as a script's argparse
+    does, included; a real Ctrl-C goes through). A module outside diffrl is recorded as a plugin
+    (:mod:`diffrl.user_code`): its later errors are named by ``path``."""
     if path in _REFUSED:
         raise RegistryError(_REFUSED[path])
     if ":" in path:
@@ -52,10 +57,14 @@ def import_object(path: str) -> Any:
         raise RegistryError(
             f"cannot import module {module_name!r} for {path!r}: {e}; install it or put its folder on PYTHONPATH"
         ) from e
-    except Exception as e:  # the user's module raised while importing: say where, not a traceback
+    except BaseException as e:  # the user's module raised or exited while importing: say where
+        if is_real_interrupt(e):
+            raise
         raise RegistryError(
-            f"importing module {module_name!r} for {path!r} raised {type(e).__name__}: {e}; fix that module"
+            f"importing module {module_name!r} for {path!r} {describe(e)}; fix that module (code "
+            "that runs when it is imported, e.g. argparse, belongs under if __name__ == '__main__':)"
         ) from e
+    note_plugin(module_name, path)
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):

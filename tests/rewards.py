@@ -6,7 +6,9 @@ the module of the reward it runs, and a test module would bring diffrl's trainin
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import sys
 import threading
 
 import torch
@@ -37,4 +39,47 @@ def hangs_on_second_call(images, prompts, metadata):
     """Scores 1.0, except that the second micro-group a worker gets (warm-up calls aside) hangs it."""
     if prompts[0] != WARM_UP and next(CALLS) == 1:
         threading.Event().wait()  # the worker is killed; nothing to release
+    return [1.0] * len(images)
+
+
+# ---- rewards that end the process, or try to: each is that reward's failure, never the run's end
+
+
+class Custom(BaseException):
+    """A ``BaseException`` of a user's own (it is no ``Exception``)."""
+
+
+def exits_zero(images, prompts, metadata):
+    sys.exit(0)
+
+
+def exits_three(images, prompts, metadata):
+    sys.exit(3)
+
+
+def exits_with_a_message(images, prompts, metadata):
+    raise SystemExit("scorer: bad flag")
+
+
+def raises_keyboard_interrupt(images, prompts, metadata):
+    raise KeyboardInterrupt
+
+
+def raises_generator_exit(images, prompts, metadata):
+    raise GeneratorExit
+
+
+def raises_its_own_base_exception(images, prompts, metadata):
+    raise Custom("stop everything")
+
+
+def wraps_an_argparse_tool(images, prompts, metadata):
+    """A command-line scorer wrapped as a reward: argparse exits (2) on the flag it does not know."""
+    parser = argparse.ArgumentParser(prog="scorer")
+    parser.parse_args(["--images", "x"])
+    return [1.0] * len(images)
+
+
+def closes_stdout(images, prompts, metadata):
+    sys.stdout.close()
     return [1.0] * len(images)

@@ -10,18 +10,37 @@ error answer before torch loads.
 
 from __future__ import annotations
 
-import argparse
-import errno
-import importlib
-import os
-import sys
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+# first: a Ctrl-C while the command line itself is imported is one line, not a traceback
+from diffrl import interrupts
 
-from diffrl.cli import inputs
-from diffrl.cli.parser import build_parser
-from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError
+_imported = interrupts.exit_on_ctrl_c_from_here()
+
+import argparse  # noqa: E402
+import errno  # noqa: E402
+import importlib  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any  # noqa: E402
+
+from diffrl.cli import inputs  # noqa: E402
+from diffrl.cli.parser import build_parser  # noqa: E402
+from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError  # noqa: E402
+from diffrl.user_code import (  # noqa: E402
+    PluginError,
+    calling_plugin,
+    describe,
+    plugin_error,
+    plugin_origin,
+    raised_in_diffrl,
+)
+
+# started as the command (``diffrl``, ``python -m diffrl.cli``): the handler stays until main()
+# takes over (runpy still has to find __main__.py); imported by another program: Python's again
+if not (sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") == "diffrl"):
+    _imported()
 
 
 @dataclass(frozen=True)
@@ -52,7 +71,20 @@ USER_OS_ERRORS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.E
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; return its exit code (see :mod:`diffrl.errors`). A user's error prints
-    ``error: <what is wrong and what to do>``, never a traceback (``--debug`` shows it)."""
+    ``error: <what is wrong and what to do>``, never a traceback (``--debug`` shows it); a
+    plugin's error (anything it raises, ``sys.exit()`` too) names the plugin; a Ctrl-C at any
+    moment prints ``interrupted (Ctrl-C)`` and returns 130 (a training run saves first: exit 75,
+    :mod:`diffrl.train.stop`)."""
+    with interrupts.noting_ctrl_c(), _unclosable_stdio():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as e:  # before the command ran (parsing), or under --debug
+            if not interrupts.is_real_interrupt(e):
+                raise
+            return _interrupted()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         # key=value overrides may also come after options (``eval base --num-prompts 8 sampling.num_steps=4``)
@@ -74,7 +106,9 @@ def run_command(args: argparse.Namespace) -> int:
     command = COMMANDS[args.command]
     checked = command.inputs(args) if command.inputs is not None else None
     module, _, function = command.run.partition(":")
-    return getattr(importlib.import_module(module), function)(args, checked)
+    with interrupts.exit_on_ctrl_c():  # imports only (torch, the models): nothing to save
+        run = getattr(importlib.import_module(module), function)
+    return run(args, checked)
 
 
 def _reported(args: argparse.Namespace) -> int:
@@ -90,13 +124,30 @@ def _reported(args: argparse.Namespace) -> int:
     except OSError as e:
         if e.errno not in USER_OS_ERRORS and not isinstance(e, FileNotFoundError):
             return _bug(e)
+        if (origin := plugin_origin(e)) is not None:
+            return _user_error(plugin_error(e, origin))
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print("\ninterrupted (Ctrl-C)", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - anything else is a bug, reported in one line
+    except KeyboardInterrupt as e:
+        if interrupts.is_real_interrupt(e):
+            return _interrupted()
+        return _bug(e)  # raised by code, not by a Ctrl-C: a plugin's (named) or a bug
+    except SystemExit as e:
+        if raised_in_diffrl(e) and plugin_origin(e) is None:
+            return e.code if isinstance(e.code, int) else EXIT_BUG  # diffrl's own (serve-reward's SIGTERM)
+        return _bug(e)  # a plugin's exit (named), or a library's inside diffrl: never a silent exit
+    except BaseException as e:  # noqa: BLE001 - anything else is a bug (or a plugin's), in one line
         return _bug(e)
+
+
+def _interrupted() -> int:
+    print(f"\n{interrupts.MESSAGE}", file=sys.stderr)
+    return interrupts.EXIT_CTRL_C
+
+
+def _user_error(e: DiffrlError) -> int:
+    print(f"error: {e}", file=sys.stderr)
+    return e.exit_code
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -105,9 +156,59 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 
 def _bug(e: BaseException) -> int:
+    """A plugin's error (:func:`~diffrl.user_code.plugin_origin`) names the plugin (exit 2);
+    anything else is a bug in diffrl (exit 70)."""
+    if (origin := plugin_origin(e)) is not None:
+        return _user_error(plugin_error(e, origin))
+    if isinstance(e, SystemExit):
+        print(
+            f"error: {describe(e)} inside diffrl, outside any plugin — this is a bug in diffrl; rerun "
+            "with --debug for the traceback",
+            file=sys.stderr,
+        )
+        return EXIT_BUG
     print(
         f"error: unexpected {type(e).__name__}: {_one_line(str(e))} — this is a bug in diffrl; "
         "rerun with --debug for the traceback",
         file=sys.stderr,
     )
     return EXIT_BUG
+
+
+class UnclosableStream:
+    """``sys.stdout`` / ``sys.stderr`` while a command runs: everything goes to the stream it
+    wraps, but :meth:`close` is refused. A plugin that closed the command's stream would make
+    diffrl's next line fail far from it; the refusal is raised in the plugin's own call, named."""
+
+    def __init__(self, stream: Any, name: str):
+        self._stream, self._name = stream, name
+
+    def close(self) -> None:
+        origin = calling_plugin()
+        who = f"plugin {origin.path!r} (at {origin.where})" if origin else "code run by diffrl"
+        raise PluginError(
+            f"{who} closed sys.{self._name}, which is the diffrl command's: a plugin must leave it open"
+        )
+
+    def write(self, text: str) -> int:
+        return self._stream.write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:  # closed, fileno, isatty, encoding, buffer, ...
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def _unclosable_stdio() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` as :class:`UnclosableStream` inside the block."""
+    saved = sys.stdout, sys.stderr
+    if sys.stdout is not None and not isinstance(sys.stdout, UnclosableStream):
+        sys.stdout = UnclosableStream(sys.stdout, "stdout")
+    if sys.stderr is not None and not isinstance(sys.stderr, UnclosableStream):
+        sys.stderr = UnclosableStream(sys.stderr, "stderr")
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved

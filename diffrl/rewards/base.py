@@ -34,12 +34,14 @@ from typing import Any
 import torch
 
 from diffrl.config import RewardConfig
-from diffrl.errors import DiffrlError
+from diffrl.errors import Abandoned, DiffrlError
+from diffrl.interrupts import is_real_interrupt
 from diffrl.logging.quiet import quiet_libraries
 from diffrl.registry import RegistryError, did_you_mean
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.workers import CallThread, DeadlineExceeded, deadline_after, result_by
 from diffrl.rollout import Audio
+from diffrl.user_code import describe
 
 
 class RewardError(DiffrlError, RuntimeError):
@@ -460,7 +462,7 @@ class RewardSet:
             images.float() / 255.0 if images.dtype == torch.uint8 else images.to(torch.float32, copy=True)
         )
         pending = [
-            submit_scores(
+            _submitted(
                 r, images, prompts, metadata, c.timeout_s, audio.float() if r.audio and audio else None
             )
             for r, c in zip(self.rewards, self.configs)
@@ -486,6 +488,24 @@ class RewardSet:
             self._own.close()
 
 
+def _submitted(reward: Reward, images, prompts, metadata, timeout, audio) -> Pending:
+    """:func:`submit_scores`; what a reward's own ``submit`` raises (it runs on the caller's
+    thread), ``sys.exit()`` included, is handed to its :class:`Pending`: that reward's failure."""
+    try:
+        return submit_scores(reward, images, prompts, metadata, timeout, audio)
+    except BaseException as e:
+        if isinstance(e, Abandoned) or is_real_interrupt(e):
+            raise
+        return Pending(_raiser(e))
+
+
+def _raiser(error: BaseException) -> Callable[[], Any]:
+    def fail() -> Any:
+        raise error
+
+    return fail
+
+
 class PendingRewards:
     """The scores of one :meth:`RewardSet.submit`.
 
@@ -507,7 +527,10 @@ class PendingRewards:
 
     def result(self) -> RewardOutput:
         """Gather every reward; failures and missed deadlines become NaN totals with a message
-        naming the reward and the batch's prompts, never an exception or a hang."""
+        naming the reward and the batch's prompts, never an exception or a hang. A failure is
+        whatever the reward raised, ``BaseException`` included: its ``sys.exit()`` or
+        ``KeyboardInterrupt`` (a call thread or worker is never sent a Ctrl-C) fails its samples
+        as an ``Exception`` does, under the run's reward-failure policy."""
         per: dict[str, torch.Tensor] = {}
         total = torch.zeros(self.n)
         timed_out = torch.zeros(self.n, dtype=torch.bool)
@@ -525,8 +548,10 @@ class PendingRewards:
             except DeadlineExceeded:
                 errors.append(f"{timeout_message(cfg)} ({where})")
                 timed_out[:] = True
-            except Exception as e:
-                errors.append(f"reward {cfg.name!r} raised {type(e).__name__}: {e} ({where})")
+            except Abandoned:
+                raise
+            except BaseException as e:  # sys.exit(), KeyboardInterrupt, ...: the reward's failure too
+                errors.append(f"reward {cfg.name!r} {describe(e)} ({where})")
             if failed:
                 scores = torch.full((self.n,), float("nan"))
             bad = ~torch.isfinite(scores)

@@ -240,6 +240,9 @@ class CallThread:
 
 def _init_worker(parent_pid: int, initializer: Callable[[], None] | None) -> None:
     die_with_parent(parent_pid)
+    # a Ctrl-C in the terminal reaches the whole process group: the parent stops the run (after
+    # the current step) and ends its workers itself; here it would only fail the job under way
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
         initializer()
 

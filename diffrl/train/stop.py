@@ -44,8 +44,11 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None:  # the second one: stop now
+            previous = self._previous.get(signum)
             signal.signal(signum, signal.SIG_DFL)
             if signum == signal.SIGINT:
+                if callable(previous):  # the command line's (it marks the Ctrl-C as real) or Python's
+                    previous(signum, frame)
                 raise KeyboardInterrupt
             signal.raise_signal(signum)
             return

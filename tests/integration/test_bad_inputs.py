@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -428,7 +429,7 @@ def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
     from diffrl.cli import recipes
 
     def interrupted(args, inputs):
-        raise KeyboardInterrupt
+        signal.raise_signal(signal.SIGINT)  # a real Ctrl-C (a KeyboardInterrupt raised by code is no Ctrl-C)
 
     monkeypatch.setattr(recipes, "run", interrupted)
     assert cli.main(["recipes"]) == 130

@@ -222,8 +222,9 @@ class Dispatch:
                         deaths += 1
                         if deaths > MAX_REISSUES:
                             raise RunStopped(
-                                "a micro-group killed its reward worker repeatedly; the run stops "
-                                f"(last checkpoint: {last_checkpoint or 'none yet'})"
+                                f"reward {cfg.name!r} ended its worker process {deaths} times on one "
+                                "micro-group (a crash, os._exit() or the memory limit: fix the reward); "
+                                f"the run stops (last checkpoint: {last_checkpoint or 'none yet'})"
                             ) from e
                     pool.replace(w, worker)
                     resent += 1

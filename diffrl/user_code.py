@@ -1,0 +1,153 @@
+"""Whose error is it: diffrl's, or a plugin's (the user's code named by a dotted path)?
+
+Plugins are the user's rewards, algorithms, model families, engines, trackers and kernels,
+imported by :func:`diffrl.registry.import_object` (which records them here). Whatever a plugin
+raises or does is the plugin's error, named by its dotted path: an ``Exception``, and also a
+``sys.exit()`` (an argparse tool wrapped as a reward), a ``KeyboardInterrupt`` that no Ctrl-C
+sent, a ``GeneratorExit`` or any other ``BaseException``. Where diffrl calls a plugin it can name
+(a reward's calls, a module's import) it says so itself; anything else that reaches the command
+line is judged by its traceback (:func:`plugin_origin`).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
+
+from diffrl.errors import DiffrlError
+
+
+class PluginError(DiffrlError):
+    """A plugin raised or did what a plugin must not (exit the process, close ``sys.stdout``)."""
+
+
+_MODULES: dict[str, list[str]] = {}
+"""A plugin's module -> the dotted paths imported from it."""
+_PACKAGES: dict[str, str] = {}
+"""A plugin's top-level package -> the first dotted path imported from it (its helper modules'
+errors are that plugin's too)."""
+
+
+def note_plugin(module: str, path: str) -> None:
+    """Record that ``path`` (``pkg.mod:Name``) was imported from the user's module ``module``."""
+    if module == "diffrl" or module.startswith("diffrl."):
+        return
+    paths = _MODULES.setdefault(module, [])
+    if path not in paths:
+        paths.append(path)
+    _PACKAGES.setdefault(module.partition(".")[0], path)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an exception came from: the plugin (``path``, its dotted path) and the line."""
+
+    path: str
+    where: str
+    """``file:line in function``: the plugin's innermost line in the traceback."""
+
+
+def _module(frame: FrameType) -> str:
+    return str(frame.f_globals.get("__name__", ""))
+
+
+def _owner(frame: FrameType) -> str:
+    """``diffrl``, ``plugin`` or ``library`` (the standard library, torch, argparse, ...)."""
+    module = _module(frame)
+    if module == "diffrl" or module.startswith("diffrl."):
+        return "diffrl"
+    if module in _MODULES or module.partition(".")[0] in _PACKAGES:
+        return "plugin"
+    return "library"
+
+
+def _frames(tb: TracebackType | None) -> list[tuple[FrameType, int]]:
+    return list(traceback.walk_tb(tb))
+
+
+def _dotted_path(frame: FrameType) -> str:
+    """The recorded dotted path that ``frame`` runs (``pkg.mod:Reward`` for ``Reward.__call__``),
+    else ``module:function``."""
+    module, qualname = _module(frame), frame.f_code.co_qualname
+    for path in _MODULES.get(module, []):
+        attr = path.partition(":")[2] if ":" in path else path.rpartition(".")[2]
+        if qualname == attr or qualname.startswith(attr + "."):
+            return path
+    if module in _MODULES:
+        return _MODULES[module][0]
+    return _PACKAGES.get(module.partition(".")[0], f"{module}:{qualname}")
+
+
+def _line(frame: FrameType, line: int) -> str:
+    return f"{Path(frame.f_code.co_filename).name}:{line} in {frame.f_code.co_qualname}"
+
+
+def plugin_origin(error: BaseException) -> Origin | None:
+    """The plugin ``error`` came from, or None when it is not a plugin's. It is a plugin's when
+    the innermost frame of its traceback that is diffrl's or a plugin's is a plugin's (library
+    frames, as argparse's ``exit``, are passed over: a plugin that called them did it)."""
+    return _origin(_frames(error.__traceback__))
+
+
+def calling_plugin() -> Origin | None:
+    """The plugin whose code called this function's caller (through library code or not), or
+    None when it is diffrl's code."""
+    stack = list(traceback.walk_stack(sys._getframe(2)))  # innermost first
+    return _origin(stack[::-1])
+
+
+def _origin(frames: list[tuple[FrameType, int]]) -> Origin | None:
+    """``frames``, outermost first: the plugin, named by the dotted path it was imported as,
+    from its outermost frame in the run of plugin frames at the inner end (the function diffrl
+    called), and its innermost line."""
+    owned = [(f, n) for f, n in frames if _owner(f) != "library"]
+    if not owned or _owner(owned[-1][0]) != "plugin":
+        return None
+    run = [owned[-1]]
+    for item in reversed(owned[:-1]):  # the plugin frames since diffrl last called into the plugin
+        if _owner(item[0]) != "plugin":
+            break
+        run.append(item)
+    entry, _ = run[-1]
+    inner, line = run[0]
+    return Origin(_dotted_path(entry), _line(inner, line))
+
+
+def raised_in_diffrl(error: BaseException) -> bool:
+    """Whether ``error`` was raised by diffrl's own code (its innermost frame is diffrl's)."""
+    frames = _frames(error.__traceback__)
+    return bool(frames) and _owner(frames[-1][0]) == "diffrl"
+
+
+def describe(error: BaseException) -> str:
+    """What ``error`` is, in words: ``called sys.exit(3)``, ``raised KeyboardInterrupt (no Ctrl-C
+    sent it)``, ``raised ValueError: bad``; at most a few hundred characters of its message."""
+    if isinstance(error, SystemExit):
+        code = error.code
+        text = "" if code is None else repr(code) if isinstance(code, str) else str(code)
+        return f"called sys.exit({_cut(text)})"
+    if isinstance(error, KeyboardInterrupt):
+        return "raised KeyboardInterrupt (no Ctrl-C was pressed)"
+    message = str(error)
+    return f"raised {type(error).__name__}" + (f": {_cut(message)}" if message else "")
+
+
+def _cut(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def plugin_error(error: BaseException, origin: Origin) -> PluginError:
+    """The :class:`PluginError` for ``error`` raised by the plugin at ``origin``."""
+    fix = (
+        "fix the plugin"
+        if isinstance(error, Exception)
+        else "a plugin must return or raise an Exception, never end the process: fix it"
+    )
+    return PluginError(
+        f"plugin {origin.path!r} {describe(error)} (at {origin.where}); {fix} (rerun with --debug "
+        "for the traceback)"
+    )
