@@ -58,15 +58,18 @@ def reference_dir() -> Path:
 
 
 def rehash_checkpoint(checkpoint: Path) -> None:
-    """Record the files' current sha256 in ``checkpoint.json``: for tests that edit a checkpoint's
-    files on purpose and need it to read as if it had been written so."""
+    """Record the files' current sha256 in ``checkpoint.json`` and seal it again: for tests that edit
+    a checkpoint's files (or its ``checkpoint.json``) on purpose and need it to read as if it had
+    been written so."""
     import hashlib
     import json
+
+    from diffrl.train.manifest import seal
 
     info_file = checkpoint / "checkpoint.json"
     info = json.loads(info_file.read_text())
     info["files"] = {n: hashlib.sha256((checkpoint / n).read_bytes()).hexdigest() for n in info["files"]}
-    info_file.write_text(json.dumps(info))
+    info_file.write_text(json.dumps(seal(info)))
 
 
 SMALL_ROLLOUT = {

@@ -10,8 +10,9 @@ import argparse
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import yaml
 from diffrl.config import SECTIONS, Config, ConfigError
 from diffrl.errors import DiffrlError
 from diffrl.preflight.schema import read_config, schema_problems
+from diffrl.train.manifest import CheckpointError, base_problem, checkpoint_around, overlap, verify_checkpoint
 
 # What each command checks of a config (``train`` checks every section, ``load_config``'s default).
 EVAL_SECTIONS = ("run", "model", "sampling", "eval")
@@ -43,6 +45,17 @@ class Target:
     checkpoint: Path | None
     source: str
     sections: tuple[str, ...]
+    untrusted: dict[str, str] = field(default_factory=dict)
+    """The dotted paths a checkpoint's config names that the user did not name again -> why each is
+    refused: the command runs under :func:`diffrl.registry.refusing` of them (importing one would
+    run code that came with the checkpoint). Empty with ``--trust-checkpoint-code``."""
+
+    def inputs(self, role: str) -> dict[str, Path | str | None]:
+        """The folders this target reads, by role (for :func:`check_out_dir`)."""
+        return {
+            f"{role} checkpoint": self.checkpoint,
+            f"{role} model folder (model.path)": self.config.model.path,
+        }
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,9 @@ class EvalInputs:
     paired: Target | None
     """The target's config with the baseline's model: sampled and scored exactly as the target."""
     out: Path
+
+    def untrusted(self) -> dict[str, str]:
+        return {**self.target.untrusted, **(self.baseline.untrusted if self.baseline else {})}
 
 
 @dataclass(frozen=True)
@@ -73,9 +89,16 @@ class ServeInputs:
     token: str | None
 
 
-def resolve_target(target: str, overrides: list[str], sections: Sequence[str] = SAMPLE_SECTIONS) -> Target:
+def resolve_target(
+    target: str, overrides: list[str], sections: Sequence[str] = SAMPLE_SECTIONS, trust: bool = False
+) -> Target:
     """``base`` | a recipe YAML | a checkpoint dir | a model dir -> its :class:`Target`, the
-    config's schema stage checked for the ``sections`` the command uses."""
+    config's schema stage checked for the ``sections`` the command uses.
+
+    A checkpoint is checked before its ``config.yaml`` is read: its sealed ``checkpoint.json`` and
+    ``config.yaml``'s sha256 (the weights are verified when they load), and its base model against
+    the config's ``model.path`` (its weights fit no other). Its config's dotted paths go into
+    ``untrusted`` unless the user names them again in ``overrides`` or ``trust`` is set."""
     path = Path(target).expanduser()
     sections = tuple(sections)
     if target == "base":
@@ -89,8 +112,13 @@ def resolve_target(target: str, overrides: list[str], sections: Sequence[str] = 
                 f"checkpoint {target!r} has no config.yaml (the run's config is saved beside its weights); "
                 "the folder is incomplete: copy it again"
             )
+        info = verify_checkpoint(path, only={"config.yaml"})  # nothing of it is read unverified
         config, source = read_config(path / "config.yaml", overrides, sections)
-        return Target(config, path, source, sections)
+        problem = base_problem(info, config.model.family, config.model.path, path)
+        if problem is not None:
+            raise CheckpointError(problem)
+        untrusted = {} if trust else untrusted_paths(config, overrides, path)
+        return Target(config, path, source, sections, untrusted)
     if path.is_dir():
         return Target(
             read_config({"model": {"path": str(path)}}, overrides, sections)[0], None, "config", sections
@@ -102,9 +130,52 @@ def resolve_target(target: str, overrides: list[str], sections: Sequence[str] = 
     )
 
 
-def check_out_dir(path: Path, flag: str, empty: bool = False) -> None:
+DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?")
+"""What :func:`diffrl.registry.import_object` can import: ``pkg.mod:attr`` or ``pkg.mod.attr``."""
+
+
+def _strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
+    """Every string in a config's nested dicts and lists, with its key (``eval.rewards[0].name``)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{key}[{i}]")
+    elif isinstance(value, str):
+        yield key, value
+
+
+def untrusted_paths(config: Config, overrides: list[str], checkpoint: Path) -> dict[str, str]:
+    """The dotted paths the checkpoint's config names (any string an import could take: a reward,
+    family, algorithm, runner, engine, kernel or tracker of the user's own; diffrl's own modules
+    aside) that ``overrides`` do not name again -> the message that refuses each."""
+    given = " ".join(overrides)
+    refused = {}
+    for key, value in _strings(config.to_dict()):
+        if ("." not in value and ":" not in value) or not DOTTED.fullmatch(value):
+            continue
+        module = value.partition(":")[0]
+        if module == "diffrl" or module.startswith("diffrl."):
+            continue
+        if re.search(rf"(?<![\w.:]){re.escape(value)}(?![\w.:])", given):
+            continue  # the user named it on this command line: theirs
+        root = key.split("[")[0]
+        refused[value] = (
+            f"{value!r} ({key}) comes from the checkpoint's config ({str(checkpoint / 'config.yaml')!r}), and "
+            "importing it would run code that came with the checkpoint; diffrl imports no code a checkpoint "
+            f"names unless you name it too: if you trust it, name it again on the command line (an override "
+            f"of {root} naming {value}), or pass --trust-checkpoint-code"
+        )
+    return refused
+
+
+def check_out_dir(
+    path: Path, flag: str, empty: bool = False, inputs: dict[str, Path | str | None] | None = None
+) -> None:
     """Refuse an output folder that cannot be one (it, or a parent, is a file) before anything
-    loads; with ``empty``, also one that already holds files."""
+    loads; one that is or lies inside an input (``inputs``: role -> folder) or any checkpoint,
+    whose files the output would replace or join; with ``empty``, also one that holds files."""
     for p in (path, *path.parents):
         if p.exists():
             if not p.is_dir():
@@ -113,6 +184,11 @@ def check_out_dir(path: Path, flag: str, empty: bool = False) -> None:
                     f"{flag} {str(path)!r} cannot be a folder: {where} is a file; give a folder path"
                 )
             break
+    why = overlap(path, inputs or {})
+    if why is not None:
+        raise DiffrlError(
+            f"{flag} {why}: writing there would damage what this command reads; give another folder"
+        )
     if empty and path.is_dir() and any(path.iterdir()):
         n = sum(1 for _ in path.iterdir())
         raise DiffrlError(
@@ -154,11 +230,14 @@ def eval_inputs(args: argparse.Namespace) -> EvalInputs:
         overrides.append(f"eval.samples_per_prompt={args.samples_per_prompt}")
     if args.prompts:
         overrides.append(f"eval.prompts={json.dumps(args.prompts)}")  # quoted: any path is a string
-    target = resolve_target(args.target, overrides, EVAL_SECTIONS)
+    trust = getattr(args, "trust_checkpoint_code", False)
+    target = resolve_target(args.target, overrides, EVAL_SECTIONS, trust)
     if not args.baseline:
+        check_out_dir(out, "--out", inputs=target.inputs("the target's"))
         return EvalInputs(target, None, None, out)
     # the baseline's model, sampled and scored exactly as the target: same config, prompts, seeds
-    baseline = resolve_target(args.baseline, [], ("model",))
+    baseline = resolve_target(args.baseline, [], ("model",), trust)
+    check_out_dir(out, "--out", inputs={**target.inputs("the target's"), **baseline.inputs("the baseline's")})
     family, base_family = target.config.model.family, baseline.config.model.family
     if base_family != family:
         raise DiffrlError(
@@ -186,7 +265,10 @@ def sample_inputs(args: argparse.Namespace) -> SampleInputs:
         raise DiffrlError(f"--samples-per-prompt must be >= 1, got {args.samples_per_prompt}")
     out = Path(args.out).expanduser()
     check_out_dir(out, "--out")
-    target = resolve_target(args.target, args.overrides, SAMPLE_SECTIONS)
+    target = resolve_target(
+        args.target, args.overrides, SAMPLE_SECTIONS, getattr(args, "trust_checkpoint_code", False)
+    )
+    check_out_dir(out, "--out", inputs=target.inputs("the target's"))
     if target.config.eval.batch_size < 1:  # sample draws eval.batch_size images per forward
         raise DiffrlError(
             f"eval.batch_size (images per sampling forward) must be >= 1, got {target.config.eval.batch_size}"
@@ -205,19 +287,30 @@ def export_inputs(args: argparse.Namespace) -> ExportInputs:
             "e.g. runs/NAME/checkpoints/final"
         )
     out = Path(args.out_dir).expanduser()
-    check_out_dir(out, "OUT_DIR", empty=not args.force)
+    check_out_dir(out, "OUT_DIR")
     # export reads the model and its weights: the run's training settings (rewards, data) need not resolve
-    return ExportInputs(resolve_target(args.checkpoint, args.overrides, EXPORT_SECTIONS), out)
+    target = resolve_target(
+        args.checkpoint, args.overrides, EXPORT_SECTIONS, getattr(args, "trust_checkpoint_code", False)
+    )
+    check_out_dir(out, "OUT_DIR", empty=not args.force, inputs=target.inputs("the checkpoint's"))
+    return ExportInputs(target, out)
 
 
 def report_inputs(args: argparse.Namespace) -> None:
+    run_dir = Path(args.run_dir).expanduser()
+    around = checkpoint_around(run_dir)
+    if around is not None:  # the report's pictures and page would join the checkpoint's files
+        raise DiffrlError(
+            f"RUN_DIR {str(run_dir)!r} is a checkpoint (or inside one: {str(around)!r}); give the run's "
+            "output folder, e.g. runs/NAME"
+        )
     out = Path(args.out).expanduser() if args.out else None
     if out is not None:
         if out.is_dir():
             raise DiffrlError(
                 f"--out {str(out)!r} is a folder; give the HTML file to write, e.g. {out / 'report.html'}"
             )
-        check_out_dir(out.parent, "--out's folder")
+        check_out_dir(out.parent, "--out's folder")  # not into a checkpoint
 
 
 def serve_inputs(args: argparse.Namespace) -> ServeInputs:

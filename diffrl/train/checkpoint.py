@@ -3,9 +3,11 @@ state, the EMA, the old policy, and ``checkpoint.json`` naming the family, the b
 step, the run and the sha256 of every file.
 
 ```
-checkpoint.json         {"format", "run_id", "family", "base_model", "lora", "iteration",
+checkpoint.json         {"format", "run_id", "family", "base", "lora", "iteration",
                          "files": {name: sha256}, "trainer": {optimizer param groups, LR schedule,
-                         step}, "loop": {eval history, training time, final}}
+                         step}, "loop": {eval history, training time, final}, "digest"}
+                        (see train/manifest.py: the digest covers every other field; "base"
+                        identifies the base model the weights fit)
 config.yaml             the run's config
 trainable.safetensors
 optimizer.safetensors   (tensors; the rest of the optimizer state is in checkpoint.json)
@@ -20,16 +22,19 @@ rollout_weights.safetensors
 A checkpoint is written whole or not at all: into a hidden temporary folder next to it, each
 file fsync'ed, ``checkpoint.json`` last, then renamed into place. Readers verify every file
 against its sha256 (:func:`verify_checkpoint`), so a truncated file or a folder mixing two
-runs' files is refused with the name of the file.
+runs' files is refused with the name of the file, and so is an edited ``checkpoint.json``
+(:mod:`diffrl.train.manifest`). A write that fails for want of space (or any storage error) is
+:class:`CheckpointWriteError`: nothing was written, the previous checkpoint is intact.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
+import errno
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -44,17 +49,55 @@ from diffrl.config import Config, LoraConfig, dump_config
 from diffrl.errors import DiffrlError
 from diffrl.models.base import FamilyMismatchError
 from diffrl.parallel import copy_full_, full_tensor
+from diffrl.train.manifest import (
+    FORMAT,
+    REQUIRED,
+    TMP_PREFIX,
+    CheckpointError,
+    base_identity,
+    base_problem,
+    seal,
+    sha256_file,
+    verify_checkpoint,
+)
 
-FORMAT = "diffrl-checkpoint-2"
-REQUIRED = {"trainable.safetensors", "optimizer.safetensors", "config.yaml"}
+__all__ = ["FORMAT", "REQUIRED", "TMP_PREFIX", "CheckpointError", "verify_checkpoint"]  # re-exported
+
 ROLLOUT_WEIGHTS = "rollout_weights.safetensors"
 ROLLOUT_VERSION = "rollout_version"
-TMP_PREFIX = ".tmp-"
-"""Hidden folders being written (``checkpoints/.tmp-step_00004-PID``); never read as checkpoints."""
+
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
+"""Errors of the storage a checkpoint is written to (full, over quota, too large a file, read-only,
+failing), not of diffrl: a clear error, and a resume from the previous checkpoint is safe."""
 
 
-class CheckpointError(DiffrlError):
-    """A checkpoint that is missing, truncated, mixed or does not fit the run."""
+class StorageError(DiffrlError):
+    """A write failed for the storage's sake (a full disk, a quota, a read-only or failing device)."""
+
+
+class CheckpointWriteError(StorageError):
+    """A checkpoint could not be written for the storage's sake: nothing of it was left behind,
+    the checkpoints before it are intact."""
+
+
+def storage_failure(e: BaseException, what: str, fix: str) -> StorageError | None:
+    """``e`` as a :class:`StorageError` saying ``what`` could not be written, why, and ``fix``;
+    None when ``e`` is not a storage failure (:func:`storage_errno`)."""
+    code = storage_errno(e)
+    if code is None:
+        return None
+    return StorageError(f"could not write {what}: {os.strerror(code)} (errno {errno.errorcode[code]}); {fix}")
+
+
+def storage_errno(e: BaseException) -> int | None:
+    """The errno of a storage failure ``e`` (an ``OSError``, or safetensors' own error, which
+    carries the OS error in its message: ``IoError(Os { code: 28, ...``); None for anything else."""
+    if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+        return e.errno
+    found = re.search(r"Os \{ code: (\d+)", str(e)) if type(e).__name__ == "SafetensorError" else None
+    if found and int(found.group(1)) in STORAGE_ERRNOS:
+        return int(found.group(1))
+    return None
 
 
 def is_checkpoint(path: str | Path) -> bool:
@@ -64,14 +107,6 @@ def is_checkpoint(path: str | Path) -> bool:
 def _whole(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy of the whole tensor (gathered from the ranks when FSDP2 shards it)."""
     return full_tensor(t.detach()).contiguous().cpu()
-
-
-def _sha256(file: Path) -> str:
-    h = hashlib.sha256()
-    with file.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _fsync(path: Path) -> None:
@@ -192,25 +227,13 @@ def save_checkpoint(
         files[ROLLOUT_WEIGHTS] = rollout_weights
     if not write:
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for name, state in files.items():
-        save_file(state, str(tmp / name))
-    dump_config(config, tmp / "config.yaml")
-    digests = {}
-    for f in sorted(tmp.iterdir()):
-        _fsync(f)
-        digests[f.name] = _sha256(f)
-    info = {
+    meta = {
         "format": FORMAT,
         "run_id": run_id,
         "family": config.model.family,
-        "base_model": config.model.path,
+        "base": base_identity(config.model.family, config.model.path),
         "lora": dataclasses.asdict(config.model.lora) if config.model.lora is not None else None,
         "iteration": iteration,
-        "files": digests,
         "trainer": {
             "param_groups": param_groups,
             "scheduler": actor.scheduler.state_dict(),
@@ -219,9 +242,20 @@ def save_checkpoint(
         },
         "loop": loop_state or {},
     }
-    (tmp / "checkpoint.json").write_text(json.dumps(info, indent=1))
-    _fsync(tmp / "checkpoint.json")
-    _fsync(tmp)
+    tmp = path.parent / f"{TMP_PREFIX}{path.name}-{os.getpid()}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(tmp, files, config, meta)
+    except Exception as e:
+        code = storage_errno(e)
+        if code is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+        raise CheckpointWriteError(
+            f"could not write checkpoint {str(path)!r}: {os.strerror(code)} (errno {errno.errorcode[code]}); "
+            "the checkpoint was not written and the ones before it are intact, so resuming is safe: free "
+            "space (or fix the device), then rerun the same command with train.resume=latest"
+        ) from e
     if path.exists():  # a rename cannot replace a non-empty folder: move the old one aside first
         old = path.parent / f"{TMP_PREFIX}{path.name}-{os.getpid()}-old"
         shutil.rmtree(old, ignore_errors=True)
@@ -232,6 +266,27 @@ def save_checkpoint(
         tmp.rename(path)
     _fsync(path.parent)
     return path
+
+
+def _write(
+    tmp: Path, files: dict[str, dict[str, torch.Tensor]], config: Config, meta: dict[str, Any]
+) -> None:
+    """The checkpoint into the temporary folder ``tmp``: each file, fsync'ed, then ``meta`` with
+    their sha256 as the sealed ``checkpoint.json`` (:func:`~diffrl.train.manifest.seal`)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name, state in files.items():
+        save_file(state, str(tmp / name))
+    dump_config(config, tmp / "config.yaml")
+    digests = {}
+    for f in sorted(tmp.iterdir()):
+        _fsync(f)
+        digests[f.name] = sha256_file(f)
+    with (tmp / "checkpoint.json").open("w") as f:
+        f.write(json.dumps(seal({**meta, "files": digests}), indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync(tmp)
 
 
 def checkpoints_of(output_dir: str | Path) -> list[Path]:
@@ -294,58 +349,6 @@ def iteration_of(path: str | Path) -> int:
 # ------------------------------------------------------------------------------------------------
 
 
-def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read ``checkpoint.json`` and check every file against its sha256; returns the info.
-
-    Raises :class:`CheckpointError` naming the file for a missing, truncated or foreign file
-    (one the checkpoint does not list), or an unreadable ``checkpoint.json``."""
-    path = Path(path)
-    info_file = path / "checkpoint.json"
-    if not path.is_dir() or not info_file.is_file():
-        raise CheckpointError(f"{str(path)!r} is not a diffrl checkpoint (no checkpoint.json inside)")
-    try:
-        info = json.loads(info_file.read_text())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r}: checkpoint.json is corrupt ({e}); the checkpoint cannot be used "
-            "(resume from another one, e.g. train.resume=latest skips it)"
-        ) from e
-    if not isinstance(info, dict) or info.get("format") != FORMAT or not isinstance(info.get("files"), dict):
-        found = info.get("format") if isinstance(info, dict) else None
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} has format {found!r}, this diffrl reads {FORMAT!r} (checkpoints "
-            "written by older versions carry no checksums and cannot be verified)"
-        )
-    expected = {"run_id": str, "family": str, "iteration": int, "trainer": dict, "loop": dict}
-    wrong = [k for k, kind in expected.items() if not isinstance(info.get(k), kind)]
-    if wrong:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r}: checkpoint.json lacks or garbles {', '.join(wrong)}; the checkpoint "
-            "cannot be used"
-        )
-    listed = info["files"]
-    for name in sorted(REQUIRED - set(listed)):
-        raise CheckpointError(
-            f"checkpoint {str(path)!r}: checkpoint.json does not list {name}; the checkpoint is incomplete"
-        )
-    present = {f.name for f in path.iterdir() if f.is_file() and f.name != "checkpoint.json"}
-    for name in sorted(present - set(listed)):
-        raise CheckpointError(
-            f"checkpoint {str(path)!r}: {name} is not one of its files (a folder mixing two checkpoints?); "
-            "the checkpoint cannot be trusted"
-        )
-    for name, digest in sorted(listed.items()):
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"checkpoint {str(path)!r}: {name} is missing")
-        if _sha256(file) != digest:
-            raise CheckpointError(
-                f"checkpoint {str(path)!r}: {name} does not match its sha256 in checkpoint.json "
-                "(truncated, or written by another run); the checkpoint cannot be used"
-            )
-    return info
-
-
 def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
     """The verified ``checkpoint.json`` of the checkpoint at ``path``."""
     return verify_checkpoint(path)
@@ -381,8 +384,12 @@ def lora_config_of(info: dict[str, Any]) -> LoraConfig | None:
     return LoraConfig(**info["lora"]) if info.get("lora") else None
 
 
-def resume_problems(config: Config, info: dict[str, Any], path: Path) -> list[str]:
-    """Why the checkpoint ``info`` (at ``path``) cannot continue ``config``; empty if it can."""
+def resume_problems(
+    config: Config, info: dict[str, Any], path: Path, finished_here: bool = False
+) -> list[str]:
+    """Why the checkpoint ``info`` (at ``path``) cannot continue ``config``; empty if it can.
+    ``finished_here``: it is the output folder's own final checkpoint of a run that trained every
+    iteration (a rerun writes what that run had left: its report), not "nothing left to run"."""
     problems = []
     if info.get("family") != config.model.family:
         problems.append(
@@ -395,10 +402,15 @@ def resume_problems(config: Config, info: dict[str, Any], path: Path) -> list[st
             f"train.resume: the checkpoint's LoRA ({info.get('lora')}) differs from model.lora ({lora}); "
             "resume with the run's own model settings"
         )
+    base = base_problem(info, config.model.family, config.model.path, path)
+    if base is not None:
+        problems.append(f"train.resume: {base}")
     iteration = info.get("iteration", 0)
     # a step checkpoint at the last iteration (a run stopped during its final eval) may finish
     final = info.get("loop", {}).get("final", False)
-    if iteration > config.train.iterations or (iteration == config.train.iterations and final):
+    if iteration > config.train.iterations or (
+        iteration == config.train.iterations and final and not finished_here
+    ):
         problems.append(
             f"train.resume: {str(path)!r} is at iteration {iteration}, train.iterations is "
             f"{config.train.iterations}: nothing left to run (raise train.iterations)"

@@ -17,7 +17,7 @@ from diffrl.errors import Abandoned, Interrupted
 from diffrl.logging import Progress, console
 from diffrl.rollout import RolloutBatch, RolloutStats
 from diffrl.train import stages
-from diffrl.train.checkpoint import iteration_of
+from diffrl.train.checkpoint import iteration_of, storage_failure
 from diffrl.train.pipeline import RolloutAhead
 from diffrl.train.session import TrainSession
 from diffrl.train.stages import TrainResult
@@ -25,11 +25,25 @@ from diffrl.train.stop import StopSignals
 
 
 def train(config: Config) -> TrainResult:
-    """Run the loop of ``config`` in its output folder (locked while it runs)."""
+    """Run the loop of ``config`` in its output folder (locked while it runs). A full disk (or
+    another storage failure) anywhere in it is a :class:`~diffrl.train.checkpoint.StorageError`
+    that says the last checkpoint is intact and how to resume."""
     torch.manual_seed(config.run.seed)
-    # the signals first: one that comes while the model loads stops the run once it has loaded
-    with StopSignals() as stop, TrainSession(config) as session:
-        return Driver(session, stop).run()
+    try:
+        # the signals first: one that comes while the model loads stops the run once it has loaded
+        with StopSignals() as stop, TrainSession(config) as session:
+            if session.finished:  # a rerun of a run that ended before its report: the session writes it
+                return session.result
+            return Driver(session, stop).run()
+    except Exception as e:  # safetensors reports a full disk as its own error, not an OSError
+        fix = (
+            "the checkpoints already written are intact, so resuming is safe: free space (or fix the "
+            "device), then rerun the same command with train.resume=latest"
+        )
+        failure = storage_failure(e, f"into the run folder {str(config.run.resolved_output_dir())!r}", fix)
+        if failure is None:
+            raise
+        raise failure from e
 
 
 class Driver:

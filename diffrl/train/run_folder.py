@@ -5,10 +5,17 @@ resumed run continues. A train run goes through these in one place: :mod:`diffrl
 runs/NAME/
   .lock          flock'ed by the process training into the folder (its PID inside); the kernel
                  releases it when that process dies, kill -9 included, so it never goes stale
-  run.json       {"run_id"}: the id every checkpoint of the run carries
-  metrics.jsonl  one row per step; on resume, rows after the checkpoint's step are dropped
+  run.json       {"run_id"}: the id every checkpoint of the run carries ({"run_id": null}: a
+                 diffrl folder whose run never started); what makes a folder a run's
+  metrics.jsonl  one row per (kind, step), kind "eval" or "train"; on resume, rows the resumed run
+                 writes again (after the checkpoint's step, or its eval if the checkpoint lacks it)
+                 are dropped
   checkpoints/   see train/checkpoint.py
 ```
+
+A run writes only into a new folder, an empty one, or a run's own: a folder of other files
+(someone's ``config.yaml`` or ``report.html``) is refused before anything is written, and so is a
+folder inside the model folder, the checkpoint it resumes, or any checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +37,16 @@ from diffrl.train.checkpoint import (
     resume_problems,
     verify_checkpoint,
 )
+from diffrl.train.manifest import overlap
+
+NO_RUN = {"run_id": None}
+"""``run.json`` of a diffrl folder whose run failed before it logged or saved anything."""
+LOCK = ".lock"
+
+
+def row_kind(row: dict[str, Any]) -> str:
+    """A ``metrics.jsonl`` row's kind: ``eval`` (an eval point's metrics) or ``train``."""
+    return "eval" if any(str(k).startswith("eval/") for k in row) else "train"
 
 
 class RunFolderError(DiffrlError):
@@ -50,12 +67,44 @@ class RunFolder:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._lock_fd: int | None = None
+        self.finished = False
+        """Set by :meth:`resume_point`: the checkpoint resumed is this folder's own ``final`` of a
+        run that trained every iteration; only its report may be left to write."""
 
     # ---- the lock -------------------------------------------------------------------------------
-    def acquire(self) -> None:
-        """Take the folder's lock, or raise naming the process that holds it."""
+    def check_destination(self, config: Config | None = None) -> None:
+        """Refuse a folder a run must not write into (before anything is written there): one that
+        holds other files than a diffrl run's, or that is or lies inside an input of ``config``
+        (its model folder, the checkpoint it resumes) or any checkpoint."""
+        inputs: dict[str, Any] = {}
+        if config is not None:
+            inputs["the model folder (model.path)"] = config.model.path
+            resume = config.train.resume
+            if resume not in (None, "latest"):
+                inputs["the checkpoint train.resume names"] = resume
+        why = overlap(self.path, inputs)
+        if why is not None:
+            raise RunFolderError(
+                f"run.output_dir {why}: a run writes its files there; give another folder (run.name=OTHER "
+                "or run.output_dir=PATH)"
+            )
+        if not self.path.is_dir() or self.is_run_folder():
+            return
+        foreign = sorted(p.name for p in self.path.iterdir() if p.name != LOCK)
+        if foreign:
+            shown = ", ".join(repr(n[:80]) for n in foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+            raise RunFolderError(
+                f"output folder {str(self.path)!r} holds files that are not a diffrl run's ({shown}); a run "
+                "writes config.yaml, metrics.jsonl, report.html and more into its folder and would replace "
+                "yours: give a new or empty folder (run.name=OTHER or run.output_dir=PATH)"
+            )
+
+    def acquire(self, config: Config | None = None) -> None:
+        """Take the folder's lock, or raise naming the process that holds it (first, with
+        :meth:`check_destination`, refuse a folder the run must not write into)."""
+        self.check_destination(config)
         self.path.mkdir(parents=True, exist_ok=True)
-        lock = self.path / ".lock"
+        lock = self.path / LOCK
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -69,6 +118,11 @@ class RunFolder:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
+        try:  # again under the lock: another process may have written here since the first check
+            self.check_destination(config)
+        except BaseException:
+            self.release()
+            raise
 
     def release(self) -> None:
         if self._lock_fd is not None:
@@ -80,20 +134,29 @@ class RunFolder:
     def metrics_file(self) -> Path:
         return self.path / "metrics.jsonl"
 
+    def is_run_folder(self) -> bool:
+        """True when diffrl made this folder a run's (its ``run.json``, metrics or checkpoints)."""
+        return any((self.path / name).exists() for name in ("run.json", "metrics.jsonl", "checkpoints"))
+
     def holds_run(self) -> bool:
         """True when an earlier run wrote here (metrics, checkpoints or its id)."""
         ckpts = self.path / "checkpoints"
         return (
-            (self.path / "run.json").is_file()
+            ((self.path / "run.json").is_file() and self._run_json() != NO_RUN)
             or (self.metrics_file.is_file() and self.metrics_file.stat().st_size > 0)
             or (ckpts.is_dir() and any(ckpts.iterdir()))
         )
 
-    def run_id(self) -> str | None:
+    def _run_json(self) -> Any:
         try:
-            return json.loads((self.path / "run.json").read_text())["run_id"]
-        except (OSError, ValueError, KeyError, TypeError):
+            return json.loads((self.path / "run.json").read_text())
+        except (OSError, ValueError):
             return None
+
+    def run_id(self) -> str | None:
+        info = self._run_json()
+        run_id = info.get("run_id") if isinstance(info, dict) else None
+        return run_id if isinstance(run_id, str) else None
 
     def set_run_id(self, run_id: str) -> None:
         write_atomic(self.path / "run.json", json.dumps({"run_id": run_id}) + "\n")
@@ -108,22 +171,27 @@ class RunFolder:
         ckpts = self.path / "checkpoints"
         logged = self.metrics_file.is_file() and self.metrics_file.stat().st_size > 0
         if not logged and not (ckpts.is_dir() and any(ckpts.iterdir())):
-            (self.path / "run.json").unlink(missing_ok=True)
+            # still a diffrl folder (its config.yaml is ours), holding no run
+            write_atomic(self.path / "run.json", json.dumps(NO_RUN) + "\n")
 
-    def keep_metrics_up_to(self, step: int) -> int:
-        """Drop the metric rows after ``step`` (written by a process that died after its last
-        checkpoint); returns how many were dropped. A torn last line is dropped too."""
+    def keep_metrics_up_to(self, step: int, evaluated: bool = True) -> int:
+        """Keep the metric rows the checkpoint of ``step`` covers: drop those after ``step``
+        (written by a process that died after its last checkpoint), the eval row of ``step`` unless
+        the checkpoint holds that eval (``evaluated``; else the resumed run evaluates it again), a
+        torn line, and any second row of a (kind, step). Returns how many were dropped."""
         if not self.metrics_file.is_file():
             return 0
-        kept, dropped = [], 0
+        kept, seen, dropped = [], set(), 0
         for line in self.metrics_file.read_text().splitlines():
             try:
                 row = json.loads(line)
-                keep = row["step"] <= step
-            except (ValueError, KeyError, TypeError):
-                keep = False
-            if keep:
+                key = (row_kind(row), int(row["step"]))
+                keep = key[1] < step or (key[1] == step and (evaluated or key[0] != "eval"))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                keep, key = False, None
+            if keep and key not in seen:
                 kept.append(line)
+                seen.add(key)
             else:
                 dropped += 1
         if dropped:
@@ -159,17 +227,27 @@ class RunFolder:
         else:
             path = Path(resume).expanduser()
         info = verify_checkpoint(path)
-        problems = resume_problems(config, info, path)
+        self.finished = self._own_final(config, path, info)
+        problems = resume_problems(config, info, path, finished_here=self.finished)
         if problems:
             raise ConfigError(problems, "train.resume")
         return path, info
+
+    def _own_final(self, config: Config, path: Path, info: dict[str, Any]) -> bool:
+        """True when ``path`` is this folder's own last checkpoint of a run that trained all of
+        ``train.iterations`` (what is left to do is the report: a process killed while writing it)."""
+        own = path.resolve().parent == (self.path / "checkpoints").resolve()
+        done = info["loop"].get("final") is True and info["iteration"] == config.train.iterations
+        return own and done and self.run_id() == info["run_id"]
 
     def begin(self, config: Config) -> tuple[Path | None, dict[str, Any] | None, str]:
         """Where this run starts: the checkpoint to continue from and its verified info (None, None
         for a fresh start) and the run's id; drops the metric rows written after that checkpoint."""
         resume_from, info = self.resume_point(config)
         run_id = self.claim(config, info)
-        self.keep_metrics_up_to(int(info["iteration"]) if info else -1)
+        step = int(info["iteration"]) if info else -1
+        evaluated = bool(info) and any(e.get("step") == step for e in info["loop"].get("evals", []))
+        self.keep_metrics_up_to(step, evaluated)
         if not self.holds_run() or info is None:
             self.set_run_id(run_id)
         return resume_from, info, run_id

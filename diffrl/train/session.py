@@ -14,10 +14,15 @@ finish   on every path: the runner closed, then the loggers (even when the runne
          told whether the run ended well); on success, the run's pictures and report.html (a
          failure there is a warning: the checkpoint is saved); the lock released last.
 ```
+
+Every phase can be resumed: a rerun with ``train.resume=latest`` of a run killed after its final
+checkpoint (while it wrote its pictures) loads no model: it writes the eval curve and the report
+from the final checkpoint and ends (``session.finished``).
 """
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -28,7 +33,7 @@ from diffrl.logging import MetricsLogger, TrackerRun, start_trackers
 from diffrl.rollout import CollectionSpec
 from diffrl.train import report, stages
 from diffrl.train.checkpoint import prune_checkpoints
-from diffrl.train.run_folder import RunFolder
+from diffrl.train.run_folder import RunFolder, write_atomic
 from diffrl.train.runner import Runner, build_runner
 from diffrl.train.stages import LoopState, TrainResult
 
@@ -55,7 +60,7 @@ class TrainSession:
 
     def open(self) -> TrainSession:
         """Lock the folder and make the run ready to iterate (see the module's docstring)."""
-        self.folder.acquire()
+        self.folder.acquire(self.config)
         try:
             self._open()
         except BaseException:
@@ -70,6 +75,16 @@ class TrainSession:
         self.state = LoopState.resumed(info, config.train)
         self.result = TrainResult(self.out, self.out / "checkpoints" / "final", evals=self.state.evals)
         self.last_saved: Path | None = self.resume_from
+        self.finished = self.folder.finished
+        if self.finished:  # every iteration ran and `final` is saved: only the pictures are left
+            if self.state.evals:
+                write_atomic(self.out / "eval_curve.json", json.dumps(self.state.evals, indent=1))
+            print(
+                f"{self.out}: this run finished (checkpoint {self.resume_from}, iteration {self.start}); "
+                "writing what it had left: its eval curve and report (raise train.iterations to train on)",
+                flush=True,
+            )
+            return
         try:
             dump_config(config, self.out / "config.yaml")
             self.logger = MetricsLogger(self.folder.metrics_file)

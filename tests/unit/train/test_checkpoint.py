@@ -27,6 +27,7 @@ from diffrl.train.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from diffrl.train.manifest import seal
 
 
 class OtherFamily(TinyFamily):
@@ -133,7 +134,7 @@ def test_a_manifest_without_the_weights_is_refused(tmp_path, actor):
     info = json.loads((path / "checkpoint.json").read_text())
     del info["files"]["trainable.safetensors"]
     (path / "trainable.safetensors").unlink()
-    (path / "checkpoint.json").write_text(json.dumps(info))
+    (path / "checkpoint.json").write_text(json.dumps(seal(info)))  # as if written so
     with pytest.raises(CheckpointError, match="does not list trainable.safetensors"):
         verify_checkpoint(path)
 
@@ -151,7 +152,7 @@ def test_a_manifest_with_a_garbled_field_is_refused(tmp_path, actor):
     path = _save(actor, tmp_path / "ckpt")
     info = json.loads((path / "checkpoint.json").read_text())
     info["iteration"] = "two"
-    (path / "checkpoint.json").write_text(json.dumps(info))
+    (path / "checkpoint.json").write_text(json.dumps(seal(info)))
     with pytest.raises(CheckpointError, match="lacks or garbles iteration"):
         verify_checkpoint(path)
 

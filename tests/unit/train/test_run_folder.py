@@ -54,7 +54,8 @@ def test_a_folder_holding_a_run_needs_resume_or_a_new_name(tmp_path):
 
 def test_metrics_after_the_checkpoint_are_dropped_on_resume(tmp_path):
     folder = RunFolder(tmp_path)
-    rows = [{"step": s, "v": s} for s in (0, 1, 2, 2, 3)]
+    rows = [{"step": 0, "eval/reward_mean": 0.1}, *({"step": s, "train/loss": s} for s in (1, 2, 3))]
+    rows.insert(3, {"step": 2, "eval/reward_mean": 0.2})  # the eval at step 2, after its iteration
     folder.metrics_file.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "v"')
     assert folder.keep_metrics_up_to(2) == 2  # step 3 and the torn line
     kept = [json.loads(line)["step"] for line in folder.metrics_file.read_text().splitlines()]

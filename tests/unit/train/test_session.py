@@ -109,6 +109,7 @@ def test_pictures_that_cannot_be_written_are_a_warning_naming_diffrl_report(tmp_
     config = _config(tmp_path, "Closing")
     out = config.run.resolved_output_dir()
     (out / "report.html").mkdir(parents=True)  # the page cannot be written where a folder is
+    (out / "run.json").write_text('{"run_id": null}')  # in a diffrl folder (a foreign one is refused)
     with pytest.warns(UserWarning, match=r"could not write the run's pictures .* `diffrl report .*`"):
         with TrainSession(config) as session:
             session.logger.log(1, {"train/loss": 0.5})
