@@ -26,9 +26,6 @@ class PluginError(DiffrlError):
 
 _MODULES: dict[str, list[str]] = {}
 """A plugin's module -> the dotted paths imported from it."""
-_PACKAGES: dict[str, str] = {}
-"""A plugin's top-level package -> the first dotted path imported from it (its helper modules'
-errors are that plugin's too)."""
 
 
 def note_plugin(module: str, path: str) -> None:
@@ -38,7 +35,6 @@ def note_plugin(module: str, path: str) -> None:
     paths = _MODULES.setdefault(module, [])
     if path not in paths:
         paths.append(path)
-    _PACKAGES.setdefault(module.partition(".")[0], path)
 
 
 @dataclass(frozen=True)
@@ -55,11 +51,12 @@ def _module(frame: FrameType) -> str:
 
 
 def _owner(frame: FrameType) -> str:
-    """``diffrl``, ``plugin`` or ``library`` (the standard library, torch, argparse, ...)."""
+    """``diffrl``, ``plugin`` or ``library`` (the standard library, torch, argparse, ... and a
+    plugin's helper modules: their frames are passed over, down to the plugin's that called them)."""
     module = _module(frame)
     if module == "diffrl" or module.startswith("diffrl."):
         return "diffrl"
-    if module in _MODULES or module.partition(".")[0] in _PACKAGES:
+    if module in _MODULES:
         return "plugin"
     return "library"
 
@@ -70,15 +67,13 @@ def _frames(tb: TracebackType | None) -> list[tuple[FrameType, int]]:
 
 def _dotted_path(frame: FrameType) -> str:
     """The recorded dotted path that ``frame`` runs (``pkg.mod:Reward`` for ``Reward.__call__``),
-    else ``module:function``."""
+    else the first recorded one of its module."""
     module, qualname = _module(frame), frame.f_code.co_qualname
     for path in _MODULES.get(module, []):
         attr = path.partition(":")[2] if ":" in path else path.rpartition(".")[2]
         if qualname == attr or qualname.startswith(attr + "."):
             return path
-    if module in _MODULES:
-        return _MODULES[module][0]
-    return _PACKAGES.get(module.partition(".")[0], f"{module}:{qualname}")
+    return _MODULES[module][0]
 
 
 def _line(frame: FrameType, line: int) -> str:
