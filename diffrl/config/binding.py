@@ -64,8 +64,14 @@ def _bind_value(tp: Any, value: Any, where: str, errors: list[str]) -> Any:
         for extra in extras:
             if not isinstance(extra, Range) or bound is None:
                 continue
-            if isinstance(bound, float) and not math.isfinite(bound) and len(errors) == before + 1:
-                errors[-1] = f"{where} must be {extra.text()}, got {quoted(value)}"  # NaN, inf, 10**400
+            if (
+                base is float
+                and isinstance(bound, float)
+                and not math.isfinite(bound)
+                and len(errors) == before + 1
+            ):
+                shown = value if isinstance(value, int) else bound  # 10**400 by its digits; NaN, inf
+                errors[-1] = f"{where} must be {extra.text()}, got {quoted(shown)}"
             elif len(errors) == before and bound not in extra:
                 errors.append(f"{where} must be {extra.text()}, got {quoted(bound)}")
         return bound
