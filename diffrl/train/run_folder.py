@@ -80,8 +80,8 @@ class RunFolder:
         if config is not None:
             inputs["the model folder (model.path)"] = config.model.path
             resume = config.train.resume
-            if resume not in (None, "latest"):
-                inputs["the checkpoint train.resume names"] = resume
+            if resume not in (None, "latest") and (Path(resume).expanduser() / "checkpoint.json").is_file():
+                inputs["the checkpoint train.resume names"] = resume  # (not one: refused when read)
         why = overlap(self.path, inputs)
         if why is not None:
             raise RunFolderError(

@@ -9,7 +9,9 @@ MODE: ``none`` (run normally), ``kill-rollout`` (SIGKILL while sampling the seco
 rollout ITERATION), ``kill-optimizer`` (SIGKILL between the micro-batches of optimizer step
 ITERATION, its first gradient accumulated), ``kill-save`` (SIGKILL after the second file of the
 checkpoint of step ITERATION is written), ``kill-dispatch`` (``runner: ray``: SIGKILL of the
-driver right after micro-group 1 of rollout ITERATION went to an engine), ``term-rollout`` / ``term-optimizer`` (SIGTERM at those
+driver right after micro-group 1 of rollout ITERATION went to an engine), ``kill-eval`` (SIGKILL
+right after the eval of step ITERATION is recorded: its row in metrics.jsonl), ``kill-report``
+(SIGKILL as the report starts, after the final checkpoint), ``term-rollout`` / ``term-optimizer`` (SIGTERM at those
 points instead; in the rollout, during its first micro-group). The patches wrap diffrl's own functions; nothing in diffrl knows about them.
 """
 
@@ -127,6 +129,24 @@ def install(mode: str, iteration: int) -> None:
             return original_sample(self, rollout_id, *args)
 
         RayRunner.sample = sample
+    elif where == "eval":
+        from diffrl.train.stages import LoopState
+
+        original_record = LoopState.record_eval
+
+        def record_eval(self, step, *args, **kwargs):
+            original_record(self, step, *args, **kwargs)
+            if step == iteration and once():
+                _hit(sig)
+
+        LoopState.record_eval = record_eval
+    elif where == "report":
+        from diffrl.train import report
+
+        def write_report(*args, **kwargs):
+            _hit(sig)
+
+        report.write_report = write_report
     elif mode != "none":
         raise SystemExit(f"unknown mode {mode!r}")
 
