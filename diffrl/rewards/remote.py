@@ -14,10 +14,11 @@ and usually smaller for generated images, or ``raw``, no encoding cost), so the 
 in-process one would.
 
 Failures: a connection error, a timeout or an HTTP 5xx is retried ``retries`` times, after
-``backoff_s * 2**k`` seconds (k = 0, 1, ...); each attempt waits at most ``min(timeout_s, what is
-left of the deadline)`` per socket operation and no attempt or pause goes past the deadline. 401
-/ 403 (token missing or refused), 413 (request too large) and other 4xx are not retried: the same
-request would fail again. On final failure :class:`~diffrl.rewards.base.RewardError` says why;
+``backoff_s * 2**k`` seconds (k = 0, 1, ...); each attempt takes at most ``min(timeout_s, what is
+left of the deadline)`` in all (connecting, sending, and the whole answer: a server that drips its
+answer a byte at a time is cut off at that total, not per byte), and no attempt or pause goes past
+the deadline. 401 / 403 (token missing or refused), 413 (request too large) and other 4xx are not
+retried: the same request would fail again. On final failure :class:`~diffrl.rewards.base.RewardError` says why;
 the micro-group's samples are failed (NaN, counted in ``rollout/reward_failed``) and the run goes
 on. A NaN score from the server fails its sample in the same way.
 
@@ -38,6 +39,8 @@ import json
 import math
 import os
 import re
+import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -176,19 +179,74 @@ def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
 
 
 PROBE_TIMEOUT_S = 3.0
+"""How long preflight waits for a server's ``/health``, in all."""
 
 
-def server_problems(
-    url: str, token_env: str | None, timeout_s: float = PROBE_TIMEOUT_S, audio: bool = False
-) -> list[str]:
-    """Why ``url`` is no usable reward server (asks its ``/health``; no token needed)."""
+def exchange(
+    url: str, method: str, path: str, timeout_s: float, body: bytes | None = None, headers: dict | None = None
+) -> tuple[int, bytes, str]:
+    """One HTTP request to ``url``'s host: ``(status, body, Content-Type)``, all of it within
+    ``timeout_s`` seconds in total (connecting, sending, the answer's head and body), or
+    ``TimeoutError``. ``OSError`` / ``http.client.HTTPException`` when the exchange fails.
+
+    Socket timeouts bound each operation, not the whole: a server that sends a byte every second
+    would hold the caller for as long as it likes. A timer shuts the socket down at the deadline,
+    which ends whichever wait is under way.
+    """
     parts = urllib.parse.urlsplit(url)
     cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     conn = cls(parts.hostname, parts.port, timeout=timeout_s)
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed already
+                pass
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
     try:
-        conn.request("GET", parts.path.rstrip("/") + "/health")
+        conn.connect()  # bounded by timeout_s itself; the timer may have found no socket yet
+        if expired.is_set():
+            raise TimeoutError
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+        except (BrokenPipeError, ConnectionResetError):
+            # the server may answer (413, 401) and close before the whole body is sent: read it
+            if expired.is_set():
+                raise
         response = conn.getresponse()
-        status, data = response.status, response.read()
+        data = response.read()
+        if expired.is_set():  # a body without a length ends at the shutdown: cut short, not whole
+            raise TimeoutError
+        return response.status, data, response.getheader("Content-Type", "")
+    except (OSError, http.client.HTTPException) as e:
+        if expired.is_set() and not isinstance(e, TimeoutError):
+            raise TimeoutError(f"no complete answer within {timeout_s:.3g} s") from e
+        raise
+    finally:
+        timer.cancel()
+        conn.close()
+
+
+def server_problems(
+    url: str,
+    token_env: str | None,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    audio: bool = False,
+    request_timeout_s: float | None = None,
+) -> list[str]:
+    """Why ``url`` is no usable reward server (asks its ``/health``, within ``timeout_s`` in all;
+    no token needed). ``request_timeout_s``: the client's ``timeout_s``, which the server's
+    ``max_timeout_s`` must allow."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        status, data, _ = exchange(url, "GET", parts.path.rstrip("/") + "/health", timeout_s)
     except (OSError, http.client.HTTPException) as e:
         reason = (
             f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
@@ -197,19 +255,25 @@ def server_problems(
             f"url: no reward server answers at {url} ({reason}); start it first (diffrl serve-reward "
             "--reward NAME --host HOST --port PORT ...) or fix the url"
         ]
-    finally:
-        conn.close()
     try:
         health = json.loads(data)
         ok = status == 200 and health.get("status") == "ok"
     except (ValueError, AttributeError):
         ok = False
+    if status == 503 and isinstance(health, dict) and health.get("status") == "broken":
+        return [f"url: the reward server at {url} is broken ({_detail(data)}); restart it"]
     if not ok:
         return [f"url: {url}/health answered HTTP {status} {_detail(data)!r}; is it a diffrl reward server?"]
     if health.get("token_required") and token_env is None:
         return [
             f"token_env: the reward server at {url} needs a token; set token_env to the name of an "
             "environment variable holding it"
+        ]
+    most = health.get("max_timeout_s")
+    if request_timeout_s is not None and isinstance(most, int | float) and request_timeout_s > most:
+        return [
+            f"timeout_s: {request_timeout_s:g} s is over the reward server's max_timeout_s of {most:g} s "
+            f"(it refuses longer waits); set timeout_s <= {most:g}"
         ]
     hears = bool(health.get("audio", False))
     if hears != audio:
@@ -262,8 +326,6 @@ class RemoteReward(Reward):
             float(backoff_s),
             format,
         )
-        self._https = parts.scheme == "https"
-        self._host, self._port = parts.hostname, parts.port
         self._path = parts.path.rstrip("/") + "/score"
         self._token = os.environ[token_env] if token_env else None
         self.audio = audio  # this instance hears when its server's reward does
@@ -280,7 +342,10 @@ class RemoteReward(Reward):
         problems = param_value_problems(params, check_env=check_files)
         if check_files and not problems:
             problems += server_problems(
-                params["url"], params.get("token_env"), audio=params.get("audio", False)
+                params["url"],
+                params.get("token_env"),
+                audio=params.get("audio", False),
+                request_timeout_s=params.get("timeout_s", 60.0),
             )
         return problems
 
@@ -324,31 +389,20 @@ class RemoteReward(Reward):
             time.sleep(pause)
 
     def _attempt(self, body: bytes, n: int, wait: float) -> torch.Tensor:
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=wait)
         # X-Timeout-S: the server skips the request if it is still queued when this attempt gave up
         headers = {
             "Content-Type": "application/msgpack",
             "Accept": "application/msgpack",
-            "X-Timeout-S": f"{wait:.3f}",
+            "X-Timeout-S": f"{max(wait, 0.001):.3f}",  # the server's strict format: decimal seconds > 0
         }
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
         try:
-            try:
-                conn.request("POST", self._path, body=body, headers=headers)
-            except (BrokenPipeError, ConnectionResetError):
-                # the server may answer (413, 401) and close before the whole body is sent: read it
-                pass
-            response = conn.getresponse()
-            status, data = response.status, response.read()
-            ctype = response.getheader("Content-Type", "")
+            status, data, ctype = exchange(self.url, "POST", self._path, wait, body, headers)
         except TimeoutError as e:
             raise _Retry(f"no answer within {wait:.3g} s") from e
         except (OSError, http.client.HTTPException) as e:
             raise _Retry(f"{type(e).__name__}: {e}") from e
-        finally:
-            conn.close()
         if status == 200:
             return self._scores(data, ctype, n)
         detail = _detail(data)

@@ -30,8 +30,11 @@ A server whose reward hears (``Reward.audio``, e.g. ``clap``) gets clips whole w
 frames and each clip gets the mean, as in the trainer.
 
 Optional header ``X-Timeout-S``: how many seconds this attempt of the client waits (a header, not
-a body field, so that a retry resends the same body with what is left): a request still queued
-when that has passed is not scored (HTTP 504), and the reward call gets what is left of it.
+a body field, so that a retry resends the same body with what is left): a decimal number of seconds
+(``12`` or ``12.5``; no sign, exponent, ``inf`` or ``nan``), > 0 and at most the server's
+``max_timeout_s`` (default 3600; a request without the header gets that maximum). Counted from
+when the request's head arrived: a request still waiting (for a slot, or queued) when it has
+passed is not scored (HTTP 504), and the reward call gets what is left of it.
 
 The reward gets ``uint8 / 255`` as float32 ``(B, 3, H, W)``: exactly what it gets in the trainer
 (the rollout keeps uint8 images), so remote scores are bit-identical to in-process ones.
@@ -40,51 +43,71 @@ Answer 200, ``application/msgpack``: ``{"scores": [B floats]}`` (float64). A NaN
 NaN (msgpack carries it, JSON could not): the client counts it as a failed sample, as it would
 in-process. Every error is JSON ``{"detail": "..."}`` (FastAPI's shape), with status:
 
-- 400: the body is not such a map (the detail says which field is wrong); 401: the token is
-  missing or wrong; 413: the body is over ``--max-request-mb`` (refused from ``Content-Length``,
-  or as soon as the streamed bytes pass the limit, never read whole);
+- 400: the body is not such a map (the detail says which field is wrong), an image is not an
+  8-bit RGB PNG, ``X-Timeout-S`` is malformed or out of range, or the HTTP itself is malformed;
+- 401: the token is missing or wrong;
+- 408: the request's head (``head_timeout_s``, default 10 s from the connection or the previous
+  answer) or body (``body_timeout_s``, default 60 s, and never past ``X-Timeout-S``) did not
+  arrive in time: slow clients are cut off, whatever pace they drip at;
+- 413: the body is over ``--max-request-mb`` (refused from ``Content-Length``, or as soon as the
+  streamed bytes pass the limit, never read whole), or its images hold too many pixels or are too
+  many (:class:`ServerLimits`; from the PNG headers, before any image is decoded);
 - 500: the reward raised, or returned the wrong shape; the detail names the reward and the error;
+- 503: the server holds its maximum of connections (``max_connections``);
 - 504: the client's ``X-Timeout-S`` passed before the reward finished (or started).
 
 ``GET /health``: JSON ``{"status": "ok", "reward": NAME, "token_required": bool,
-"max_request_mb": N, "audio": bool}`` (``audio``: the reward hears). It needs no token, so that a load balancer's or orchestrator's probe (which
-seldom carries secrets) can use it; it tells nothing a caller could score with, never runs the
-reward, and ``/score`` is what the token protects.
+"max_request_mb": N, "max_timeout_s": N, "max_image_pixels": N, "max_request_pixels": N,
+"audio": bool}`` (``audio``: the reward hears). It needs no token, so that a load balancer's or
+orchestrator's probe (which seldom carries secrets) can use it; it tells nothing a caller could
+score with, and never runs the reward. It answers 503 ``{"status": "broken", "detail": ...}`` when
+the server can score no more: the reward's call lane has died, or a call has overrun its deadline
+by :data:`STUCK_S` (a reward whose own ``submit`` ignores deadlines), or the server is stopping.
 
 Auth: with a token (``--token-file`` / ``--token-env``) every ``/score`` must carry
 ``Authorization: Bearer <token>`` (compared with :func:`hmac.compare_digest`). Without one the
-server binds only a loopback address: anything else is refused at start.
+server binds only a loopback address: anything else is refused at start, and so is a token of
+fewer than :data:`MIN_TOKEN_CHARS` characters (or fewer than :data:`MIN_TOKEN_DISTINCT` different
+ones) on an address other machines can reach.
 
-Concurrency: requests from several trainers are read and decoded concurrently (decoding on
-worker threads), but the reward runs one batch at a time, first come first served, on a single
-worker thread (a reward need not be thread-safe nor fit on its GPU twice); the event loop thread
-never decodes nor scores, so it keeps accepting, refusing (401, 413) and answering /health while
-the reward works. A request carries no deadline of its own without ``X-Timeout-S`` (the
-``remote`` client always sends one): a reward that hangs on such a request holds the queue.
+Concurrency: at most ``max_active`` (default 4) requests are read, decoded, queued or scored at
+once (the others wait, within their ``X-Timeout-S``), so memory stays bounded however many clients
+come (:class:`ServerLimits` says by how much); decoding runs on worker threads, but the reward runs
+one batch at a time, first come first served, on a single worker thread (a reward need not be
+thread-safe nor fit on its GPU twice). The event loop thread never decodes nor scores, so it keeps
+accepting, refusing (401, 413) and answering /health while the reward works.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import io
 import ipaddress
+import json
 import logging
 import math
+import re
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import h11
 import msgpack
 import numpy as np
 import torch
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
 from PIL import Image
+from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from diffrl.config import RewardConfig
 from diffrl.registry import RegistryError
@@ -96,10 +119,88 @@ from diffrl.rollout import Audio
 LOG = logging.getLogger(__name__)  # warnings reach stderr even unconfigured: the operator sees failures
 MSGPACK = "application/msgpack"
 DEFAULT_MAX_REQUEST_MB = 64.0
+MIN_TOKEN_CHARS = 16
+MIN_TOKEN_DISTINCT = 8
+"""A token for an address other machines can reach: at least this many characters, and this many
+different ones (``openssl rand -hex 32`` gives 64 of 16)."""
+STUCK_S = 30.0
+"""A call this long past its deadline means the server's worker is stuck: ``/health`` answers 503."""
+MAX_OBJECTS = 2**20
+"""msgpack objects (array items, map entries) in one body: 64 MB of nils would otherwise become
+64 M list slots (512 MB) before any field is checked."""
+MAX_ARRAY_LEN = 2**16
+"""Items of any one msgpack array or map (a request's prompts, images, metadata are arrays)."""
+TIMEOUT_TEXT = re.compile(r"[0-9]{1,9}(?:\.[0-9]{0,9})?|\.[0-9]{1,9}")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_COLOURS = {0: "grayscale", 2: "RGB", 3: "palette", 4: "grayscale+alpha", 6: "RGBA"}
 
 
 class ServerError(RewardError):
-    """A reward server that cannot start: bad reward, params, token or address."""
+    """A reward server that cannot start: bad reward, params, token, address or limits."""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one client may cost the server; each is checked before the cost is paid.
+
+    Memory: at most ``max_active`` requests at once hold a body (``max_request_mb``), its msgpack
+    objects (:data:`MAX_OBJECTS`, ~64 MB at most) and its decoded pixels (``max_request_pixels``,
+    3 bytes each, so another ``max_request_mb``), and one of them is being scored (float32, 4x its
+    pixels, and whatever the reward makes of them); every other connection holds at most uvicorn's
+    64 KB read buffer and a 16 KB head. With the defaults that is about 4 x (2 x 64 + 64) MB + 5 x
+    64 MB + 256 x 80 KB, about 1.1 GB above the reward's own memory, whatever clients send.
+    """
+
+    max_request_mb: float = DEFAULT_MAX_REQUEST_MB
+    max_image_pixels: int = 4096 * 4096
+    """Pixels of one image (or source image), read from its PNG header before it is decoded."""
+    max_images: int = 16384
+    """Images (a clip's frames each count) of one request."""
+    max_timeout_s: float = 3600.0
+    """The largest ``X-Timeout-S``, and the deadline of a request that sends none."""
+    head_timeout_s: float = 10.0
+    """A request's head (request line and headers) must arrive within this, counted from the
+    connection (or the previous answer on it); the rest of an unread body, too."""
+    body_timeout_s: float = 60.0
+    """A request's body must arrive within this (and within its ``X-Timeout-S``), counted from
+    when the server starts reading it."""
+    max_connections: int = 256
+    """Open connections; one more is answered 503 and closed at once."""
+    max_active: int = 4
+    """Requests read, decoded, queued or scored at once (each may hold ``max_request_mb`` twice)."""
+
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mb * 2**20)
+
+    @property
+    def max_request_pixels(self) -> int:
+        """Pixels of one request (its images and sources): as many as ``max_request_mb`` of raw
+        RGB bytes carry, so a PNG request decodes to no more than a raw one could send."""
+        return self.max_request_bytes // 3
+
+    def problems(self) -> list[str]:
+        """What is out of range (all at once); each limit must be a finite number > 0."""
+        pil_limit = Image.MAX_IMAGE_PIXELS or math.inf  # PIL warns, then refuses, past it
+        bounds: dict[str, tuple[type, float]] = {
+            "max_request_mb": (float, 2**20),
+            "max_image_pixels": (int, pil_limit),
+            "max_images": (int, 2**20),
+            "max_timeout_s": (float, 7 * 86400),
+            "head_timeout_s": (float, 3600),
+            "body_timeout_s": (float, 86400),
+            "max_connections": (int, 2**16),
+            "max_active": (int, 1024),
+        }
+        problems = []
+        for key, (kind, most) in bounds.items():
+            value = getattr(self, key)
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            ok = ok and (kind is float or isinstance(value, int)) and math.isfinite(value)
+            if not (ok and 0 < value <= most):
+                what = "an integer" if kind is int else "a number"
+                problems.append(f"{key} must be {what} > 0 and at most {most:g}, got {value!r}")
+        return problems
 
 
 # ------------------------------------------------------------------------------------------------
@@ -116,16 +217,36 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def token_problem(token: str, public: bool) -> str | None:
+    """Why ``token`` cannot guard a server (None when it can); ``public``: bound to an address
+    other machines can reach, where it must have :data:`MIN_TOKEN_CHARS` characters,
+    :data:`MIN_TOKEN_DISTINCT` of them different. The message never shows the token."""
+    make = "make one with: openssl rand -hex 32"
+    if not all(33 <= ord(c) <= 126 for c in token):
+        return f"the token must be printable ASCII without spaces (an HTTP header carries it); {make}"
+    if public and (len(token) < MIN_TOKEN_CHARS or len(set(token)) < MIN_TOKEN_DISTINCT):
+        return (
+            f"the token is too weak for an address other machines can reach: {len(token)} characters, "
+            f"{len(set(token))} different; it needs at least {MIN_TOKEN_CHARS} characters, "
+            f"{MIN_TOKEN_DISTINCT} different ({make})"
+        )
+    return None
+
+
 def bind_problem(host: str | None, token: str | None) -> str | None:
-    """Why the server must not bind ``host`` (None when it may); ``host=None``: a Ray node's
-    address (:mod:`diffrl.distributed.ray.reward_server`), never loopback."""
-    if token is not None or (host is not None and is_loopback(host)):
-        return None
+    """Why the server must not bind ``host`` with ``token`` (None when it may); ``host=None``: a
+    Ray node's address (:mod:`diffrl.distributed.ray.reward_server`), never loopback."""
+    public = host is None or not is_loopback(host)
     where = (
         f"--host {host} is not a loopback address"
         if host
         else "without --host it binds its Ray node's address"
     )
+    if token is not None:
+        problem = token_problem(token, public)
+        return None if problem is None else (f"{where}, and {problem}" if public else problem)
+    if not public:
+        return None
     return (
         f"{where}, and the server has no token: anyone who can reach it could use the reward. Give a "
         "token (--token-file FILE or --token-env VAR; clients send it from their token_env), or bind 127.0.0.1"
@@ -184,72 +305,173 @@ def _bad(detail: str) -> HTTPException:
     return HTTPException(400, detail=f"bad request: {detail}")
 
 
-def decode_png(data: Any, i: int) -> np.ndarray:
-    if not isinstance(data, bytes):
-        raise _bad(f"images[{i}] must be PNG bytes (msgpack bin), got {type(data).__name__}")
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            if img.format != "PNG" or img.mode != "RGB":
-                raise _bad(f"images[{i}] is a {img.format} {img.mode} image; send 8-bit RGB PNGs")
-            return np.asarray(img)  # (H, W, 3) uint8
-    except OSError as e:
-        raise _bad(f"images[{i}] is not a readable PNG ({e})") from e
+def _too_large(detail: str) -> HTTPException:
+    return HTTPException(413, detail=f"request too large: {detail}")
 
 
-def request_timeout(request: Request) -> float | None:
-    """The ``X-Timeout-S`` header: seconds the client waits (None: no header)."""
-    value = request.headers.get("x-timeout-s")
+def _shown(value: str, most: int = 40) -> str:
+    return repr(value if len(value) <= most else value[:most] + "...")
+
+
+def _is_count(value: Any) -> bool:
+    """A positive int (msgpack's bools are Python bools, which are ints: not counts)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def request_timeout(value: str | None, most: float) -> float:
+    """The ``X-Timeout-S`` header: the seconds the client waits, a decimal number (``30``,
+    ``2.5``) > 0 and at most ``most`` (the server's ``max_timeout_s``), which is also what a
+    request without the header gets; :class:`HTTPException` 400 otherwise."""
     if value is None:
-        return None
-    try:
-        timeout = float(value)
-    except ValueError:
-        timeout = math.nan
-    if not timeout > 0:  # NaN fails too
-        raise _bad(f"X-Timeout-S must be a number of seconds > 0, got {value!r}")
+        return most
+    if not TIMEOUT_TEXT.fullmatch(value):
+        raise _bad(f"X-Timeout-S must be a decimal number of seconds such as 30 or 2.5, got {_shown(value)}")
+    timeout = float(value)
+    if not 0 < timeout <= most:
+        raise _bad(
+            f"X-Timeout-S must be > 0 and at most {most:g} s (this server's maximum), got {_shown(value)}"
+        )
     return timeout
 
 
-def decode_request(body: bytes) -> ScoreRequest:
-    """The msgpack body -> :class:`ScoreRequest`; :class:`HTTPException` 400 on anything else."""
+def content_length_problem(value: str | None, limit: int) -> HTTPException | None:
+    """413 when ``Content-Length`` says the body is over ``limit`` bytes (400 if it is no number:
+    h11 refuses those first, this is for any other caller)."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit()):
+        return _bad(f"Content-Length {_shown(value)} is not a number of bytes")
+    if len(value) > 20 or int(value) > limit:
+        size = f"{int(value) / 2**20:.1f} MB" if len(value) <= 20 else f"{len(value)}-digit"
+        return HTTPException(
+            413, detail=f"request of {size} is over this server's --max-request-mb {limit / 2**20:g}"
+        )
+    return None
+
+
+def png_size(data: Any, where: str) -> tuple[int, int]:
+    """``(width, height)`` of an 8-bit RGB PNG, read from its header (nothing is decoded);
+    :class:`HTTPException` 400 for anything else."""
+    if not isinstance(data, bytes):
+        raise _bad(f"{where} must be PNG bytes (msgpack bin), got {type(data).__name__}")
+    if len(data) < 33 or data[:8] != PNG_SIGNATURE or data[12:16] != b"IHDR":
+        raise _bad(f"{where} is not a PNG file (no PNG signature and header); send 8-bit RGB PNGs")
+    width, height, depth, colour = struct.unpack(">IIBB", data[16:26])
+    if width == 0 or height == 0:
+        raise _bad(f"{where} is a PNG of {width}x{height} pixels")
+    if (depth, colour) != (8, 2):
+        kind = PNG_COLOURS.get(colour, f"colour type {colour}")
+        raise _bad(f"{where} is a PNG of {depth}-bit {kind} pixels; send 8-bit RGB PNGs (convert it to RGB first)")
+    return width, height
+
+
+def check_pixels(sizes: list[tuple[str, int, int]], limits: ServerLimits) -> None:
+    """413 if an image (``where, width, height``) or all of them together are over the limits."""
+    total = 0
+    for where, width, height in sizes:
+        if width * height > limits.max_image_pixels:
+            raise _too_large(
+                f"{where} is {width}x{height} pixels, over this server's {limits.max_image_pixels} "
+                "pixels per image; send smaller images"
+            )
+        total += width * height
+    if total > limits.max_request_pixels:
+        raise _too_large(
+            f"its images hold {total} pixels, over this server's {limits.max_request_pixels} per request "
+            f"(what --max-request-mb {limits.max_request_mb:g} of raw RGB bytes carries); send fewer "
+            "images per request (lower rollout.micro_group_size) or raise the server's --max-request-mb"
+        )
+
+
+def decode_png(data: bytes, where: str, size: tuple[int, int]) -> np.ndarray:
+    """The ``(H, W, 3)`` uint8 pixels of a PNG whose header :func:`png_size` read as ``size``."""
     try:
-        msg = msgpack.unpackb(body, raw=False)
+        with Image.open(io.BytesIO(data), formats=["PNG"]) as img:
+            if img.mode == "RGB" and img.size == size:
+                pixels = np.asarray(img)  # decodes: at most size pixels (PIL sizes its buffer so)
+            else:
+                pixels = None
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, zlib.error, ... on damaged files
+        raise _bad(f"{where} is not a readable PNG ({type(e).__name__}: {str(e)[:200]})") from e
+    if pixels is None or pixels.shape != (size[1], size[0], 3):
+        raise _bad(f"{where} is not a readable 8-bit RGB PNG of {size[0]}x{size[1]} pixels")
+    return pixels
+
+
+class _TooMany(Exception):
+    """A msgpack body with more than :data:`MAX_OBJECTS` objects."""
+
+
+def unpack(body: bytes | bytearray) -> Any:
+    """The msgpack body, with at most :data:`MAX_OBJECTS` objects in all and
+    :data:`MAX_ARRAY_LEN` in any array or map (413 past them); 400 if it is not msgpack."""
+    count = 0
+
+    def counted(obj: Any) -> Any:
+        nonlocal count
+        count += len(obj)
+        if count > MAX_OBJECTS:
+            raise _TooMany
+        return obj
+
+    try:
+        return msgpack.unpackb(
+            body,
+            raw=False,
+            max_array_len=MAX_ARRAY_LEN,
+            max_map_len=MAX_ARRAY_LEN,
+            list_hook=counted,
+            object_hook=counted,
+        )
+    except _TooMany as e:
+        raise _too_large(f"the body holds over {MAX_OBJECTS} msgpack objects") from e
     except Exception as e:  # msgpack raises several unrelated types on bad input
-        raise _bad(f"the body is not msgpack ({type(e).__name__}: {e})") from e
+        raise _bad(f"the body is not msgpack ({type(e).__name__}: {str(e)[:200]})") from e
+
+
+def decode_request(body: bytes | bytearray, limits: ServerLimits | None = None) -> ScoreRequest:
+    """The msgpack body -> :class:`ScoreRequest`, or :class:`HTTPException` 400 (a field is
+    wrong) or 413 (too many images, pixels or objects), never anything else. Every field and every
+    PNG header is checked before any image is decoded, so a request costs at most what
+    ``limits`` allow."""
+    limits = limits or ServerLimits()
+    msg = unpack(body)
     if not isinstance(msg, dict):
         raise _bad(f"the body must be a msgpack map, got {type(msg).__name__}")
     fmt, images = msg.get("format"), msg.get("images")
+    sizes: list[tuple[str, int, int]] = []
     if fmt == "png":
         if not isinstance(images, list) or not images:
             raise _bad("format png: images must be a non-empty array of PNG files")
+        if len(images) > limits.max_images:
+            raise _too_large(f"{len(images)} images, over this server's {limits.max_images} per request")
         frames = msg.get("frames")
-        if frames is not None and not (isinstance(frames, int) and frames > 0 and len(images) % frames == 0):
+        if frames is not None and not (_is_count(frames) and len(images) % frames == 0):
             raise _bad(f"frames must be a positive int dividing the {len(images)} PNGs, got {frames!r}")
-        arrays = [decode_png(d, i) for i, d in enumerate(images)]
-        if len({a.shape for a in arrays}) > 1:
-            raise _bad(f"images differ in size: {sorted({a.shape[:2] for a in arrays})}; send one size")
-        pixels = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
-        if frames is not None:  # (B * F, 3, H, W), clip by clip -> (B, 3, F, H, W)
-            pixels = pixels.view(-1, frames, *pixels.shape[1:]).transpose(1, 2).contiguous()
+        shapes = {png_size(d, f"images[{i}]") for i, d in enumerate(images)}
+        if len(shapes) > 1:
+            raise _bad(f"images differ in size: {sorted(shapes)[:4]} (width, height); send one size")
+        (width, height) = next(iter(shapes))
+        sizes += [(f"images[{i}]", width, height) for i in range(len(images))]
+        b = len(images) // (frames or 1)
     elif fmt == "raw":
         shape = msg.get("shape")
-        if not (
-            isinstance(shape, list)
-            and len(shape) in (4, 5)
-            and all(isinstance(s, int) and s > 0 for s in shape)
-        ):
+        if not (isinstance(shape, list) and len(shape) in (4, 5) and all(_is_count(s) for s in shape)):
             raise _bad(
-                f"format raw needs shape [B, 3, H, W] or [B, 3, F, H, W] of positive ints, got {shape!r}"
+                f"format raw needs shape [B, 3, H, W] or [B, 3, F, H, W] of positive ints, got {str(shape)[:100]}"
             )
         if shape[1] != 3:
             raise _bad(f"shape {shape}: images must have 3 channels (RGB)")
+        stills = shape[0] * (shape[2] if len(shape) == 5 else 1)
+        if stills > limits.max_images:
+            raise _too_large(f"{stills} images, over this server's {limits.max_images} per request")
         if not isinstance(images, bytes) or len(images) != math.prod(shape):
             got = len(images) if isinstance(images, bytes) else type(images).__name__
             raise _bad(f"format raw: images must be {math.prod(shape)} bytes for shape {shape}, got {got}")
-        pixels = torch.frombuffer(bytearray(images), dtype=torch.uint8).view(shape)
+        sizes += [(f"images[{i}]", shape[-1], shape[-2]) for i in range(stills)]
+        b = shape[0]
     else:
-        raise _bad(f"format must be 'png' or 'raw', got {fmt!r}")
-    b = pixels.shape[0]
+        raise _bad(f"format must be 'png' or 'raw', got {str(fmt)[:100]!r}")
     prompts = msg.get("prompts")
     if not isinstance(prompts, list) or len(prompts) != b or not all(isinstance(p, str) for p in prompts):
         raise _bad(f"prompts must be an array of {b} strings (one per image)")
@@ -257,27 +479,37 @@ def decode_request(body: bytes) -> ScoreRequest:
     metadata = [{} for _ in range(b)] if metadata is None else metadata
     if not isinstance(metadata, list) or len(metadata) != b or not all(isinstance(m, dict) for m in metadata):
         raise _bad(f"metadata must be an array of {b} maps (one per image)")
-    return ScoreRequest(pixels, prompts, decode_sources(msg, metadata), decode_audio(msg, b))
+    if any("source_image" in m for m in metadata):
+        raise _bad("metadata must not hold source_image: send source images as sources (PNGs)")
+    sources = source_sizes(msg.get("sources"), b)
+    check_pixels(sizes + [(w, x, y) for w, (x, y) in sources.items()], limits)
+    audio = decode_audio(msg, b)
+    if fmt == "png":
+        arrays = [decode_png(d, f"images[{i}]", (width, height)) for i, d in enumerate(images)]
+        pixels = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+        if frames is not None:  # (B * F, 3, H, W), clip by clip -> (B, 3, F, H, W)
+            pixels = pixels.view(-1, frames, *pixels.shape[1:]).transpose(1, 2).contiguous()
+    else:
+        pixels = torch.frombuffer(bytearray(images), dtype=torch.uint8).view(shape)
+    for where, size in sources.items():
+        i = int(where[len("sources[") : -1])
+        source = decode_png(msg["sources"][i], where, size)
+        metadata[i] = {
+            **metadata[i],
+            "source_image": torch.from_numpy(source.copy()).permute(2, 0, 1).contiguous(),
+        }
+    return ScoreRequest(pixels, prompts, metadata, audio)
 
 
-def decode_sources(msg: dict[str, Any], metadata: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``metadata`` with the body's optional ``sources`` (PNGs or nil, one per sample) put back
-    as ``"source_image"``: uint8 ``(3, H, W)``, as the trainer's rewards get it."""
-    sources = msg.get("sources")
+def source_sizes(sources: Any, b: int) -> dict[str, tuple[int, int]]:
+    """The body's optional ``sources`` (PNGs or nil, one per sample: an editing family's source
+    images, which the reward gets as ``metadata[i]["source_image"]``, uint8 ``(3, H, W)`` as in the
+    trainer): ``"sources[i]"`` -> its ``(width, height)``, read from its header."""
     if sources is None:
-        return metadata
-    if not isinstance(sources, list) or len(sources) != len(metadata):
-        raise _bad(f"sources must be an array of {len(metadata)} PNG files or nils (one per image)")
-    out = []
-    for i, (meta, data) in enumerate(zip(metadata, sources)):
-        if data is not None:
-            try:
-                pixels = decode_png(data, i)
-            except HTTPException as e:
-                raise _bad(str(e.detail).removeprefix("bad request: ").replace("images[", "sources[")) from e
-            meta = {**meta, "source_image": torch.from_numpy(pixels.copy()).permute(2, 0, 1).contiguous()}
-        out.append(meta)
-    return out
+        return {}
+    if not isinstance(sources, list) or len(sources) != b:
+        raise _bad(f"sources must be an array of {b} PNG files or nils (one per image)")
+    return {f"sources[{i}]": png_size(d, f"sources[{i}]") for i, d in enumerate(sources) if d is not None}
 
 
 def decode_audio(msg: dict[str, Any], b: int) -> Audio | None:
@@ -287,12 +519,14 @@ def decode_audio(msg: dict[str, Any], b: int) -> Audio | None:
         return None
     shape, rate = msg.get("audio_shape"), msg.get("sample_rate")
     if (
-        not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(s, int) and s > 0 for s in shape))
+        not (isinstance(shape, list) and len(shape) == 3 and all(_is_count(s) for s in shape))
         or shape[0] != b
     ):
-        raise _bad(f"audio_shape must be [{b}, C, S] of positive ints (one clip per prompt), got {shape!r}")
-    if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
-        raise _bad(f"sample_rate must be a positive int (Hz), got {rate!r}")
+        raise _bad(
+            f"audio_shape must be [{b}, C, S] of positive ints (one clip per prompt), got {str(shape)[:100]}"
+        )
+    if not _is_count(rate):
+        raise _bad(f"sample_rate must be a positive int (Hz), got {str(rate)[:100]}")
     if not isinstance(data, bytes) or len(data) != 2 * math.prod(shape):
         got = len(data) if isinstance(data, bytes) else type(data).__name__
         raise _bad(f"audio must be {2 * math.prod(shape)} bytes of float16 for shape {shape}, got {got}")
@@ -300,6 +534,22 @@ def decode_audio(msg: dict[str, Any], b: int) -> Audio | None:
     if not torch.isfinite(wave).all():
         raise _bad("audio holds NaN or infinite samples")
     return Audio(wave, rate)
+
+
+def decode_checked(body: bytes | bytearray, limits: ServerLimits) -> ScoreRequest:
+    """:func:`decode_request`, where anything but its 4xx is the server's failure, not a crash:
+    logged with its traceback for the operator, answered as JSON (503 for memory, 400 else)."""
+    try:
+        return decode_request(body, limits)
+    except HTTPException:
+        raise
+    except MemoryError as e:
+        raise HTTPException(
+            503, detail="the server ran out of memory decoding the request; retry later"
+        ) from e
+    except Exception as e:
+        LOG.exception("decoding a /score body failed unexpectedly")
+        raise _bad(f"the body could not be decoded ({type(e).__name__}: {str(e)[:200]})") from e
 
 
 # ------------------------------------------------------------------------------------------------
@@ -311,22 +561,37 @@ class _Expired(Exception):
     """The client's deadline passed before its request was scored."""
 
 
-def score_request(reward: Reward, name: str, req: ScoreRequest) -> list[float]:
-    """Score one request (on the worker thread): ``(B,)`` scores as floats, NaN kept."""
+class _Scoring:
+    """The deadline of the call on the server's worker thread now (None: idle)."""
+
+    deadline: float | None = None
+
+
+def score_request(
+    reward: Reward, name: str, req: ScoreRequest, scoring: _Scoring | None = None
+) -> list[float]:
+    """Score one request (on the worker thread): ``(B,)`` scores as floats, NaN kept. Whatever
+    the reward raises (``BaseException`` included: a ``sys.exit`` of the reward's) is a
+    :class:`RewardError` naming it."""
     deadline = None if req.timeout_s is None else req.received + req.timeout_s
     left = seconds_left(deadline)
     if left == 0.0:
         raise _Expired(f"the client's X-Timeout-S={req.timeout_s:g} passed while the request was queued")
-    images = req.images.float() / 255.0  # what RewardSet.submit hands a reward in the trainer
-    audio = req.audio.float() if req.audio is not None and reward.audio else None
+    if scoring is not None:
+        scoring.deadline = deadline
     try:
+        images = req.images.float() / 255.0  # what RewardSet.submit hands a reward in the trainer
+        audio = req.audio.float() if req.audio is not None and reward.audio else None
         scores = submit_scores(reward, images, req.prompts, req.metadata, left, audio).result()
     except DeadlineExceeded as e:
         raise _Expired(
             f"reward {name!r} did not finish within the client's X-Timeout-S={req.timeout_s:g}"
         ) from e
-    except Exception as e:
-        raise RewardError(f"reward {name!r} raised {type(e).__name__}: {e}") from e
+    except BaseException as e:  # on a worker thread: never a real Ctrl-C, always the reward's doing
+        raise RewardError(f"reward {name!r} raised {type(e).__name__}: {str(e)[:500]}") from e
+    finally:
+        if scoring is not None:
+            scoring.deadline = None
     b = len(req.prompts)
     if scores.shape != (b,):
         raise RewardError(
@@ -335,39 +600,44 @@ def score_request(reward: Reward, name: str, req: ScoreRequest) -> list[float]:
     return [float(s) for s in scores.double()]
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytearray:
     """The body, or 413 as soon as it is known to pass ``limit`` bytes (from Content-Length, or
-    while it streams in: chunked bodies have no length)."""
-    mb = limit / 2**20
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise _bad(f"Content-Length {length!r} is not a number")
-        if int(length) > limit:
-            raise HTTPException(
-                413,
-                detail=f"request of {int(length) / 2**20:.1f} MB is over this server's --max-request-mb {mb:g}",
-            )
-    parts, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPException(413, detail=f"request is over this server's --max-request-mb {mb:g}")
-        parts.append(chunk)
-    return b"".join(parts)
+    while it streams in: chunked bodies have no length), or 408 if it has not all come within
+    ``timeout_s`` (in all, however it drips)."""
+    if (problem := content_length_problem(request.headers.get("content-length"), limit)) is not None:
+        raise problem
+    data = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                if len(data) + len(chunk) > limit:
+                    raise HTTPException(
+                        413, detail=f"request is over this server's --max-request-mb {limit / 2**20:g}"
+                    )
+                data += chunk
+    except TimeoutError as e:
+        raise HTTPException(
+            408, detail=f"request body not received within {timeout_s:.3g} s; send it faster or whole"
+        ) from e
+    except ClientDisconnect as e:
+        raise _bad("the client disconnected before its body was read") from e
+    return data
 
 
 def create_app(
-    reward: Reward, name: str, token: str | None = None, max_request_mb: float = DEFAULT_MAX_REQUEST_MB
+    reward: Reward, name: str, token: str | None = None, limits: ServerLimits | None = None
 ) -> FastAPI:
     """The FastAPI app serving ``reward`` (called ``name`` in answers and errors)."""
+    limits = limits or ServerLimits()
     app = FastAPI(title=f"diffrl reward {name}", docs_url=None, redoc_url=None, openapi_url=None)
     worker = ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="reward-server"
     )  # one batch at a time, FIFO
-    limit = int(max_request_mb * 2**20)
     expected = None if token is None else f"Bearer {token}".encode()
-    app.state.worker = worker
+    slots = asyncio.Semaphore(limits.max_active)  # bound to the server's loop at its first use
+    scoring = _Scoring()
+    app.state.worker, app.state.closed = worker, threading.Event()
+    app.state.stopping = lambda: False  # RewardServer tells its uvicorn's should_exit
 
     def authorize(request: Request) -> None:
         if expected is None:
@@ -379,46 +649,206 @@ def create_app(
                 detail="token missing: this server needs 'Authorization: Bearer <token>'",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if not hmac.compare_digest(got.encode(), expected):
+        if not hmac.compare_digest(got.encode("latin-1"), expected):
             raise HTTPException(
                 401, detail="token wrong: the server refused it", headers={"WWW-Authenticate": "Bearer"}
             )
 
+    def broken() -> str | None:
+        """Why the server can score no more (None: it can)."""
+        if app.state.stopping() or app.state.closed.is_set():
+            return "the server is stopping"
+        calls = reward.__dict__.get("_calls")
+        if calls is not None and calls.dead():
+            return f"reward {name!r}'s call thread has died: it can score no more; restart the server"
+        deadline = scoring.deadline
+        if deadline is not None and time.monotonic() > deadline + STUCK_S:
+            return (
+                f"reward {name!r} is stuck: its call is {time.monotonic() - deadline:.0f} s past its deadline "
+                "and holds the server's worker; restart the server"
+            )
+        return None
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # a bug of the server's (each client error is a 4xx above): the operator's log has it whole
+        LOG.error("HTTP 500 for %s %s", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(
+            {
+                "detail": f"internal error of the reward server ({type(exc).__name__}); its log has the details"
+            },
+            status_code=500,
+        )
+
     @app.get("/health")
-    def health() -> dict[str, Any]:
-        return {
-            "status": "ok",
-            "reward": name,
-            "token_required": token is not None,
-            "max_request_mb": max_request_mb,
-            "audio": bool(reward.audio),
-        }
+    async def health() -> JSONResponse:
+        problem = broken()
+        if problem is not None:
+            return JSONResponse({"status": "broken", "reward": name, "detail": problem}, status_code=503)
+        return JSONResponse(
+            {
+                "status": "ok",
+                "reward": name,
+                "token_required": token is not None,
+                "max_request_mb": limits.max_request_mb,
+                "max_timeout_s": limits.max_timeout_s,
+                "max_image_pixels": limits.max_image_pixels,
+                "max_request_pixels": limits.max_request_pixels,
+                "audio": bool(reward.audio),
+            }
+        )
 
     @app.post("/score")
     async def score(request: Request) -> Response:
+        received = time.monotonic()
         authorize(request)
-        received, timeout = time.monotonic(), request_timeout(request)
-        body = await read_limited(request, limit)
-        req = await asyncio.to_thread(decode_request, body)  # PNG decoding: off the loop thread
-        req.timeout_s, req.received = timeout, received
-        if reward.audio and req.audio is None:
-            raise _bad(
-                f"reward {name!r} scores sound and the request has none; send audio (the remote reward: "
-                "audio: true)"
-            )
+        timeout = request_timeout(request.headers.get("x-timeout-s"), limits.max_timeout_s)
+        if (
+            problem := content_length_problem(request.headers.get("content-length"), limits.max_request_bytes)
+        ) is not None:
+            raise problem  # before waiting for a slot
+        deadline = received + timeout
         try:
-            scores = await asyncio.get_running_loop().run_in_executor(
-                worker, score_request, reward, name, req
+            await asyncio.wait_for(slots.acquire(), seconds_left(deadline))
+        except TimeoutError as e:
+            raise HTTPException(
+                504,
+                detail=f"the server was busy with other requests for the client's X-Timeout-S={timeout:g}",
+            ) from e
+        try:
+            body = await read_body(
+                request, limits.max_request_bytes, min(limits.body_timeout_s, seconds_left(deadline))
             )
-        except _Expired as e:
-            LOG.warning("HTTP 504: %s", e)
-            raise HTTPException(504, detail=str(e)) from e
+            req = await asyncio.to_thread(decode_checked, body, limits)  # PNG decoding: off the loop thread
+            del body
+            req.timeout_s, req.received = timeout, received
+            if reward.audio and req.audio is None:
+                raise _bad(
+                    f"reward {name!r} scores sound and the request has none; send audio (the remote reward: "
+                    "audio: true)"
+                )
+            if broken() is not None:
+                raise HTTPException(503, detail=f"the reward server cannot score: {broken()}")
+            future = asyncio.get_running_loop().run_in_executor(
+                worker, score_request, reward, name, req, scoring
+            )
+            # score_request returns by the deadline; past it (and STUCK_S) the worker is stuck: do not wait on
+            scores = await asyncio.wait_for(future, seconds_left(deadline) + STUCK_S)
+        except (TimeoutError, _Expired) as e:
+            detail = (
+                str(e)
+                if isinstance(e, _Expired)
+                else f"reward {name!r} did not finish within the client's X-Timeout-S={timeout:g}"
+            )
+            LOG.warning("HTTP 504: %s", detail)
+            raise HTTPException(504, detail=detail) from e
         except RewardError as e:
             LOG.warning("HTTP 500: %s", e)
             raise HTTPException(500, detail=str(e)) from e
+        except RuntimeError as e:  # the worker was shut down under us: the server is stopping
+            raise HTTPException(503, detail="the reward server is stopping") from e
+        finally:
+            slots.release()
         return Response(msgpack.packb({"scores": scores}), media_type=MSGPACK)
 
     return app
+
+
+# ------------------------------------------------------------------------------------------------
+# Connections
+# ------------------------------------------------------------------------------------------------
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with what it lacks against slow or hostile clients.
+
+    - A request's head must arrive within ``head_timeout_s`` of the connection (or of the previous
+      answer on it), in all, however slowly it drips: else 408 and the connection closes.
+    - A body the app answered without reading (401, 404, 413) may drain for ``head_timeout_s``
+      more, then the connection closes (uvicorn would read it forever).
+    - Past ``max_connections`` open connections a new one is answered 503 and closed at once.
+    - Malformed HTTP gets a JSON 400 (uvicorn's is plain text).
+
+    A body the app reads has the app's deadline (:func:`read_body`).
+    """
+
+    def __init__(self, *args: Any, limits: ServerLimits, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._phase: str | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._answer(
+                503, f"the server holds its maximum of {self.limits.max_connections} connections; retry"
+            )
+            return
+        self._watch()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._watch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        self._answer(
+            400,
+            "bad request: not valid HTTP/1.1 (a malformed request line, header or Content-Length, or a "
+            "head over 16 KB)",
+        )
+
+    def _watch(self) -> None:
+        """Arm the deadline of what the connection waits for now (kept while that does not change)."""
+        theirs, ours = self.conn.their_state, self.conn.our_state
+        if self.transport.is_closing():
+            phase = None
+        elif theirs is h11.IDLE:
+            phase = "head"
+        elif theirs is h11.SEND_BODY and ours in (h11.DONE, h11.MUST_CLOSE):
+            phase = "drain"
+        else:  # a body the app reads (its own deadline), or an answer under way
+            phase = None
+        if phase == self._phase:
+            return
+        self._cancel()
+        self._phase = phase
+        if phase is not None:
+            self._timer = self.loop.call_later(self.limits.head_timeout_s, self._expire, phase)
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self, phase: str) -> None:
+        self._timer = None
+        if phase == "head":
+            self._answer(408, f"request head not received within {self.limits.head_timeout_s:g} s")
+        else:
+            self.transport.close()
+
+    def _answer(self, status: int, detail: str) -> None:
+        """Answer ``status`` with a JSON detail and close (no request needed: written raw)."""
+        self._cancel()
+        self._phase = None
+        body = json.dumps({"detail": detail}).encode()
+        reason = {400: "Bad Request", 408: "Request Timeout", 503: "Service Unavailable"}[status]
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        if not self.transport.is_closing():
+            self.transport.write(head.encode() + body)
+            self.transport.close()
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -440,8 +870,12 @@ class RewardServer:
 
     The socket is bound here, so the URL is known before serving starts; :meth:`run` serves in
     this thread until stopped (SIGINT/SIGTERM in the main thread), :meth:`start` in a thread of
-    its own (tests, the Ray actor).
+    its own (tests, the Ray actor). ``limits``: :class:`ServerLimits` (its ``max_request_mb`` is
+    replaced by ``max_request_mb``).
     """
+
+    GRACEFUL_S = 10
+    """At shutdown, requests still under way get this long, then they are cancelled."""
 
     def __init__(
         self,
@@ -453,17 +887,28 @@ class RewardServer:
         max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
         log_level: str = "warning",
         sock: socket.socket | None = None,
+        limits: ServerLimits | None = None,
     ):
         problem = bind_problem(host, token)
         if problem:
             raise ServerError(problem)
-        if not max_request_mb > 0:
-            raise ServerError(f"--max-request-mb must be > 0, got {max_request_mb}")
+        self.limits = replace(limits or ServerLimits(), max_request_mb=max_request_mb)
+        if problems := self.limits.problems():
+            raise ServerError("reward server limits: " + "; ".join(problems))
         self.reward, self.name, self.host = reward, name, host
         self.sock = bind_socket(host, port) if sock is None else sock
         self.port = self.sock.getsockname()[1]
-        self.app = create_app(reward, name, token, max_request_mb)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level=log_level, access_log=False))
+        self.app = create_app(reward, name, token, self.limits)
+        config = uvicorn.Config(
+            self.app,
+            log_level=log_level,
+            access_log=False,
+            http=functools.partial(GuardedH11Protocol, limits=self.limits),  # type: ignore[arg-type]
+            ws="none",  # no WebSocket upgrade: it would leave the guarded protocol
+            timeout_graceful_shutdown=self.GRACEFUL_S,
+        )
+        self.server = uvicorn.Server(config)
+        self.app.state.stopping = lambda: self.server.should_exit
         self._thread: threading.Thread | None = None
 
     @property
@@ -501,6 +946,7 @@ class RewardServer:
             self._thread.join(timeout_s)
 
     def close(self) -> None:
+        self.app.state.closed.set()
         self.app.state.worker.shutdown(wait=False, cancel_futures=True)
         self.reward.close()
         if (calls := self.reward.__dict__.get("_calls")) is not None:
@@ -516,19 +962,24 @@ def serve(
     token: str | None = None,
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
     on_ready: Callable[[RewardServer], None] | None = None,
+    limits: ServerLimits | None = None,
 ) -> None:
     """Build the reward ``name`` and serve it until SIGINT/SIGTERM (what ``diffrl serve-reward``
-    runs). The address is checked before the reward loads (a model may take minutes)."""
+    runs). The address, token and limits are checked before the reward loads (a model may take
+    minutes)."""
     problem = bind_problem(host, token)
     if problem:
         raise ServerError(problem)
+    limits = replace(limits or ServerLimits(), max_request_mb=max_request_mb)
+    if problems := limits.problems():
+        raise ServerError("reward server limits: " + "; ".join(problems))
     sock = bind_socket(host, port)  # before the reward loads: a busy port fails in a second
     try:
         reward = build_served_reward(name, params)
     except BaseException:
         sock.close()
         raise
-    server = RewardServer(reward, name, host, port, token, max_request_mb, sock=sock)
+    server = RewardServer(reward, name, host, port, token, max_request_mb, sock=sock, limits=limits)
     if on_ready is not None:
         threading.Thread(target=server.when_started, args=(on_ready,), daemon=True).start()
     server.run()

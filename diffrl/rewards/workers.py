@@ -197,22 +197,33 @@ class CallThread:
 
     def _run(self, calls: queue.SimpleQueue) -> None:
         while (item := calls.get()) is not None:
-            future, fn, args, deadline = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            left = seconds_left(deadline)
-            if left == 0.0:
-                _settle(future, error=DeadlineExceeded("not started by its deadline"))
-                continue
-            returned = threading.Event()
-            caller = threading.Thread(
-                target=_call_into, args=(future, fn, args, returned), name=f"{self.name}-call", daemon=True
-            )
-            caller.start()
-            with self._lock:
-                self._callers = [(t, r) for t, r in self._callers if t.is_alive()] + [(caller, returned)]
-            if not cf.wait([future], left).done:
-                _settle(future, error=DeadlineExceeded("unfinished at its deadline"))
+            try:
+                self._watch(*item)
+            except BaseException as e:  # no thread to be had, a wait too long for the OS: that call fails
+                _settle(item[0], error=e)  # and the lane goes on (a dead lane would fail every later call)
+
+    def _watch(self, future: cf.Future, fn: Callable[..., Any], args: tuple, deadline: float | None) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        left = seconds_left(deadline)
+        if left == 0.0:
+            _settle(future, error=DeadlineExceeded("not started by its deadline"))
+            return
+        returned = threading.Event()
+        caller = threading.Thread(
+            target=_call_into, args=(future, fn, args, returned), name=f"{self.name}-call", daemon=True
+        )
+        caller.start()
+        with self._lock:
+            self._callers = [(t, r) for t, r in self._callers if t.is_alive()] + [(caller, returned)]
+        if not cf.wait([future], left).done:
+            _settle(future, error=DeadlineExceeded("unfinished at its deadline"))
+
+    def dead(self) -> bool:
+        """Whether the lane thread has ended before :meth:`close` (then no call would run again;
+        a reward server's ``/health`` reports it)."""
+        with self._lock:
+            return self._lane is not None and not self._lane.is_alive()
 
     def close(self) -> None:
         """End the lane thread once the calls queued now are done or overdue; wait (up to
