@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from diffrl.train.report import write_report
+from diffrl.train.report import build_report
 
 
 def run(args: argparse.Namespace, inputs: None) -> int:
+    """Write the page; what of the run folder could not be read is a warning each (the page
+    lists it too), and the exit code is still 0: the page holds all the rest."""
     out = Path(args.out).expanduser() if args.out else None
-    print(f"report: {write_report(Path(args.run_dir).expanduser(), out)}")
+    report = build_report(Path(args.run_dir).expanduser(), out)
+    for problem in report.unread:
+        print(f"warning: {problem}", file=sys.stderr)
+    print(f"report: {report.path}")
     return 0

@@ -22,7 +22,7 @@ import html
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -33,6 +33,7 @@ from PIL import Image, ImageDraw, ImageFont
 from diffrl.errors import DiffrlError
 from diffrl.logging import fmt
 from diffrl.train.evaluate import eval_grid_path, eval_table, plot_eval_curve, read_grid_note, wrap
+from diffrl.user_files import UserFileError, check_file, file_problem, read_bytes, read_text
 
 EVAL_KEY = "eval/reward_mean"
 
@@ -58,17 +59,139 @@ KL_KEY = re.compile(r"^train/(.+_)?kl(_.+)?$")
 """A KL metric of any algorithm (``train/kl_loss``, ``train/approx_kl``)."""
 
 
-def read_metrics(path: Path) -> list[dict[str, float]]:
-    """The rows of a run's ``metrics.jsonl`` (a line cut short by a crash is skipped)."""
-    rows = []
-    for line in path.read_text().splitlines():
+REPORT_FIX = "the report shows the rest; replace or remove the file to have it in the report"
+
+
+@dataclass
+class RunRecord:
+    """What a run folder's files hold, as far as they could be read: ``unread`` says, one line
+    each, what could not be (a file that is no regular file or not UTF-8, JSON cut short, rows
+    of the wrong types), naming the file."""
+
+    config_text: str = ""
+    config: dict = field(default_factory=dict)
+    rows: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)
+
+
+def _text(path: Path, unread: list[str]) -> str | None:
+    """``path``'s text; None when it is absent (no note: a run that has not logged yet) or cannot
+    be read (noted in ``unread``)."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        return read_text(path, "run file", REPORT_FIX)
+    except UserFileError as e:
+        unread.append(str(e))
+        return None
+
+
+def _step(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _clean(row: dict, dropped: set[str]) -> dict[str, float]:
+    """A metrics or eval row with its numbers only; the names of values of another type are
+    added to ``dropped``."""
+    dropped.update(str(k) for k, v in row.items() if not _number(v))
+    return {k: v for k, v in row.items() if _number(v)}
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _some(items: list[str], n: int = 5) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _dropped_note(path: Path, dropped: set[str]) -> str:
+    return f"{str(path)!r}: values that are not numbers were left out ({_some(sorted(dropped))})"
+
+
+def read_metrics(path: Path, unread: list[str] | None = None) -> list[dict[str, float]]:
+    """The rows of a run's ``metrics.jsonl``: each line a JSON object with a whole ``step`` >= 0
+    (its values that are not numbers left out). Lines that are not (garbage, a line cut short by
+    a crash) are skipped; each kind of problem is said in ``unread``, as is a file that cannot be
+    read."""
+    unread = [] if unread is None else unread
+    lines = (_text(path, unread) or "").splitlines()
+    rows, bad, dropped = [], [], set()
+    for n, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "step" in row:
-            rows.append(row)
+            row = None
+        if isinstance(row, dict) and _step(row.get("step")):
+            rows.append(_clean(row, dropped))
+        elif line.strip():
+            bad.append(n)
+    if bad:
+        cut = " (the last one cut short: the run stopped while writing it)" if bad[-1] == len(lines) else ""
+        unread.append(
+            f"{str(path)!r}: line(s) {_some([str(n) for n in bad])} are not metric rows "
+            f'({{"step": N, ...}}) and were skipped{cut}'
+        )
+    if dropped:
+        unread.append(_dropped_note(path, dropped))
     return rows
+
+
+def read_evals(path: Path, unread: list[str]) -> list[dict[str, float]]:
+    """The evals of a run's ``eval_curve.json``: a JSON array of objects with a whole ``step``
+    (numbers only). What is not (JSON cut short, another type, entries without a step) is left
+    out and said in ``unread``."""
+    text = _text(path, unread)
+    if text is None:
+        return []
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        unread.append(f"{str(path)!r} is not valid JSON ({e.msg} at line {e.lineno}); {REPORT_FIX}")
+        return []
+    if not isinstance(data, list):
+        unread.append(
+            f"{str(path)!r} holds {_json_type(data)}, not the array of evals "
+            f'([{{"step": N, "eval/reward_mean": ...}}, ...]); {REPORT_FIX}'
+        )
+        return []
+    dropped: set[str] = set()
+    evals = [_clean(e, dropped) for e in data if isinstance(e, dict) and _step(e.get("step"))]
+    if len(evals) < len(data):
+        bad = [str(i) for i, e in enumerate(data) if not (isinstance(e, dict) and _step(e.get("step")))]
+        unread.append(
+            f"{str(path)!r}: entries {_some(bad)} (counted from 0) are not evals with a whole step "
+            "and were left out"
+        )
+    if dropped:
+        unread.append(_dropped_note(path, dropped))
+    return evals
+
+
+def read_run(run_dir: Path) -> RunRecord:
+    """A run folder's ``config.yaml``, ``metrics.jsonl`` and ``eval_curve.json``, as far as they
+    can be read (:class:`RunRecord`): no file of it, whatever it holds, makes this fail or wait."""
+    record = RunRecord()
+    config_file = run_dir / "config.yaml"
+    record.config_text = _text(config_file, record.unread) or ""
+    try:
+        config = yaml.safe_load(record.config_text) or {}
+    except yaml.YAMLError as e:
+        record.unread.append(f"{str(config_file)!r} is not valid YAML ({' '.join(str(e).split())[:200]})")
+        config = {}
+    if isinstance(config, dict):
+        record.config = config
+    else:
+        record.unread.append(f"{str(config_file)!r} holds {_json_type(config)}, not a config mapping")
+    record.rows = read_metrics(run_dir / "metrics.jsonl", record.unread)
+    record.evals = read_evals(run_dir / "eval_curve.json", record.unread)
+    return record
 
 
 def _logged(rows: list[dict[str, float]], key: str) -> bool:
@@ -173,20 +296,29 @@ def compose_side_by_side(
     return path
 
 
-def save_compare(run_dir: Path, evals: list[dict[str, float]]) -> Path | None:
+def save_compare(
+    run_dir: Path, evals: list[dict[str, float]], unread: list[str] | None = None
+) -> Path | None:
     """``eval/compare.png``: the first eval's grid (step 0) beside the last's, the same prompts and
     seeds, labelled with their step and mean eval reward; None (no file) with fewer than two evals
-    or a grid missing."""
+    or a grid missing, or one that cannot be read (said in ``unread``)."""
     if len(evals) < 2:
         return None
     first, last = evals[0], evals[-1]
     grids = eval_grid_path(run_dir, first["step"]), eval_grid_path(run_dir, last["step"])
-    if not all(g.is_file() for g in grids):
+    if not all(g.exists() or g.is_symlink() for g in grids):
         return None
     before = " (before training)" if first["step"] == 0 else ""  # step 0: the model the run started from
-    return compose_side_by_side(
-        *grids, (eval_label(first) + before, eval_label(last)), run_dir / "eval" / "compare.png"
-    )
+    try:
+        for grid in grids:
+            check_file(grid, "eval grid", REPORT_FIX)
+        return compose_side_by_side(
+            *grids, (eval_label(first) + before, eval_label(last)), run_dir / "eval" / "compare.png"
+        )
+    except (UserFileError, OSError, SyntaxError, ValueError) as e:  # PIL: a file that is no image
+        if unread is not None:
+            unread.append(f"eval/compare.png not drawn: {e}")
+        return None
 
 
 def check_run_folder(run_dir: Path) -> None:
@@ -197,7 +329,7 @@ def check_run_folder(run_dir: Path) -> None:
             f"RUN_DIR {str(run_dir)!r}: {what}; give the output folder of a training run, "
             "e.g. runs/tiny_demo (the run's run.output_dir)"
         )
-    if not (run_dir / "metrics.jsonl").is_file() and not (run_dir / "config.yaml").is_file():
+    if not any(p.exists() or p.is_symlink() for p in (run_dir / "metrics.jsonl", run_dir / "config.yaml")):
         raise DiffrlError(
             f"RUN_DIR {str(run_dir)!r} is not a diffrl run folder (no metrics.jsonl or config.yaml "
             "inside); give the folder `diffrl train` wrote, e.g. runs/tiny_demo, not one inside it"
@@ -223,21 +355,30 @@ def _code(text: str) -> str:
     return re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(text))
 
 
-def _data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
-
-
-def _figure(path: Path | None, caption: str, grid: bool = False) -> str:
+def _figure(path: Path | None, caption: str, grid: bool = False, unread: list[str] | None = None) -> str:
     """An image embedded with its caption, at most the page's width (:data:`STYLE`); a ``grid``'s
-    caption also says how many of the eval's samples it shows (its :class:`GridNote`)."""
-    if path is None or not path.is_file():
+    caption also says how many of the eval's samples it shows (its :class:`GridNote`). Nothing
+    for a file absent, or one that cannot be read (said in ``unread``)."""
+    if path is None or not (path.exists() or path.is_symlink()):
+        return ""
+    try:
+        data = read_bytes(path, "image", REPORT_FIX)
+    except UserFileError as e:
+        if unread is not None:
+            unread.append(str(e))
         return ""
     note = read_grid_note(path) if grid else None
     text = f"{caption} · {note.shown}" if note is not None else caption
+    uri = "data:image/png;base64," + base64.b64encode(data).decode("ascii")
     return (
-        f'<figure><img src="{_data_uri(path)}" alt="{html.escape(text)}">'
+        f'<figure><img src="{uri}" alt="{html.escape(text)}">'
         f"<figcaption>{html.escape(text)}</figcaption></figure>"
     )
+
+
+def _grid_note(path: Path):
+    """The grid's note, for a regular file only (PIL would wait on a FIFO)."""
+    return read_grid_note(path) if file_problem(path) is None else None
 
 
 def final_numbers(rows: list[dict[str, float]]) -> list[tuple[str, float, int]]:
@@ -268,26 +409,34 @@ tiny world's grids (~1060 px) and compare.png (stacked, :data:`COMPARE_WIDTH`) s
 size; a large model's grid is scaled down (the PNG in the run folder has it at full size)."""
 
 
+@dataclass(frozen=True)
+class Report:
+    """A written ``report.html`` (``path``) and what of the run folder it could not read."""
+
+    path: Path
+    unread: list[str]
+
+
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
+    """``report.html`` of a run folder (or ``out``); see :func:`build_report`."""
+    return build_report(run_dir, out).path
+
+
+def build_report(run_dir: Path, out: Path | None = None) -> Report:
     """``report.html`` of a run folder (or ``out``): one page, images embedded as data URIs. The
-    pictures are drawn first (into ``run_dir``), from the metrics and evals as they are now."""
+    pictures are drawn first (into ``run_dir``), from the metrics and evals as they are now.
+    A file of the folder that cannot be read (see :func:`read_run`) is left out: the page says
+    so in its first section, and the rest is written as ever."""
     run_dir = Path(run_dir)
     check_run_folder(run_dir)
-    config_file, metrics_file = run_dir / "config.yaml", run_dir / "metrics.jsonl"
-    config_text = config_file.read_text() if config_file.is_file() else ""
-    try:
-        config = yaml.safe_load(config_text) or {}
-    except yaml.YAMLError:
-        config = {}
-    config = config if isinstance(config, dict) else {}
+    record = read_run(run_dir)
+    config, config_text, rows, evals = record.config, record.config_text, record.rows, record.evals
+    unread = record.unread
 
     def setting(section: str, key: str) -> str:
         value = config.get(section, {})
         return str(value.get(key, "?")) if isinstance(value, dict) else "?"
 
-    rows = read_metrics(metrics_file) if metrics_file.is_file() else []
-    curve = run_dir / "eval_curve.json"
-    evals = json.loads(curve.read_text()) if curve.is_file() else []
     metrics_png, curve_png, compare_png = (
         run_dir / "metrics.png",
         run_dir / "eval_curve.png",
@@ -298,7 +447,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         plot_metrics(rows, metrics_png)
     if evals:
         plot_eval_curve(evals, curve_png)
-    save_compare(run_dir, evals)
+    save_compare(run_dir, evals, unread)
 
     run = config.get("run")
     name = str(run.get("name") or run_dir.name) if isinstance(run, dict) else run_dir.name
@@ -310,10 +459,12 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     # the evals the run kept (a resumed run's eval_curve.json drops those of a process that died
     # after its last checkpoint; their grids may still lie in eval/), at most MAX_GRIDS of them
     points = evals or [
-        {"step": int(p.stem.removeprefix("step_"))} for p in sorted((run_dir / "eval").glob("step_*.png"))
+        {"step": int(step)}
+        for p in sorted((run_dir / "eval").glob("step_*.png"))
+        if (step := p.stem.removeprefix("step_")).isdigit()
     ]
     shown = spread(points, MAX_GRIDS)
-    grids = [_figure(eval_grid_path(run_dir, e["step"]), eval_label(e, key), grid=True) for e in shown]
+    grids = [_figure(eval_grid_path(run_dir, e["step"]), eval_label(e, key), True, unread) for e in shown]
     if len(shown) < len(points):
         grids.append(
             f"<p>{len(shown)} of the {len(points)} eval grids are shown (the first, the last and "
@@ -340,7 +491,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
                 compare_png, "the same prompts and seeds at the first and the last eval (eval/compare.png)"
             ),
         ]
-    hint = next((n.hint for e in shown if (n := read_grid_note(eval_grid_path(run_dir, e["step"])))), "")
+    hint = next((n.hint for e in shown if (n := _grid_note(eval_grid_path(run_dir, e["step"])))), "")
     parts += [
         "<h2>Eval grids</h2>",
         "<p>Each eval samples the same prompts with the same seeds; every tile is captioned with its "
@@ -351,6 +502,9 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         "<h2>Config</h2>",
         f"<pre>{html.escape(config_text)}</pre>" if config_text else "<p>no config.yaml</p>",
     ]
+    if unread:  # first, so that nobody takes a page with parts left out for the whole run
+        items = "".join(f"<li>{html.escape(u)}</li>" for u in unread)
+        parts[2:2] = [f"<h2>Not read</h2><p>Left out of this page:</p><ul>{items}</ul>"]
     page = (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>diffrl report: {html.escape(name)}</title><style>{STYLE}</style></head>\n<body>\n"
@@ -360,4 +514,4 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     path = Path(out) if out is not None else run_dir / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page)
-    return path
+    return Report(path, unread)

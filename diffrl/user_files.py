@@ -1,0 +1,113 @@
+"""Reading a file the user named (a recipe, a prompt file, an image, a dataset's files) safely.
+
+A path may name anything: a folder, a FIFO (opening it for reading waits for a writer: forever),
+a device (``/dev/zero`` never ends), a socket, a symlink loop, a file this user may not read, one
+of gigabytes, bytes that are not UTF-8. :func:`file_problem` says which, without opening the path;
+:func:`read_text` and :func:`read_bytes` refuse all of them with a :class:`UserFileError` that
+names the file and what to give instead, and never block: the file is opened non-blocking and
+checked again once open (it may have been swapped since).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from diffrl.errors import DiffrlError
+
+MAX_TEXT_BYTES = 256 * 1024**2
+"""The largest text file read whole (a prompt set of millions of lines is well below it)."""
+
+
+class UserFileError(DiffrlError, ValueError):
+    """A file the user named that cannot be read as one (the message names it and the fix)."""
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def file_problem(path: str | Path) -> str | None:
+    """Why ``path`` is not a regular file this process can read, in words (``does not exist``,
+    ``is a folder``, ``is a FIFO (named pipe), not a regular file``, ``is a symlink loop``,
+    ``cannot be read (permission denied)``), or None. Nothing is opened."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "is a symlink to a missing file" if path.is_symlink() else "does not exist"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a symlink loop"
+        if e.errno in (errno.EACCES, errno.EPERM):
+            return "cannot be reached (permission denied on a folder above it)"
+        return f"cannot be read ({e.strerror or e})"
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    if not stat.S_ISREG(mode):
+        return f"is {_kind(mode)}, not a regular file"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied)"
+    return None
+
+
+def check_file(path: str | Path, what: str, fix: str) -> Path:
+    """``path``, or a :class:`UserFileError`: ``{what} '{path}' {problem}; {fix}``."""
+    if (problem := file_problem(path)) is not None:
+        raise UserFileError(f"{what} {str(path)!r} {problem}; {fix}")
+    return Path(path)
+
+
+def read_bytes(path: str | Path, what: str, fix: str, max_bytes: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``max_bytes``), or a :class:`UserFileError`
+    naming ``what`` and ``path`` and ending with ``fix``. Never blocks (a FIFO swapped in after
+    the check is refused once open)."""
+    check_file(path, what, fix)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise UserFileError(f"{what} {str(path)!r} cannot be opened ({e.strerror or e}); {fix}") from e
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UserFileError(f"{what} {str(path)!r} is {_kind(info.st_mode)}, not a regular file; {fix}")
+        if info.st_size > max_bytes:
+            raise UserFileError(
+                f"{what} {str(path)!r} is {info.st_size:,} bytes, more than the {max_bytes:,} read at "
+                f"most (is it the right file?); {fix}"
+            )
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise UserFileError(f"{what} {str(path)!r} cannot be read ({e.strerror or e}); {fix}") from e
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # it grew while read
+        raise UserFileError(f"{what} {str(path)!r} is more than {max_bytes:,} bytes; {fix}")
+    return data
+
+
+def read_text(path: str | Path, what: str, fix: str, max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """:func:`read_bytes`, decoded as UTF-8 (a byte-order mark dropped); bytes that are not UTF-8
+    are a :class:`UserFileError` giving the line and column of the first."""
+    data = read_bytes(path, what, fix, max_bytes)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        start = e.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)
+        line = data.count(b"\n", 0, start) + 1
+        column = start - (data.rfind(b"\n", 0, start) + 1) + 1
+        raise UserFileError(
+            f"{what} {str(path)!r} is not UTF-8 text (line {line}, column {column}: byte "
+            f"0x{data[start]:02x}); {fix}"
+        ) from e
