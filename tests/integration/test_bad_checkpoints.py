@@ -274,3 +274,23 @@ def test_the_checkpoint_verifies_after_every_refusal(tmp_path, tiny_checkpoint):
     shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
     info = verify_checkpoint(tmp_path / "ckpt")
     assert info["base"] == {"family": "tiny", "path": "random", "digest": None}
+
+
+def test_python_m_imports_nothing_from_the_working_directory(tmp_path):
+    """``python -m diffrl.cli`` from a folder holding a ``torch.py``: diffrl's own imports are not
+    shadowed by it (as with the ``diffrl`` command, whose sys.path has no working directory)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "torch.py").write_text("raise SystemExit('shadowed: torch.py of the working directory')\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "diffrl.cli", "report", str(tmp_path / "missing")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert "shadowed" not in proc.stderr, proc.stderr
+    assert proc.returncode == EXIT_USER_ERROR and "no such folder" in proc.stderr, proc.stderr
