@@ -162,7 +162,7 @@ def untrusted_paths(config: Config, overrides: list[str], checkpoint: Path) -> d
             continue  # the user named it on this command line: theirs
         root = key.split("[")[0]
         refused[value] = (
-            f"{value!r} ({key}) comes from the checkpoint's config ({str(checkpoint / 'config.yaml')!r}), and "
+            f"{value!r} comes from the checkpoint's config ({str(checkpoint / 'config.yaml')!r}), and "
             "importing it would run code that came with the checkpoint; diffrl imports no code a checkpoint "
             f"names unless you name it too: if you trust it, name it again on the command line (an override "
             f"of {root} naming {value}), or pass --trust-checkpoint-code"

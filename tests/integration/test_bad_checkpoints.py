@@ -227,7 +227,7 @@ def test_a_refused_dotted_path_names_its_setting_and_both_ways_to_allow_it(tmp_p
     evil_reward(tmp_path)
     refused = resolve_target(str(tmp_path / "ckpt"), [], EVAL_SECTIONS).untrusted
     assert (
-        "eval.rewards[0].name" in refused["evilmod:score"]
+        "an override of eval.rewards naming evilmod:score" in refused["evilmod:score"]
         and "--trust-checkpoint-code" in refused["evilmod:score"]
     )
     # named again on the command line, or trusted: the user's own choice, imported as any plugin
