@@ -20,12 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 from diffrl.errors import DiffrlError
 
 FORMAT = "diffrl-checkpoint-3"
+UNSEALED_FORMAT = "diffrl-checkpoint-2"
+"""Checkpoints of the previous release: read (their files still checked against their sha256),
+with a warning that their ``checkpoint.json`` carries no digest and their base is not recorded."""
 INFO = "checkpoint.json"
 REQUIRED = frozenset({"trainable.safetensors", "optimizer.safetensors", "config.yaml"})
 TMP_PREFIX = ".tmp-"
@@ -81,14 +85,25 @@ def read_info(path: str | Path) -> dict[str, Any]:
             f"{_where(path)}: checkpoint.json is corrupt ({str(e)[:200]}); the checkpoint cannot be used "
             "(resume from another one, e.g. train.resume=latest skips it)"
         ) from e
-    if not isinstance(info, dict) or info.get("format") != FORMAT or not isinstance(info.get("files"), dict):
+    unsealed = isinstance(info, dict) and info.get("format") == UNSEALED_FORMAT
+    if (
+        not isinstance(info, dict)
+        or info.get("format") not in (FORMAT, UNSEALED_FORMAT)
+        or not isinstance(info.get("files"), dict)
+    ):
         found = info.get("format") if isinstance(info, dict) else None
         raise CheckpointError(
-            f"{_where(path)} has format {str(found)[:60]!r}, this diffrl reads {FORMAT!r} (checkpoints "
-            "written by older versions do not carry the checksum of their checkpoint.json and cannot be "
-            "verified: train again, or use the diffrl that wrote it)"
+            f"{_where(path)} has format {str(found)[:60]!r}, this diffrl reads {FORMAT!r} and "
+            f"{UNSEALED_FORMAT!r}: use the diffrl that wrote it"
         )
-    if info.get("digest") != hashlib.sha256(_canonical(info)).hexdigest():
+    if unsealed:
+        warnings.warn(
+            f"{_where(path)} was written by an older diffrl ({UNSEALED_FORMAT}): its files are checked "
+            "against their sha256, but its checkpoint.json carries no digest and its base model is not "
+            "recorded, so a hand edit or another base model cannot be detected",
+            stacklevel=2,
+        )
+    elif info.get("digest") != hashlib.sha256(_canonical(info)).hexdigest():
         raise CheckpointError(
             f"{_where(path)}: checkpoint.json was changed after the checkpoint was written (its digest "
             "does not match its content: a hand edit?); diffrl does not use an edited checkpoint: use "
@@ -207,6 +222,8 @@ def base_problem(info: dict[str, Any], family: str, model_path: str, path: str |
     """Why the checkpoint ``info`` (at ``path``) does not fit the base model ``model_path`` (None
     when it does): its weights were trained on another one. Checked before any model loads."""
     saved = info.get("base")
+    if info.get("format") == UNSEALED_FORMAT and saved is None:
+        return None  # not recorded before format 3: read_info warned
     if not isinstance(saved, dict):
         return f"{_where(Path(path))}: checkpoint.json does not record its base model; the checkpoint cannot be used"
     here = base_identity(family, model_path)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from diffrl.errors import EXIT_USER_ERROR
-from diffrl.train.manifest import seal, verify_checkpoint
+from diffrl.train.manifest import CheckpointError, base_problem, seal, verify_checkpoint
 from tests.conftest import ROOT, rehash_checkpoint
 
 SFT = "recipes/tiny_sft.yaml"
@@ -66,8 +66,8 @@ def symlink_out(tmp: Path) -> None:
     ema.symlink_to(tmp / "elsewhere.safetensors")
 
 
-def old_format(tmp: Path) -> None:
-    _edit_info(tmp, lambda info: (info.pop("digest"), info.__setitem__("format", "diffrl-checkpoint-2")))
+def unknown_format(tmp: Path) -> None:
+    _edit_info(tmp, lambda info: (info.pop("digest"), info.__setitem__("format", "diffrl-checkpoint-1")))
 
 
 def swapped_config(tmp: Path) -> None:
@@ -136,7 +136,7 @@ CASES = [
     Case("edit-lora", RESUME, EDITED, edit(_set("lora", {"rank": 64}))),
     Case("edit-files", ["eval", "{ckpt}"], EDITED, edit(lambda i: i["files"].pop("ema.safetensors"))),
     Case("digest-removed", ["eval", "{ckpt}"], EDITED, edit(lambda i: i.pop("digest"))),
-    Case("older-format", ["eval", "{ckpt}"], "has format 'diffrl-checkpoint-2', this diffrl reads 'diffrl-checkpoint-3'", old_format),
+    Case("unknown-format", ["eval", "{ckpt}"], "has format 'diffrl-checkpoint-1', this diffrl reads 'diffrl-checkpoint-3' and 'diffrl-checkpoint-2'", unknown_format),
     Case("config-yaml-swapped", ["eval", "{ckpt}"], "config.yaml does not match its sha256", swapped_config),
     # ---- class 6: files outside the folder (checkpoint.json resealed, as an attacker would)
     Case("files-parent", ["eval", "{ckpt}"], NOT_PLAIN, edit(_list_file("../x.safetensors"), reseal=True)),
@@ -274,6 +274,31 @@ def test_the_checkpoint_verifies_after_every_refusal(tmp_path, tiny_checkpoint):
     shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
     info = verify_checkpoint(tmp_path / "ckpt")
     assert info["base"] == {"family": "tiny", "path": "random", "digest": None}
+
+
+def test_a_checkpoint_of_the_previous_format_is_read_with_a_warning(tmp_path, tiny_checkpoint):
+    """Format 2 (the previous release: no digest of checkpoint.json, no base recorded) still loads,
+    its files checked against their sha256, with a warning of what cannot be checked; a damaged
+    file of it is still refused."""
+    shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    _edit_info(
+        tmp_path,
+        lambda info: (
+            info.pop("digest"),
+            info.pop("base"),
+            info.__setitem__("format", "diffrl-checkpoint-2"),
+        ),
+    )
+    with pytest.warns(UserWarning, match="older diffrl .diffrl-checkpoint-2.*cannot be detected"):
+        info = verify_checkpoint(tmp_path / "ckpt")
+    assert base_problem(info, "tiny", "another/base", tmp_path / "ckpt") is None
+    trainable = tmp_path / "ckpt" / "trainable.safetensors"
+    trainable.write_bytes(trainable.read_bytes()[:64])
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(CheckpointError, match="trainable.safetensors does not match"),
+    ):
+        verify_checkpoint(tmp_path / "ckpt")
 
 
 def test_python_m_imports_nothing_from_the_working_directory(tmp_path):
