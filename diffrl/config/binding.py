@@ -26,6 +26,7 @@ import yaml
 from diffrl.config.schema import Config, Range
 from diffrl.errors import DiffrlError, quoted
 from diffrl.registry import did_you_mean
+from diffrl.user_files import file_problem
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 """The ``diffrl`` package folder (its ``data/`` holds the ``builtin:`` files)."""
@@ -426,6 +427,8 @@ def _read_recipe(path: str | Path) -> tuple[dict[str, Any], dict[str, int]]:
             ],
             str(path),
         )
+    if path.exists() and (problem := file_problem(path)) is not None:  # a FIFO (reading it waits), a device
+        raise ConfigError([f"recipe file {str(path)!r} {problem}; give a recipe .yaml file"], str(path))
     if not path.is_file():
         hint = ""
         shipped = recipes_dir() / path.name

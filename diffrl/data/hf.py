@@ -37,6 +37,7 @@ from typing import Any
 from diffrl.config import resolve_data_path
 from diffrl.errors import DiffrlError
 from diffrl.logging.quiet import quiet_libraries
+from diffrl.user_files import UserFileError, file_problem, read_text
 
 PROMPT_COLUMNS = ("prompt", "text", "caption")
 """The prompt (caption) column: the first of these a split has."""
@@ -99,20 +100,24 @@ def find_hf_folder(root: Path) -> HFFolder | None:
     no ``state.json`` + ``dataset_info.json``, no parquet file up to two folders down)."""
     if not root.is_dir():
         return None
-    if (root / "dataset_dict.json").is_file():
+    index = root / "dataset_dict.json"
+    if _present(index):
         try:
-            names = json.loads((root / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+            names = json.loads(read_text(index, "datasets file", RESAVE))["splits"]
             splits = {str(s): [root / str(s)] for s in names}
-        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        except UserFileError as e:
+            raise HFFolderError(str(e)) from e
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise HFFolderError(
-                f"{str(root / 'dataset_dict.json')!r} is not a DatasetDict's index ({e}); write the "
+                f"{str(index)!r} is not a DatasetDict's index ({e}); write the "
                 "folder again with DatasetDict.save_to_disk"
             ) from e
         return HFFolder(root, "disk", splits)
-    if (root / "state.json").is_file() and (root / "dataset_info.json").is_file():
+    if _present(root / "state.json") and _present(root / "dataset_info.json"):
+        _check_disk_files(root)
         try:
-            name = json.loads((root / "state.json").read_text(encoding="utf-8")).get("_split")
-        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+            name = json.loads(read_text(root / "state.json", "datasets file", RESAVE)).get("_split")
+        except (json.JSONDecodeError, AttributeError, UserFileError):
             name = None  # load_from_disk reports a broken state.json
         return HFFolder(root, "disk", {str(name or "train"): [root]})
     files = sorted({*root.glob("*.parquet"), *root.glob("*/*.parquet"), *root.glob("*/*/*.parquet")})
@@ -122,6 +127,22 @@ def find_hf_folder(root: Path) -> HFFolder | None:
     for f in files:
         splits.setdefault(_parquet_split(f, root), []).append(f)
     return HFFolder(root, "parquet", splits)
+
+
+RESAVE = "write the folder again with save_to_disk (or give the parquet files)"
+
+
+def _present(path: Path) -> bool:
+    return path.exists() or path.is_symlink()
+
+
+def _check_disk_files(folder: Path) -> None:
+    """Every file of a ``save_to_disk`` split folder is a regular file: a FIFO among them would
+    make ``datasets`` wait for ever."""
+    files = [folder / "state.json", folder / "dataset_info.json", *sorted(folder.glob("*.arrow"))]
+    bad = [f"{f.name} {p}" for f in files if (p := file_problem(f)) is not None]
+    if bad:
+        raise HFFolderError(f"datasets folder {str(folder)!r}: {'; '.join(bad[:5])}; {RESAVE}")
 
 
 def _parquet_split(file: Path, root: Path) -> str:
@@ -184,6 +205,8 @@ def read_split(
     name = choose_split(repr(str(root)), list(folder.splits), wanted, defaults)
     where = f"{str(root)!r} split {name!r}"
     if folder.kind == "disk":
+        if folder.splits[name][0].is_dir():
+            _check_disk_files(folder.splits[name][0])
         if _no_shards(folder.splits[name][0]):  # load_from_disk fails on it (an IndexError)
             raise HFFolderError(f"{where} holds no rows; give a split with data")
         try:
@@ -198,20 +221,44 @@ def read_split(
         if columns is not None:
             table = table.select(columns(features))
     else:
+        files = folder.splits[name]
+        schemas = [_parquet_schema(f, where, pq, pa) for f in files]
+        for f, schema in zip(files[1:], schemas[1:]):
+            if not schema.equals(schemas[0]):
+                raise HFFolderError(
+                    f"{where}: its parquet files {files[0].name} and {f.name} have different columns "
+                    f"or types ({_columns(schemas[0])} against {_columns(schema)}); give files of one schema"
+                )
         try:
-            schemas = [pq.read_schema(f) for f in folder.splits[name]]
             features = datasets.Features.from_arrow_schema(schemas[0])
             keep = None if columns is None else columns(features)
-            table = pa.concat_tables([pq.read_table(f, columns=keep) for f in folder.splits[name]])
+            table = pa.concat_tables([pq.read_table(f, columns=keep) for f in files])
         except (pa.ArrowInvalid, OSError) as e:
-            files = ", ".join(f.name for f in folder.splits[name])
             raise HFFolderError(
-                f"{where}: its parquet files ({files}) cannot be read as one table ({e}); "
-                "give files of one schema"
+                f"{where}: its parquet files ({', '.join(f.name for f in files)}) cannot be read as one "
+                f"table ({e}); replace the damaged file"
             ) from e
     if table.num_rows == 0:
         raise HFFolderError(f"{where} holds no rows; give a split with data")
     return HFSplit(table, features, folder.root, where)
+
+
+def _parquet_schema(file: Path, where: str, pq: Any, pa: Any) -> Any:
+    """``file``'s schema, or an :class:`HFFolderError` naming the file: not a regular file (a
+    FIFO would make pyarrow wait for ever), empty, or no parquet file."""
+    if (problem := file_problem(file)) is not None:
+        raise HFFolderError(f"{where}: parquet file {str(file)!r} {problem}; remove or replace it")
+    try:
+        return pq.read_schema(file)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise HFFolderError(
+            f"{where}: {str(file)!r} is not a readable parquet file ({e}); remove it, or write it again"
+        ) from e
+
+
+def _columns(schema: Any) -> str:
+    text = ", ".join(f"{f.name}: {f.type}" for f in schema)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _no_shards(folder: Path) -> bool:

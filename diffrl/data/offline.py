@@ -44,6 +44,7 @@ from diffrl.data.prompts import load_prompts
 from diffrl.data.synthetic_text import SyntheticEditDataset, SyntheticTextDataset, to_tensor
 from diffrl.errors import DiffrlError
 from diffrl.rollout import Source
+from diffrl.user_files import UserFileError, file_problem, read_text
 
 SYNTHETIC = {"synthetic_text": SyntheticTextDataset, "synthetic_edit": SyntheticEditDataset}
 """The built-in datasets, rendered from ``data.prompts`` (edit pairs for editing families)."""
@@ -78,8 +79,10 @@ class OfflineDataset(Protocol):
 
 def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
     """``(image file, caption)`` of every image in ``folder`` (``FOLDER#SPLIT``: its split
-    subfolder; a folder of split subfolders alone: its ``train/``), from the file names and
-    captions only: no image is decoded. Every image needs a non-empty caption."""
+    subfolder; a folder of split subfolders alone: its ``train/``), from the file names,
+    captions and each image's header: no image is decoded. Every image needs a non-empty
+    caption, and must be a readable image file (:func:`image_problem`): a folder, FIFO or symlink
+    loop named like an image, or a file that is no image, is refused with the others."""
     base, split = split_path(str(folder))
     if base.is_file():
         raise DatasetError(
@@ -94,17 +97,21 @@ def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
     root = _split_folder(base, split, str(folder))
     captions = _metadata_captions(root)
     items: list[tuple[Path, str]] = []
-    missing, not_text = [], []
-    named = [root / name for name in captions if "/" in name and (root / name).is_file()]
+    missing, not_text, unreadable = [], [], []
+    named = [root / name for name in captions if "/" in name and _present(root / name)]
     for f in sorted(root.iterdir()) + sorted(named):
         if f.suffix.lower() not in IMAGE_SUFFIXES:
             continue
+        if problem := image_problem(f):
+            unreadable.append(f"{f.relative_to(root).as_posix()} {problem}")
+            continue
         cap = captions.get(f.relative_to(root).as_posix())
-        if cap is None and f.with_suffix(".txt").is_file():
+        sidecar = f.with_suffix(".txt")
+        if cap is None and _present(sidecar):
             try:
-                cap = f.with_suffix(".txt").read_text(encoding="utf-8").strip()
-            except UnicodeDecodeError:
-                not_text.append(f.with_suffix(".txt").name)
+                cap = read_text(sidecar, "caption file", "a caption is a UTF-8 text file").strip()
+            except UserFileError as e:
+                not_text.append(str(e))
                 continue
         if cap is not None and not isinstance(cap, str):
             not_text.append(f"{f.name} (caption {cap!r})")
@@ -113,10 +120,15 @@ def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
             missing.append(f.name)
             continue
         items.append((f, cap))
+    if unreadable:
+        raise DatasetError(
+            f"{len(unreadable)} image file(s) in {str(folder)!r} cannot be read: "
+            f"{'; '.join(unreadable[:5])}{' ...' if len(unreadable) > 5 else ''}; remove or replace them"
+        )
     if not_text:
         raise DatasetError(
-            f"{len(not_text)} caption(s) in {str(folder)!r} are not text (e.g. {not_text[0]}); "
-            "a caption is a UTF-8 string"
+            f"{len(not_text)} caption(s) in {str(folder)!r} cannot be read: {not_text[0]}"
+            + (f" (and {len(not_text) - 1} more)" if len(not_text) > 1 else "")
         )
     if missing:
         raise DatasetError(
@@ -128,6 +140,24 @@ def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
             "give a folder of images with captions or 'synthetic_text'"
         )
     return items
+
+
+def _present(path: Path) -> bool:
+    """Something is at ``path`` (a broken symlink too): what it is, :func:`image_problem` says."""
+    return path.exists() or path.is_symlink()
+
+
+def image_problem(path: Path) -> str | None:
+    """Why ``path`` is no image file to train on, found from its header without decoding it
+    (a folder, a FIFO, a symlink loop, an empty or unreadable file, one that is no image), or
+    None. A file cut short after its header is found when it is decoded (:func:`load_image`)."""
+    if (problem := file_problem(path)) is not None:
+        return problem
+    try:
+        with Image.open(path):
+            return None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        return f"is not an image ({e})"
 
 
 def _has_images(folder: Path) -> bool:
@@ -165,16 +195,16 @@ def _file_key(name: object) -> str:
 
 def _metadata_captions(root: Path) -> dict[str, object]:
     """``file_name -> caption`` from ``root``'s ``metadata.jsonl`` or ``metadata.csv``."""
-    files = [root / m for m in ("metadata.jsonl", "metadata.csv") if (root / m).is_file()]
+    files = [root / m for m in ("metadata.jsonl", "metadata.csv") if _present(root / m)]
     if len(files) > 1:
         raise DatasetError(f"{str(root)!r} has both metadata.jsonl and metadata.csv; keep one")
     if not files:
         return {}
     meta = files[0]
     try:
-        text = meta.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{str(meta)!r} is not UTF-8 text (byte {e.start}); {CAPTIONS}") from e
+        text = read_text(meta, "metadata file", CAPTIONS)
+    except UserFileError as e:
+        raise DatasetError(str(e)) from e
     captions: dict[str, object] = {}
     if meta.suffix == ".csv":
         reader = csv.DictReader(io.StringIO(text))
@@ -272,18 +302,18 @@ class PreferencePair:
 def scan_pair_folder(folder: str | Path) -> list[PreferencePair]:
     """Every pair of a pair folder's ``metadata.jsonl``, checked without decoding an image: each
     line a JSON object with a non-empty string ``prompt``, ``chosen`` and ``rejected``, naming two
-    different image files of the folder. Every problem is reported at once, by line and field."""
+    different image files of the folder (each a readable image by its header: :func:`image_problem`). Every problem is reported at once, by line and field."""
     root = Path(folder).expanduser()
     if not root.is_dir():
         what = "is a file" if root.is_file() else "does not exist"
         raise DatasetError(f"pair folder {str(folder)!r} {what}; {PAIRS}")
     meta = root / "metadata.jsonl"
-    if not meta.is_file():
+    if not _present(meta):
         raise DatasetError(f"pair folder {str(folder)!r} has no metadata.jsonl; {PAIRS}")
     try:
-        lines = meta.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{str(meta)!r} is not UTF-8 text (byte {e.start}); {PAIRS}") from e
+        lines = read_text(meta, "pair file", PAIRS).splitlines()
+    except UserFileError as e:
+        raise DatasetError(str(e)) from e
     pairs: list[PreferencePair] = []
     problems: list[str] = []
     for n, line in enumerate(lines, 1):
@@ -323,10 +353,12 @@ def _parse_pair_row(line: str, n: int, root: Path) -> tuple[PreferencePair | Non
     files = []
     for f in ("chosen", "rejected"):
         path = root / row[f]
-        if not path.is_file():
+        if not _present(path):
             problems.append(f"field {f!r}: image {row[f]!r} not found in {str(root)!r}")
         elif path.suffix.lower() not in IMAGE_SUFFIXES:
             problems.append(f"field {f!r}: {row[f]!r} is not an image ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        elif problem := image_problem(path):
+            problems.append(f"field {f!r}: {row[f]!r} {problem}")
         files.append(path)
     if not problems and files[0].resolve() == files[1].resolve():
         problems.append(f"'chosen' and 'rejected' are the same file {row['chosen']!r}")
@@ -356,7 +388,10 @@ class PreferencePairDataset:
 
 def load_image(path: Path | io.BytesIO, height: int, width: int, name: str | None = None) -> torch.Tensor:
     """An image file (or its bytes, called ``name`` in messages) as ``(3, height, width)`` in
-    [0, 1] (resized and center-cropped to fit)."""
+    [0, 1] (resized and center-cropped to fit). A path that is no regular file (a FIFO would
+    make PIL wait for ever) is refused before it is opened."""
+    if isinstance(path, Path) and (problem := file_problem(path)) is not None:
+        raise DatasetError(f"cannot read image {str(path)!r}: it {problem}; remove or replace it")
     try:
         with Image.open(path) as img:
             img = img.convert("RGB")

@@ -31,6 +31,7 @@ from diffrl.config import resolve_data_path
 from diffrl.data.hf import TRAIN_SPLITS, HFFolderError, find_hf_folder, read_prompt_rows, split_path
 from diffrl.errors import DiffrlError
 from diffrl.rollout import Source
+from diffrl.user_files import UserFileError, file_problem, read_text
 
 SOURCE_CACHE = 256
 """Source images a :class:`PromptSet` keeps decoded (the most recently used)."""
@@ -155,21 +156,17 @@ def load_prompts(path: str | Path, splits: tuple[str, ...] = TRAIN_SPLITS) -> Pr
     file = resolve_data_path(str(path))
     if file.is_dir():
         raise PromptFileError(f"prompt file {str(path)!r} is a folder; give {FORMATS}")
-    if not file.is_file():
-        raise PromptFileError(f"prompt file {str(path)!r} does not exist; give {FORMATS}")
+    if (problem := file_problem(file)) is not None:  # a FIFO or a device: refused before it is opened
+        raise PromptFileError(f"prompt file {str(path)!r} {problem}; give {FORMATS}")
     if file.suffix == ".json":
         raise PromptFileError(
             f"prompt file {str(path)!r} is .json; give {FORMATS} (for JSON, write one object a line "
             "and name the file .jsonl)"
         )
-    try:
-        text = file.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is not a prompt
-    except UnicodeDecodeError as e:
-        raise PromptFileError(
-            f"prompt file {str(path)!r} is not UTF-8 text (byte {e.start} cannot be decoded); give {FORMATS}"
-        ) from e
-    except OSError as e:
-        raise PromptFileError(f"prompt file {str(path)!r} cannot be read: {e.strerror}") from e
+    try:  # a byte-order mark is not a prompt; a non-UTF-8 byte is reported by line and column
+        text = read_text(file, "prompt file", f"give {FORMATS}")
+    except UserFileError as e:
+        raise PromptFileError(str(e)) from e
     if "\x00" in text:
         raise PromptFileError(f"prompt file {str(path)!r} holds NUL bytes: not a text file; give {FORMATS}")
     lines = LINE_BREAK.split(text)
@@ -276,8 +273,9 @@ def _image_field(row: dict[str, Any], folder: Path) -> tuple[Path | None, str]:
     if not isinstance(value, str) or not value.strip():
         return None, f'"image" must be a path to an image file (a string), got {json.dumps(value)}'
     image = folder / Path(value).expanduser()
-    if not image.is_file():
-        return None, f'"image" {value!r}: no such file ({str(image)!r})'
+    if (problem := file_problem(image)) is not None:  # a folder, a FIFO (PIL would wait), a loop
+        problem = "no such file" if problem == "does not exist" else f"it {problem}"
+        return None, f'"image" {value!r}: {problem} ({str(image)!r})'
     try:
         with Image.open(image) as img:
             img.verify()  # the header and the data's integrity, without decoding every pixel

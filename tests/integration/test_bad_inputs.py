@@ -218,7 +218,7 @@ CASES: list[Case] = [
     Case("ray-address-malformed", ["train", GRPO, "runner=ray", "ray.address=headnode"], BAD, "or HOST:PORT of a cluster's head (e.g. 10.0.0.5:6379), got 'headnode'"),
     Case("ray-engines-zero", ["train", GRPO, "runner=ray", "ray.num_engines=0"], BAD, "ray.num_engines must be in [1, 4096], got 0"),
     # ---- prompt files
-    Case("prompts-binary", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "is not UTF-8 text (byte 0 cannot be decoded)", files={"p.txt": b"\xff\xfe\x00\x01binary"}),
+    Case("prompts-binary", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "is not UTF-8 text (line 1, column 1: byte 0xff)", files={"p.txt": b"\xff\xfe\x00\x01binary"}),
     Case("prompts-nul-bytes", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "holds NUL bytes: not a text file", files={"p.txt": b"a\x00b\n"}),
     Case("prompts-folder", ["train", GRPO, "data.prompts={tmp}/prompts"], BAD, "is a folder; give a .txt file (one prompt a line)", files={"prompts/": ""}),
     Case("prompts-missing", ["train", GRPO, "data.prompts={tmp}/none.txt"], BAD, "none.txt' does not exist"),

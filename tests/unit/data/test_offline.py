@@ -26,6 +26,10 @@ def test_image_folder_errors(tmp_path):
     (tmp_path / "a.txt").write_text("cap")
     (tmp_path / "broken.png").write_bytes(b"not a png")
     (tmp_path / "broken.txt").write_text("cap")
+    with pytest.raises(DatasetError, match="broken.png is not an image"):  # found by its header, at once
+        ImageFolderDataset(tmp_path, 32, 64)
+    Image.new("RGB", (64, 64)).save(tmp_path / "broken.png")
+    (tmp_path / "broken.png").write_bytes((tmp_path / "broken.png").read_bytes()[:60])  # cut short
     ds = ImageFolderDataset(tmp_path, 32, 64)
     with pytest.raises(DatasetError, match="cannot decode image .*broken.png"):
         ds[1]
