@@ -70,11 +70,12 @@ server binds only a loopback address: anything else is refused at start, and so 
 fewer than :data:`MIN_TOKEN_CHARS` characters (or fewer than :data:`MIN_TOKEN_DISTINCT` different
 ones) on an address other machines can reach.
 
-Concurrency: at most ``max_active`` (default 4) requests are read, decoded, queued or scored at
-once (the others wait, within their ``X-Timeout-S``), so memory stays bounded however many clients
-come (:class:`ServerLimits` says by how much); decoding runs on worker threads, but the reward runs
-one batch at a time, first come first served, on a single worker thread (a reward need not be
-thread-safe nor fit on its GPU twice). The event loop thread never decodes nor scores, so it keeps
+Concurrency: bodies are read concurrently, up to ``max_active x --max-request-mb`` of them in all;
+at most ``max_active`` (default 4) requests are decoded, queued or scored at once (the others wait,
+within their ``X-Timeout-S``), so memory stays bounded however many clients come
+(:class:`ServerLimits` says by how much), and a client sending its body slowly holds no slot.
+Decoding runs on worker threads, but the reward runs one batch at a time, first come first served,
+on a single worker thread (a reward need not be thread-safe nor fit on its GPU twice). The event loop thread never decodes nor scores, so it keeps
 accepting, refusing (401, 413) and answering /health while the reward works.
 """
 
@@ -113,7 +114,7 @@ from diffrl.config import RewardConfig
 from diffrl.registry import RegistryError
 from diffrl.rewards.base import Reward, RewardError, build_reward, param_name_problems, submit_scores
 from diffrl.rewards.registry import REWARDS
-from diffrl.rewards.workers import DeadlineExceeded, seconds_left
+from diffrl.rewards.workers import DeadlineExceeded, deadline_after, seconds_left
 from diffrl.rollout import Audio
 
 LOG = logging.getLogger(__name__)  # warnings reach stderr even unconfigured: the operator sees failures
@@ -143,12 +144,13 @@ class ServerError(RewardError):
 class ServerLimits:
     """What one client may cost the server; each is checked before the cost is paid.
 
-    Memory: at most ``max_active`` requests at once hold a body (``max_request_mb``), its msgpack
-    objects (:data:`MAX_OBJECTS`, ~64 MB at most) and its decoded pixels (``max_request_pixels``,
-    3 bytes each, so another ``max_request_mb``), and one of them is being scored (float32, 4x its
-    pixels, and whatever the reward makes of them); every other connection holds at most uvicorn's
-    64 KB read buffer and a 16 KB head. With the defaults that is about 4 x (2 x 64 + 64) MB + 5 x
-    64 MB + 256 x 80 KB, about 1.1 GB above the reward's own memory, whatever clients send.
+    Memory: request bodies hold at most ``max_active x max_request_mb`` in all; at most
+    ``max_active`` requests at once also hold their msgpack objects (:data:`MAX_OBJECTS`, ~64 MB at
+    most) and decoded pixels (``max_request_pixels``, 3 bytes each: another ``max_request_mb``),
+    and one of them is being scored (float32, 4x its pixels, and whatever the reward makes of
+    them); every other connection holds at most uvicorn's 64 KB read buffer and a 16 KB head. With
+    the defaults that is about 4 x 64 + 4 x (64 + 64) + 5 x 64 MB + 256 x 80 KB, about 1.1 GB above
+    the reward's own memory, whatever clients send.
     """
 
     max_request_mb: float = DEFAULT_MAX_REQUEST_MB
@@ -167,7 +169,9 @@ class ServerLimits:
     max_connections: int = 256
     """Open connections; one more is answered 503 and closed at once."""
     max_active: int = 4
-    """Requests read, decoded, queued or scored at once (each may hold ``max_request_mb`` twice)."""
+    """Requests decoded, queued or scored at once; the bodies of all requests being read or waiting
+    hold at most ``max_active x max_request_mb`` (each reserves its Content-Length, or
+    ``max_request_mb`` when it has none, before it is read)."""
 
     @property
     def max_request_bytes(self) -> int:
@@ -361,7 +365,9 @@ def png_size(data: Any, where: str) -> tuple[int, int]:
         raise _bad(f"{where} is a PNG of {width}x{height} pixels")
     if (depth, colour) != (8, 2):
         kind = PNG_COLOURS.get(colour, f"colour type {colour}")
-        raise _bad(f"{where} is a PNG of {depth}-bit {kind} pixels; send 8-bit RGB PNGs (convert it to RGB first)")
+        raise _bad(
+            f"{where} is a PNG of {depth}-bit {kind} pixels; send 8-bit RGB PNGs (convert it to RGB first)"
+        )
     return width, height
 
 
@@ -635,6 +641,7 @@ def create_app(
     )  # one batch at a time, FIFO
     expected = None if token is None else f"Bearer {token}".encode()
     slots = asyncio.Semaphore(limits.max_active)  # bound to the server's loop at its first use
+    buffered = _ByteBudget(limits.max_active * limits.max_request_bytes)
     scoring = _Scoring()
     app.state.worker, app.state.closed = worker, threading.Event()
     app.state.stopping = lambda: False  # RewardServer tells its uvicorn's should_exit
@@ -708,17 +715,28 @@ def create_app(
         ) is not None:
             raise problem  # before waiting for a slot
         deadline = received + timeout
-        try:
-            await asyncio.wait_for(slots.acquire(), seconds_left(deadline))
-        except TimeoutError as e:
-            raise HTTPException(
-                504,
-                detail=f"the server was busy with other requests for the client's X-Timeout-S={timeout:g}",
-            ) from e
+        length = request.headers.get("content-length")
+        need = limits.max_request_bytes if length is None else int(length)  # chunked: the most it may be
+        if not await buffered.reserve(need, seconds_left(deadline)):
+            raise _busy(timeout)
         try:
             body = await read_body(
                 request, limits.max_request_bytes, min(limits.body_timeout_s, seconds_left(deadline))
             )
+            # only now a slot: a client still sending its body (however slowly) holds none
+            try:
+                await asyncio.wait_for(slots.acquire(), seconds_left(deadline))
+            except TimeoutError as e:
+                raise _busy(timeout) from e
+            try:
+                return await decode_and_score(body, timeout, received, deadline)
+            finally:
+                slots.release()
+        finally:
+            buffered.release(need)
+
+    async def decode_and_score(body: bytearray, timeout: float, received: float, deadline: float) -> Response:
+        try:
             req = await asyncio.to_thread(decode_checked, body, limits)  # PNG decoding: off the loop thread
             del body
             req.timeout_s, req.received = timeout, received
@@ -727,8 +745,8 @@ def create_app(
                     f"reward {name!r} scores sound and the request has none; send audio (the remote reward: "
                     "audio: true)"
                 )
-            if broken() is not None:
-                raise HTTPException(503, detail=f"the reward server cannot score: {broken()}")
+            if (problem := broken()) is not None:
+                raise HTTPException(503, detail=f"the reward server cannot score: {problem}")
             future = asyncio.get_running_loop().run_in_executor(
                 worker, score_request, reward, name, req, scoring
             )
@@ -747,11 +765,40 @@ def create_app(
             raise HTTPException(500, detail=str(e)) from e
         except RuntimeError as e:  # the worker was shut down under us: the server is stopping
             raise HTTPException(503, detail="the reward server is stopping") from e
-        finally:
-            slots.release()
         return Response(msgpack.packb({"scores": scores}), media_type=MSGPACK)
 
     return app
+
+
+def _busy(timeout: float) -> HTTPException:
+    return HTTPException(
+        504, detail=f"the server was busy with other requests for the client's X-Timeout-S={timeout:g}"
+    )
+
+
+class _ByteBudget:
+    """Bytes of request bodies the server may hold at once: a request reserves its size before
+    its body is read and releases it when answered (on the server's event loop only)."""
+
+    def __init__(self, total: int):
+        self.total = self.free = total
+        self._freed = asyncio.Event()  # bound to the server's loop at its first use
+
+    async def reserve(self, n: int, timeout_s: float | None) -> bool:
+        """Take ``n`` bytes, waiting up to ``timeout_s`` for them; False if they did not come."""
+        deadline = deadline_after(timeout_s)
+        while self.free < n:
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), seconds_left(deadline))
+            except TimeoutError:
+                return False
+        self.free -= n
+        return True
+
+    def release(self, n: int) -> None:
+        self.free += n
+        self._freed.set()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import http.server
 import json
 import math
 import socket
+import sys
 import threading
 import time
 
@@ -89,6 +90,11 @@ video_mean.video = True
 def blocks(images, prompts, metadata):
     RELEASE.wait()
     return [0.0] * len(images)
+
+
+def exits(images, prompts, metadata):
+    """A reward that wraps a command-line tool, which ends with sys.exit."""
+    sys.exit(3)
 
 
 # -- helpers --------------------------------------------------------------------------------------

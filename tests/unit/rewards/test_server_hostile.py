@@ -1,0 +1,1064 @@
+"""The reward server (``diffrl serve-reward``) against hostile and broken clients: every bad header,
+body or image is a 4xx JSON answer (never a 500, a traceback or a dead server), slow clients are cut
+off at the documented deadlines while others are served, 200 clients at once are all answered with
+memory bounded, and the request parser is fuzzed (hypothesis, derandomized, bounded).
+
+Servers run in a thread of this process on loopback (``serving`` of ``test_server``). Timing
+checks are upper bounds only, generous (seconds against what takes milliseconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import functools
+import io
+import json
+import os
+import socket
+import struct
+import threading
+import time
+import zlib
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+import uvicorn
+from fastapi import HTTPException
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+from uvicorn.server import ServerState
+
+from diffrl.cli import main
+from diffrl.rewards import server as server_module
+from diffrl.rewards.base import Pending, Reward
+from diffrl.rewards.remote import RemoteReward, exchange, server_problems
+from diffrl.rewards.server import (
+    MAX_OBJECTS,
+    GuardedH11Protocol,
+    RewardServer,
+    ScoreRequest,
+    ServerError,
+    ServerLimits,
+    bind_problem,
+    build_served_reward,
+    content_length_problem,
+    create_app,
+    decode_request,
+    request_timeout,
+)
+from diffrl.rewards.workers import CallThread
+from tests.rewards import pixel_sum
+from tests.unit.rewards.test_server import HERE, STRONG_TOKEN, TOKEN, serving
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+LIMITS = ServerLimits()
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def png(mode: str = "RGB", size: tuple[int, int] = (8, 6), fmt: str = "PNG", seed: int = 0) -> bytes:
+    """A small image file of PIL ``mode``; RGB ones hold random pixels."""
+    if mode == "RGB":
+        pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+        img = Image.fromarray(pixels)
+    else:
+        img = Image.new(mode, size)
+    out = io.BytesIO()
+    img.save(out, fmt)
+    return out.getvalue()
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png_claiming(width: int, height: int, depth: int = 8, colour: int = 2, idat: bytes = b"") -> bytes:
+    """A PNG whose header says ``width x height``, with ``idat`` (compressed rows) as its data."""
+    header = struct.pack(">IIBBBBB", width, height, depth, colour, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", header)
+        + png_chunk(b"IDAT", idat or zlib.compress(b"\0" * 64))
+        + png_chunk(b"IEND", b"")
+    )
+
+
+@functools.cache
+def pixel_bomb(side: int = 7000) -> bytes:
+    """A real, decodable PNG of ``side x side`` black RGB pixels: ~140 KB that decodes to
+    3 * side**2 bytes (147 MB), and 4x that as the reward's float32 (the 1.8 GB of issue 36)."""
+    packer = zlib.compressobj(9)
+    row = b"\0" * (1 + 3 * side)  # filter byte 0, then the row's pixels
+    idat = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    return png_claiming(side, side, idat=idat)
+
+
+def request_body(pngs: list[bytes] | None = None, **fields) -> bytes:
+    pngs = [png()] if pngs is None else pngs
+    return msgpack.packb({"format": "png", "images": pngs, "prompts": ["p"] * len(pngs), **fields})
+
+
+def raw_request(b: int = 1, h: int = 4, w: int = 4, **fields) -> dict:
+    return {
+        "format": "raw",
+        "images": bytes(b * 3 * h * w),
+        "shape": [b, 3, h, w],
+        "prompts": ["p"] * b,
+        **fields,
+    }
+
+
+def http_request(url: str, method: str, path: str, body: bytes = b"", headers: dict | None = None):
+    """(status, JSON or msgpack answer, Content-Type) over a fresh connection."""
+    status, data, ctype = exchange(url, method, path, 30.0, body or None, headers)
+    return status, msgpack.unpackb(data) if "msgpack" in ctype else json.loads(data), ctype
+
+
+def raw_exchange(port: int, data: bytes, timeout_s: float = 15.0) -> bytes:
+    """Send ``data`` as is and read until the server closes or a whole answer has come."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # answered and closed before all of it was sent
+        out = b""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            out += chunk
+            head, sep, rest = out.partition(b"\r\n\r\n")
+            length = [
+                int(v)
+                for k, v in (ln.split(b":", 1) for ln in head.split(b"\r\n")[1:] if b":" in ln)
+                if k.strip().lower() == b"content-length"
+            ]
+            if sep and length and len(rest) >= length[0]:
+                break
+        return out
+
+
+def answer_of(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert b"application/json" in head.lower(), raw[:300]
+    return status, json.loads(body)
+
+
+def healthy_and_scoring(server) -> None:
+    """The server answers /health 200 and scores a good request correctly."""
+    status, health, _ = http_request(server.url, "GET", "/health")
+    assert status == 200 and health["status"] == "ok", health
+    x = np.random.default_rng(3).integers(0, 256, (2, 3, 4, 5), dtype=np.uint8)
+    good = msgpack.packb(
+        {"format": "raw", "images": x.tobytes(), "shape": list(x.shape), "prompts": ["a", "b"]}
+    )
+    status, answer, _ = http_request(server.url, "POST", "/score", good, {**AUTH, "X-Timeout-S": "30"})
+    expected = pixel_sum(torch.from_numpy(x).float() / 255.0, None, None).tolist()
+    assert status == 200 and answer["scores"] == pytest.approx(expected, rel=1e-6), answer
+
+
+def health_status(server) -> int | None:
+    """``/health``'s status, or None if the connection was refused or cut."""
+    try:
+        return http_request(server.url, "GET", "/health")[0]
+    except OSError:
+        return None
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRss:
+    """The most this process's RSS grew over its starting value while the block ran (sampled
+    every 5 ms on a thread)."""
+
+    def __enter__(self) -> PeakRss:
+        self.start = self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def growth_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+# -- X-Timeout-S ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["inf", "Infinity", "1e10", "1e308", "nan", "-1", "-0.5", "0", "0.0", "", "   ", "9" * 400, "0x10", "5s",
+     "1e-300", "1_000", "+5", "5,5", "\u0665", "3601", "99999999.5"],
+)  # fmt: skip
+def test_a_bad_x_timeout_s_is_a_400_naming_the_header(value):
+    with pytest.raises(HTTPException) as e:
+        request_timeout(value, LIMITS.max_timeout_s)
+    assert e.value.status_code == 400 and "X-Timeout-S must be" in e.value.detail, e.value.detail
+    assert len(e.value.detail) < 300  # a huge value is cut, not echoed
+
+
+@pytest.mark.parametrize(
+    "value, seconds", [("30", 30.0), ("2.5", 2.5), (".25", 0.25), ("3600", 3600.0), ("7.", 7.0)]
+)
+def test_a_good_x_timeout_s_is_read_and_none_gets_the_maximum(value, seconds):
+    assert request_timeout(value, 3600.0) == seconds
+    assert request_timeout(None, 3600.0) == 3600.0
+
+
+def test_x_timeout_s_of_inf_or_1e10_no_longer_kills_the_reward_lane():
+    """Before: ``inf`` / ``1e10`` reached the reward's call lane, whose wait overflowed and ended
+    the thread for good while /health stayed green; every later request then timed out."""
+    with serving() as server:
+        for value in ["inf", "1e10", "nan", "1e308", "99999999999999999999"]:
+            status, answer, _ = http_request(
+                server.url, "POST", "/score", request_body(), {**AUTH, "X-Timeout-S": value}
+            )
+            assert status == 400 and "X-Timeout-S" in answer["detail"], answer
+        healthy_and_scoring(server)
+
+
+def test_the_call_lane_survives_a_wait_too_long_for_the_os():
+    """workers.CallThread: a timeout no OS wait takes fails that call; the lane runs the next."""
+    calls = CallThread("test-lane")
+    try:
+        release = threading.Event()
+        too_long = calls.submit(release.wait, 10, timeout=1e10)  # still running when the lane waits
+        with pytest.raises(OverflowError):
+            too_long.result(10)
+        release.set()
+        assert calls.submit(lambda: 2, timeout=10).result(10) == 2
+        assert not calls.dead()
+    finally:
+        calls.close()
+
+
+# -- images ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "image, message",
+    [
+        (png("L"), "8-bit grayscale pixels"),
+        (png("I;16"), "16-bit grayscale pixels"),
+        (png("RGBA"), "8-bit RGBA pixels"),
+        (png("LA"), "8-bit grayscale+alpha pixels"),
+        (png("P"), "palette pixels"),
+        (png("1"), "1-bit grayscale pixels"),
+        (png_claiming(8, 6, depth=16, colour=2), "16-bit RGB pixels"),
+        (png("CMYK", fmt="JPEG"), "not a PNG file"),
+        (png("RGB", fmt="JPEG"), "not a PNG file"),
+        (b"hello", "not a PNG file"),
+        (b"", "not a PNG file"),
+        (png()[:40], "not a readable PNG"),  # truncated after the header
+        (png()[:33] + b"\0" * 50, "not a readable PNG"),  # a header, then garbage
+        (png_claiming(8, 6, idat=b"not zlib data"), "not a readable PNG"),
+        (png_claiming(0, 6), "0x6 pixels"),
+        (png_claiming(8, 6, colour=7), "colour type 7"),
+    ],
+)
+def test_an_image_that_is_no_8_bit_rgb_png_is_a_400_naming_it(image, message):
+    for body in (request_body([image]), msgpack.packb(raw_request(sources=[image]))):
+        with pytest.raises(HTTPException) as e:
+            decode_request(body)
+        where = "images[0]" if b'"png"' in body or b"\xa3png" in body else "sources[0]"
+        assert e.value.status_code == 400 and message in e.value.detail and where in e.value.detail, (
+            e.value.detail
+        )
+
+
+@pytest.mark.parametrize(
+    "pngs, limits, message",
+    [
+        (
+            [png_claiming(30000, 30000)],
+            LIMITS,
+            "images[0] is 30000x30000 pixels, over this server's 16777216",
+        ),
+        ([png_claiming(2**31, 2**31)], LIMITS, "pixels per image"),
+        (
+            [png(size=(64, 64))] * 5,
+            ServerLimits(max_request_mb=0.05),
+            "per request (what --max-request-mb 0.05",
+        ),
+        (
+            [png(size=(64, 64))] * 3,
+            ServerLimits(max_image_pixels=1000),
+            "64x64 pixels, over this server's 1000",
+        ),
+        ([png(size=(2, 2))] * 6, ServerLimits(max_images=5), "6 images, over this server's 5 per request"),
+    ],
+)
+def test_too_many_pixels_or_images_are_a_413_before_anything_is_decoded(pngs, limits, message):
+    with pytest.raises(HTTPException) as e:
+        decode_request(request_body(pngs), limits)
+    assert e.value.status_code == 413 and message in e.value.detail, e.value.detail
+
+
+def test_a_source_image_claiming_30000_by_30000_is_a_413():
+    with pytest.raises(HTTPException) as e:
+        decode_request(msgpack.packb(raw_request(sources=[png_claiming(30000, 30000)])))
+    assert e.value.status_code == 413 and "sources[0] is 30000x30000 pixels" in e.value.detail
+
+
+def test_a_pixel_bomb_is_refused_from_its_header_without_the_memory_it_would_take():
+    """A 140 KB PNG of 7000 x 7000 zeros: before, the server decoded it and grew by 1.8 GB."""
+    bomb = pixel_bomb()
+    assert len(bomb) < 300_000
+    with serving() as server, PeakRss() as rss:
+        status, answer, _ = http_request(server.url, "POST", "/score", request_body([bomb]), AUTH)
+        assert status == 413 and "7000x7000 pixels" in answer["detail"], answer
+        status, answer, _ = http_request(
+            server.url, "POST", "/score", msgpack.packb(raw_request(sources=[bomb])), AUTH
+        )
+        assert status == 413 and "sources[0] is 7000x7000" in answer["detail"], answer
+        healthy_and_scoring(server)
+    assert rss.growth_mb < 100, rss.growth_mb  # the decoded bomb alone is 147 MB, its float32 588 MB
+
+
+@pytest.mark.parametrize(
+    "fields, status, message",
+    [
+        ({"shape": [True, 3, 4, 4]}, 400, "shape [B, 3, H, W]"),
+        ({"shape": [1, 3, 4.0, 4]}, 400, "shape [B, 3, H, W]"),
+        ({"shape": [2**63 - 1, 3, 4, 4]}, 413, "images, over this server's"),
+        ({"shape": [1, 3, 1, 5000, 5000]}, 400, "images must be"),  # not the bytes claimed
+        ({"shape": [1, 3, 5000, 5000], "images": bytes(3 * 5000 * 5000)}, 413, "pixels per image"),
+        ({"shape": [1, 4, 4, 4]}, 400, "3 channels"),
+        ({"images": "x" * 48}, 400, "format raw: images must be 48 bytes"),
+        ({"prompts": ["p", "q"]}, 400, "prompts must be an array of 1 strings"),
+        ({"prompts": [1]}, 400, "prompts must be"),
+        ({"prompts": "p"}, 400, "prompts must be"),
+        ({"metadata": [1]}, 400, "metadata must be an array of 1 maps"),
+        ({"metadata": {}}, 400, "metadata must be"),
+        ({"metadata": [{"source_image": "x"}]}, 400, "must not hold source_image"),
+        ({"sources": [b"x", None]}, 400, "sources must be an array of 1"),
+        ({"sources": "x"}, 400, "sources must be"),
+        ({"format": "jpeg"}, 400, "format must be 'png' or 'raw'"),
+        ({"format": None}, 400, "format must be"),
+        ({"audio": b"\0\0", "audio_shape": [1, 1, 1], "sample_rate": True}, 400, "sample_rate must be"),
+        ({"audio": b"\0\0", "audio_shape": [1, True, 1], "sample_rate": 8000}, 400, "audio_shape must be"),
+        ({"audio": b"\0", "audio_shape": [1, 1, 1], "sample_rate": 8000}, 400, "bytes of float16"),
+        ({"audio": b"\x00\x7c", "audio_shape": [1, 1, 1], "sample_rate": 8000}, 400, "NaN or infinite"),
+    ],
+)
+def test_a_raw_body_with_a_wrong_field_is_a_4xx_naming_it(fields, status, message):
+    with pytest.raises(HTTPException) as e:
+        decode_request(msgpack.packb(raw_request(**{**fields})))
+    assert e.value.status_code == status and message in e.value.detail, e.value.detail
+
+
+@pytest.mark.parametrize(
+    "body, status, message",
+    [
+        (b"", 400, "not msgpack"),
+        (b"\xc1", 400, "not msgpack"),
+        (b"\x91" * 100_000 + b"\xc0", 400, "not msgpack"),  # nested 100 000 deep
+        (msgpack.packb([1, 2]), 400, "must be a msgpack map, got list"),
+        (msgpack.packb({1: 2}), 400, "not msgpack"),
+        (msgpack.packb({"format": "png"}) + b"\x00", 400, "not msgpack"),  # extra data
+        (b"\xdd\xff\xff\xff\xff", 400, "not msgpack"),  # an array claiming 4 G items
+        (msgpack.packb({"m": [[None] * 60_000] * 20}), 413, f"over {MAX_OBJECTS} msgpack objects"),
+        (msgpack.packb({"m": [None] * 70_000}), 400, "exceeds max_array_len"),
+        (msgpack.packb({"format": "png", "images": "x", "prompts": ["p"]}), 400, "non-empty array of PNG"),
+        (msgpack.packb({"format": "png", "images": [], "prompts": []}), 400, "non-empty array of PNG"),
+        (request_body([png(), png(size=(4, 4))]), 400, "images differ in size"),
+        (request_body([png()] * 3, frames=2), 400, "frames must be a positive int dividing the 3 PNGs"),
+        (request_body([png()], frames=True), 400, "frames must be"),
+        (request_body([png()], frames=0), 400, "frames must be"),
+        (json.dumps({"format": "png", "images": [], "prompts": []}).encode(), 400, "not msgpack"),
+    ],
+)
+def test_a_malformed_body_is_a_4xx_naming_what_is_wrong(body, status, message):
+    with pytest.raises(HTTPException) as e:
+        decode_request(body)
+    assert e.value.status_code == status and message in e.value.detail, e.value.detail
+
+
+def test_a_good_png_request_decodes_to_its_exact_pixels():
+    pixels = np.random.default_rng(0).integers(0, 256, (3, 5, 7, 3), dtype=np.uint8)
+    pngs = []
+    for a in pixels:
+        out = io.BytesIO()
+        Image.fromarray(a).save(out, "PNG")
+        pngs.append(out.getvalue())
+    req = decode_request(request_body(pngs))
+    assert torch.equal(req.images, torch.from_numpy(pixels).permute(0, 3, 1, 2))
+
+
+# -- HTTP -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shared_server():
+    """One server for every junk request of this module: each test also shows it still healthy."""
+    with serving() as server:
+        yield server
+
+
+HEAD = b"Host: x\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n"
+
+
+@pytest.mark.parametrize(
+    "data, status, message",
+    [
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: -5\r\n\r\n", 400, "not valid HTTP/1.1"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: abc\r\n\r\n", 400, "not valid HTTP/1.1"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: " + b"9" * 30 + b"\r\n\r\n", 400, "HTTP/1.1"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: 5\r\nContent-Length: 6\r\n\r\n", 400, "HTTP"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: 99999999999\r\n\r\n", 413, "--max-request-mb 64"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"\r\n", 400, "not msgpack"),  # no body at all
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 400,
+         "not msgpack"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "HTTP/1.1"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"X-Timeout-S: inf\r\nContent-Length: 0\r\n\r\n", 400,
+         "X-Timeout-S"),
+        (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", 401, "token missing"),
+        (b"POST /score HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\nContent-Length: 0\r\n\r\n", 401,
+         "token wrong"),
+        (b"FOO\x01 /score HTTP/1.1\r\nHost: x\r\n\r\n", 400, "not valid HTTP/1.1"),
+        (b"GET /\xff\xfe/../../etc HTTP/1.1\r\nHost: x\r\n\r\n", 400, "not valid HTTP/1.1"),
+        (b"DELETE /score HTTP/1.1\r\nHost: x\r\n\r\n", 405, "Method Not Allowed"),
+        (b"GET /score HTTP/1.1\r\nHost: x\r\n\r\n", 405, "Method Not Allowed"),
+        (b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405, "Method Not Allowed"),
+        (b"GET /../../etc/passwd HTTP/1.1\r\nHost: x\r\n\r\n", 404, "Not Found"),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-A%d: b\r\n" % i for i in range(20_000)) + b"\r\n",
+         400, "head over 16 KB"),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2**20 + b"\r\n\r\n", 400, "head over 16 KB"),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(200), 400, "not valid HTTP/1.1"),  # TLS hello
+        (b"GET /health HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", 200, None),
+    ],
+)  # fmt: skip
+def test_junk_http_is_a_4xx_json_answer_and_the_server_stays_healthy(shared_server, data, status, message):
+    got, answer = answer_of(raw_exchange(shared_server.port, data))
+    assert got == status, (got, answer)
+    assert message is None or message in answer["detail"], answer
+    healthy_and_scoring(shared_server)
+
+
+def test_random_bytes_as_a_request_are_a_400_and_the_server_stays_healthy(shared_server):
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        junk = rng.integers(0, 256, 3000, dtype=np.uint8).tobytes().replace(b"\n", b"") + b"\r\n\r\n"
+        status, answer = answer_of(raw_exchange(shared_server.port, junk))
+        assert status == 400, answer
+    healthy_and_scoring(shared_server)
+
+
+def test_requests_after_shutdown_are_refused_and_health_said_so_while_stopping():
+    with serving() as server:
+        url, port = server.url, server.port
+        server.server.should_exit = True  # what SIGTERM sets: /health no longer says ok
+        app_health = server.app.state.stopping()
+    assert app_health
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    assert "no reward server answers" in server_problems(url, None)[0]
+
+
+# -- the token ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "token, message",
+    [
+        ("x", "1 characters, 1 different"),
+        ("s3cret-token", "12 characters"),
+        ("a" * 64, "64 characters, 1 different"),
+        ("abababababababababab", "2 different"),
+        ("correct horse battery staple", "printable ASCII without spaces"),
+        ("tökentökentökentöken", "printable ASCII"),
+        ("tab\there-0123456789abcdef", "printable ASCII"),
+    ],
+)
+def test_a_weak_token_is_refused_for_an_address_other_machines_can_reach(token, message):
+    for host in ("0.0.0.0", "10.1.2.3", "::", "myhost.example", None):
+        problem = bind_problem(host, token)
+        assert problem is not None and message in problem, problem
+        assert len(token) < 4 or token not in problem  # the message never shows the token
+    assert "openssl rand -hex 32" in problem
+
+
+def test_a_weak_token_is_exit_2_at_start_and_a_strong_one_or_loopback_is_accepted(capsys, monkeypatch):
+    monkeypatch.setenv("DIFFRL_TEST_WEAK_TOKEN", "x")
+    flags = [
+        "serve-reward",
+        "--reward",
+        f"{HERE}:pixel_sum",
+        "--port",
+        "0",
+        "--token-env",
+        "DIFFRL_TEST_WEAK_TOKEN",
+    ]
+    assert main([*flags, "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --host 0.0.0.0 is not a loopback address, and the token is too weak")
+    assert err.count("\n") == 1
+    assert bind_problem("127.0.0.1", "x") is None and bind_problem("localhost", "x") is None
+    assert bind_problem("0.0.0.0", STRONG_TOKEN) is None and bind_problem("::1", "x") is None
+    reward = build_served_reward(f"{HERE}:pixel_sum", {})
+    with pytest.raises(ServerError, match="too weak"):
+        RewardServer(reward, "r", "0.0.0.0", 0, token="short-token")
+
+
+# -- a dead or stuck reward -----------------------------------------------------------------------
+
+
+def test_health_says_503_when_the_rewards_call_lane_has_died_and_requests_do_not_hang():
+    with serving() as server:
+        healthy_and_scoring(server)  # the lane exists now
+        lane = server.reward._calls
+        lane._calls.put(None)  # the lane thread ends, as if it had died (nothing else can end it now)
+        lane._lane.join(10)
+        status, health, _ = http_request(server.url, "GET", "/health")
+        assert status == 503 and health["status"] == "broken" and "call thread has died" in health["detail"]
+        t0 = time.monotonic()
+        status, answer, _ = http_request(server.url, "POST", "/score", request_body(), AUTH)
+        assert status == 503 and "call thread has died" in answer["detail"], answer
+        assert time.monotonic() - t0 < 10
+        assert "is broken" in server_problems(server.url, None)[0]
+
+
+class IgnoresDeadlines(Reward):
+    """A reward with its own ``submit`` whose Pending ignores the deadline (it waits for RELEASE)."""
+
+    RELEASE = threading.Event()
+
+    def __call__(self, images, prompts, metadata):
+        return torch.zeros(len(images))
+
+    def submit(self, images, prompts, metadata, timeout=None, audio=None):
+        return Pending(lambda: (IgnoresDeadlines.RELEASE.wait(60), torch.zeros(len(images)))[1])
+
+
+def test_health_says_503_when_a_call_overruns_its_deadline_and_later_requests_get_504(monkeypatch):
+    monkeypatch.setattr(server_module, "STUCK_S", 0.5)
+    IgnoresDeadlines.RELEASE.clear()
+    server = RewardServer(IgnoresDeadlines(), "stuck", token=TOKEN).start()
+    try:
+        headers = {**AUTH, "X-Timeout-S": "0.5"}
+        status, answer, _ = http_request(server.url, "POST", "/score", request_body(), headers)
+        assert status == 504, answer  # the handler stopped waiting at 0.5 + STUCK_S
+        status, health, _ = http_request(server.url, "GET", "/health")
+        assert status == 503 and "is stuck" in health["detail"], health
+        status, answer, _ = http_request(server.url, "POST", "/score", request_body(), headers)
+        assert status in (503, 504), answer  # refused, never a hang
+    finally:
+        IgnoresDeadlines.RELEASE.set()
+        server.stop()
+
+
+def test_a_reward_that_calls_sys_exit_is_a_500_naming_it():
+    with serving("exits") as server:
+        status, answer, _ = http_request(server.url, "POST", "/score", request_body(), AUTH)
+        assert status == 500 and "reward 'exits' raised SystemExit" in answer["detail"], answer
+        status, health, _ = http_request(server.url, "GET", "/health")
+        assert status == 200
+
+
+# -- slow clients ---------------------------------------------------------------------------------
+
+SLOW = ServerLimits(head_timeout_s=2.0, body_timeout_s=2.0)
+
+
+def drip(port: int, data: bytes, cut: dict, key: int) -> None:
+    """Send ``data`` a byte every 50 ms until the server answers or closes; record when and what."""
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.setblocking(False)
+        answer = b""
+        for i in range(100_000):
+            try:
+                s.send(data[i % len(data) : i % len(data) + 1])
+            except (BrokenPipeError, ConnectionResetError, BlockingIOError):
+                pass
+            time.sleep(0.05)
+            try:
+                chunk = s.recv(4096)
+            except BlockingIOError:
+                continue
+            except ConnectionResetError:
+                break
+            answer += chunk
+            if not chunk or b"}" in answer:
+                break
+            if time.monotonic() - t0 > 30:
+                break
+    cut[key] = (time.monotonic() - t0, answer)
+
+
+def test_slow_clients_are_cut_off_at_their_deadline_while_others_are_served():
+    """20 clients drip their heads and 5 their (authorised) bodies a byte every 50 ms: each gets a
+    408 once its 2 s deadline passes, however it drips, and a normal client is answered meanwhile."""
+    heads = b"POST /score HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000
+    bodies = b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: 100000\r\n\r\n"
+    cut: dict[int, tuple[float, bytes]] = {}
+    with serving(limits=SLOW) as server:
+        healthy_and_scoring(server)  # warm: the first request pays for imports
+        threads = [
+            threading.Thread(target=drip, args=(server.port, heads, cut, k), daemon=True) for k in range(20)
+        ]
+        for k in range(20, 25):  # the body's head goes whole, then the body drips
+
+            def body_drip(k=k):
+                with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+                    s.sendall(bodies)
+                    t0 = time.monotonic()
+                    answer = b""
+                    s.settimeout(0.05)
+                    while b"}" not in answer and time.monotonic() - t0 < 30:
+                        try:
+                            s.send(b"x")
+                            chunk = s.recv(4096)
+                            if not chunk:
+                                break
+                            answer += chunk
+                        except TimeoutError:
+                            pass
+                        except (BrokenPipeError, ConnectionResetError):
+                            break
+                    cut[k] = (time.monotonic() - t0, answer)
+
+            threads.append(threading.Thread(target=body_drip, daemon=True))
+        for t in threads:
+            t.start()
+        time.sleep(0.2)  # they are connected and dripping
+        t0 = time.monotonic()
+        healthy_and_scoring(server)  # answered while they drip
+        served_in = time.monotonic() - t0
+        early = dict(cut)  # none is cut before its 2 s have passed
+        for t in threads:
+            t.join(60)
+        healthy_and_scoring(server)
+    assert served_in < 1.5 and early == {}, (served_in, early)
+    assert sorted(cut) == list(range(25))
+    for k, (elapsed, answer) in cut.items():
+        assert answer.startswith(b"HTTP/1.1 408"), (k, answer[:200])
+        detail = json.loads(answer.partition(b"\r\n\r\n")[2])["detail"]
+        which = "request head not received within 2 s" if k < 20 else "request body not received within 2 s"
+        assert which in detail, (k, detail)
+        assert 1.5 < elapsed < 20, (k, elapsed)  # at the deadline, not at the end of the drip
+
+
+def test_a_body_the_server_did_not_read_may_drain_only_for_the_head_deadline():
+    """A 401 (or 404) is answered at once; a client that then keeps dripping its body is closed."""
+    with serving(limits=SLOW) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+            t0, answer = time.monotonic(), b""
+            s.settimeout(0.05)
+            closed = False
+            while time.monotonic() - t0 < 30 and not closed:
+                try:
+                    s.send(b"x")
+                    chunk = s.recv(4096)
+                    closed = not chunk
+                    answer += chunk
+                except TimeoutError:
+                    pass
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+            elapsed = time.monotonic() - t0
+        assert answer.startswith(b"HTTP/1.1 401") and closed
+        assert 1.5 < elapsed < 20, elapsed
+
+
+def test_connections_past_the_limit_are_answered_503_at_once():
+    with serving(limits=ServerLimits(max_connections=5, head_timeout_s=30)) as server:
+        idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(5)]
+        try:  # the server accepts connections in order: these five are counted before the sixth
+            status, answer = answer_of(raw_exchange(server.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+            assert status == 503 and "maximum of 5 connections" in answer["detail"], answer
+        finally:
+            for s in idle:
+                s.close()
+        deadline = time.monotonic() + 10  # until the server has seen them close
+        while health_status(server) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        healthy_and_scoring(server)
+
+
+# -- the client's deadline ------------------------------------------------------------------------
+
+
+def dripping_server(answer: bytes, every_s: float = 0.2):
+    """A server that answers every connection with ``answer``, one byte every ``every_s``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+            def one(conn=conn):
+                with conn:
+                    try:
+                        conn.recv(65536)
+                        for i in range(len(answer)):
+                            if stop.wait(every_s):
+                                return
+                            conn.sendall(answer[i : i + 1])
+                    except OSError:
+                        pass
+
+            threading.Thread(target=one, daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", lambda: (stop.set(), listener.close())
+
+
+HEALTH = b'{"status": "ok", "reward": "r", "token_required": false, "audio": false}'
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(HEALTH)
+        + HEALTH,
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + HEALTH * 20,  # no length: until close
+    ],
+    ids=["head-drips", "body-drips"],
+)
+def test_the_client_gives_up_at_its_total_deadline_however_a_server_drips(answer):
+    """Before: a ``/health`` or answer dripping a byte within each socket timeout held the client
+    for as long as the server liked (43 s and 150 s for these); now the total is the deadline."""
+    url, stop = dripping_server(answer)
+    try:
+        t0 = time.monotonic()
+        [problem] = server_problems(url, None, timeout_s=1.0)
+        assert "no answer in 1 s" in problem and time.monotonic() - t0 < 5, problem
+        reward = RemoteReward(url, timeout_s=1.0, retries=0)
+        t0 = time.monotonic()
+        with pytest.raises(Exception, match="no answer within 1 s"):
+            reward.call_by(torch.zeros(1, 3, 4, 4), ["p"], [{}], None)
+        assert time.monotonic() - t0 < 5
+    finally:
+        stop()
+
+
+def test_preflight_refuses_a_client_timeout_over_the_servers_maximum():
+    with serving(limits=ServerLimits(max_timeout_s=10)) as server:
+        [problem] = server_problems(server.url, "X", request_timeout_s=60)
+        assert "timeout_s: 60 s is over the reward server's max_timeout_s of 10 s" in problem
+        assert server_problems(server.url, "X", request_timeout_s=10) == []
+
+
+# -- load -----------------------------------------------------------------------------------------
+
+CLIENTS = 200
+BOMBS = 10
+LOAD_RSS_BOUND_MB = 150
+"""Measured: 16-20 MB of peak RSS growth for these 200 clients (10 of them sending the 7000x7000
+pixel bomb) on the 2-core development machine; before the pixel limits the same load grew the
+process by 4.0 GB (each bomb decoded: 147 MB of pixels, PIL's 196 MB copy, 588 MB as float32)."""
+
+
+def test_200_clients_at_once_are_all_answered_with_memory_bounded():
+    """200 clients post at the same moment (10 of them the pixel bomb): every good one gets its
+    exact scores, every bomb a 413, and the process grows by less than LOAD_RSS_BOUND_MB."""
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, 256, (2, 3, 16, 16), dtype=np.uint8) for _ in range(CLIENTS)]
+    bodies = []
+    for k, x in enumerate(batches):
+        if k % (CLIENTS // BOMBS) == 0:
+            bodies.append(request_body([pixel_bomb()]))
+            continue
+        pngs = []
+        for a in x.transpose(0, 2, 3, 1):
+            out = io.BytesIO()
+            Image.fromarray(a).save(out, "PNG", compress_level=1)
+            pngs.append(out.getvalue())
+        bodies.append(request_body(pngs))
+    start = threading.Barrier(CLIENTS + 1, timeout=60)
+
+    def client(k: int):
+        start.wait()
+        return http_request(server.url, "POST", "/score", bodies[k], {**AUTH, "X-Timeout-S": "60"})
+
+    with serving() as server:
+        healthy_and_scoring(server)
+        with PeakRss() as rss, cf.ThreadPoolExecutor(CLIENTS) as pool:
+            futures = [pool.submit(client, k) for k in range(CLIENTS)]
+            start.wait()
+            answers = [f.result(120) for f in futures]
+        healthy_and_scoring(server)
+    for k, (status, answer, _) in enumerate(answers):
+        if k % (CLIENTS // BOMBS) == 0:
+            assert status == 413 and "7000x7000" in answer["detail"], (k, answer)
+        else:
+            expected = pixel_sum(torch.from_numpy(batches[k]).float() / 255.0, None, None).tolist()
+            assert status == 200 and answer["scores"] == pytest.approx(expected, rel=1e-6), (k, answer)
+    assert rss.growth_mb < LOAD_RSS_BOUND_MB, rss.growth_mb
+
+
+# -- fuzz -----------------------------------------------------------------------------------------
+
+PNGS = [
+    png(),
+    png(size=(4, 4)),
+    png("L"),
+    png("I;16"),
+    png("P"),
+    png()[:40],
+    png_claiming(30000, 30000),
+    png_claiming(4, 4, idat=b"junk"),
+    b"",
+    b"\x89PNG",
+]
+FUZZ_LIMITS = ServerLimits(max_request_mb=1.0, max_image_pixels=4096, max_images=16)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=10)
+    | st.binary(max_size=40)
+    | st.sampled_from(PNGS)
+)
+values = st.recursive(
+    scalars,
+    lambda kids: st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
+    max_leaves=12,
+)
+FIELDS = [
+    "format",
+    "images",
+    "shape",
+    "frames",
+    "prompts",
+    "metadata",
+    "sources",
+    "audio",
+    "audio_shape",
+    "sample_rate",
+]
+field_values = (
+    values
+    | st.sampled_from(["png", "raw"])
+    | st.lists(st.sampled_from(PNGS), min_size=1, max_size=4)
+    | st.lists(st.integers(-2, 5), min_size=3, max_size=6)
+    | st.lists(st.one_of(st.none(), st.sampled_from(PNGS)), max_size=4)
+    | st.binary(min_size=0, max_size=200)
+)
+
+
+@st.composite
+def bodies(draw) -> bytes:
+    """A good request, a few of whose fields are replaced by anything; or random bytes."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.binary(max_size=300))
+    base = (
+        raw_request(b=draw(st.integers(1, 3)))
+        if draw(st.booleans())
+        else msgpack.unpackb(request_body([PNGS[0]] * draw(st.integers(1, 3))))
+    )
+    for key in draw(st.lists(st.sampled_from(FIELDS), max_size=3)):
+        if draw(st.booleans()):
+            base.pop(key, None)
+        else:
+            base[key] = draw(field_values)
+    return msgpack.packb(base)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(body=bodies())
+def test_fuzz_the_body_parser_gives_a_request_or_a_4xx(body):
+    try:
+        req = decode_request(body, FUZZ_LIMITS)
+    except HTTPException as e:
+        assert 400 <= e.status_code < 500 and isinstance(e.detail, str) and len(e.detail) < 1000, e.detail
+    else:
+        assert isinstance(req, ScoreRequest) and req.images.dtype == torch.uint8
+        assert req.images.shape[1] == 3 and len(req.prompts) == len(req.metadata) == req.images.shape[0]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(value=st.text(max_size=30) | st.from_regex(r"[0-9.eE+-]{0,12}", fullmatch=True))
+def test_fuzz_the_header_parsers_give_a_value_or_a_4xx(value):
+    try:
+        timeout = request_timeout(value, 3600.0)
+        assert 0 < timeout <= 3600.0
+    except HTTPException as e:
+        assert e.status_code == 400
+    problem = content_length_problem(value, 2**20)
+    assert problem is None or problem.status_code in (400, 413)
+
+
+@pytest.fixture(scope="module")
+def protocol_world():
+    """An event loop and a served app to feed bytes to, without sockets."""
+    loop = asyncio.new_event_loop()
+    reward = build_served_reward(f"{HERE}:pixel_sum", {})
+    app = create_app(reward, "pixel_sum", TOKEN, FUZZ_LIMITS)
+    config = uvicorn.Config(app, log_level="critical", ws="none")
+    config.load()
+    yield loop, config
+    app.state.worker.shutdown(wait=False)
+    reward.close()
+    loop.close()
+
+
+class FakeTransport:
+    def __init__(self):
+        self.written = bytearray()
+        self.closing = False
+
+    def write(self, data):
+        self.written += data
+
+    def close(self):
+        self.closing = True
+
+    def is_closing(self):
+        return self.closing
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+    def pause_reading(self):
+        pass
+
+    def resume_reading(self):
+        pass
+
+    def set_protocol(self, protocol):
+        pass
+
+
+@st.composite
+def http_bytes(draw) -> bytes:
+    """Mostly a well-formed request head with a few parts junk or hostile, then maybe a body (one
+    in eight: random bytes)."""
+    if draw(st.integers(0, 7)) == 0:
+        return draw(st.binary(min_size=1, max_size=200))
+    good_method = st.sampled_from([b"GET", b"POST", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS"])
+    method = draw(good_method | st.binary(max_size=8) if draw(st.integers(0, 9)) == 0 else good_method)
+    path = draw(
+        st.sampled_from([b"/score", b"/score", b"/health", b"/", b"/score?x=1", b"/%00", b"/\xff", b"*"])
+    )
+    version = draw(st.sampled_from([b"HTTP/1.1", b"HTTP/1.1", b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b""]))
+    body = draw(
+        st.sampled_from([b"", request_body(), msgpack.packb(raw_request()), b"3\r\nabc\r\n0\r\n\r\n"])
+        | st.binary(max_size=100)
+    )
+    names = [
+        b"Content-Length",
+        b"Transfer-Encoding",
+        b"X-Timeout-S",
+        b"Authorization",
+        b"Expect",
+        b"Connection",
+    ]
+    values = [
+        b"-1",
+        b"abc",
+        b"5",
+        b"0",
+        b"chunked",
+        b"inf",
+        b"1e10",
+        b"30",
+        b"100-continue",
+        b"close",
+        b"x",
+        b"Bearer " + TOKEN.encode(),
+        b"%d" % len(body),
+        b"%d" % len(body),
+        b"99999999999",
+    ]
+    headers = [(b"Host", b"x")] if draw(st.integers(0, 9)) else []
+    if draw(st.booleans()):
+        headers.append((b"Authorization", b"Bearer " + TOKEN.encode()))
+    if draw(st.booleans()):
+        headers.append((b"Content-Length", b"%d" % len(body)))
+    for _ in range(draw(st.integers(0, 4))):
+        junk = draw(st.integers(0, 9)) == 0  # now and then a junk name or value
+        name = draw(st.binary(max_size=10) if junk else st.sampled_from(names))
+        headers.append((name, draw(st.binary(max_size=20) if junk else st.sampled_from(values))))
+    head = (
+        method
+        + b" "
+        + path
+        + b" "
+        + version
+        + b"\r\n"
+        + b"".join(k + b": " + v + b"\r\n" for k, v in headers)
+    )
+    return head + b"\r\n" + body if draw(st.integers(0, 7)) else head
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=http_bytes())
+def test_fuzz_the_http_parser_answers_4xx_json_or_waits_never_5xx(protocol_world, data):
+    """Bytes straight into the server's protocol (uvicorn's h11 with the server's guards): it
+    answers 2xx/4xx JSON, or waits for more (its deadline is another test's); nothing raises."""
+    loop, config = protocol_world
+    state = ServerState()
+
+    async def feed() -> bytes:
+        transport = FakeTransport()
+        protocol = GuardedH11Protocol(
+            config=config, server_state=state, app_state={}, _loop=loop, limits=FUZZ_LIMITS
+        )
+        protocol.connection_made(transport)
+        if data:  # asyncio never hands a protocol empty data (an end of stream is eof_received)
+            protocol.data_received(data)
+        for _ in range(200):  # let the app answer what it has whole
+            if not state.tasks:
+                break
+            await asyncio.sleep(0.005)
+        if state.tasks:  # waiting for more body: the client goes away
+            protocol.connection_lost(None)
+            await asyncio.wait(state.tasks, timeout=10)
+        protocol.connection_lost(None)
+        return bytes(transport.written)
+
+    written = loop.run_until_complete(feed())
+    for status, head in answers(written):
+        assert status < 500, written[:500]
+        assert b"content-type: application/json" in head.lower() or status == 200, written[:500]
+
+
+def answers(written: bytes) -> list[tuple[int, bytes]]:
+    """The ``(status, head)`` of each HTTP answer in ``written``, in order."""
+    out = []
+    while written:
+        head, sep, rest = written.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 ") and sep, written[:300]
+        lengths = [
+            ln.split(b":", 1)[1]
+            for ln in head.split(b"\r\n")[1:]
+            if ln.lower().startswith(b"content-length:")
+        ]
+        length = int(lengths[0]) if lengths else len(rest)
+        out.append((int(head[9:12]), head))
+        written = rest[length:]
+    return out
