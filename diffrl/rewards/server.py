@@ -636,9 +636,8 @@ def create_app(
     """The FastAPI app serving ``reward`` (called ``name`` in answers and errors)."""
     limits = limits or ServerLimits()
     app = FastAPI(title=f"diffrl reward {name}", docs_url=None, redoc_url=None, openapi_url=None)
-    worker = ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix="reward-server"
-    )  # one batch at a time, FIFO
+    # the reward scores one batch at a time, first come first served
+    worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-server")
     expected = None if token is None else f"Bearer {token}".encode()
     slots = asyncio.Semaphore(limits.max_active)  # bound to the server's loop at its first use
     buffered = _ByteBudget(limits.max_active * limits.max_request_bytes)
@@ -716,6 +715,9 @@ def create_app(
             raise problem  # before waiting for a slot
         deadline = received + timeout
         length = request.headers.get("content-length")
+        if length is not None and "transfer-encoding" in request.headers:
+            # h11 reads the chunks and ignores the length: the body could outgrow what it reserved
+            raise _bad("give Content-Length or Transfer-Encoding, not both")
         need = limits.max_request_bytes if length is None else int(length)  # chunked: the most it may be
         if not await buffered.reserve(need, seconds_left(deadline)):
             raise _busy(timeout)

@@ -94,6 +94,9 @@ def test_flow_grpo_through_a_reward_server_process(tmp_path, server):
         "reward": REWARD,
         "token_required": True,
         "max_request_mb": 64.0,
+        "max_timeout_s": 3600.0,
+        "max_image_pixels": 4096 * 4096,
+        "max_request_pixels": 64 * 2**20 // 3,
         "audio": False,
     }
 

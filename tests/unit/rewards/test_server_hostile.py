@@ -433,6 +433,8 @@ HEAD = b"Host: x\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n"
         (b"POST /score HTTP/1.1\r\n" + HEAD + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 400,
          "not msgpack"),
         (b"POST /score HTTP/1.1\r\n" + HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "HTTP/1.1"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
+         b"5\r\nhello\r\n0\r\n\r\n", 400, "Content-Length or Transfer-Encoding, not both"),
         (b"POST /score HTTP/1.1\r\n" + HEAD + b"X-Timeout-S: inf\r\nContent-Length: 0\r\n\r\n", 400,
          "X-Timeout-S"),
         (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", 401, "token missing"),
@@ -467,12 +469,18 @@ def test_random_bytes_as_a_request_are_a_400_and_the_server_stays_healthy(shared
     healthy_and_scoring(shared_server)
 
 
-def test_requests_after_shutdown_are_refused_and_health_said_so_while_stopping():
+def test_health_says_503_while_stopping_and_requests_after_shutdown_are_refused():
     with serving() as server:
         url, port = server.url, server.port
-        server.server.should_exit = True  # what SIGTERM sets: /health no longer says ok
-        app_health = server.app.state.stopping()
-    assert app_health
+        tells = server.app.state.stopping
+        server.app.state.stopping = lambda: True  # as SIGTERM's should_exit says, without ending it yet
+        status, health, _ = http_request(url, "GET", "/health")
+        assert status == 503 and health["detail"] == "the server is stopping", health
+        status, answer, _ = http_request(url, "POST", "/score", request_body(), AUTH)
+        assert status == 503 and "stopping" in answer["detail"], answer
+        server.app.state.stopping = tells
+        server.server.should_exit = True  # what SIGTERM sets
+        assert server.app.state.stopping()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     assert "no reward server answers" in server_problems(url, None)[0]
@@ -516,6 +524,9 @@ def test_a_weak_token_is_exit_2_at_start_and_a_strong_one_or_loopback_is_accepte
     err = capsys.readouterr().err
     assert err.startswith("error: --host 0.0.0.0 is not a loopback address, and the token is too weak")
     assert err.count("\n") == 1
+    assert main([*flags, "--ray"]) == 2  # refused before Ray starts
+    err = capsys.readouterr().err
+    assert err.startswith("error: without --host it binds its Ray node's address, and the token is too weak")
     assert bind_problem("127.0.0.1", "x") is None and bind_problem("localhost", "x") is None
     assert bind_problem("0.0.0.0", STRONG_TOKEN) is None and bind_problem("::1", "x") is None
     reward = build_served_reward(f"{HERE}:pixel_sum", {})
