@@ -103,7 +103,7 @@ def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
         if f.suffix.lower() not in IMAGE_SUFFIXES:
             continue
         if problem := image_problem(f):
-            unreadable.append(f"{f.relative_to(root).as_posix()} {problem}")
+            unreadable.append(f"image {f.relative_to(root).as_posix()} {problem}")
             continue
         cap = captions.get(f.relative_to(root).as_posix())
         sidecar = f.with_suffix(".txt")
@@ -111,7 +111,7 @@ def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
             try:
                 cap = read_text(sidecar, "caption file", "a caption is a UTF-8 text file").strip()
             except UserFileError as e:
-                not_text.append(str(e))
+                unreadable.append(str(e))
                 continue
         if cap is not None and not isinstance(cap, str):
             not_text.append(f"{f.name} (caption {cap!r})")
@@ -122,13 +122,13 @@ def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
         items.append((f, cap))
     if unreadable:
         raise DatasetError(
-            f"{len(unreadable)} image file(s) in {str(folder)!r} cannot be read: "
+            f"{len(unreadable)} image or caption file(s) in {str(folder)!r} cannot be read: "
             f"{'; '.join(unreadable[:5])}{' ...' if len(unreadable) > 5 else ''}; remove or replace them"
         )
     if not_text:
         raise DatasetError(
-            f"{len(not_text)} caption(s) in {str(folder)!r} cannot be read: {not_text[0]}"
-            + (f" (and {len(not_text) - 1} more)" if len(not_text) > 1 else "")
+            f"{len(not_text)} caption(s) in {str(folder)!r} are not text (e.g. {not_text[0]}); "
+            "a caption is a UTF-8 string"
         )
     if missing:
         raise DatasetError(

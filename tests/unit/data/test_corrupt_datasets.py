@@ -107,7 +107,10 @@ def test_an_image_folder_refuses_an_image_that_is_none(make, said, tmp_path):
     make(root / "a.png")
     (root / "a.txt").write_text("c")
     expect_refusal(
-        lambda: ImageFolderDataset(root, 8, 8), "1 image file(s)", f"a.png {said}", "remove or replace"
+        lambda: ImageFolderDataset(root, 8, 8),
+        "1 image or caption file(s)",
+        f"image a.png {said}",
+        "remove or replace",
     )
 
 
@@ -130,7 +133,7 @@ def test_an_image_folder_refuses_a_metadata_row_naming_a_folder(tmp_path):
     root = image_folder(tmp_path)
     (root / "sub" / "x.png").mkdir(parents=True)
     (root / "metadata.jsonl").write_text('{"file_name": "sub/x.png", "text": "c"}\n')
-    expect_refusal(lambda: ImageFolderDataset(root, 8, 8), "sub/x.png is a folder")
+    expect_refusal(lambda: ImageFolderDataset(root, 8, 8), "image sub/x.png is a folder")
 
 
 def test_a_caption_that_is_not_utf8_is_refused_with_its_line(tmp_path):
