@@ -453,7 +453,9 @@ def decode_request(body: bytes | bytearray, limits: ServerLimits | None = None) 
             raise _too_large(f"{len(images)} images, over this server's {limits.max_images} per request")
         frames = msg.get("frames")
         if frames is not None and not (_is_count(frames) and len(images) % frames == 0):
-            raise _bad(f"frames must be a positive int dividing the {len(images)} PNGs, got {frames!r}")
+            raise _bad(
+                f"frames must be a positive int dividing the {len(images)} PNGs, got {str(frames)[:100]}"
+            )
         shapes = {png_size(d, f"images[{i}]") for i, d in enumerate(images)}
         if len(shapes) > 1:
             raise _bad(f"images differ in size: {sorted(shapes)[:4]} (width, height); send one size")

@@ -899,7 +899,9 @@ def bodies(draw) -> bytes:
     return msgpack.packb(base)
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=400, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 @given(body=bodies())
 def test_fuzz_the_body_parser_gives_a_request_or_a_4xx(body):
     try:
@@ -911,7 +913,7 @@ def test_fuzz_the_body_parser_gives_a_request_or_a_4xx(body):
         assert req.images.shape[1] == 3 and len(req.prompts) == len(req.metadata) == req.images.shape[0]
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(value=st.text(max_size=30) | st.from_regex(r"[0-9.eE+-]{0,12}", fullmatch=True))
 def test_fuzz_the_header_parsers_give_a_value_or_a_4xx(value):
     try:
@@ -1026,7 +1028,9 @@ def http_bytes(draw) -> bytes:
     return head + b"\r\n" + body if draw(st.integers(0, 7)) else head
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=200, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 @given(data=http_bytes())
 def test_fuzz_the_http_parser_answers_4xx_json_or_waits_never_5xx(protocol_world, data):
     """Bytes straight into the server's protocol (uvicorn's h11 with the server's guards): it
