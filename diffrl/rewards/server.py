@@ -431,6 +431,12 @@ def unpack(body: bytes | bytearray) -> Any:
         )
     except _TooMany as e:
         raise _too_large(f"the body holds over {MAX_OBJECTS} msgpack objects") from e
+    except ValueError as e:
+        if "exceeds max_" not in str(e):  # msgpack's "N exceeds max_array_len(M)" (or map, str, bin)
+            raise _bad(f"the body is not msgpack (ValueError: {str(e)[:200]})") from e
+        raise _too_large(
+            f"an array or map of the body holds {str(e).split()[0]} items, over this server's {MAX_ARRAY_LEN}"
+        ) from e
     except Exception as e:  # msgpack raises several unrelated types on bad input
         raise _bad(f"the body is not msgpack ({type(e).__name__}: {str(e)[:200]})") from e
 
