@@ -51,9 +51,11 @@ in-process. Every error is JSON ``{"detail": "..."}`` (FastAPI's shape), with st
   arrive in time: slow clients are cut off, whatever pace they drip at;
 - 413: the body is over ``--max-request-mb`` (refused from ``Content-Length``, or as soon as the
   streamed bytes pass the limit, never read whole), or its images hold too many pixels or are too
-  many (:class:`ServerLimits`; from the PNG headers, before any image is decoded);
+  many, or the body holds too many msgpack objects (:class:`ServerLimits`; from the PNG headers
+  and while unpacking, before any image is decoded);
 - 500: the reward raised, or returned the wrong shape; the detail names the reward and the error;
-- 503: the server holds its maximum of connections (``max_connections``);
+- 503: the server holds its maximum of connections (``max_connections``), or cannot score (it
+  is stopping, or broken: see ``/health``);
 - 504: the client's ``X-Timeout-S`` passed before the reward finished (or started).
 
 ``GET /health``: JSON ``{"status": "ok", "reward": NAME, "token_required": bool,
