@@ -135,14 +135,22 @@ def _cut(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def plugin_error(error: BaseException, origin: Origin) -> PluginError:
-    """The :class:`PluginError` for ``error`` raised by the plugin at ``origin``."""
+def plugin_error(error: BaseException, origin: Origin, context: str | None = None) -> PluginError:
+    """The :class:`PluginError` for ``error`` raised by the plugin at ``origin``; ``context``
+    says where that code ran when it was not in this process (``in a Ray rollout engine``)."""
     fix = (
         "fix the plugin"
         if isinstance(error, Exception)
         else "a plugin must return or raise an Exception, never end the process: fix it"
     )
+    where = f"{origin.where}, {context}" if context else origin.where
     return PluginError(
-        f"plugin {origin.path!r} {describe(error)} (at {origin.where}); {fix} (rerun with --debug "
-        "for the traceback)"
+        f"plugin {origin.path!r} {describe(error)} (at {where}); {fix} (rerun with --debug for the traceback)"
     )
+
+
+def as_plugin_error(error: BaseException, context: str | None = None) -> PluginError | None:
+    """``error`` as the :class:`PluginError` that names its plugin (see :func:`plugin_error`), or
+    None when it is not a plugin's."""
+    origin = plugin_origin(error)
+    return None if origin is None else plugin_error(error, origin, context)

@@ -12,6 +12,7 @@ import torch
 
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config
+from diffrl.distributed.ray.actor_errors import names_user_errors
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.distributed.ray.sharding import RankPart
 from diffrl.distributed.ray.weight_sync import checksum, live_state, load_state, module_state, sampling_state
@@ -28,6 +29,7 @@ from diffrl.train.checkpoint import load_resume_state, save_checkpoint
 from diffrl.train.evaluate import EvalResult, evaluate
 
 
+@names_user_errors("in a Ray rollout engine")
 class RolloutEngine:
     """Holds the base model with the sampling weights; samples micro-groups of a plan."""
 
@@ -100,6 +102,7 @@ class RolloutEngine:
         self.collector.close()
 
 
+@names_user_errors("in a Ray trainer rank")
 class TrainerRank:
     """One FSDP2 rank: the actor (policy + optimizer) on this rank's shard of the weights."""
 

@@ -3,6 +3,9 @@
 - :class:`ActorPool`: replaceable actors of one kind (engines, a reward's workers).
 - :func:`ranks_call`: every trainer rank at once; the first that dies stops the run
   (:class:`TrainerRankDied`, naming the last checkpoint).
+
+A user's error raised in an actor (a plugin's, named there: :mod:`.actor_errors`) is raised as
+itself by every call here: it is no actor's death, so nothing is replaced or re-sent.
 - :class:`Dispatch`: a rollout's micro-groups on the engines (two queued per engine; the
   micro-groups of an engine that died re-issued to its replacement), calls on one engine with
   retries, and each micro-group's scores on the reward workers by each reward's deadline.
@@ -15,6 +18,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 
 from diffrl.config import RewardConfig
+from diffrl.distributed.ray.actor_errors import get
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.errors import Abandoned, RunStopped
 from diffrl.rewards.base import RewardOutput, reward_labels
@@ -72,14 +76,14 @@ def ranks_call(
     try:
         while pending:  # fail at the first dead rank: the others may wait in a collective
             ready, pending = ray.wait(pending, num_returns=1)
-            ray.get(ready)
+            get(ready)  # a user's error (a plugin's, named) is raised as itself: no rank died
     except ray.exceptions.RayError as e:  # a dead rank, or a rank whose collective broke with it
         where = last_checkpoint or "none yet (no checkpoint was written)"
         raise TrainerRankDied(
             f"a trainer rank died or failed during {method!r}; the run stops. Last checkpoint: "
             f"{where} (continue with train.resume=latest). Cause: {type(e).__name__}: {e}"
         ) from e
-    return ray.get(refs)
+    return get(refs)
 
 
 class _PendingScores:
@@ -117,7 +121,7 @@ class Dispatch:
         for attempt in range(MAX_REISSUES + 1):
             engine = self.engines.actors[i]
             try:
-                return ray.get(getattr(engine, method).remote(*args))
+                return get(getattr(engine, method).remote(*args))
             except ray.exceptions.RayActorError as e:
                 if attempt == MAX_REISSUES:
                     raise RuntimeError(f"engine {i} died {attempt + 1} times during {method!r}") from e
@@ -150,7 +154,7 @@ class Dispatch:
             [ref], _ = ray.wait(list(inflight), num_returns=1)
             i, g, engine = inflight.pop(ref)
             try:
-                part = ray.get(ref)
+                part = get(ref)
             except ray.exceptions.RayActorError as e:
                 attempts[g] += 1
                 if attempts[g] > MAX_REISSUES:
@@ -196,7 +200,7 @@ class Dispatch:
             deadline = submitted + cfg.timeout_s
             while True:
                 try:
-                    out = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+                    out = get(ref, timeout=max(0.0, deadline - time.monotonic()))
                     if out.timed_out.any() and pool.replace(w, worker):
                         # the worker enforced the deadline itself (the driver came to wait late):
                         # its reward thread is still stuck, so it is replaced as if it were

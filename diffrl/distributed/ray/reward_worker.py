@@ -10,10 +10,12 @@ from __future__ import annotations
 import torch
 
 from diffrl.config import RewardConfig
+from diffrl.distributed.ray.actor_errors import names_user_errors
 from diffrl.rewards.base import RewardOutput, RewardSet
 from diffrl.rollout import Audio
 
 
+@names_user_errors("in a Ray reward worker")
 class RewardWorker:
     """Scores images with one reward type, in this process."""
 

@@ -18,12 +18,13 @@ only the trainable tensors (LoRA A/B pairs) go to the engines, with a checksum.
 
 Faults: an engine or reward worker that dies is replaced (the new engine first takes the current
 weights) and its unfinished micro-group re-issued (``rollout/reissued``); a trainer rank that dies
-stops the run with an error naming the last checkpoint. A reward worker still busy at its reward's
+stops the run with an error naming the last checkpoint. A plugin's error in an actor (``sys.exit()``
+too) is no death: it is named there and stops the run (:mod:`.actor_errors`). A reward worker still busy at its reward's
 deadline (``timeout_s`` from submit) is killed and replaced, and that micro-group's samples fail
 (``rollout/reward_timed_out``).
 
 The parts: :mod:`.actors` (the engines' and ranks' classes), :mod:`.reward_worker` (the reward
-workers' class), :mod:`.cluster` (ray.init, placement), :mod:`.dispatch` (calls, retries,
+workers' class), :mod:`.actor_errors` (a user's error in an actor, raised in the driver as itself), :mod:`.cluster` (ray.init, placement), :mod:`.dispatch` (calls, retries,
 re-issues, reward deadlines), :mod:`.sharding` (the ranks' shares of a step), :mod:`.weight_sync`
 (trainer -> engines, checked).
 """
@@ -39,6 +40,7 @@ from safetensors.torch import load_file
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
 from diffrl.data.prompts import load_prompts
+from diffrl.distributed.ray.actor_errors import get
 from diffrl.distributed.ray.actors import RolloutEngine, TrainerRank
 from diffrl.distributed.ray.cluster import Cluster, import_ray, ray_checks
 from diffrl.distributed.ray.dispatch import ActorPool, Dispatch, kill, ranks_call
@@ -94,7 +96,7 @@ class RayRunner:
             )
             for i in range(r.num_trainer_ranks)
         ]
-        host, port = ray.get(self.ranks[0].address.remote())
+        host, port = get(self.ranks[0].address.remote())
         self.trainable = self._ranks_call("setup", host, port)[0]
         self._peak: float | None = None
         engine_cls, worker_cls = ray.remote(RolloutEngine), ray.remote(RewardWorker)
@@ -122,8 +124,8 @@ class RayRunner:
         return ranks_call(self.ranks, method, *args, per_rank=per_rank, last_checkpoint=self.last_checkpoint)
 
     def describe(self) -> str:
-        r, ray = self.config.ray, import_ray()
-        forwards, notes = ray.get(self.dispatch.engines.actors[0].forwards.remote())
+        r = self.config.ray
+        forwards, notes = get(self.dispatch.engines.actors[0].forwards.remote())
         return (
             f"{self.trainable:,} trainable parameters; Ray: {r.num_engines} engine(s), "
             f"{r.num_trainer_ranks} FSDP2 rank(s), {r.num_reward_workers} reward worker(s) per reward"
@@ -134,7 +136,7 @@ class RayRunner:
     def peak_flops(self) -> float | None:
         """An engine's device peak (the engines and the trainer ranks share one kind of device)."""
         if self._peak is None:
-            self._peak = import_ray().get(self.dispatch.engines.actors[0].peak_flops.remote())
+            self._peak = get(self.dispatch.engines.actors[0].peak_flops.remote())
         return self._peak
 
     # ---- rollouts ----------------------------------------------------------------------------------
@@ -183,9 +185,8 @@ class RayRunner:
     def engine_stage_times(self) -> dict[str, float]:
         """Each sampling stage's seconds, summed over the engines (they run side by side: this
         is engine-seconds, not wall-clock)."""
-        ray = import_ray()
         total: dict[str, float] = {}
-        for times in ray.get([e.stage_times.remote() for e in self.dispatch.engines.actors]):
+        for times in get([e.stage_times.remote() for e in self.dispatch.engines.actors]):
             for k, v in times.items():
                 total[k] = total.get(k, 0.0) + v
         return total

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from diffrl.distributed.ray.actor_errors import get
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.distributed.ray.dispatch import ActorPool
 from diffrl.parallel import full_tensor, state_checksum
@@ -110,7 +111,7 @@ class EngineWeights:
         match = True
         for i, engine, ref in sent:
             try:
-                match &= ray.get(ref) == expected
+                match &= get(ref) == expected
             except ray.exceptions.RayActorError:
                 engines.replace(i, engine)  # the replacement loads the state and is checked
         if not match:
@@ -127,6 +128,6 @@ class EngineWeights:
         if self.ref is None:
             return
         ray = import_ray()
-        held = ray.get(engine.load.remote(self.ref, self.version))
+        held = get(engine.load.remote(self.ref, self.version))
         if held != checksum(ray.get(self.ref)):
             raise RuntimeError(f"weight sync: replacement engine {i} does not hold the trainer's weights")
