@@ -140,8 +140,10 @@ def test_a_reward_class_that_exits_when_built_is_named(plugin, capsys):
     assert "never end the process" in err
 
 
-def test_a_reward_module_that_exits_when_imported_is_a_config_error(plugin, capsys):
+def test_a_reward_module_that_exits_when_imported_is_a_config_error(plugin, capsys, monkeypatch):
     argv = ["train", NFT, *TINY, f"run.output_dir={plugin / 'run'}", "rewards=[{name: userscript:score}]"]
+    # the module's argparse reads sys.argv, as under the diffrl command (not the test runner's own)
+    monkeypatch.setattr(sys, "argv", ["diffrl", *argv])
     code, err = run(argv, capsys)
     assert code == EXIT_USER_ERROR
     assert "rewards[0].name: importing module 'userscript' for 'userscript:score' called sys.exit(2)" in err

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -103,7 +105,12 @@ def test_param_problems_before_anything_loads(folders, tmp_path):
             "batch_size": 0,
         },
     )
-    assert [p.split(": ", 1)[1].split(" ")[0] for p in bad] == ["device", "dtype", "batch_size"]
+    # "...params: device must ..." (the reward's own check) or "...params.batch_size must ..." (its range)
+    assert [re.match(r".*?\.params(?:: |\.)(\w+)", p).group(1) for p in bad] == [
+        "device",
+        "dtype",
+        "batch_size",
+    ]
     assert (
         preflight_problems(
             "pickscore", {"model": str(root / "PickScore_v1"), "processor": str(root / "laion")}
