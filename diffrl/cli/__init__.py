@@ -65,8 +65,22 @@ COMMANDS: dict[str, Command] = {
 }
 """Each command of :func:`~diffrl.cli.parser.build_parser` -> where its code lives."""
 
-USER_OS_ERRORS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EDQUOT}
-"""OS errors a user's environment causes (a missing or unwritable path, a full disk), not bugs."""
+USER_OS_ERRORS = {
+    errno.ENOENT,
+    errno.EACCES,
+    errno.EPERM,
+    errno.ENOSPC,
+    errno.EROFS,
+    errno.EDQUOT,
+    errno.EFBIG,
+    errno.EIO,
+    errno.ENAMETOOLONG,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.ELOOP,
+}
+"""OS errors a user's environment causes (a missing, unwritable or too long path, a full disk or
+quota, a file over the file system's size limit, a failing disk), not bugs."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -498,6 +498,27 @@ def test_a_bug_is_one_line_naming_itself(monkeypatch, capsys):
         cli.main(["--debug", "recipes"])
 
 
+@pytest.mark.parametrize("code", ["EFBIG", "EIO", "ENAMETOOLONG", "ELOOP", "ENOTDIR", "EISDIR"])
+def test_an_os_error_of_the_users_environment_is_no_bug(code, monkeypatch, capsys):
+    """A file over the file system's limit, a failing disk, a too long path, a symlink loop reached
+    in any command: the OS's message, exit 2, not "a bug in diffrl"."""
+    import errno
+    import os
+
+    from diffrl import cli
+    from diffrl.cli import recipes
+
+    number = getattr(errno, code)
+
+    def failing(args, inputs):
+        raise OSError(number, os.strerror(number), "/data/x")
+
+    monkeypatch.setattr(recipes, "run", failing)
+    assert cli.main(["recipes"]) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert f"error: [Errno {number}] {os.strerror(number)}: '/data/x'" in err and "bug" not in err
+
+
 def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
     from diffrl import cli
     from diffrl.cli import recipes

@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from diffrl.distributed.ray.actor_errors import names_user_errors
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.errors import DiffrlError
 from diffrl.rewards.server import DEFAULT_MAX_REQUEST_MB, RewardServer, bind_problem, build_served_reward
@@ -38,6 +39,7 @@ START_TIMEOUT_S = 600.0
 """How long :func:`start_reward_server` waits for the actor to be placed and its reward to load."""
 
 
+@names_user_errors("in a Ray reward server")
 class RewardServerActor:
     """Builds the reward and serves it on a thread of this actor's process (so the actor's own
     thread stays free for :meth:`url` and :meth:`stop`). The work is in :meth:`start`, not in
@@ -128,6 +130,11 @@ def start_reward_server(
         raise DiffrlError(
             f"the reward server actor ({num_cpus} CPU, {num_gpus} GPU) did not start within {timeout_s:g} s "
             f"(cluster: {ray.cluster_resources()}); ask for fewer --num-gpus/--num-cpus, or add nodes"
+        ) from e
+    except ray.exceptions.RayActorError as e:  # the process ended while the reward was built
+        raise DiffrlError(
+            f"the reward server actor died while building the reward {name!r} ({str(e).splitlines()[0][:300]}); "
+            "run `diffrl serve-reward` with the same reward without --ray to see its error"
         ) from e
     except ray.exceptions.RayTaskError as e:
         ray.kill(actor)
