@@ -1,4 +1,5 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,24 @@ def tiny_overrides(tmp_path: Path, **extra) -> list[str]:
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture
+def terminal_sigint():
+    """SIGINT handled as in a terminal (Python's own handler) for the test. A test run started in
+    the background (``cmd &`` from a script, nohup, some CI runners) inherits SIGINT ignored, and
+    Python then installs no handler: a Ctrl-C test would see nothing arrive."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def sigint_as_in_a_terminal() -> None:
+    """``preexec_fn`` of a subprocess that must see Ctrl-C: SIGINT's default action again (see
+    :func:`terminal_sigint`), so its Python installs its handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")

@@ -505,9 +505,10 @@ def test_an_os_error_of_the_users_environment_is_no_bug(code, monkeypatch, capsy
     import errno
     import os
 
-    from diffrl import cli
+    from diffrl import cli, user_code
     from diffrl.cli import recipes
 
+    monkeypatch.setattr(user_code, "_MODULES", {})  # this module's rewards in other rows: not here
     number = getattr(errno, code)
 
     def failing(args, inputs):
@@ -519,6 +520,7 @@ def test_an_os_error_of_the_users_environment_is_no_bug(code, monkeypatch, capsy
     assert f"error: [Errno {number}] {os.strerror(number)}: '/data/x'" in err and "bug" not in err
 
 
+@pytest.mark.usefixtures("terminal_sigint")
 def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
     from diffrl import cli
     from diffrl.cli import recipes

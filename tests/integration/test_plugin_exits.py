@@ -22,6 +22,7 @@ from diffrl.errors import EXIT_BUG, EXIT_RUN_STOPPED, EXIT_USER_ERROR
 from diffrl.interrupts import CtrlC, noting_ctrl_c
 from diffrl.registry import import_object
 from diffrl.train.stop import StopSignals
+from tests.conftest import sigint_as_in_a_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 NFT = "recipes/tiny_nft_ocr.yaml"
@@ -142,7 +143,11 @@ def test_a_reward_class_that_exits_when_built_is_named(plugin, capsys):
 
 def test_a_reward_module_that_exits_when_imported_is_a_config_error(plugin, capsys, monkeypatch):
     argv = ["train", NFT, *TINY, f"run.output_dir={plugin / 'run'}", "rewards=[{name: userscript:score}]"]
-    # the module's argparse reads sys.argv, as under the diffrl command (not the test runner's own)
+    # the module's argparse reads sys.argv, as under the diffrl command (not the test runner's own);
+    # diffrl.cli imported before, as the command would have: importing it under this argv would keep
+    # its start-up Ctrl-C handler for the rest of the test session
+    import diffrl.cli  # noqa: F401
+
     monkeypatch.setattr(sys, "argv", ["diffrl", *argv])
     code, err = run(argv, capsys)
     assert code == EXIT_USER_ERROR
@@ -164,6 +169,7 @@ def test_a_reward_module_that_exits_when_imported_is_a_config_error(plugin, caps
         ("closes_stdout", EXIT_USER_ERROR, "plugin 'userplug:closes_stdout' (at userplug.py:"),
     ],
 )
+@pytest.mark.usefixtures("terminal_sigint")  # "interrupts": told from a real Ctrl-C only where one can come
 def test_a_plugins_error_is_named_never_silent(call, code, message, plugin, monkeypatch, capsys):
     from diffrl.cli import recipes
 
@@ -199,6 +205,7 @@ def test_diffrl_own_exit_keeps_its_code_and_a_librarys_is_a_bug(monkeypatch, cap
     assert code == EXIT_BUG and "called sys.exit(0) inside diffrl, outside any plugin" in err
 
 
+@pytest.mark.usefixtures("terminal_sigint")
 def test_only_a_real_ctrl_c_is_interrupted(monkeypatch, capsys):
     from diffrl.cli import recipes
 
@@ -213,6 +220,7 @@ def test_only_a_real_ctrl_c_is_interrupted(monkeypatch, capsys):
     assert code == EXIT_BUG and "interrupted" not in err
 
 
+@pytest.mark.usefixtures("terminal_sigint")
 def test_a_second_ctrl_c_in_training_is_real():
     with noting_ctrl_c(), StopSignals() as stop:
         signal.raise_signal(signal.SIGINT)  # the first: noted, the run finishes its step
@@ -242,7 +250,14 @@ def test_ctrl_c_while_starting_is_one_line(entry, module, tmp_path):
     start = ["-m", "diffrl.cli"] if entry == "-m diffrl.cli" else [str(SCRIPT)]
     argv = [sys.executable, "-X", "importtime", *start, "train", "recipes/tiny_sft.yaml"]
     argv += [f"run.output_dir={tmp_path / 'run'}", "model.path=random", "eval.enabled=false"]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_in_a_terminal,
+    )
     err = []
     try:
         for line in proc.stderr:
