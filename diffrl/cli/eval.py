@@ -6,27 +6,19 @@ from __future__ import annotations
 import argparse
 import json
 
-from diffrl.cli.inference import checked, load_for_inference
+from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import EvalInputs
-from diffrl.registry import refusing
 from diffrl.rewards.base import RewardError, RewardSet
-from diffrl.train.checkpoint import storage_failure
 from diffrl.train.evaluate import evaluate, paired_difference
 
 
 def run(args: argparse.Namespace, inputs: EvalInputs) -> int:
-    """:func:`evaluate`, with the dotted paths a checkpoint's config names (and the user did not)
-    refused, and a full disk a clear error."""
-    with refusing(inputs.untrusted()):
-        try:
-            return _run(args, inputs)
-        except Exception as e:
-            failure = storage_failure(
-                e, f"the eval's outputs into {str(inputs.out)!r}", "free space, then run it again"
-            )
-            if failure is None:
-                raise
-            raise failure from e
+    return guarded(
+        inputs.untrusted(),
+        f"the eval's outputs into {str(inputs.out)!r}",
+        "free space, then run it again",
+        lambda: _run(args, inputs),
+    )
 
 
 def _run(args: argparse.Namespace, inputs: EvalInputs) -> int:

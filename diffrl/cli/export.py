@@ -8,25 +8,18 @@ import argparse
 import re
 from pathlib import Path
 
-from diffrl.cli.inference import checked, load_for_inference
+from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import ExportInputs
 from diffrl.models.registry import DTYPES
-from diffrl.registry import refusing
-from diffrl.train.checkpoint import storage_failure
 
 
 def run(args: argparse.Namespace, inputs: ExportInputs) -> int:
-    """Export, with the dotted paths a checkpoint's config names (and the user did not) refused,
-    and a full disk a clear error (the folder then holds a partial export)."""
-    with refusing(inputs.target.untrusted):
-        try:
-            return _run(args, inputs)
-        except Exception as e:
-            fix = "what it holds is incomplete: free space, then export again (--force to reuse the folder)"
-            failure = storage_failure(e, f"the export into {str(inputs.out)!r}", fix)
-            if failure is None:
-                raise
-            raise failure from e
+    return guarded(
+        inputs.target.untrusted,
+        f"the export into {str(inputs.out)!r}",
+        "what it holds is incomplete: free space, then export again (--force to reuse the folder)",
+        lambda: _run(args, inputs),
+    )
 
 
 def _run(args: argparse.Namespace, inputs: ExportInputs) -> int:

@@ -3,7 +3,7 @@ weights, ready to sample (imported by those commands' modules only: it needs tor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from diffrl.cli.inputs import SAMPLE_SECTIONS, Target, resolve_target
@@ -11,12 +11,14 @@ from diffrl.config import Config
 from diffrl.models.base import ModelFamily
 from diffrl.models.registry import load_family
 from diffrl.preflight.plugins import check_plugins
+from diffrl.registry import refusing
 from diffrl.train.actor import apply_lora
 from diffrl.train.checkpoint import (
     check_checkpoint_family,
     load_weights_into,
     lora_config_of,
     read_checkpoint_info,
+    storage_failure,
 )
 
 
@@ -48,3 +50,17 @@ def load_for_inference(config: Config, checkpoint: Path | None) -> ModelFamily:
         load_weights_into(family, checkpoint)
     family.transformer.requires_grad_(False)
     return family
+
+
+def guarded(untrusted: Mapping[str, str], writing: str, fix: str, command: Callable[[], int]) -> int:
+    """``command()`` with the dotted paths a checkpoint's config names (and the user did not)
+    refused (:func:`~diffrl.registry.refusing`), and a full disk while ``writing`` a clear error
+    that says ``fix``."""
+    with refusing(untrusted):
+        try:
+            return command()
+        except Exception as e:
+            failure = storage_failure(e, writing, fix)
+            if failure is None:
+                raise
+            raise failure from e

@@ -5,29 +5,21 @@ from __future__ import annotations
 
 import argparse
 
-from diffrl.cli.inference import checked, load_for_inference
+from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import SampleInputs
 from diffrl.data.prompts import given_prompts, load_prompts
 from diffrl.errors import DiffrlError
-from diffrl.registry import refusing
-from diffrl.train.checkpoint import storage_failure
 from diffrl.train.evaluate import generate, save_grid, to_pil
 from diffrl.train.media import write_video_sample
 
 
 def run(args: argparse.Namespace, inputs: SampleInputs) -> int:
-    """Sample, with the dotted paths a checkpoint's config names (and the user did not) refused,
-    and a full disk a clear error."""
-    with refusing(inputs.target.untrusted):
-        try:
-            return _run(args, inputs)
-        except Exception as e:
-            failure = storage_failure(
-                e, f"the samples into {str(inputs.out)!r}", "free space, then run it again"
-            )
-            if failure is None:
-                raise
-            raise failure from e
+    return guarded(
+        inputs.target.untrusted,
+        f"the samples into {str(inputs.out)!r}",
+        "free space, then run it again",
+        lambda: _run(args, inputs),
+    )
 
 
 def _run(args: argparse.Namespace, inputs: SampleInputs) -> int:
