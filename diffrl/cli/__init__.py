@@ -37,9 +37,11 @@ from diffrl.user_code import (  # noqa: E402
     raised_in_diffrl,
 )
 
-# started as the command (``diffrl``, ``python -m diffrl.cli``): the handler stays until main()
-# takes over (runpy still has to find __main__.py); imported by another program: Python's again
-if not (sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") == "diffrl"):
+# ``python -m diffrl.cli`` (Python sets sys.argv[0] to "-m" while it finds __main__): the handler
+# stays until main() takes over. Imported by anyone else, Python's handler again: the ``diffrl``
+# console script installs its own first (:mod:`diffrl.command`), a program importing diffrl.cli
+# keeps its own.
+if sys.argv[:1] != ["-m"]:
     _imported()
 
 

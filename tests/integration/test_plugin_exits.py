@@ -143,11 +143,7 @@ def test_a_reward_class_that_exits_when_built_is_named(plugin, capsys):
 
 def test_a_reward_module_that_exits_when_imported_is_a_config_error(plugin, capsys, monkeypatch):
     argv = ["train", NFT, *TINY, f"run.output_dir={plugin / 'run'}", "rewards=[{name: userscript:score}]"]
-    # the module's argparse reads sys.argv, as under the diffrl command (not the test runner's own);
-    # diffrl.cli imported before, as the command would have: importing it under this argv would keep
-    # its start-up Ctrl-C handler for the rest of the test session
-    import diffrl.cli  # noqa: F401
-
+    # the module's argparse reads sys.argv, as under the diffrl command (not the test runner's own)
     monkeypatch.setattr(sys, "argv", ["diffrl", *argv])
     code, err = run(argv, capsys)
     assert code == EXIT_USER_ERROR
@@ -240,7 +236,7 @@ MOMENTS = [  # (how diffrl is started, the module whose import sends the signal,
 ]
 """Moments of a start: the signal is sent once ``python -X importtime`` reports the module imported."""
 SCRIPT = Path(sys.executable).parent / "diffrl"
-"""The console script (``from diffrl.cli import main; sys.exit(main())``), where installed."""
+"""The console script (``from diffrl.command import main; sys.exit(main())``), where installed."""
 
 
 @pytest.mark.parametrize(("entry", "module"), MOMENTS)
@@ -276,3 +272,18 @@ def test_ctrl_c_while_starting_is_one_line(entry, module, tmp_path):
     assert "Traceback" not in text, text
     assert proc.returncode == 130, text
     assert text.strip() == "interrupted (Ctrl-C)"
+
+
+@pytest.mark.parametrize("argv0", ["diffrl", "/usr/local/bin/diffrl", "myprogram.py"])
+def test_a_program_importing_the_command_line_keeps_its_own_ctrl_c(argv0):
+    """Only the ``diffrl`` console script (:mod:`diffrl.command`) and ``python -m diffrl.cli`` take
+    SIGINT at start-up; a program that imports :mod:`diffrl.cli` keeps Python's handler, whatever
+    its own name."""
+    code = (
+        "import signal, sys; sys.argv[0] = sys.argv[1]; import diffrl.cli; "
+        "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGINT)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, argv0], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr

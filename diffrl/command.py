@@ -1,0 +1,25 @@
+"""The ``diffrl`` console script's entry point (``[project.scripts]``).
+
+Its first act, before the command line is imported, makes a Ctrl-C during start-up print one line
+and end the process (:func:`diffrl.interrupts.exit_on_ctrl_c`): the imports below are all there is
+to interrupt, nothing to save. :func:`main` keeps that handler until
+:func:`diffrl.cli.main` has installed its own. A program that imports :mod:`diffrl.cli` as a
+library never imports this module, so its SIGINT handling stays its own. (``python -m diffrl.cli``
+gets the same from :mod:`diffrl.cli` itself: Python tells that case by ``sys.argv[0] == "-m"``.)
+"""
+
+from __future__ import annotations
+
+from diffrl import interrupts
+
+_start_up = interrupts.exit_on_ctrl_c_from_here()
+
+from diffrl.cli import main as _cli_main  # noqa: E402 - after the handler, which covers this import
+
+
+def main() -> int:
+    """Run the command line (:func:`diffrl.cli.main`) with the process's arguments."""
+    try:
+        return _cli_main()
+    finally:
+        _start_up()
