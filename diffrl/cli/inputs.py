@@ -21,6 +21,7 @@ import yaml
 from diffrl.config import SECTIONS, Config, ConfigError
 from diffrl.errors import DiffrlError
 from diffrl.preflight.schema import read_config, schema_problems
+from diffrl.rewards.server_limits import ServerLimits, limit_fields
 from diffrl.train.manifest import CheckpointError, base_problem, checkpoint_around, overlap, verify_checkpoint
 
 # What each command checks of a config (``train`` checks every section, ``load_config``'s default).
@@ -87,6 +88,8 @@ class ExportInputs:
 class ServeInputs:
     params: dict[str, Any]
     token: str | None
+    limits: ServerLimits
+    """From the limit flags (``--max-request-mb``, ``--max-image-pixels``, ...); the rest defaults."""
 
 
 def resolve_target(
@@ -315,11 +318,13 @@ def report_inputs(args: argparse.Namespace) -> None:
 
 def serve_inputs(args: argparse.Namespace) -> ServeInputs:
     params, token = reward_params(args.params), server_token(args)
-    if args.max_request_mb <= 0:
-        raise DiffrlError(f"--max-request-mb must be > 0, got {args.max_request_mb}")
+    given = {name: getattr(args, name) for name in limit_fields() if getattr(args, name) is not None}
+    limits = ServerLimits(**given)
+    if problems := limits.problems():  # the flags' types checked each; this holds them together
+        raise DiffrlError("; ".join(problems))
     if not args.ray and (args.ray_address or args.num_gpus or args.num_cpus != 1):
         raise DiffrlError("--ray-address, --num-gpus and --num-cpus place the server on Ray: add --ray")
-    return ServeInputs(params, token)
+    return ServeInputs(params, token, limits)
 
 
 def reward_params(items: list[str]) -> dict:

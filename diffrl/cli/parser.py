@@ -8,6 +8,8 @@ import math
 import re
 from collections.abc import Callable
 
+from diffrl.rewards.server_limits import flag_name, limit_fields
+
 MAX_PROMPTS = 10**7
 """``--num-prompts`` at most (as ``eval.num_prompts``)."""
 MAX_SAMPLES_PER_PROMPT = 4096
@@ -180,12 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("--token-file", help="a file holding the token clients must send (Bearer)")
     v.add_argument("--token-env", help="an environment variable holding the token")
-    v.add_argument(
-        "--max-request-mb",
-        type=number(0, 65536, lo_open=True),
-        default=64.0,
-        help="larger requests get HTTP 413 (in (0, 65536])",
-    )
+    for name, limit in limit_fields().items():  # one flag per limit (diffrl/rewards/server_limits.py)
+        lo, hi = limit.bounds.lo, limit.bounds.hi
+        v.add_argument(
+            flag_name(name),
+            type=integer(int(lo), int(hi)) if limit.kind is int else number(lo, hi, limit.bounds.lo_open),
+            help=f"{limit.help} (default {limit.default:g}; {limit.bounds.text()})",
+        )
     v.add_argument("--ray", action="store_true", help="serve from a Ray actor (its own CPUs/GPUs)")
     v.add_argument("--ray-address", help="with --ray: auto or HOST:PORT of a cluster (default: start one)")
     v.add_argument(

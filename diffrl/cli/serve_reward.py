@@ -33,7 +33,7 @@ def run(args: argparse.Namespace, inputs: ServeInputs) -> int:
             host,
             port,
             token,
-            args.max_request_mb,
+            limits=inputs.limits,
             on_ready=lambda s: _print_serving(args.reward, s.url, token),
         )
         return 0
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace, inputs: ServeInputs) -> int:
             port=args.port or 0,
             num_cpus=args.num_cpus,
             num_gpus=args.num_gpus,
-            max_request_mb=args.max_request_mb,
+            limits=inputs.limits,
         )
         _print_serving(args.reward, server.url, token)
         try:

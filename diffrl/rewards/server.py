@@ -116,12 +116,12 @@ from diffrl.config import RewardConfig
 from diffrl.registry import RegistryError
 from diffrl.rewards.base import Reward, RewardError, build_reward, param_name_problems, submit_scores
 from diffrl.rewards.registry import REWARDS
+from diffrl.rewards.server_limits import ServerLimits
 from diffrl.rewards.workers import DeadlineExceeded, deadline_after, seconds_left
 from diffrl.rollout import Audio
 
 LOG = logging.getLogger(__name__)  # warnings reach stderr even unconfigured: the operator sees failures
 MSGPACK = "application/msgpack"
-DEFAULT_MAX_REQUEST_MB = 64.0
 MIN_TOKEN_CHARS = 16
 MIN_TOKEN_DISTINCT = 8
 """A token for an address other machines can reach: at least this many characters, and this many
@@ -140,73 +140,6 @@ PNG_COLOURS = {0: "grayscale", 2: "RGB", 3: "palette", 4: "grayscale+alpha", 6: 
 
 class ServerError(RewardError):
     """A reward server that cannot start: bad reward, params, token, address or limits."""
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """What one client may cost the server; each is checked before the cost is paid.
-
-    Memory: request bodies hold at most ``max_active x max_request_mb`` in all; at most
-    ``max_active`` requests at once also hold their msgpack objects (:data:`MAX_OBJECTS`, ~64 MB at
-    most) and decoded pixels (``max_request_pixels``, 3 bytes each: another ``max_request_mb``),
-    and one of them is being scored (float32, 4x its pixels, and whatever the reward makes of
-    them); every other connection holds at most uvicorn's 64 KB read buffer and a 16 KB head. With
-    the defaults that is about 4 x 64 + 4 x (64 + 64) + 5 x 64 MB + 256 x 80 KB, about 1.1 GB above
-    the reward's own memory, whatever clients send.
-    """
-
-    max_request_mb: float = DEFAULT_MAX_REQUEST_MB
-    max_image_pixels: int = 4096 * 4096
-    """Pixels of one image (or source image), read from its PNG header before it is decoded."""
-    max_images: int = 16384
-    """Images (a clip's frames each count) of one request."""
-    max_timeout_s: float = 3600.0
-    """The largest ``X-Timeout-S``, and the deadline of a request that sends none."""
-    head_timeout_s: float = 10.0
-    """A request's head (request line and headers) must arrive within this, counted from the
-    connection (or the previous answer on it); the rest of an unread body, too."""
-    body_timeout_s: float = 60.0
-    """A request's body must arrive within this (and within its ``X-Timeout-S``), counted from
-    when the server starts reading it."""
-    max_connections: int = 256
-    """Open connections; one more is answered 503 and closed at once."""
-    max_active: int = 4
-    """Requests decoded, queued or scored at once; the bodies of all requests being read or waiting
-    hold at most ``max_active x max_request_mb`` (each reserves its Content-Length, or
-    ``max_request_mb`` when it has none, before it is read)."""
-
-    @property
-    def max_request_bytes(self) -> int:
-        return int(self.max_request_mb * 2**20)
-
-    @property
-    def max_request_pixels(self) -> int:
-        """Pixels of one request (its images and sources): as many as ``max_request_mb`` of raw
-        RGB bytes carry, so a PNG request decodes to no more than a raw one could send."""
-        return self.max_request_bytes // 3
-
-    def problems(self) -> list[str]:
-        """What is out of range (all at once); each limit must be a finite number > 0."""
-        pil_limit = Image.MAX_IMAGE_PIXELS or math.inf  # PIL warns, then refuses, past it
-        bounds: dict[str, tuple[type, float]] = {
-            "max_request_mb": (float, 2**20),
-            "max_image_pixels": (int, pil_limit),
-            "max_images": (int, 2**20),
-            "max_timeout_s": (float, 7 * 86400),
-            "head_timeout_s": (float, 3600),
-            "body_timeout_s": (float, 86400),
-            "max_connections": (int, 2**16),
-            "max_active": (int, 1024),
-        }
-        problems = []
-        for key, (kind, most) in bounds.items():
-            value = getattr(self, key)
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            ok = ok and (kind is float or isinstance(value, int)) and math.isfinite(value)
-            if not (ok and 0 < value <= most):
-                what = "an integer" if kind is int else "a number"
-                problems.append(f"{key} must be {what} > 0 and at most {most:g}, got {value!r}")
-        return problems
 
 
 # ------------------------------------------------------------------------------------------------
@@ -930,7 +863,7 @@ class RewardServer:
     The socket is bound here, so the URL is known before serving starts; :meth:`run` serves in
     this thread until stopped (SIGINT/SIGTERM in the main thread), :meth:`start` in a thread of
     its own (tests, the Ray actor). ``limits``: :class:`ServerLimits` (its ``max_request_mb`` is
-    replaced by ``max_request_mb``).
+    replaced by ``max_request_mb`` when that is given).
     """
 
     GRACEFUL_S = 10
@@ -943,7 +876,7 @@ class RewardServer:
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
-        max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
+        max_request_mb: float | None = None,
         log_level: str = "warning",
         sock: socket.socket | None = None,
         limits: ServerLimits | None = None,
@@ -951,7 +884,9 @@ class RewardServer:
         problem = bind_problem(host, token)
         if problem:
             raise ServerError(problem)
-        self.limits = replace(limits or ServerLimits(), max_request_mb=max_request_mb)
+        self.limits = limits or ServerLimits()
+        if max_request_mb is not None:
+            self.limits = replace(self.limits, max_request_mb=max_request_mb)
         if problems := self.limits.problems():
             raise ServerError("reward server limits: " + "; ".join(problems))
         self.reward, self.name, self.host = reward, name, host
@@ -1019,7 +954,6 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     token: str | None = None,
-    max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
     on_ready: Callable[[RewardServer], None] | None = None,
     limits: ServerLimits | None = None,
 ) -> None:
@@ -1029,7 +963,7 @@ def serve(
     problem = bind_problem(host, token)
     if problem:
         raise ServerError(problem)
-    limits = replace(limits or ServerLimits(), max_request_mb=max_request_mb)
+    limits = limits or ServerLimits()
     if problems := limits.problems():
         raise ServerError("reward server limits: " + "; ".join(problems))
     sock = bind_socket(host, port)  # before the reward loads: a busy port fails in a second
@@ -1038,7 +972,7 @@ def serve(
     except BaseException:
         sock.close()
         raise
-    server = RewardServer(reward, name, host, port, token, max_request_mb, sock=sock, limits=limits)
+    server = RewardServer(reward, name, host, port, token, sock=sock, limits=limits)
     if on_ready is not None:
         threading.Thread(target=server.when_started, args=(on_ready,), daemon=True).start()
     server.run()

@@ -343,6 +343,9 @@ CASES: list[Case] = [
     Case("serve-max-request-inf", ["serve-reward", "--reward", "ocr", "--max-request-mb", "inf"], BAD, "argument --max-request-mb: must be a number in (0, 65536], got 'inf'"),
     Case("serve-max-request-nan", ["serve-reward", "--reward", "ocr", "--max-request-mb", "nan"], BAD, "argument --max-request-mb: must be a number in (0, 65536], got 'nan'"),
     Case("serve-max-request-zero", ["serve-reward", "--reward", "ocr", "--max-request-mb", "0"], BAD, "argument --max-request-mb: must be a number in (0, 65536], got '0'"),
+    Case("serve-max-active-zero", ["serve-reward", "--reward", "ocr", "--max-active", "0"], BAD, "argument --max-active: must be in [1, 1024], got '0'"),
+    Case("serve-body-timeout-nan", ["serve-reward", "--reward", "ocr", "--body-timeout-s", "nan"], BAD, "argument --body-timeout-s: must be a number in (0, 86400], got 'nan'"),
+    Case("serve-max-image-pixels-huge", ["serve-reward", "--reward", "ocr", "--max-image-pixels", "1e12"], BAD, "argument --max-image-pixels: must be in [1, 89_478_485], got '1e12'"),
     Case("serve-num-gpus-nan", ["serve-reward", "--reward", "ocr", "--ray", "--num-gpus", "nan"], BAD, "argument --num-gpus: must be a number in [0, 1024], got 'nan'"),
     Case("plan-mfu-nan", ["plan", SFT, "--mfu", "nan"], BAD, "argument --mfu: must be a number in (0, 1], got 'nan'"),
     # ---- class 4: nothing a user gives makes diffrl loop without bound or quote megabytes

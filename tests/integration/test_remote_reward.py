@@ -51,6 +51,7 @@ def server(tmp_path, monkeypatch):
     monkeypatch.setenv(TOKEN_ENV, "integration-token")
     env = {**os.environ, "PYTHONPATH": str(ROOT), HANG_AT_ENV: str(HANG_AT), MARKER_ENV: str(marker)}
     command = [sys.executable, "-m", "diffrl.cli", "serve-reward", "--reward", REWARD, "--port", "0"]
+    command += ["--max-timeout-s", "600", "--max-image-pixels", "1e6"]  # the limit flags reach the server
     proc = subprocess.Popen(
         [*command, "--token-env", TOKEN_ENV], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
     )
@@ -94,8 +95,8 @@ def test_flow_grpo_through_a_reward_server_process(tmp_path, server):
         "reward": REWARD,
         "token_required": True,
         "max_request_mb": 64.0,
-        "max_timeout_s": 3600.0,
-        "max_image_pixels": 4096 * 4096,
+        "max_timeout_s": 600.0,
+        "max_image_pixels": 1_000_000,
         "max_request_pixels": 64 * 2**20 // 3,
         "audio": False,
     }

@@ -31,7 +31,8 @@ from typing import Any
 from diffrl.distributed.ray.actor_errors import names_user_errors
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.errors import DiffrlError
-from diffrl.rewards.server import DEFAULT_MAX_REQUEST_MB, RewardServer, bind_problem, build_served_reward
+from diffrl.rewards.server import RewardServer, bind_problem, build_served_reward
+from diffrl.rewards.server_limits import ServerLimits
 
 POLL_S = 10.0
 """How often :meth:`RayRewardServer.wait` checks that the actor lives."""
@@ -56,12 +57,12 @@ class RewardServerActor:
         host: str | None,
         port: int,
         token: str | None,
-        max_request_mb: float,
+        limits: ServerLimits,
     ) -> str:
         if host is None:
             host = import_ray().util.get_node_ip_address()
         reward = build_served_reward(name, params)
-        self.server = RewardServer(reward, name, host, port, token, max_request_mb).start()
+        self.server = RewardServer(reward, name, host, port, token, limits=limits).start()
         return self.server.url
 
     def url(self) -> str | None:
@@ -109,7 +110,7 @@ def start_reward_server(
     port: int = 0,
     num_cpus: float = 1,
     num_gpus: float = 0,
-    max_request_mb: float = DEFAULT_MAX_REQUEST_MB,
+    limits: ServerLimits | None = None,
     timeout_s: float = START_TIMEOUT_S,
 ) -> RayRewardServer:
     """Start the reward ``name`` (a registry name or dotted path) with ``params`` in an actor of
@@ -123,7 +124,8 @@ def start_reward_server(
     actor = ray.remote(RewardServerActor).options(num_cpus=num_cpus, num_gpus=num_gpus).remote()
     try:
         url = ray.get(
-            actor.start.remote(name, dict(params or {}), host, port, token, max_request_mb), timeout=timeout_s
+            actor.start.remote(name, dict(params or {}), host, port, token, limits or ServerLimits()),
+            timeout=timeout_s,
         )
     except ray.exceptions.GetTimeoutError as e:
         ray.kill(actor)
