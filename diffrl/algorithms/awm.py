@@ -18,14 +18,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 
 from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
-from diffrl.algorithms.base import DiffusionAlgorithm, TrainCost, x0_collection_problems, x0_only_spec
+from diffrl.algorithms.base import (
+    AdvClip,
+    ClipRange,
+    DiffusionAlgorithm,
+    KlBeta,
+    LogitMean,
+    LogitStd,
+    NoiseLevel,
+    TimeShift,
+    TimestepFraction,
+    Timesteps,
+    TrainCost,
+    x0_collection_problems,
+    x0_only_spec,
+)
 from diffrl.algorithms.flow_grpo import ppo_clip_loss
 from diffrl.algorithms.forward_process import expand_timesteps, noised
+from diffrl.config import Range
+from diffrl.config.binding import value_problems
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 
 GHUBER_DELTA = 1e-10
@@ -99,19 +115,21 @@ class AWM(DiffusionAlgorithm):
     @dataclass
     class Params:
         timestep_sampling: Literal["logit_normal", "uniform", "discrete"] = "logit_normal"
-        num_timesteps: int = 4
+        num_timesteps: Timesteps = 4
         """Timesteps per sample (one per stratum)."""
-        time_shift: float = 3.0
+        time_shift: TimeShift = 3.0
         """Shift of ``logit_normal`` / ``uniform`` timesteps (as the sampler's schedule)."""
-        logit_mean: float = 0.0
-        logit_std: float = 1.0
-        timestep_fraction: float = 0.9
+        logit_mean: LogitMean = 0.0
+        logit_std: LogitStd = 1.0
+        timestep_fraction: TimestepFraction = 0.9
         """``discrete``: draw from the first fraction of the sampler's grid, its first step excluded."""
         weighting: Literal["uniform", "t", "ghuber"] = "uniform"
-        ghuber_power: float = 0.25
-        clip_range: float = 1.0
-        adv_clip_max: float = 5.0
-        kl_beta: float = 0.0
+        ghuber_power: Annotated[
+            float, Range(0, 2, lo_open=True, hint="p of ghuber, e.g. 0.25; 1: the t weighting")
+        ] = 0.25
+        clip_range: ClipRange = 1.0
+        adv_clip_max: AdvClip = 5.0
+        kl_beta: KlBeta = 0.0
         """Weight of the velocity-space KL to the reference (the base model: LoRA disabled)."""
         global_std: bool = True
         """Divide advantages by the std of the whole batch (the reference's OCR setting)."""
@@ -120,7 +138,7 @@ class AWM(DiffusionAlgorithm):
         within its group before the weighted sum (GDPO; see :mod:`diffrl.algorithms.advantages`)."""
         sampler: str = "ode"
         """How rollouts are drawn: any sampler works, AWM needs only x0."""
-        noise_level: float = 0.7
+        noise_level: NoiseLevel = 0.7
         """For ``sde`` / ``cps`` collection only."""
         train_cfg: bool = False
         """Use the CFG-combined velocity (``sampling.guidance_scale``) in the likelihood surrogate
@@ -128,14 +146,8 @@ class AWM(DiffusionAlgorithm):
 
     def validate(self, config) -> list[str]:
         p = self.params
-        errors = []
-        if p.num_timesteps < 1:
-            errors.append(f"algorithm.params.num_timesteps must be >= 1, got {p.num_timesteps}")
-        if p.clip_range <= 0 or p.adv_clip_max <= 0 or p.kl_beta < 0 or p.time_shift <= 0:
-            errors.append(
-                "algorithm.params: clip_range, adv_clip_max and time_shift must be > 0, kl_beta >= 0"
-            )
-        if p.timestep_sampling == "discrete":
+        errors = value_problems(p, "algorithm.params")
+        if not errors and p.timestep_sampling == "discrete":
             usable = int(config.sampling.num_steps * p.timestep_fraction) - 1
             if usable < p.num_timesteps:
                 errors.append(

@@ -15,16 +15,28 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Annotated, Any, ClassVar, Protocol
 
 import torch
 
-from diffrl.config import Config
+from diffrl.config import Config, Range
 from diffrl.models.base import ModelFamily
 from diffrl.registry import RegistryError
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.sampling.kernels import kernel_problems, resolve_kernel
 from diffrl.sampling.step_strategies import AllSteps
+
+# The ranges of params several algorithms share (each ``Params`` declares its own; the binder checks
+# them, naming the key and the range). Bounds are wide enough for every published setting.
+NoiseLevel = Annotated[float, Range(0, 5, hint="η of the sde / cps steps, e.g. 0.7")]
+ClipRange = Annotated[float, Range(0, 10, lo_open=True, hint="PPO's ε, e.g. 1e-4 for Flow-GRPO, 1.0 for AWM")]
+AdvClip = Annotated[float, Range(0, 1e4, lo_open=True, hint="advantages are clamped to ± this, e.g. 5.0")]
+KlBeta = Annotated[float, Range(0, 100, hint="0: no KL to the base model; e.g. 0.04")]
+LogitMean = Annotated[float, Range(-10, 10, hint="of the logit-normal timesteps, e.g. 0.0")]
+LogitStd = Annotated[float, Range(0, 10, lo_open=True, hint="of the logit-normal timesteps, e.g. 1.0")]
+TimeShift = Annotated[float, Range(0, 100, lo_open=True, hint="1: none; e.g. 3.0, as sampling.shift")]
+Timesteps = Annotated[int, Range(1, 1000, hint="timesteps drawn per sample; each a forward and backward")]
+TimestepFraction = Annotated[float, Range(0, 1, lo_open=True, hint="of the sampler's timesteps")]
 
 
 class Policy(Protocol):

@@ -18,13 +18,24 @@ sampler's own sigma grid, a per-sample shuffled fraction of it, with fresh noise
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 
 from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
-from diffrl.algorithms.base import DiffusionAlgorithm, TrainCost, x0_collection_problems, x0_only_spec
+from diffrl.algorithms.base import (
+    AdvClip,
+    DiffusionAlgorithm,
+    KlBeta,
+    NoiseLevel,
+    TimestepFraction,
+    TrainCost,
+    x0_collection_problems,
+    x0_only_spec,
+)
 from diffrl.algorithms.forward_process import expand_timesteps, noised
+from diffrl.config import Range
+from diffrl.config.binding import value_problems
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 
 DECAY_SCHEDULES = ("none", "ramp", "flat_ramp")
@@ -118,16 +129,18 @@ class DiffusionNFT(DiffusionAlgorithm):
 
     @dataclass
     class Params:
-        beta: float = 1.0
+        beta: Annotated[
+            float, Range(0, 100, lo_open=True, hint="it divides the loss; e.g. 1.0 (the reference's), 0.1")
+        ] = 1.0
         """Mix of the current and old policy in the implicit positive / negative policies (> 0)."""
-        adv_clip_max: float = 5.0
+        adv_clip_max: AdvClip = 5.0
         adv_mode: Literal["all", "positive_only", "negative_only", "binary"] = "all"
-        kl_beta: float = 0.0
+        kl_beta: KlBeta = 0.0
         """Weight of the velocity-space KL to the reference (the base model: LoRA disabled)."""
         decay_schedule: Literal["none", "ramp", "flat_ramp"] = "ramp"
         """Old-policy decay: ``none`` (0), ``ramp`` (min(0.001·step, 0.5)), ``flat_ramp``
         (0 for 75 steps, then +0.0075 a step up to 0.999)."""
-        timestep_fraction: float = 1.0
+        timestep_fraction: TimestepFraction = 1.0
         """Train on this fraction of the sampler's timesteps per sample (a shuffled subset)."""
         global_std: bool = False
         """Divide advantages by the std of the whole batch instead of the prompt group."""
@@ -136,7 +149,7 @@ class DiffusionNFT(DiffusionAlgorithm):
         within its group before the weighted sum (GDPO; see :mod:`diffrl.algorithms.advantages`)."""
         sampler: str = "ode"
         """How rollouts are drawn: any sampler works, NFT needs only x0."""
-        noise_level: float = 0.7
+        noise_level: NoiseLevel = 0.7
         """For ``sde`` / ``cps`` collection only."""
         train_cfg: bool = False
         """Train the CFG-combined velocity (``sampling.guidance_scale``) instead of the conditional
@@ -145,16 +158,8 @@ class DiffusionNFT(DiffusionAlgorithm):
 
     def validate(self, config) -> list[str]:
         p = self.params
-        errors = []
-        if p.beta <= 0:
-            errors.append(
-                f"algorithm.params.beta must be > 0 for DiffusionNFT (it divides the loss), got {p.beta}"
-            )
-        if p.adv_clip_max <= 0 or p.kl_beta < 0:
-            errors.append("algorithm.params: adv_clip_max must be > 0 and kl_beta >= 0")
-        if not 0 < p.timestep_fraction <= 1:
-            errors.append(f"algorithm.params.timestep_fraction must be in (0, 1], got {p.timestep_fraction}")
-        elif int(config.sampling.num_steps * p.timestep_fraction) < 1:
+        errors = value_problems(p, "algorithm.params")
+        if not errors and int(config.sampling.num_steps * p.timestep_fraction) < 1:
             errors.append(
                 f"algorithm.params.timestep_fraction={p.timestep_fraction} of sampling.num_steps="
                 f"{config.sampling.num_steps} trains on no timestep; raise it"

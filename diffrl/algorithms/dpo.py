@@ -34,15 +34,25 @@ timesteps, ``num_timesteps`` per pair (one per stratum), each with its own noise
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
 
 from diffrl.algorithms.awm import stratified_timesteps
-from diffrl.algorithms.base import DiffusionAlgorithm, x0_only_spec
+from diffrl.algorithms.base import (
+    DiffusionAlgorithm,
+    LogitMean,
+    LogitStd,
+    NoiseLevel,
+    TimeShift,
+    Timesteps,
+    x0_only_spec,
+)
 from diffrl.algorithms.forward_process import noised
 from diffrl.algorithms.sft import flow_matching_loss
+from diffrl.config import Range
+from diffrl.config.binding import value_problems
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.sampling.kernels import kernel_problems
 from diffrl.seeding import generator
@@ -114,32 +124,29 @@ class DPO(DiffusionAlgorithm):
 
     @dataclass
     class Params:
-        beta: float = 100.0
+        beta: Annotated[
+            float,
+            Range(0, 1e5, lo_open=True, hint="DPO's KL strength; e.g. 100 (flow_grpo), 5000 (Diffusion-DPO)"),
+        ] = 100.0
         """DPO's β (the reference code's ``beta_dpo``; flow_grpo's ``train.beta`` = 100 on SD3.5)."""
         pairs: Literal["online", "offline"] = "online"
         """``online``: each prompt group's best vs worst rollout sample by reward; ``offline``: the
         pair folder in ``data.dataset``."""
-        num_timesteps: int = 1
+        num_timesteps: Timesteps = 1
         """Timesteps per pair (one per stratum of the distribution), each with its own noise."""
         timestep_sampling: Literal["logit_normal", "uniform"] = "logit_normal"
-        logit_mean: float = 0.0
-        logit_std: float = 1.0
-        time_shift: float = 3.0
+        logit_mean: LogitMean = 0.0
+        logit_std: LogitStd = 1.0
+        time_shift: TimeShift = 3.0
         """Shift of the timesteps (as the sampler's schedule: SD3's and tiny's 3.0)."""
         sampler: str = "ode"
         """Online: how rollouts are drawn (any sampler; DPO needs only x0)."""
-        noise_level: float = 0.7
+        noise_level: NoiseLevel = 0.7
         """Online, for ``sde`` / ``cps`` collection only."""
 
     def validate(self, config) -> list[str]:
         p, d = self.params, config.data
-        errors = []
-        if not p.beta > 0:
-            errors.append(f"algorithm.params.beta must be > 0 (DPO's KL strength), got {p.beta}")
-        if p.num_timesteps < 1:
-            errors.append(f"algorithm.params.num_timesteps must be >= 1, got {p.num_timesteps}")
-        if p.logit_std <= 0 or p.time_shift <= 0:
-            errors.append("algorithm.params.logit_std and time_shift must be > 0")
+        errors = value_problems(p, "algorithm.params")
         if p.pairs == "online":
             errors += kernel_problems("algorithm.params.sampler", p.sampler)
             if config.rollout.n_samples_per_prompt < 2:

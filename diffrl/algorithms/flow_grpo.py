@@ -43,14 +43,15 @@ each transition's term by the truncated (or masked) ρ = π_old/μ, μ the log-p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 
 from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
-from diffrl.algorithms.base import DiffusionAlgorithm
+from diffrl.algorithms.base import AdvClip, ClipRange, DiffusionAlgorithm, KlBeta
 from diffrl.algorithms.rollout_correction import correction_problems, correction_weights
-from diffrl.config import Config
+from diffrl.config import Config, Range
+from diffrl.config.binding import value_problems
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.sampling.kernels import FlowSDE, kernel_problems, resolve_kernel
 from diffrl.sampling.step_strategies import build_step_strategy
@@ -159,12 +160,14 @@ class FlowGRPO(DiffusionAlgorithm):
         sampler: str = "sde"
         """Kernel of the stochastic steps: ``sde`` (Flow-GRPO), ``cps`` (coefficients-preserving) or a
         dotted path to a stochastic :class:`~diffrl.sampling.kernels.Kernel` of your own."""
-        noise_level: float = 0.7
+        noise_level: Annotated[
+            float, Range(0, 5, lo_open=True, hint="η; Flow-GRPO trains on stochastic steps, e.g. 0.7")
+        ] = 0.7
         step_strategy: dict[str, Any] = field(default_factory=lambda: {"name": "all"})
         """``{name: all | sde_window | epoch_global_random_choice | mix_grpo | dotted.path, **params}``."""
-        clip_range: float = 1e-4
-        adv_clip_max: float = 5.0
-        kl_beta: float = 0.0
+        clip_range: ClipRange = 1e-4
+        adv_clip_max: AdvClip = 5.0
+        kl_beta: KlBeta = 0.0
         """Weight of the KL to the reference policy (the base model: LoRA disabled)."""
         global_std: bool = False
         """Divide advantages by the std of the whole batch instead of the prompt group."""
@@ -190,7 +193,10 @@ class FlowGRPO(DiffusionAlgorithm):
         π_old the trainer's replay at the update's start and μ the rollout's recorded log-prob: for
         an engine whose kernels or precision differ from the trainer's (``rollout.engine``). Costs
         one no-grad forward per transition per iteration. See the module docstring."""
-        rollout_correction_cap: float = 2.0
+        rollout_correction_cap: Annotated[
+            float,
+            Range(1, 1e4, lo_open=True, hint="C: weights truncated at C, or kept in [1/C, C]; e.g. 2.0"),
+        ] = 2.0
         """``C`` of ``rollout_correction`` (verl's default threshold)."""
 
     def __init__(self, params, config):
@@ -207,19 +213,15 @@ class FlowGRPO(DiffusionAlgorithm):
 
     def validate(self, config) -> list[str]:
         p = self.params
-        errors = list(self._strategy_errors)
+        errors = value_problems(p, "algorithm.params") + list(self._strategy_errors)
         sampler_problems = kernel_problems("algorithm.params.sampler", p.sampler, stochastic=True)
         errors += sampler_problems
         errors += aggregation_problems(p.advantage_aggregation, p.scale_by_std)
-        if p.noise_level <= 0:
-            errors.append(f"algorithm.params.noise_level must be > 0 for Flow-GRPO, got {p.noise_level}")
         if config.rollout.n_samples_per_prompt < 2 and not p.allow_single_sample:
             errors.append(
                 "rollout.n_samples_per_prompt must be >= 2 for group-relative advantages "
                 "(set algorithm.params.allow_single_sample=true to override)"
             )
-        if p.clip_range <= 0 or p.adv_clip_max <= 0 or p.kl_beta < 0:
-            errors.append("algorithm.params: clip_range and adv_clip_max must be > 0, kl_beta >= 0")
         errors += correction_problems(p.rollout_correction, p.rollout_correction_cap, "algorithm.params.")
         guard = p.ratio_norm or p.grad_reweight
         if guard and not sampler_problems and not isinstance(resolve_kernel(p.sampler), FlowSDE):

@@ -13,11 +13,13 @@ shifted like the sampler's schedule. Offline data, no sampling, no reward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 
-from diffrl.algorithms.base import DiffusionAlgorithm
+from diffrl.algorithms.base import DiffusionAlgorithm, LogitMean, LogitStd, TimeShift
+from diffrl.config import Range
+from diffrl.config.binding import value_problems
 from diffrl.rollout import CollectionSpec, RolloutBatch, Source, TrainExamples, TrainSignals
 from diffrl.seeding import generator
 
@@ -59,20 +61,15 @@ class SFT(DiffusionAlgorithm):
     @dataclass
     class Params:
         timestep_sampling: Literal["logit_normal", "uniform"] = "logit_normal"
-        logit_mean: float = 0.0
-        logit_std: float = 1.0
-        timestep_shift: float = 1.0
-        cond_dropout: float = 0.0
+        logit_mean: LogitMean = 0.0
+        logit_std: LogitStd = 1.0
+        timestep_shift: TimeShift = 1.0
+        cond_dropout: Annotated[float, Range(0, 1, hi_open=True, hint="a probability, e.g. 0.1")] = 0.0
         """Probability of training a sample with the empty prompt (enables CFG at sampling)."""
 
     def validate(self, config) -> list[str]:
-        p = self.params
-        errors = []
-        if not 0.0 <= p.cond_dropout < 1.0:
-            errors.append(f"algorithm.params.cond_dropout must be in [0, 1), got {p.cond_dropout}")
-        if p.logit_std <= 0 or p.timestep_shift <= 0:
-            errors.append("algorithm.params.logit_std and timestep_shift must be > 0")
-        return errors
+        # the params' ranges (checked when they bind; again here for params built in code)
+        return value_problems(self.params, "algorithm.params")
 
     def collection_spec(self) -> CollectionSpec:
         return CollectionSpec(online=False, needs_reward=False)

@@ -18,12 +18,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
 import torch
 from torch import nn
 
-from diffrl.config import Config, ConfigError, bind_dataclass
+from diffrl.config import Config, ConfigError, Range, bind_dataclass
 from diffrl.errors import DiffrlError
 from diffrl.models.numerics import ForwardMeter, Numerics, autocast, prepare
 from diffrl.models.schedules import flow_sigmas
@@ -33,6 +33,15 @@ FAMILY_FILE = "diffrl_model.json"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """The dtypes a recipe names (``model.dtype``, ``model.options.*_dtype``, ``diffrl export --dtype``)."""
+
+
+# The ranges of options several families share (each ``Options`` declares its own; the binder checks
+# them, naming the key and the range).
+TextTokens = Annotated[int, Range(1, 32_768, hint="text tokens per prompt")]
+"""Tokens of a prompt for a family whose text encoder is a language model (32k: their context)."""
+Frames = Annotated[int, Range(1, 10_001, hint="frames per video; 1: stills")]
+"""Frames per video: 10,001 is minutes of video at any frame rate, and fits every VAE's 4k + 1 / 8k + 1."""
+FrameRate = Annotated[float, Range(0, 1000, lo_open=True, hint="frames per second, e.g. 24")]
 
 
 class FamilyMismatchError(DiffrlError, ValueError):
@@ -246,6 +255,13 @@ class ModelFamily(ABC):
                 except FamilyMismatchError as e:
                     errors.append(f"model.path: {e}")
         return errors
+
+    @classmethod
+    def bound_options(cls, config: Config) -> Any:
+        """``model.options`` bound to :attr:`Options` for the checks of what the values mean
+        together: a value that does not bind (a wrong type, out of its range; :meth:`validate_config`
+        reports it) is at its default, so it is reported once."""
+        return bind_dataclass(cls.Options, config.model.options, "model.options", [])
 
     @classmethod
     def size_rule(cls, config: Config, check_files: bool = True) -> SizeRule | None:

@@ -70,7 +70,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import diffusers
 import numpy as np
@@ -85,7 +85,9 @@ from peft.utils import get_peft_model_state_dict
 from torch import nn
 from transformers import AutoTokenizer
 
-from diffrl.models.base import DTYPES, SizeRule
+from diffrl.config import Range
+from diffrl.config.schema import MAX_SIDE
+from diffrl.models.base import DTYPES, FrameRate, Frames, SizeRule, TextTokens
 from diffrl.models.diffusers_folder import (
     DiffusersFolderFamily,
     encode_normalised_videos,
@@ -118,16 +120,16 @@ class Cosmos3Family(DiffusersFolderFamily):
 
     @dataclass
     class Options:
-        num_frames: int = 189
+        num_frames: Frames = 189
         """Frames per video (the pipeline's default; ``num_frames = 4k + 1``; 1: text-to-image)."""
-        height: int = 720
+        height: Annotated[int, Range(1, MAX_SIDE, hint="pixels, e.g. 720")] = 720
         """Pixels (the pipeline's default); the prompt states it, so ``sampling.height`` must equal it."""
-        width: int = 1280
+        width: Annotated[int, Range(1, MAX_SIDE, hint="pixels, e.g. 1280")] = 1280
         """Pixels (the pipeline's default); ``sampling.width`` must equal it."""
-        fps: float = 24.0
+        fps: FrameRate = 24.0
         """Frame rate: in the prompt's duration sentence and the mRoPE fps modulation (the
         pipeline's default); the decoded videos carry it."""
-        max_prompt_tokens: int = 1024
+        max_prompt_tokens: TextTokens = 1024
         """Token ids kept per prompt, chat template and size sentences included (the pipeline never
         cuts a prompt: a longer one is an error)."""
         use_system_prompt: bool | None = None
@@ -166,23 +168,22 @@ class Cosmos3Family(DiffusersFolderFamily):
     @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
         errors = super().validate_config(config, check_files)
-        options, defaults = config.model.options, cls.Options
-        frames = options.get("num_frames", defaults.num_frames)
-        if isinstance(frames, int) and (frames < 1 or (frames - 1) % TEMPORAL_FACTOR):
+        options = cls.bound_options(config)  # a value out of its range is reported above, once
+        frames = options.num_frames
+        if (frames - 1) % TEMPORAL_FACTOR:
             errors.append(
                 f"model.options.num_frames: {frames} frames do not fit Cosmos 3's Wan VAE, which needs "
                 f"num_frames = 4k + 1 (e.g. 1 for text-to-image, 33, 93, 189)"
             )
         rule = cls.size_rule(config, check_files)
         for side in ("height", "width"):
-            value = options.get(side, getattr(defaults, side))
-            if not isinstance(value, int):
-                continue
-            if value < 1 or (rule is not None and value % rule.multiple):
-                m = rule.multiple if rule is not None else 16
+            value = getattr(options, side)
+            if config.model.options.get(side, value) != value:
+                continue  # it did not bind: reported above
+            if rule is not None and value % rule.multiple:
                 errors.append(
                     f"model.options.{side}={value} does not fit the cosmos3 model: it must be a positive "
-                    f"multiple of {m} ({rule.why if rule is not None else 'the VAE compression'})"
+                    f"multiple of {rule.multiple} ({rule.why})"
                 )
             given = getattr(config.sampling, side)
             if isinstance(given, int) and given != value:
@@ -191,12 +192,6 @@ class Cosmos3Family(DiffusersFolderFamily):
                     f"states the resolution, so the size is set in model.options; set "
                     f"model.options.{side}={given} and leave sampling.{side} unset (or equal)"
                 )
-        fps = options.get("fps", defaults.fps)
-        if isinstance(fps, (int, float)) and fps <= 0:
-            errors.append(f"model.options.fps must be > 0, got {fps}")
-        length = options.get("max_prompt_tokens", defaults.max_prompt_tokens)
-        if isinstance(length, int) and length < 1:
-            errors.append(f"model.options.max_prompt_tokens must be >= 1, got {length}")
         return errors
 
     @classmethod

@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import diffusers
 import numpy as np
@@ -34,7 +34,7 @@ from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from torch import nn
 from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
-from diffrl.config import Config
+from diffrl.config import Config, Range
 from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
 from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
@@ -254,24 +254,14 @@ class FluxFamily(PackedLatentFamily):
 
     @dataclass
     class Options:
-        guidance: float = 3.5
+        guidance: Annotated[float, Range(0, 100, hint="FLUX.1 [dev]'s embedded guidance, e.g. 3.5")] = 3.5
         """The embedded guidance of a guidance-distilled transformer (``FluxPipeline``'s
         ``guidance_scale``); unused by a transformer without guidance embeddings."""
-        max_sequence_length: int = 512
+        max_sequence_length: Annotated[int, Range(1, 512, hint="T5 tokens; FluxPipeline's limit")] = 512
         """T5 tokens (the pipeline's default; at most 512)."""
         gradient_checkpointing: bool = False
         text_encoder_dtype: str = "float32"
         """dtype of the frozen text encoders and VAE (``bfloat16`` saves memory)."""
-
-    @classmethod
-    def validate_config(cls, config, check_files: bool = True) -> list[str]:
-        errors = super().validate_config(config, check_files)
-        length = config.model.options.get("max_sequence_length", cls.Options.max_sequence_length)
-        if isinstance(length, int) and not 1 <= length <= 512:
-            errors.append(
-                f"model.options.max_sequence_length must be in [1, 512] (FluxPipeline's limit), got {length}"
-            )
-        return errors
 
     @classmethod
     def size_rule(cls, config, check_files: bool = True) -> SizeRule | None:

@@ -71,7 +71,7 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -87,7 +87,8 @@ from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
 from torch import nn
 from transformers import AutoProcessor, AutoTokenizer, Mistral3ForConditionalGeneration, Qwen3ForCausalLM
 
-from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
+from diffrl.config import Range
+from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
 from diffrl.models.flux import folder_setting, packed_lengths, sample_size
 from diffrl.models.sd3 import SD3_LORA_TARGETS
@@ -234,12 +235,19 @@ class Flux2Family(DiffusersFolderFamily):
 
     @dataclass
     class Options:
-        guidance: float = 4.0
+        guidance: Annotated[float, Range(0, 100, hint="[dev]'s embedded guidance, e.g. 4.0")] = 4.0
         """[dev] only: the embedded guidance of the guidance-distilled transformer
         (``Flux2Pipeline``'s ``guidance_scale``)."""
-        max_sequence_length: int = 512
+        max_sequence_length: TextTokens = 512
         """Text tokens every prompt is padded or cut to (the pipelines' default)."""
-        text_encoder_out_layers: list[int] | None = None
+        text_encoder_out_layers: (
+            list[
+                Annotated[
+                    int, Range(-1024, 1024, hint="a hidden state of the text encoder; < 0 from the end")
+                ]
+            ]
+            | None
+        ) = None
         """The text encoder's hidden states stacked into the prompt embedding; None: the
         pipeline's default, (10, 20, 30) for [dev], (9, 18, 27) for [klein]."""
         gradient_checkpointing: bool = False
@@ -281,9 +289,6 @@ class Flux2Family(DiffusersFolderFamily):
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
         errors = super().validate_config(config, check_files)
         options = config.model.options
-        length = options.get("max_sequence_length", cls.Options.max_sequence_length)
-        if isinstance(length, int) and length < 1:
-            errors.append(f"model.options.max_sequence_length must be >= 1, got {length}")
         folder = Path(config.model.path)
         variant = folder_variant(folder) if check_files and folder.is_dir() else None
         if variant is None:

@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import diffusers.pipelines.ltx2.vocoder as ltx2_vocoders
 import torch
@@ -100,7 +100,8 @@ from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 from torch import nn
 from transformers import AutoTokenizer
 
-from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
+from diffrl.config import Range
+from diffrl.models.base import DTYPES, FrameRate, Frames, Planned, SizeRule, TextTokens, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, as_videos, load_part, read_json
 from diffrl.models.flux import resolution_shifted_sigmas
 from diffrl.models.ltx2_sequence_parallel import prepare_sequence_parallel
@@ -237,6 +238,17 @@ class Scales:
         return max(self.modality) > 1.0
 
 
+# The pipeline's guidance settings (CFG, STG, modality isolation: scales as sampling.guidance_scale;
+# rescale factors of rescale_noise_cfg); an audio stream's null or 0 takes the video stream's.
+StgScale = Annotated[float, Range(0, 100, hint="0: off")]
+ModalityScale = Annotated[float, Range(0, 100, hint="1: off")]
+Rescale = Annotated[float, Range(0, 1, hint="rescale_noise_cfg's factor; 0: off")]
+AudioGuidance = Annotated[float, Range(0, 100, hint="null or 0: sampling.guidance_scale")]
+AudioStg = Annotated[float, Range(0, 100, hint="null or 0: stg_scale")]
+AudioModality = Annotated[float, Range(0, 100, hint="null or 0: modality_scale")]
+AudioRescale = Annotated[float, Range(0, 1, hint="null or 0: guidance_rescale")]
+
+
 class LTX2Family(DiffusersFolderFamily):
     """LTX-2 audio + video. ``x_t (B, N)``: the packed, normalised video tokens then audio tokens,
     flattened (see the module docstring); log-probs and losses average over both streams."""
@@ -256,32 +268,34 @@ class LTX2Family(DiffusersFolderFamily):
 
     @dataclass
     class Options:
-        num_frames: int = 121
+        num_frames: Frames = 121
         """Frames per video (the pipeline's default; ``num_frames = 8k + 1`` for LTX-2's VAE, in
         general ``(num_frames - 1)`` a multiple of the VAE's temporal compression; 1: stills)."""
-        frame_rate: float = 24.0
+        frame_rate: FrameRate = 24.0
         """Playback frames per second: sets the audio's length and, over ``motion_speed``, the
         RoPE positions (the pipeline's ``frame_rate``)."""
-        motion_speed: float = 1.0
+        motion_speed: Annotated[float, Range(0, 100, lo_open=True, hint="e.g. 1.0")] = 1.0
         """The pipeline's ``motion_speed``: the transformer sees ``frame_rate / motion_speed``."""
-        max_sequence_length: int = 1024
+        max_sequence_length: TextTokens = 1024
         """Gemma tokens (the pipeline's default; a multiple of the connectors' learnable registers)."""
-        audio_guidance_scale: float | None = 7.0
+        audio_guidance_scale: AudioGuidance | None = 7.0
         """CFG of the audio stream (the pipeline's default); null or 0: ``sampling.guidance_scale``."""
-        stg_scale: float = 1.0
+        stg_scale: StgScale = 1.0
         """Spatio-temporal guidance of the video stream (0: off)."""
-        audio_stg_scale: float | None = 1.0
+        audio_stg_scale: AudioStg | None = 1.0
         """STG of the audio stream; null or 0: ``stg_scale`` (as the pipeline)."""
-        stg_blocks: list[int] = field(default_factory=lambda: [28])
+        stg_blocks: list[Annotated[int, Range(0, 1023, hint="a transformer block")]] = field(
+            default_factory=lambda: [28]
+        )
         """The blocks whose self-attention STG perturbs (the pipeline's
         ``spatio_temporal_guidance_blocks``; diffusers suggests [29] for LTX-2.0, [28] for 2.3)."""
-        modality_scale: float = 3.0
+        modality_scale: ModalityScale = 3.0
         """Modality-isolation guidance of the video stream (1: off)."""
-        audio_modality_scale: float | None = 3.0
+        audio_modality_scale: AudioModality | None = 3.0
         """Of the audio stream; null or 0: ``modality_scale``."""
-        guidance_rescale: float = 0.7
+        guidance_rescale: Rescale = 0.7
         """``rescale_noise_cfg``'s factor for the video stream (0: off)."""
-        audio_guidance_rescale: float | None = 0.7
+        audio_guidance_rescale: AudioRescale | None = 0.7
         """For the audio stream; null or 0: ``guidance_rescale``."""
         use_cross_timestep: bool = True
         """The pipeline's default (LTX-2.3 and later); false is LTX-2.0's own behaviour."""
@@ -364,59 +378,36 @@ class LTX2Family(DiffusersFolderFamily):
     @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
         errors = super().validate_config(config, check_files)
-        o = config.model.options
-        get = lambda key: o.get(key, getattr(cls.Options, key, None))  # noqa: E731
-        number = lambda v: isinstance(v, int | float) and not isinstance(v, bool)  # noqa: E731
-        frames, ratios = get("num_frames"), cls._ratios(config, check_files)
+        o = cls.bound_options(config)  # a value out of its range is reported above, once
+        frames, ratios = o.num_frames, cls._ratios(config, check_files)
         temporal = ratios[1] if ratios else None
-        if isinstance(frames, int) and frames < 1:
-            errors.append(f"model.options.num_frames must be >= 1, got {frames}")
-        elif isinstance(frames, int) and temporal and (frames - 1) % temporal:
+        if temporal and (frames - 1) % temporal:
             below = (frames - 1) // temporal * temporal + 1
             errors.append(
                 f"model.options.num_frames: {frames} frames do not fit this LTX-2 VAE "
                 f"({temporal}x temporal compression), which needs num_frames = {temporal}k + 1; "
                 f"e.g. {below} or {below + temporal}"
             )
-        for key in ("frame_rate", "motion_speed"):
-            if number(get(key)) and get(key) <= 0:
-                errors.append(f"model.options.{key} must be > 0, got {get(key)}")
-        length = get("max_sequence_length")
-        if isinstance(length, int):
-            registers = {
-                cls.component_setting(
-                    config,
-                    check_files,
-                    "connectors",
-                    "LTX2TextConnectors",
-                    f"{s}_connector_num_learnable_registers",
-                )
-                for s in ("video", "audio")
-            } - {None}
-            bad = [r for r in registers if length % int(r)]
-            if length < 1:
-                errors.append(f"model.options.max_sequence_length must be >= 1, got {length}")
-            elif bad:
-                errors.append(
-                    f"model.options.max_sequence_length={length} is not a multiple of the connectors' "
-                    f"{bad[0]} learnable registers (LTX2TextConnectors refuses it); e.g. "
-                    f"{max(int(bad[0]), length // int(bad[0]) * int(bad[0]))}"
-                )
-        for key in (
-            "audio_guidance_scale",
-            "stg_scale",
-            "audio_stg_scale",
-            "modality_scale",
-            "audio_modality_scale",
-        ):
-            if number(get(key)) and get(key) < 0:
-                errors.append(f"model.options.{key} must be >= 0, got {get(key)}")
-        for key in ("guidance_rescale", "audio_guidance_rescale"):
-            if number(get(key)) and not 0 <= get(key) <= 1:
-                errors.append(f"model.options.{key} must be in [0, 1], got {get(key)}")
-        blocks = get("stg_blocks")
-        stg = [get("stg_scale"), get("audio_stg_scale")]
-        if isinstance(blocks, list) and not blocks and any(number(s) and s > 0 for s in stg):
+        length = o.max_sequence_length
+        registers = {
+            cls.component_setting(
+                config,
+                check_files,
+                "connectors",
+                "LTX2TextConnectors",
+                f"{s}_connector_num_learnable_registers",
+            )
+            for s in ("video", "audio")
+        } - {None}
+        bad = [r for r in registers if length % int(r)]
+        if bad:
+            errors.append(
+                f"model.options.max_sequence_length={length} is not a multiple of the connectors' "
+                f"{bad[0]} learnable registers (LTX2TextConnectors refuses it); e.g. "
+                f"{max(int(bad[0]), length // int(bad[0]) * int(bad[0]))}"
+            )
+        blocks = o.stg_blocks
+        if not blocks and (o.stg_scale > 0 or (o.audio_stg_scale or 0) > 0):
             errors.append(
                 "model.options.stg_blocks is empty while STG is on (stg_scale or audio_stg_scale > 0); "
                 "name the blocks (e.g. [28]) or set stg_scale: 0 and audio_stg_scale: 0"
@@ -424,8 +415,8 @@ class LTX2Family(DiffusersFolderFamily):
         layers = cls.component_setting(
             config, check_files, "transformer", cls.transformer_class, "num_layers"
         )
-        if isinstance(blocks, list) and layers is not None:
-            outside = [b for b in blocks if isinstance(b, int) and not 0 <= b < layers]
+        if layers is not None:
+            outside = [b for b in blocks if not 0 <= b < layers]
             if outside:
                 errors.append(
                     f"model.options.stg_blocks: {outside} are not blocks of this {layers}-block "

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,7 @@ from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 from torch import nn
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
+from diffrl.config import Range
 from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import latent_stats, load_part, read_json
 from diffrl.models.flux import (
@@ -179,19 +180,14 @@ class QwenImageFamily(PackedLatentFamily):
 
     @dataclass
     class Options:
-        max_sequence_length: int = 512
+        max_sequence_length: Annotated[
+            int, Range(1, TOKENIZER_MAX_LENGTH, hint="text tokens; QwenImagePipeline's limit")
+        ] = 512
         """Text tokens after the template's system turn (the pipeline's default; at most 1024).
         Longer prompts are cut, as the pipeline does; fewer save transformer compute."""
         gradient_checkpointing: bool = False
         text_encoder_dtype: str = "float32"
         """dtype of the frozen text encoder and VAE (``bfloat16`` for the 7B encoder)."""
-
-        def __post_init__(self):
-            if not 1 <= self.max_sequence_length <= TOKENIZER_MAX_LENGTH:
-                raise ValueError(
-                    f"max_sequence_length must be in [1, {TOKENIZER_MAX_LENGTH}] (QwenImagePipeline's "
-                    f"limit), got {self.max_sequence_length}"
-                )
 
     @classmethod
     def folder_problems(cls, folder: Path) -> list[str]:

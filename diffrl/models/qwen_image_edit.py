@@ -55,7 +55,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
 import numpy as np
 import torch
@@ -66,8 +66,9 @@ from PIL import Image
 from torch import nn
 from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from diffrl.config import ConfigError
-from diffrl.models.base import DTYPES, Planned, SourceError
+from diffrl.config import ConfigError, Range
+from diffrl.config.schema import MAX_SIDE
+from diffrl.models.base import DTYPES, Planned, SourceError, TextTokens
 from diffrl.models.diffusers_folder import load_part, read_json
 from diffrl.models.flux import sample_size, sequence_ranks
 from diffrl.models.qwen_image import (
@@ -97,6 +98,9 @@ VAE_IMAGE_AREA = 1024 * 1024
 """The pipeline's ``VAE_IMAGE_SIZE``: the reference image's area, in pixels."""
 MIN_AREA = 32 * 32
 """``calculate_dimensions`` rounds sides to 32 px: a smaller area rounds a side to nothing."""
+Area = Annotated[
+    int, Range(MIN_AREA, MAX_SIDE**2, hint="pixels; at least 32 x 32, as the pipeline rounds sides to 32 px")
+]
 
 
 def qwen_edit_forward(
@@ -153,28 +157,18 @@ class QwenImageEditFamily(QwenImageFamily):
 
     @dataclass
     class Options:
-        max_sequence_length: int = 512
+        max_sequence_length: TextTokens = 512
         """Text tokens after the template's system turn, the picture's vision tokens among them
         (~200 for a 384 x 384 area; the first Qwen-Image-Edit's 1024 x 1024 picture has ~1350, so
         it needs 1536 or so); an edit that encodes to more is an error (the pipeline cuts none).
         Each cached prompt holds this many embeddings; the forward takes only the batch's longest."""
-        condition_image_area: int = CONDITION_IMAGE_AREA
+        condition_image_area: Area = CONDITION_IMAGE_AREA
         """Pixels of the VL encoder's picture (``QwenImageEditPlusPipeline``'s 384 x 384)."""
-        vae_image_area: int = VAE_IMAGE_AREA
+        vae_image_area: Area = VAE_IMAGE_AREA
         """Pixels of the reference image the VAE encodes (the pipelines' 1024 x 1024)."""
         gradient_checkpointing: bool = False
         text_encoder_dtype: str = "float32"
         """dtype of the frozen text encoder and VAE (``bfloat16`` for the 7B encoder)."""
-
-        def __post_init__(self):
-            if self.max_sequence_length < 1:
-                raise ValueError(f"max_sequence_length must be at least 1, got {self.max_sequence_length}")
-            for name in ("condition_image_area", "vae_image_area"):
-                if getattr(self, name) < MIN_AREA:
-                    raise ValueError(
-                        f"{name} must be at least {MIN_AREA} pixels (32 x 32: the pipeline rounds "
-                        f"sides to 32 px), got {getattr(self, name)}"
-                    )
 
     @classmethod
     def edit_sizes(cls, width: int, height: int, options: Any) -> tuple[int, int, int, int]:

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from diffusers import AutoencoderKL, SD3Transformer2DModel
 from torch import nn
 from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
+from diffrl.config import Range
 from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
 from diffrl.rollout import Conditioning
@@ -94,7 +95,9 @@ class SD3Family(DiffusersFolderFamily):
 
     @dataclass
     class Options:
-        max_sequence_length: int = 256
+        max_sequence_length: Annotated[
+            int, Range(1, 512, hint="T5 tokens; StableDiffusion3Pipeline's limit")
+        ] = 256
         """T5 tokens (the pipeline's default)."""
         gradient_checkpointing: bool = False
         text_encoder_dtype: str = "float32"

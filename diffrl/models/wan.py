@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.distributed as dist
@@ -45,7 +45,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from transformers import AutoTokenizer, UMT5EncoderModel
 
-from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
+from diffrl.config import Range
+from diffrl.models.base import DTYPES, Frames, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import (
     DiffusersFolderFamily,
     encode_normalised_videos,
@@ -199,9 +200,9 @@ class WanFamily(DiffusersFolderFamily):
 
     @dataclass
     class Options:
-        num_frames: int = 81
+        num_frames: Frames = 81
         """Frames per video (the pipeline's default; ``(num_frames - 1) % 4 == 0``; 1: still images)."""
-        max_sequence_length: int = 512
+        max_sequence_length: Annotated[int, Range(1, 4096, hint="UMT5 tokens, e.g. 512")] = 512
         """UMT5 tokens (the pipeline's ``__call__`` default)."""
         gradient_checkpointing: bool = False
         text_encoder_dtype: str = "float32"
@@ -238,16 +239,12 @@ class WanFamily(DiffusersFolderFamily):
     @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
         errors = super().validate_config(config, check_files)
-        options = config.model.options
-        frames = options.get("num_frames", cls.Options.num_frames)
-        if isinstance(frames, int) and (frames < 1 or (frames - 1) % TEMPORAL_FACTOR):
+        frames = cls.bound_options(config).num_frames
+        if (frames - 1) % TEMPORAL_FACTOR:
             errors.append(
                 f"model.options.num_frames: {frames} frames do not fit Wan's VAE, which needs "
                 f"num_frames = 4k + 1 (e.g. 1, 5, 33, 81)"
             )
-        length = options.get("max_sequence_length", cls.Options.max_sequence_length)
-        if isinstance(length, int) and length < 1:
-            errors.append(f"model.options.max_sequence_length must be >= 1, got {length}")
         return errors
 
     @classmethod

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from diffusers import AutoencoderKL, ZImageTransformer2DModel
@@ -49,7 +49,8 @@ from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sig
 from torch import nn
 from transformers import AutoTokenizer, Qwen3Model
 
-from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
+from diffrl.config import Range
+from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
 from diffrl.models.flux import folder_setting, resolution_shifted_sigmas, sample_size
 from diffrl.models.sd3 import vae_decode, vae_encode
@@ -114,42 +115,28 @@ class ZImageFamily(DiffusersFolderFamily):
 
     @dataclass
     class Options:
-        max_sequence_length: int = 512
+        max_sequence_length: TextTokens = 512
         """Tokens of the templated prompt (the pipeline's default); longer prompts are cut, as the
         pipeline cuts them."""
-        cfg_normalization: float = 0.0
+        cfg_normalization: Annotated[float, Range(0, 10, hint="0: off (the pipeline's False); True is 1")] = (
+            0.0
+        )
         """The pipeline's ``cfg_normalization``: 0 (its ``False``) off; ``r > 0`` scales a guided
         velocity down to ``r`` times the conditional velocity's norm where it is longer
         (``True`` is 1)."""
-        cfg_truncation: float = 1.0
+        cfg_truncation: Annotated[float, Range(0, 1, hint="1: CFG at every step")] = 1.0
         """The pipeline's ``cfg_truncation``: no CFG at the steps whose ``t = 1 - sigma`` is above
         it (1: CFG at every step)."""
         gradient_checkpointing: bool = False
         text_encoder_dtype: str = "float32"
         """dtype of the frozen text encoder and VAE (``bfloat16`` for the 4B encoder)."""
 
-        def __post_init__(self):
-            problems = []
-            if self.max_sequence_length < 1:
-                problems.append(f"max_sequence_length must be >= 1, got {self.max_sequence_length}")
-            if self.cfg_normalization < 0:
-                problems.append(
-                    f"cfg_normalization must be >= 0 (0: off, as the pipeline's False), got "
-                    f"{self.cfg_normalization}"
-                )
-            if not 0 <= self.cfg_truncation <= 1:
-                problems.append(
-                    f"cfg_truncation must be in [0, 1] (1: CFG at every step), got {self.cfg_truncation}"
-                )
-            if problems:
-                raise ValueError("; ".join(problems))
-
     @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
         errors = super().validate_config(config, check_files)
-        length = config.model.options.get("max_sequence_length", cls.Options.max_sequence_length)
+        length = cls.bound_options(config).max_sequence_length
         axes = cls.component_setting(config, check_files, "transformer", cls.transformer_class, "axes_lens")
-        if isinstance(length, int) and axes:
+        if axes:
             # a caption of `length` tokens takes RoPE frame positions 1..ceil32(length) and the image
             # the next one; the transformer's table has axes_lens[0] of them
             longest = (axes[0] - 2) // SEQ_MULTI_OF * SEQ_MULTI_OF

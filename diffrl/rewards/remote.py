@@ -44,13 +44,14 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import msgpack
 import numpy as np
 import torch
 from PIL import Image
 
+from diffrl.config import Range
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.workers import seconds_left
 from diffrl.rollout import Audio, quantize
@@ -308,9 +309,13 @@ class RemoteReward(Reward):
         self,
         url: str,
         token_env: str | None = None,
-        timeout_s: float = 60.0,
-        retries: int = 3,
-        backoff_s: float = 0.5,
+        timeout_s: Annotated[
+            float, Range(0, 604_800, lo_open=True, hint="seconds per attempt, at most a week")
+        ] = 60.0,
+        retries: Annotated[
+            int, Range(0, 1000, hint="attempts after the first, within the call's deadline")
+        ] = 3,
+        backoff_s: Annotated[float, Range(0, 3600, hint="seconds, doubled after each retry")] = 0.5,
         format: str = "png",
         audio: bool = False,
     ):

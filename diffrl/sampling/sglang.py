@@ -43,14 +43,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from peft.tuners.lora import LoraLayer
 from safetensors.torch import save_file
 from torch import nn
 
-from diffrl.config import Config
+from diffrl.config import Config, Range
 from diffrl.data.prompts import PromptSet
 from diffrl.errors import Abandoned
 from diffrl.models.base import DTYPES, ModelFamily
@@ -130,19 +130,23 @@ class SglangEngine:
         precision: Literal["fp32", "bf16", "fp16"] | None = None
         """The server's transformer, text encoders and VAE; None: ``model.dtype``'s (the trainer
         replays in that dtype: ``bf16`` log-probs differ from a float32 replay, see docs/engines.md)."""
-        start_timeout_s: float = 300.0
-        request_timeout_s: float = 600.0
-        max_response_mb: float = 1024.0
-        concurrency: int = 8
+        start_timeout_s: Annotated[float, Range(0, 86_400, lo_open=True, hint="seconds, at most a day")] = (
+            300.0
+        )
+        request_timeout_s: Annotated[float, Range(0, 86_400, lo_open=True, hint="seconds, at most a day")] = (
+            600.0
+        )
+        max_response_mb: Annotated[float, Range(0, 65_536, lo_open=True, hint="MiB")] = 1024.0
+        concurrency: Annotated[int, Range(1, 4096, hint="requests in flight")] = 8
         """Requests in flight per micro-group (the server batches them)."""
-        restarts: int = 2
+        restarts: Annotated[int, Range(0, 100, hint="of a launched server, per micro-group")] = 2
         """Times a launched server that died mid-rollout is restarted for one micro-group."""
         debug_alignment: bool = False
         """Ask for the engine's debug tensors and write the first step and row where diffrl's
         kernel, given the engine's own velocity, disagrees with its log-prob (``sglang/alignment-*.json``)."""
         extra_args: list[str] = field(default_factory=list)
         """More ``sglang serve`` arguments."""
-        sequence_parallel: int = 1
+        sequence_parallel: Annotated[int, Range(1, 1024, hint="GPUs per server")] = 1
         """Ranks (GPUs) each launched server spans: ``--num-gpus N --sp-degree N --ulysses-degree
         N``, each sample's tokens split over them (Ulysses, sglang's own); under Ray each engine
         then holds N GPUs (``ray.colocate: false``)."""
@@ -172,11 +176,7 @@ class SglangEngine:
         for url in options.urls:
             if not isinstance(url, str) or not url.startswith("http://"):
                 errors.append(f"rollout.engine_options.urls: {url!r} is not an http://host:port URL")
-        if options.sequence_parallel < 1:
-            errors.append(
-                f"rollout.engine_options.sequence_parallel must be >= 1, got {options.sequence_parallel}"
-            )
-        elif options.sequence_parallel > 1 and options.urls:
+        if options.sequence_parallel > 1 and options.urls:
             errors.append(
                 "rollout.engine_options.sequence_parallel: diffrl starts no server when urls are "
                 "given; start those servers with --num-gpus/--sp-degree/--ulysses-degree yourself"
@@ -186,8 +186,6 @@ class SglangEngine:
                 f"rollout.engine_options.sequence_parallel={options.sequence_parallel}: an engine "
                 "spanning several GPUs cannot share a trainer rank's GPU; set ray.colocate=false"
             )
-        if options.concurrency < 1 or options.restarts < 0 or options.max_response_mb <= 0:
-            errors.append("rollout.engine_options: concurrency >= 1, restarts >= 0, max_response_mb > 0")
         return errors
 
     @classmethod

@@ -25,11 +25,17 @@ import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from diffrl.config import bind_dataclass
+from diffrl.config import Range, bind_dataclass
+from diffrl.config.schema import MAX_COUNT
 from diffrl.registry import Registry, RegistryError
 from diffrl.seeding import derive_seed
+
+MAX_STEPS = 1000
+"""``sampling.num_steps`` at most: a step index or a count of steps is below or at it."""
+StepIndex = Annotated[int, Range(0, MAX_STEPS, hint="a step index")]
+Steps = Annotated[int, Range(1, MAX_STEPS, hint="steps")]
 
 
 @dataclass
@@ -46,8 +52,8 @@ class Window:
     """A contiguous window of ``size`` stochastic steps inside ``range``: what the window strategies
     share (where the window starts is theirs)."""
 
-    size: int = 2
-    range: list[int] | None = None
+    size: Steps = 2
+    range: list[StepIndex] | None = None
     """``[lo, hi)``: the window lies inside these steps; default all steps."""
 
     label = "window"
@@ -84,8 +90,8 @@ class SdeWindow(Window):
 
 @dataclass
 class EpochGlobalRandomChoice:
-    k: int = 2
-    candidates: list[int] | None = None
+    k: Steps = 2
+    candidates: list[StepIndex] | None = None
 
     def __call__(self, num_steps: int, rollout_id: int, seed: int) -> list[int]:
         pool = self.candidates if self.candidates is not None else list(range(num_steps))
@@ -122,11 +128,11 @@ class MixGRPOWindow(Window):
     ``sampling_steps − 2`` is ``range: [0, num_steps - 2]``.
     """
 
-    size: int = 4
+    size: Steps = 4
     """Window size (the reference's ``group_size``)."""
-    shift_interval: int = 25
+    shift_interval: Annotated[int, Range(1, MAX_COUNT, hint="iterations, e.g. 25")] = 25
     """Iterations between two moves (τ; the reference's ``iters_per_group``)."""
-    stride: int = 1
+    stride: Steps = 1
     """Steps per move (the reference's ``prog_overlap_step``; ``stride = size``: non-overlapping)."""
     wrap: bool = True
     """At the end, start over from ``range[0]`` (the reference's ``roll_back``); False: stay there."""
@@ -143,12 +149,7 @@ class MixGRPOWindow(Window):
         return list(range(lo + offset, lo + offset + self.size))
 
     def check(self, num_steps: int) -> list[str]:
-        errors = self.window_problems(num_steps)
-        if self.shift_interval < 1 or self.stride < 1:
-            errors.append(
-                f"mix_grpo shift_interval ({self.shift_interval}) and stride ({self.stride}) must be >= 1"
-            )
-        return errors
+        return self.window_problems(num_steps)
 
 
 @dataclass

@@ -180,7 +180,11 @@ class NeedsLogProbs(SFT):
 @pytest.mark.parametrize(
     "recipe, extra, message",
     [
-        ("tiny_nft_ocr", {"algorithm.params": "{beta: 0.0}"}, "beta must be > 0"),
+        (
+            "tiny_nft_ocr",
+            {"algorithm.params": "{beta: 0.0}"},
+            r"beta must be in \(0, 100\] \(it divides the loss",
+        ),
         ("tiny_nft_ocr", {"algorithm.params": "{decay_schedule: linear}"}, "decay_schedule"),
         ("tiny_nft_ocr", {"algorithm.params": "{timestep_fraction: 0.1}"}, "trains on no timestep"),
         (

@@ -398,9 +398,11 @@ def test_a_tiny_checkpoint_is_refused(tmp_path, edit_dir, tiny_checkpoint):
 
 
 def test_bad_options_and_folders_are_refused_before_loading(tmp_path, edit_dir):
-    with pytest.raises(ConfigError, match="vae_image_area must be at least 1024"):
+    with pytest.raises(
+        ConfigError, match=r"vae_image_area must be in \[1024, 268_435_456\] \(pixels; at least 32 x 32"
+    ):
         qedit_config(tmp_path, edit_dir, **{"model.options": "{vae_image_area: 500}"})
-    with pytest.raises(ConfigError, match="max_sequence_length must be at least 1"):
+    with pytest.raises(ConfigError, match=r"max_sequence_length must be in \[1, 32768\]"):
         qedit_config(tmp_path, edit_dir, **{"model.options": "{max_sequence_length: 0}"})
     no_processor = tmp_path / "no_processor"
     shutil.copytree(edit_dir, no_processor)

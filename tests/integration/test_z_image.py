@@ -236,7 +236,7 @@ def test_a_tiny_checkpoint_is_refused(tmp_path, z_dir, tiny_checkpoint):
     "overrides, message",
     [
         ({"options": "cfg_truncation: 1.5"}, "cfg_truncation must be in"),
-        ({"options": "cfg_normalization: -1"}, "cfg_normalization must be >= 0"),
+        ({"options": "cfg_normalization: -1"}, r"cfg_normalization must be in \[0, 10\]"),
         ({"model.options": "{max_sequence_length: 1000}"}, "max_sequence_length=1000 is longer"),
         ({"sampling.height": 18}, "multiples of 4"),
         ({"sampling.width": 512}, "at most 256 pixels"),

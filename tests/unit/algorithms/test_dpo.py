@@ -245,7 +245,9 @@ def test_config_errors():
         load_config({**base, "rollout": {"n_samples_per_prompt": 1, "batch_size": 16}})
     with pytest.raises(ConfigError, match="trains on a folder of preference pairs: set data.dataset"):
         load_config({"algorithm": {"name": "dpo", "params": {"pairs": "offline"}}}, check_files=False)
-    with pytest.raises(ConfigError, match="beta must be > 0"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm.params.beta must be in \(0, 100000\] \(DPO's KL strength"
+    ):
         load_config({**base, "algorithm": {"name": "dpo", "params": {"beta": 0}}})
 
 

@@ -1,11 +1,14 @@
 """Every number of the schema declares its range (:class:`~diffrl.config.schema.Range`), and the
-binder refuses a value outside it, naming the field and the range. Walks the dataclasses, so a
-field added without a range fails here. Also the bounds on what a user can make diffrl read: YAML
+binder refuses a value outside it, naming the field and the range. Walks the dataclasses (the
+schema's, and the params of every built-in plugin of every registry), so a field added without a
+range fails here. Also the bounds on what a user can make diffrl read: YAML
 (duplicate keys, alias bombs, nesting), quoted values, the divisor hint and caption wrapping."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import inspect
 import math
 import re
 import time
@@ -15,13 +18,25 @@ from pathlib import Path
 from typing import Annotated, Any, get_args, get_origin
 
 import pytest
+import yaml
 
+import diffrl.train.loop
+from diffrl import cli
+from diffrl.algorithms.registry import ALGORITHMS
 from diffrl.config import Config, ConfigError, Range, TrainConfig, bind_config
 from diffrl.config.binding import YamlProblem, load_yaml, signature_problems, with_lines
-from diffrl.errors import quoted
+from diffrl.errors import EXIT_USER_ERROR, quoted
+from diffrl.logging.trackers import PACKAGES, TRACKERS
+from diffrl.models.registry import FAMILIES
+from diffrl.preflight import load_config
 from diffrl.preflight.schema import largest_divisor, read_config, schema_problems
+from diffrl.registry import Registry
 from diffrl.rewards.registry import REWARDS
+from diffrl.sampling.engine import ENGINES
+from diffrl.sampling.kernels import KERNELS
+from diffrl.sampling.step_strategies import STEP_STRATEGIES
 from diffrl.train.evaluate import caption_font, wrap
+from diffrl.train.runner import RUNNERS
 
 
 def _numeric(tp: Any) -> tuple[type, Range | None] | None:
@@ -267,23 +282,225 @@ def test_caption_wrapping_is_bounded_by_the_lines_not_the_text():
     assert wrap("a " * 500_000, font, 120)[-1].endswith("…")
 
 
-OWN_CHECKS = {"remote"}
-"""Built-in rewards whose numeric params are checked by the reward itself (``remote``: its
-deadlines, see :mod:`diffrl.rewards.remote`), not yet declared as ranges."""
+# ---- the built-in plugins' params ----------------------------------------------------------------
 
 
-def test_every_numeric_param_of_a_builtin_reward_declares_a_range():
-    missing = []
-    for name in sorted(set(REWARDS.names()) - OWN_CHECKS):
-        reward = REWARDS.resolve(name)
-        fn = reward.__init__ if isinstance(reward, type) else reward
-        for param, tp in typing.get_type_hints(fn, include_extras=True).items():
-            if (kind := _numeric(tp)) is not None and kind[1] is None:
-                missing.append(f"{name}.{param}")
-    assert not missing, f"numeric reward params without a Range: {missing}"
+def _dataclass_hints(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _reward_hints(obj: Any) -> dict[str, Any]:
+    """A reward's params: the annotated parameters of its ``__init__`` (a class) or after
+    ``images, prompts, metadata`` (a function), as :func:`~diffrl.config.binding.signature_problems`
+    checks them."""
+    fn = obj.__init__ if isinstance(obj, type) else obj
+    hints = typing.get_type_hints(fn, include_extras=True)
+    return {n: hints[n] for n in inspect.signature(fn).parameters if n in hints}
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A plugin kind: its registry, where its built-ins declare their params, and how a config
+    reaches them (the keys' prefix in a message, the recipe and the override that set one)."""
+
+    registry: Registry
+    hints: typing.Callable[[Any], dict[str, Any]] | None
+    """A built-in -> its params' annotations; None: this kind takes no params."""
+    prefix: str = ""
+    """Of a param's key in a message; ``{name}``: the plugin's name."""
+    sections: tuple[str, ...] = ()
+    """The config sections whose checks bind the params (``load_config(sections=...)``)."""
+
+    def recipe(self, name: str) -> dict[str, Any]:
+        online = {"algorithm": {"name": "flow_grpo"}, "rewards": [{"name": "ocr"}]}
+        return {
+            "algorithm": {"algorithm": {"name": name}, "rewards": [{"name": "ocr"}]},
+            "model family": {"model": {"family": name}},
+            "rollout engine": {**online, "rollout": {"engine": name}},
+            "step strategy": {
+                **online,
+                "algorithm": {"name": "flow_grpo", "params": {"step_strategy": {"name": name}}},
+            },
+        }.get(self.registry.kind, {})
+
+    def override(self, name: str, param: str, value: Any) -> str:
+        """``key=value`` setting ``param`` of plugin ``name`` to ``value``, as on the command line."""
+        if self.registry.kind == "reward":  # a list item is set by giving the whole list
+            return "rewards=" + _flow([{"name": name, "params": {param: value}}])
+        return f"{self.prefix.format(name=name)}{param}={_flow(value)}"
+
+
+KINDS = {
+    "algorithm": Kind(ALGORITHMS, lambda c: _dataclass_hints(c.Params), "algorithm.params.", ("algorithm",)),
+    "model family": Kind(FAMILIES, lambda c: _dataclass_hints(c.Options), "model.options.", ("model",)),
+    "rollout engine": Kind(
+        ENGINES,
+        lambda c: _dataclass_hints(c.Options) if hasattr(c, "Options") else {},
+        "rollout.engine_options.",
+        ("algorithm",),  # the algorithm's collection spec decides the engine's checks
+    ),
+    "step strategy": Kind(
+        STEP_STRATEGIES, _dataclass_hints, "algorithm.params.step_strategy.", ("algorithm",)
+    ),
+    "reward": Kind(REWARDS, _reward_hints, "rewards[0] ({name}).params.", ("rewards",)),
+    "sampler kernel": Kind(KERNELS, None),
+    "logger": Kind(TRACKERS, None),
+    "runner": Kind(RUNNERS, None),
+}
+"""Every registry of diffrl (checked against the source below)."""
+
+
+def _flow(value: Any) -> str:
+    """``value`` as YAML flow text (what an override's value is read as)."""
+    return yaml.safe_dump([value], default_flow_style=True, width=10**6).strip()[1:-1]
+
+
+def _param_numbers(hints: dict[str, Any]) -> list[tuple[str, type, Range | None]]:
+    """``(key, int or float, Range or None)`` of each numeric param, a list's items as ``key[0]``."""
+    out = []
+    for name, tp in hints.items():
+        inner = (
+            [a for a in get_args(tp) if a is not type(None)] if get_origin(tp) is types.UnionType else [tp]
+        )
+        if len(inner) == 1 and get_origin(inner[0]) is list:
+            if (found := _numeric(get_args(inner[0])[0])) is not None:
+                out.append((f"{name}[0]", *found))
+        elif (found := _numeric(tp)) is not None:
+            out.append((name, *found))
+    return out
+
+
+PLUGIN_NUMBERS = [
+    (kind, name, *number)
+    for kind, k in KINDS.items()
+    if k.hints is not None
+    for name in k.registry.names()
+    for number in _param_numbers(k.hints(k.registry.resolve(name)))
+]
+"""``(kind, plugin, key, int or float, Range or None)`` of every numeric param of every built-in."""
+PLUGIN_IDS = [f"{name}.{key}" for _, name, key, *_ in PLUGIN_NUMBERS]
+
+
+def test_every_registry_is_walked():
+    source = Path(__file__).resolve().parents[3] / "diffrl"
+    found = {
+        m.group(1)
+        for f in source.rglob("*.py")
+        for m in re.finditer(r'= Registry\(\s*"([^"]+)"', f.read_text(encoding="utf-8"))
+    }
+    assert found == set(KINDS), (
+        f"a registry of diffrl is not in KINDS (add how its params bind): {found ^ set(KINDS)}"
+    )
+    assert all(KINDS[k].registry.kind == k for k in KINDS)
+
+
+def test_the_plugin_walk_finds_the_numbers():
+    ids = set(PLUGIN_IDS)
+    assert {
+        "flow_grpo.clip_range",
+        "mix_grpo.shift_interval",
+        "ltx2.stg_blocks[0]",
+        "sglang.concurrency",
+    } <= ids
+    assert {"ocr.num_workers", "remote.retries", "judge.max_pixels", "dpo.beta", "wan.num_frames"} <= ids
+    assert len(PLUGIN_NUMBERS) >= 85
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if KINDS[k].hints is None])
+def test_kinds_without_params_have_no_params(kind):
+    """A kernel, a logger or a runner is built without settings of its own (a runner reads the
+    schema's ``ray`` section): a built-in that grows ``Params`` / ``Options`` needs a binder."""
+    for name in KINDS[kind].registry.names():
+        if name in PACKAGES and importlib.util.find_spec(PACKAGES[name][0]) is None:
+            continue  # an optional logger whose package is not installed here
+        obj = KINDS[kind].registry.resolve(name)
+        assert not hasattr(obj, "Params") and not hasattr(obj, "Options"), (kind, name)
+
+
+@pytest.mark.parametrize("kind, name, key, number, bounds", PLUGIN_NUMBERS, ids=PLUGIN_IDS)
+def test_every_plugin_param_declares_a_finite_range(kind, name, key, number, bounds):
+    assert bounds is not None, (
+        f"{kind} {name!r}: param {key} ({number.__name__}) declares no Range: add "
+        f"Annotated[{number.__name__}, Range(...)]"
+    )
+    assert math.isfinite(bounds.lo) and math.isfinite(bounds.hi) and bounds.lo < bounds.hi
+
+
+def _plugin_problems(kind: str, name: str, key: str, value: Any) -> list[str]:
+    """The problems of a config setting ``key`` of plugin ``name`` to ``value`` by an override,
+    from the checks the command line runs (schema and plugin stages, the kind's sections)."""
+    k = KINDS[kind]
+    param, _, item = key.partition("[")
+    override = k.override(name, param, [value] if item else value)
+    try:
+        load_config(k.recipe(name), [override], check_files=False, sections=k.sections)
+    except ConfigError as e:
+        return e.problems
+    return []
+
+
+@pytest.mark.parametrize("kind, name, key, number, bounds", PLUGIN_NUMBERS, ids=PLUGIN_IDS)
+def test_a_plugin_param_out_of_range_is_refused_with_its_key_and_range(kind, name, key, number, bounds):
+    where = f"{KINDS[kind].prefix.format(name=name)}{key}"
+    beyond = [math.nan, math.inf, -math.inf, 1e300] if number is float else [10**30, -(10**30)]
+    for value in [*_outside(bounds, number), *beyond]:
+        problems = _plugin_problems(kind, name, key, value)
+        assert any(p.startswith(f"{where} must be {bounds.text()}, got ") for p in problems), (
+            value,
+            problems,
+        )
+    for inside in (bounds.lo if not bounds.lo_open else None, bounds.hi if not bounds.hi_open else None):
+        if inside is not None:
+            problems = _plugin_problems(kind, name, key, inside)
+            assert not [p for p in problems if p.startswith(f"{where} must be")], (inside, problems)
+
+
+CLI_ROWS = [
+    ("algorithm", ["algorithm.params.clip_range=1e300"], "algorithm.params.clip_range must be in (0, 10]"),
+    (
+        "model family",
+        ["model.family=sd3", "model.options={max_sequence_length: 1e9}"],
+        "max_sequence_length must be in [1, 512]",
+    ),
+    (
+        "rollout engine",
+        ["rollout.engine=sglang", "rollout.engine_options={concurrency: 0}"],
+        "rollout.engine_options.concurrency must be in [1, 4096]",
+    ),
+    (
+        "step strategy",
+        ["algorithm.params.step_strategy={name: mix_grpo, shift_interval: 1e30}"],
+        "algorithm.params.step_strategy.shift_interval must be in [1, 1_000_000_000] (iterations, e.g. 25), got ",
+    ),
+    (
+        "reward",
+        ["rewards=[{name: ocr, params: {num_workers: -4}}]"],
+        "rewards[0] (ocr).params.num_workers must be in [0, 256]",
+    ),
+]
+
+
+@pytest.mark.parametrize("kind, overrides, message", CLI_ROWS, ids=[r[0] for r in CLI_ROWS])
+def test_the_command_line_refuses_a_plugin_param_out_of_range(
+    kind, overrides, message, tmp_path, monkeypatch, capsys
+):
+    def refuse(config):  # a row that got past validation must not start the recipe's training
+        raise AssertionError(f"{overrides} reached training")
+
+    monkeypatch.setattr(diffrl.train.loop, "train", refuse)
+    recipe = Path(__file__).resolve().parents[3] / "recipes" / "tiny_grpo_ocr_small.yaml"
+    code = cli.main(["train", str(recipe), f"run.output_dir={tmp_path / 'run'}", *overrides])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER_ERROR and err.startswith("error: ") and message in err, err
+    assert "Traceback" not in err
 
 
 def test_the_docs_list_every_range():
     page = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
     missing = [p for p, kind, r in NUMERIC if f"| `{p}` | `{kind.__name__}` | {r.text()} |" not in page]
+    for kind, name, key, number, bounds in PLUGIN_NUMBERS:
+        prefix = "rewards[].params." if kind == "reward" else KINDS[kind].prefix
+        row = f"| `{name}` | `{prefix}{key.replace('[0]', '[i]')}` | `{number.__name__}` | {bounds.text()} |"
+        missing += [] if row in page else [f"{name}.{key}"]
     assert not missing, f"docs/configuration.md (Ranges and input limits) lacks or misstates: {missing}"

@@ -65,7 +65,11 @@ def test_mix_grpo_window_wraps_and_defaults_follow_the_reference_script():
         ({"name": "sde_window", "size": 5, "range": [0, 3]}, "does not fit"),
         ({"name": "epoch_global_random_choice", "k": 5, "candidates": [1, 2]}, "k=5 must be in"),
         ({"name": "mix_grpo", "size": 12}, "mix_grpo window of size 12 in range \\[0, 10\\) does not fit"),
-        ({"name": "mix_grpo", "size": 2, "shift_interval": 0}, "shift_interval \\(0\\) and stride"),
+        (
+            {"name": "mix_grpo", "size": 2, "shift_interval": 0},
+            r"algorithm.params.step_strategy.shift_interval must be in \[1, 1_000_000_000\] .*, got 0",
+        ),
+        ({"name": "sde_window", "range": [0, 5000]}, r"step_strategy.range\[1\] must be in \[0, 1000\]"),
         ({"name": "sde_windw"}, "Did you mean 'sde_window'"),
         ({"name": "sde_window", "sise": 2}, "Did you mean 'size'"),
     ],
