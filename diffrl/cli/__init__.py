@@ -20,6 +20,7 @@ import errno  # noqa: E402
 import importlib  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
+import warnings  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -114,7 +115,8 @@ def _main(argv: list[str] | None) -> int:
         args.overrides = [*args.overrides, *extra]
     if args.debug:
         return run_command(args)
-    return _reported(args)
+    with _warning_lines():
+        return _reported(args)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -189,6 +191,30 @@ def _bug(e: BaseException) -> int:
         file=sys.stderr,
     )
     return EXIT_BUG
+
+
+DIFFRL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+@contextmanager
+def _warning_lines() -> Iterator[None]:
+    """Inside the block a warning diffrl issues prints as one ``warning: <message>`` line, as
+    errors print ``error: ...`` (Python's own format names diffrl's source file and line, which
+    says nothing to a user; ``--debug`` keeps it); other libraries' warnings keep theirs. Which
+    warnings show, where and how often stays Python's choice (its filters, ``showwarning``):
+    only the text is made here."""
+    python_format = warnings.formatwarning
+
+    def line(message, category, filename, lineno, line=None) -> str:
+        if str(filename).startswith(DIFFRL_DIR):
+            return f"warning: {message}\n"
+        return python_format(message, category, filename, lineno, line)
+
+    warnings.formatwarning = line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = python_format
 
 
 class UnclosableStream:
