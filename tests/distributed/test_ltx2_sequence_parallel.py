@@ -38,6 +38,7 @@ def _config(tmp_path, folder, algorithm: str, runner: str):
     )
 
 
+@pytest.mark.slow  # tests/integration/test_ltx2_sequence_parallel.py holds its forward and gradients
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_two_sequence_ranks_update_tiny_ltx2_as_one_process(tmp_path, algorithm):
     folder = tmp_path / "ltx2"

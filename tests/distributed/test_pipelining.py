@@ -49,6 +49,7 @@ def test_flow_grpo_replays_a_stale_rollout_and_weights_it_by_the_truncated_ratio
         assert r["train/ratio_abs_minus_1"] == 0.0
 
 
+@pytest.mark.slow  # the default run holds Flow-GRPO's stale rollout
 @pytest.mark.parametrize("recipe", ["tiny_awm_ocr", "tiny_dpo_ocr"])
 def test_awm_and_online_dpo_train_on_a_rollout_one_update_old(recipe, tmp_path, ray_cluster):
     rows = run(tmp_path, recipe)

@@ -51,7 +51,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=[pytest.mark.slow] if c == "family_exits_in_engine" else []) for c in CASES],
+)
 def test_a_plugin_failing_in_a_ray_actor_is_named(case, tmp_path, ray_cluster, monkeypatch, capsys):
     from diffrl.cli import main
 

@@ -46,9 +46,11 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize(
     "off_policy_steps",
     [
+        # (both in the slow tier: ~100 s each on 2 cores; tests/integration/test_crash_safety.py
+        # holds kill -9 and resume in the default run)
         # pipelined: the driver dies while rollout 3 is drawn in the background during iteration 2's
         # update; the checkpoint of step 2 holds the weights that drew rollout 2 (one update old)
-        1,
+        pytest.param(1, marks=pytest.mark.slow),
         # synchronous: the same code but for the rollout weights (the local runner's crash tests
         # cover the synchronous resume in the default run)
         pytest.param(0, marks=pytest.mark.slow),

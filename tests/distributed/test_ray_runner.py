@@ -100,7 +100,8 @@ EXTRA = {
 }
 
 
-@pytest.mark.parametrize("algorithm", ["flow_grpo", "diffusion_nft"])
+# the default run holds Flow-GRPO; DiffusionNFT, the other recipes and the faults are the slow tier
+@pytest.mark.parametrize("algorithm", ["flow_grpo", pytest.param("diffusion_nft", marks=pytest.mark.slow)])
 def test_ray_run_equals_local_run(tmp_path, ray_cluster, algorithm):
     local = train_local(config(tmp_path, algorithm, "local", **EXTRA[algorithm]))
     distributed = train(config(tmp_path, algorithm, "ray", **EXTRA[algorithm]))
@@ -167,6 +168,7 @@ def _initial(tmp_path, key):
     return _INITIAL[key]
 
 
+@pytest.mark.slow
 def test_uneven_shares_after_dropped_samples_still_match_the_local_run(tmp_path, ray_cluster):
     """A NaN reward per micro-group drops 3 of 12 samples: the ranks get 5 and 4 samples, run the same
     number of micro-batches (the collectives pair up) and the update is still the local one."""
@@ -186,6 +188,7 @@ def test_uneven_shares_after_dropped_samples_still_match_the_local_run(tmp_path,
     assert distributed["train/grad_norm"] == pytest.approx(local["train/grad_norm"], rel=LOSS_RTOL)
 
 
+@pytest.mark.slow
 def test_engine_and_reward_worker_killed_mid_rollout_are_replaced(tmp_path, ray_cluster):
     """More engines than ranks (2 engines share one rank's bundle); an engine killed with its two
     micro-groups in flight, then a reward worker killed: both re-issued, the same rewards."""
@@ -230,6 +233,7 @@ def test_engine_and_reward_worker_killed_mid_rollout_are_replaced(tmp_path, ray_
         runner.close()
 
 
+@pytest.mark.slow
 def test_dead_trainer_rank_stops_the_run_naming_the_last_checkpoint(tmp_path, ray_cluster):
     """Rank 1 dies; rank 0 is then stuck in an FSDP collective of the update: the run stops at once
     with an error naming the last checkpoint."""
@@ -263,6 +267,7 @@ def _tiny_wan22(folder):
     return wan_config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("write", [_tiny_flux, _tiny_wan22], ids=["flux", "wan22"])
 def test_real_families_run_on_ray_as_in_one_process(tmp_path, ray_cluster, write):
     """Two Flow-GRPO iterations of tiny FLUX.1 (packed latents, embedded guidance) and tiny Wan 2.2

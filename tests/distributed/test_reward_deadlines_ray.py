@@ -24,6 +24,7 @@ def warm_up(worker) -> None:
     ray.get(worker.score.remote(torch.zeros(1, 3, 8, 8), [WARM_UP], [{}]))
 
 
+@pytest.mark.slow  # tests/unit/rewards/test_deadlines.py holds the deadlines in one process
 def test_a_reward_worker_past_its_deadline_is_replaced_and_its_samples_fail(tmp_path, ray_cluster):
     overrides = {
         "runner": "ray",
@@ -48,6 +49,7 @@ def test_a_reward_worker_past_its_deadline_is_replaced_and_its_samples_fail(tmp_
         runner.close()
 
 
+@pytest.mark.slow
 def test_a_worker_that_timed_out_its_own_call_is_replaced_when_the_driver_comes_late(
     tmp_path, ray_cluster, monkeypatch
 ):

@@ -138,7 +138,9 @@ def assert_sequence_ranks_match_one_process(tmp_path, local, ray, algorithm: str
     return runs[0][1]
 
 
-@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize(
+    "algorithm", [pytest.param(a, marks=[pytest.mark.slow] if a != "flow_grpo" else []) for a in ALGORITHMS]
+)
 def test_two_sequence_ranks_update_tiny_wan_as_one_process(tmp_path, algorithm):
     folder = tmp_path / "wan22"
     write_tiny_wan(folder, two_experts=True)

@@ -35,9 +35,14 @@ from tests.integration.test_flux import SIZE, write_tiny_flux
 
 pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
 SGLANG = os.environ.get("DIFFRL_SGLANG") or shutil.which("sglang")
-pytestmark = pytest.mark.skipif(
-    SGLANG is None, reason="no sglang-diffusion environment: run .ci/sglang-env and set DIFFRL_SGLANG"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        SGLANG is None, reason="no sglang-diffusion environment: run .ci/sglang-env and set DIFFRL_SGLANG"
+    ),
+    # the slow tier (.ci/run runs it after the default run): each test starts servers of its own,
+    # 45-50 s each on 2 cores, and the module takes 8-10 minutes in one worker
+    pytest.mark.slow,
+]
 # one xdist worker runs the whole module (tests/conftest.py): its server and reference run are built once
 ALIGNMENT = 1e-6
 """fp32 server, fp32 replay: ``train/log_prob_mean_abs_diff`` measured 3e-8 to 6e-8 (the LoRA is
