@@ -371,9 +371,11 @@ def save_grid(
 def read_grid_note(path: Path) -> GridNote | None:
     """The note :func:`save_grid` wrote under the grid at ``path`` (None for none, or no PNG)."""
     try:
-        with Image.open(path) as img:
-            text = dict(getattr(img, "text", {}))
-    except (OSError, ValueError):
+        with warnings.catch_warnings():  # the text chunks only: no pixel is decoded
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                text = dict(getattr(img, "text", {}))
+    except (OSError, ValueError, Image.DecompressionBombError):  # not a PNG, or billions of pixels
         return None
     if GridNote.SHOWN_KEY not in text:
         return None

@@ -22,6 +22,7 @@ import html
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,7 +127,7 @@ def read_metrics(path: Path, unread: list[str] | None = None) -> list[dict[str, 
     for n, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested thousands deep
             row = None
         if isinstance(row, dict) and _step(row.get("step")):
             rows.append(_clean(row, dropped))
@@ -154,6 +155,9 @@ def read_evals(path: Path, unread: list[str]) -> list[dict[str, float]]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         unread.append(f"{str(path)!r} is not valid JSON ({e.msg} at line {e.lineno}); {REPORT_FIX}")
+        return []
+    except RecursionError:  # arrays or objects nested thousands deep: never an eval curve
+        unread.append(f"{str(path)!r} is nested too deeply to be the array of evals; {REPORT_FIX}")
         return []
     if not isinstance(data, list):
         unread.append(
@@ -250,6 +254,9 @@ def eval_label(point: dict[str, float], key: str = EVAL_KEY) -> str:
     return f"step {point['step']}" + (f" · mean eval reward {value:.3f}" if value is not None else "")
 
 
+MAX_GRID_PIXELS = 64 * 2**20
+"""A grid a run writes has ~1 M pixels; a file in the run folder claiming more than this (a hand
+edit, another program's file) is not decoded (64 M pixels are ~200 MB of RGB)."""
 COMPARE_WIDTH = 1200
 """The widest ``eval/compare.png`` that sets its two grids side by side: about a laptop page
 (1280 px less margins), where the grids' captions read at their own size. Wider pairs (the
@@ -262,7 +269,7 @@ def compose_side_by_side(
     """Two images (eval grids) side by side, each under a header line of its label; one above
     the other when side by side they would be wider than ``max_width`` px (a page scales a wider
     image down, and the grids' captions would no longer read)."""
-    images = [Image.open(p).convert("RGB") for p in (left, right)]
+    images = [_grid(p) for p in (left, right)]
     gap = max(8, images[0].width // 100)
     stacked = sum(im.width for im in images) + gap > max_width
     font = ImageFont.load_default(size=max(14, min(images[0].width // 50, 40)))
@@ -294,6 +301,24 @@ def compose_side_by_side(
     path.parent.mkdir(parents=True, exist_ok=True)
     out.save(path)
     return path
+
+
+def _grid(path: Path) -> Image.Image:
+    """An eval grid's pixels (RGB); ValueError for a file larger than any grid a run writes,
+    read from its header before anything is decoded."""
+    too_large = f"{str(path)!r} has more pixels than any eval grid a run writes (at most {MAX_GRID_PIXELS:,})"
+    fix = "replace it with the run's own grid"
+    try:
+        with warnings.catch_warnings():  # PIL warns past its own limit: the check below refuses first
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(path)
+    except Image.DecompressionBombError as e:  # past twice PIL's limit: it refuses to open it
+        raise ValueError(f"{too_large}: {e}; {fix}") from e
+    with img:
+        w, h = img.size
+        if w * h > MAX_GRID_PIXELS:
+            raise ValueError(f"{too_large}: {w}x{h}; {fix}")
+        return img.convert("RGB")
 
 
 def save_compare(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,6 +45,22 @@ def text(content: str | bytes) -> Callable[[Path], None]:
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
 
     return write
+
+
+def png_claiming(width: int, height: int) -> Callable[[Path], None]:
+    """A PNG whose header claims ``width x height`` pixels (a few bytes: no pixel data)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b""))
+        + chunk(b"IEND", b"")
+    )
+    return text(body)
 
 
 KINDS = {"fifo": (fifo, "is a FIFO (named pipe), not a regular file"), "folder": (folder, "is a folder")}
@@ -119,6 +137,21 @@ CASES = [
     ("config-not-yaml", "config.yaml", text("run: [\n"), "is not valid YAML"),
     ("config-a-list", "config.yaml", text("- 1\n"), "holds an array, not a config mapping"),
     ("grid-fifo", "eval/step_00000.png", fifo, "eval/compare.png not drawn: eval grid"),
+    ("curve-nested-deep", "eval_curve.json", text("[" * 100_000 + "]" * 100_000), "is nested too deeply"),
+    (
+        "metrics-nested-deep",
+        "metrics.jsonl",
+        text(METRICS + "[" * 100_000 + "\n"),
+        "line(s) 3 are not metric rows",
+    ),
+    # a grid past PIL's own refusal (2 x 89 M pixels), and one below PIL's warning but past what a run writes
+    (
+        "grid-claims-30000-square",
+        "eval/step_00000.png",
+        png_claiming(30_000, 30_000),
+        "more pixels than any eval grid",
+    ),
+    ("grid-claims-9000-square", "eval/step_00002.png", png_claiming(9_000, 9_000), "9000x9000; replace it"),
     (
         "grid-not-an-image",
         "eval/step_00000.png",
