@@ -24,6 +24,7 @@ from tests.integration.family_checks import (
     family_config,
     train_one,
 )
+from tests.ranks import run_ranks
 
 SIZE = 32  # pixels: the VAE divides by 8, patch 2 -> 2 x 2 tokens per latent frame
 FRAMES = 5  # -> 2 latent frames
@@ -300,8 +301,6 @@ def test_fsdp_ranks_holding_rows_of_different_experts_match_one_process(tmp_path
     equal one process's on the whole batch (to 1e-6; measured <= 2e-8 of a 0.07 scale). Without
     the ranks agreeing on the experts, rank 0 all-gathers one expert's blocks while rank 1 gathers
     the other's: same shapes, so gloo pairs them silently and the gradients are wrong."""
-    import torch.multiprocessing as mp
-
     from diffrl.parallel import free_port
 
     family = _fsdp_family(wan22_dir, tmp_path)
@@ -309,8 +308,8 @@ def test_fsdp_ranks_holding_rows_of_different_experts_match_one_process(tmp_path
     family.velocity(x, sigma, cond).square().mean().backward()
     expected = _lora_grads(family)
     splits = [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[3], [0, 1, 2]]]
-    # one pair of rank processes runs every split (a fresh sharded model each)
-    mp.spawn(_fsdp_rank, args=(splits, wan22_dir, tmp_path, free_port()), nprocs=2, join=True)
+    # one pair of forked rank processes runs every split (a fresh sharded model each)
+    run_ranks(_fsdp_rank, splits, wan22_dir, tmp_path, free_port())
     for i, split in enumerate(splits):
         got = torch.load(tmp_path / f"grads_{i}.pt")
         assert got.keys() == expected.keys()
@@ -349,7 +348,6 @@ def _fsdp_rank(rank, splits, wan_dir, tmp_path, port):
     ``split[rank]`` (rank 0 saves them as ``grads_<i>.pt``)."""
     from diffrl.parallel import init_distributed, shard_module
 
-    torch.set_num_threads(1)
     init_distributed(rank, 2, "127.0.0.1", port, "gloo", torch.device("cpu"))
     for i, split in enumerate(splits):
         family = _fsdp_family(wan_dir, tmp_path)
