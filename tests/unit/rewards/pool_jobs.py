@@ -21,6 +21,16 @@ def square_after(x: float, seconds: float) -> float:
     return x * x
 
 
+def square_when_told(x: float, folder: str) -> float:
+    """``x * x`` once the test creates ``folder/go``; ``folder/running`` says it is running (the
+    test kills or restarts its worker then, while it certainly is in flight; re-sent, it returns)."""
+    with open(os.path.join(folder, "running"), "w"):
+        pass
+    while not os.path.exists(os.path.join(folder, "go")):
+        time.sleep(0.01)
+    return x * x
+
+
 def scores(values: list[float], stuck: bool) -> list[float]:
     """``values`` back, or never (a reward worker stuck on one call)."""
     if stuck:

@@ -49,6 +49,14 @@ def wait_gone(pids: Sequence[int], within: float = 10.0) -> list[int]:
     return alive
 
 
+def wait_for(path: Path, within: float = 60.0) -> None:
+    """Until ``path`` exists (a job's marker: the job is running)."""
+    end = time.monotonic() + within
+    while not path.exists():
+        assert time.monotonic() < end, f"{path.name} never appeared"
+        time.sleep(0.01)
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid``."""
     out = []
@@ -63,11 +71,12 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def test_a_hung_job_fails_at_its_deadline_and_the_pool_works_again():
+def test_a_hung_job_fails_at_its_deadline_and_the_pool_works_again(tmp_path):
     pool = ProcessPool(2, name="test")
     try:
         [first] = pool.map(pool_jobs.pid, [()]).result()  # workers up (no deadline yet)
-        innocent = pool.map(pool_jobs.square_after, [(3.0, 2.0)], timeout=60)
+        innocent = pool.map(pool_jobs.square_when_told, [(3.0, str(tmp_path))], timeout=60)
+        wait_for(tmp_path / "running")
         hung = pool.map(pool_jobs.hang, [()], timeout=1.0)
         start = time.monotonic()
         with pytest.raises(DeadlineExceeded):
@@ -75,6 +84,7 @@ def test_a_hung_job_fails_at_its_deadline_and_the_pool_works_again():
         assert time.monotonic() - start < 10  # a 1 s deadline; generous for a loaded machine
         assert pool.restarts == 1
         assert wait_gone([first]) == []  # the old workers were killed, the stuck one with them
+        (tmp_path / "go").touch()
         assert innocent.result() == [9.0]  # in flight when the workers were killed: re-sent
         assert pool.map(pool_jobs.square_after, [(2.0, 0.0), (4.0, 0.0)], timeout=60).result() == [4.0, 16.0]
     finally:
@@ -95,13 +105,15 @@ def test_a_deadline_is_enforced_without_a_wait():
 
 
 @linux_only
-def test_a_worker_killed_from_outside_is_replaced_and_its_job_re_sent():
+def test_a_worker_killed_from_outside_is_replaced_and_its_job_re_sent(tmp_path):
     pool = ProcessPool(1, name="test")
     try:
         [worker] = pool.map(pool_jobs.pid, [()]).result()
-        call = pool.map(pool_jobs.square_after, [(3.0, 3.0)], timeout=60)
-        time.sleep(0.5)  # running on the one worker
+        call = pool.map(pool_jobs.square_when_told, [(3.0, str(tmp_path))], timeout=60)
+        wait_for(tmp_path / "running")  # running on the one worker
         os.kill(worker, signal.SIGKILL)
+        assert wait_gone([worker]) == []
+        (tmp_path / "go").touch()  # the re-sent job returns at once
         assert call.result() == [9.0]
         assert pool.restarts == 1
     finally:
