@@ -5,7 +5,6 @@ only the samples it owed (counted) while the run goes on to the end."""
 from __future__ import annotations
 
 import http.client
-import itertools
 import json
 import os
 import re
@@ -13,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,25 +20,13 @@ from diffrl.config import RewardConfig
 from diffrl.rewards.base import RewardSet
 from diffrl.train.loop import train
 from tests.conftest import ROOT
+from tests.integration.hanging_reward import HANG_AT_ENV, MARKER_ENV
 from tests.integration.test_flow_grpo import grpo
-from tests.rewards import brightness
 
-REWARD = "tests.integration.test_remote_reward:brightness_until_killed"
+REWARD = "tests.integration.hanging_reward:brightness_until_killed"
 TOKEN_ENV = "DIFFRL_TEST_REMOTE_TOKEN"
-HANG_AT_ENV = "DIFFRL_TEST_HANG_AT_CALL"
-MARKER_ENV = "DIFFRL_TEST_HANG_MARKER"
-CALLS = itertools.count(1)
 ITERATIONS = 3
 HANG_AT = 2 * ITERATIONS  # two micro-groups per iteration: the last iteration's second one
-
-
-def brightness_until_killed(images, prompts, metadata):
-    """brightness; in the server process, call ``HANG_AT`` writes a marker file and hangs (the
-    test kills the server when the marker appears)."""
-    if os.environ.get(HANG_AT_ENV) and next(CALLS) == int(os.environ[HANG_AT_ENV]):
-        Path(os.environ[MARKER_ENV]).touch()
-        time.sleep(600)
-    return brightness(images, prompts, metadata)
 
 
 @pytest.fixture
