@@ -167,9 +167,15 @@ PRELOAD = [
     "diffrl.cli.train",
     "diffrl.distributed.ray.runner",
     "ray",
+    # what the tests' runs import by name (family, algorithm, reward: their diffusers models and
+    # LoRA loaders) and draw with: each run imported them again, ~0.7 s of a 3 s run
+    "diffrl.models.tiny",
+    "diffrl.algorithms.diffusion_nft",
+    "tests.rewards",
+    "matplotlib.backends.backend_agg",
 ]
 """What the fork server imports once: the ``diffrl train`` world (torch, diffusers, peft: ~6 CPU
-seconds a process) and the Ray runner's."""
+seconds a process), the Ray runner's, and the tiny runs' family, algorithm and reward."""
 
 
 @functools.cache
