@@ -20,6 +20,9 @@ from diffrl.train.loop import train
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
 REWARD = "tests.rewards:brightness"
+ONE_PROMPT = {"rollout.batch_size": 1, "train.batch_size": 4}
+"""One prompt's group of 4 samples, one optimizer step of 4: for the tests that need an update or a
+rollout, not a batch."""
 
 
 def forward_process(tmp_path, recipe, **extra):
@@ -36,9 +39,8 @@ def forward_process(tmp_path, recipe, **extra):
 
 
 def test_nft_trains_and_its_old_policy_trails_the_live_one(tmp_path):
-    cfg = forward_process(
-        tmp_path, "tiny_nft_ocr", **{"algorithm.params": "{kl_beta: 0.01, timestep_fraction: 1.0}"}
-    )
+    params = "{kl_beta: 0.01, timestep_fraction: 1.0}"
+    cfg = forward_process(tmp_path, "tiny_nft_ocr", **{"algorithm.params": params, **ONE_PROMPT})
     history = train(cfg).history
     first, second = history
     for key in ("train/nft_pos_loss", "train/nft_neg_loss", "train/nft_r_mean", "train/kl_loss"):
@@ -104,8 +106,7 @@ def test_collection_keeps_no_trajectory_and_memory_does_not_grow_with_steps(tmp_
 def test_heun_collection_is_second_order(tmp_path):
     """Heun with 4 steps lands closer to a fine Euler solution (64 steps) than Euler with 4 does
     (one prompt's 4 samples: Heun's error is 0.26 of Euler's, as on 2 prompts' 8)."""
-    one_prompt = {"rollout.batch_size": 1, "train.batch_size": 4}
-    cfg = forward_process(tmp_path, "tiny_nft_ocr", **{"sampling.num_steps": 4, **one_prompt})
+    cfg = forward_process(tmp_path, "tiny_nft_ocr", **{"sampling.num_steps": 4, **ONE_PROMPT})
     euler = _collect(cfg).x0
     cfg.algorithm.params = {"sampler": "heun"}
     heun = _collect(cfg).x0
@@ -116,7 +117,7 @@ def test_heun_collection_is_second_order(tmp_path):
 
 
 def test_awm_first_ratio_is_one_and_gradient_is_advantage_weighted_flow_matching(tmp_path):
-    cfg = forward_process(tmp_path, "tiny_awm_ocr", **{"train.iterations": 1})
+    cfg = forward_process(tmp_path, "tiny_awm_ocr", **{"train.iterations": 1, **ONE_PROMPT})
     m = train(cfg).history[0]
     assert m["train/ratio_abs_minus_1"] == 0.0 and m["train/clipfrac"] == 0.0 and m["train/approx_kl"] == 0.0
 
@@ -164,6 +165,8 @@ def test_user_algorithm_by_dotted_path_trains(tmp_path):
         **{
             "algorithm.name": "tests.integration.test_forward_process:HalfAWM",
             "algorithm.params": "{keep_fraction: 0.5}",
+            "train.iterations": 1,
+            **ONE_PROMPT,
         },
     )
     result = train(cfg)
@@ -218,8 +221,7 @@ def test_cfg_rollouts_with_and_without_cfg_in_training(tmp_path, recipe):
             **{
                 "sampling.guidance_scale": 3.0,
                 "train.iterations": 1,
-                "rollout.batch_size": 1,  # one prompt's group of 4: one update is all this asks
-                "train.batch_size": 4,
+                **ONE_PROMPT,
                 "algorithm.params": f"{{train_cfg: {str(train_cfg).lower()}}}",
             },
         )
