@@ -11,8 +11,11 @@ line is judged by its traceback (:func:`plugin_origin`).
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -154,3 +157,38 @@ def as_plugin_error(error: BaseException, context: str | None = None) -> PluginE
     None when it is not a plugin's."""
     origin = plugin_origin(error)
     return None if origin is None else plugin_error(error, origin, context)
+
+
+_EXIT = os._exit
+"""Python's ``os._exit``: :func:`guarding_os_exit` puts it back."""
+
+
+def _exit_unless_a_plugin(status: int) -> None:
+    """``os._exit`` while a diffrl command runs: a plugin's call is its error (a PluginError
+    raised in its own call, which diffrl reports as that plugin's); anyone else's, a real exit.
+    In a process forked from the command (multiprocessing's children end with ``os._exit``),
+    always a real exit."""
+    origin = calling_plugin() if os.getpid() == _GUARDED_PID[0] else None
+    if origin is None:
+        _EXIT(status)
+    raise PluginError(
+        f"plugin {origin.path!r} (at {origin.where}) called os._exit({status!r}), which ends the "
+        "process at once, saving nothing; a plugin must return or raise"
+    )
+
+
+_GUARDED_PID = [0]
+"""The process that installed the guard (0: none)."""
+
+
+@contextmanager
+def guarding_os_exit() -> Iterator[None]:
+    """Inside the block, a plugin's ``os._exit()`` in this process raises :class:`PluginError`
+    instead of ending it (code that took ``os._exit`` before the block, ``from os import
+    _exit``, still ends it: nothing in Python can stop that)."""
+    previous = os._exit, _GUARDED_PID[0]
+    os._exit, _GUARDED_PID[0] = _exit_unless_a_plugin, os.getpid()
+    try:
+        yield
+    finally:
+        os._exit, _GUARDED_PID[0] = previous

@@ -33,6 +33,7 @@ from diffrl.user_code import (  # noqa: E402
     PluginError,
     calling_plugin,
     describe,
+    guarding_os_exit,
     plugin_error,
     plugin_origin,
     raised_in_diffrl,
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     plugin's error (anything it raises, ``sys.exit()`` too) names the plugin; a Ctrl-C at any
     moment prints ``interrupted (Ctrl-C)`` and returns 130 (a training run saves first: exit 75,
     :mod:`diffrl.train.stop`)."""
-    with interrupts.noting_ctrl_c(), _unclosable_stdio():
+    with interrupts.noting_ctrl_c(), _unclosable_stdio(), guarding_os_exit():
         try:
             return _main(argv)
         except KeyboardInterrupt as e:  # before the command ran (parsing), or under --debug

@@ -44,6 +44,7 @@ TINY = [
 
 PLUGIN = """
 import argparse
+import os
 import sys
 
 import torch
@@ -57,6 +58,10 @@ class Custom(BaseException):
 
 def exits(*args):
     sys.exit(0)
+
+
+def ends_the_process(*args):
+    os._exit(0)
 
 
 def interrupts(*args):
@@ -116,9 +121,16 @@ def run(argv: list[str], capsys) -> tuple[int, str]:
 # ---- rewards in a real (tiny) run: the reward-failure policy, naming the reward ----------------
 
 
-def test_a_reward_that_exits_stops_the_run_naming_it(plugin, capsys):
-    """Every kind of exit takes this path (tests/unit/rewards/test_base_exits.py): one run shows it."""
-    reward, did = "tests.rewards:exits_zero", "called sys.exit(0)"
+@pytest.mark.parametrize(
+    ("reward", "did"),
+    [
+        ("tests.rewards:exits_zero", "called sys.exit(0)"),
+        ("tests.rewards:ends_the_process", "raised PluginError: plugin 'tests.rewards:ends_the_process' (at"),
+    ],
+)
+def test_a_reward_that_exits_stops_the_run_naming_it(reward, did, plugin, capsys):
+    """Every kind of exit takes this path (tests/unit/rewards/test_base_exits.py): one run shows
+    it; ``os._exit`` too, which would otherwise end the process at once with its status."""
     argv = ["train", NFT, *TINY, f"run.output_dir={plugin / 'run'}", f"rewards=[{{name: {reward}}}]"]
     with pytest.warns(UserWarning, match="dropped"):
         code, err = run(argv, capsys)
@@ -163,6 +175,7 @@ def test_a_reward_module_that_exits_when_imported_is_a_config_error(plugin, caps
         ("raises_value_error", EXIT_USER_ERROR, "plugin 'userplug:raises_value_error' raised ValueError"),
         ("wraps_argparse", EXIT_USER_ERROR, "plugin 'userplug:wraps_argparse' called sys.exit(2)"),
         ("closes_stdout", EXIT_USER_ERROR, "plugin 'userplug:closes_stdout' (at userplug.py:"),
+        ("ends_the_process", EXIT_USER_ERROR, "plugin 'userplug:ends_the_process' (at userplug.py:"),
     ],
 )
 @pytest.mark.usefixtures("terminal_sigint")  # "interrupts": told from a real Ctrl-C only where one can come
