@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -40,7 +39,8 @@ from diffrl.data.hf import (
     read_image_rows,
     split_path,
 )
-from diffrl.data.prompts import load_prompts
+from diffrl.data.jsonl import JsonLineError, parse_json_line
+from diffrl.data.prompts import LINE_BREAK, load_prompts
 from diffrl.data.synthetic_text import SyntheticEditDataset, SyntheticTextDataset, to_tensor
 from diffrl.errors import DiffrlError
 from diffrl.rollout import Source
@@ -214,18 +214,37 @@ def _metadata_captions(root: Path) -> dict[str, object]:
                 f"{str(meta)!r}: the header row must name a file_name column and a caption column "
                 f"({' / '.join(PROMPT_COLUMNS)}); it has {', '.join(header) or 'none'}"
             )
+        twice = sorted({c for c in header if header.count(c) > 1})
+        if twice:  # csv keeps the last column of a name without a word
+            raise DatasetError(
+                f"{str(meta)!r}: the header row names column(s) {', '.join(map(repr, twice))} twice; keep one"
+            )
         for row in reader:
-            captions[_file_key(str(row["file_name"]).strip())] = _caption(row)
+            key = _file_key(str(row["file_name"]).strip())
+            if key in captions:
+                raise DatasetError(
+                    f"{str(meta)!r} line {reader.line_num}: file_name {key!r} has a caption already "
+                    "(one row per image); keep one"
+                )
+            captions[key] = _caption(row)
         return captions
-    bad = []
-    for n, line in enumerate(text.splitlines(), 1):
+    bad, problems = [], []
+    for n, line in enumerate(LINE_BREAK.split(text), 1):  # U+2028 and the like are no line break
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-            captions[_file_key(row["file_name"])] = _caption(row)
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            row = parse_json_line(line)
+            key = _file_key(row["file_name"])
+            if key in captions:
+                problems.append(f"line {n}: file_name {key!r} has a caption already (one row per image)")
+            captions[key] = _caption(row)
+        except JsonLineError as e:
+            problems.append(f"line {n}: {e}")
+        except (KeyError, TypeError, AttributeError):
             bad.append(n)
+    if problems:
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise DatasetError(f"{str(meta)!r}: {'; '.join(problems[:10])}{more}; fix or remove them")
     if bad:
         raise DatasetError(
             f"{str(meta)!r}: line(s) {', '.join(map(str, bad[:10]))}{' ...' if len(bad) > 10 else ''} "
@@ -311,7 +330,7 @@ def scan_pair_folder(folder: str | Path) -> list[PreferencePair]:
     if not _present(meta):
         raise DatasetError(f"pair folder {str(folder)!r} has no metadata.jsonl; {PAIRS}")
     try:
-        lines = read_text(meta, "pair file", PAIRS).splitlines()
+        lines = LINE_BREAK.split(read_text(meta, "pair file", PAIRS))
     except UserFileError as e:
         raise DatasetError(str(e)) from e
     pairs: list[PreferencePair] = []
@@ -334,9 +353,9 @@ def scan_pair_folder(folder: str | Path) -> list[PreferencePair]:
 def _parse_pair_row(line: str, n: int, root: Path) -> tuple[PreferencePair | None, list[str]]:
     """Line ``n`` of a pair folder's ``metadata.jsonl``: its pair, or None and its problems."""
     try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        return None, [f"not valid JSON ({e.msg} at column {e.colno})"]
+        row = parse_json_line(line)
+    except JsonLineError as e:
+        return None, [str(e)]
     if not isinstance(row, dict):
         return None, [f"a JSON {type(row).__name__}, not an object"]
     missing = [f for f in PAIR_FIELDS if f not in row]

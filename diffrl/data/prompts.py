@@ -16,6 +16,7 @@ read (it exists and decodes as an image), so a bad line is reported before any m
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import unicodedata
@@ -29,7 +30,8 @@ from PIL import Image, UnidentifiedImageError
 
 from diffrl.config import resolve_data_path
 from diffrl.data.hf import TRAIN_SPLITS, HFFolderError, find_hf_folder, read_prompt_rows, split_path
-from diffrl.errors import DiffrlError
+from diffrl.data.jsonl import JsonLineError, parse_json_line
+from diffrl.errors import DiffrlError, quoted
 from diffrl.rollout import Source
 from diffrl.user_files import UserFileError, file_problem, read_text
 
@@ -50,6 +52,37 @@ would also split at the separators below, silently making two prompts of one).""
 SEPARATORS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 """Characters some tools take for a line break and others do not (vertical tab, form feed, the
 information separators, NEL, U+2028, U+2029): a line holding one is refused, with its place."""
+MAX_PROMPT_CHARS = 100_000
+"""Characters of one prompt at most (as any text of the config): every text encoder keeps a few
+hundred tokens; a longer line is a file that is not a prompt set (a log, a book)."""
+
+
+def _separator_problem(text: str) -> str | None:
+    """Where ``text`` (one line) holds a character some tools read as a line break, or None."""
+    if found := SEPARATORS.search(text):
+        char = found.group()
+        return (
+            f"column {found.start() + 1}: U+{ord(char):04X} ({unicodedata.name(char, 'a control character')}), "
+            "which some tools read as a line break; replace it with a space (or a newline for two prompts)"
+        )
+    return None
+
+
+def _key_problem(row: dict[str, Any]) -> str | None:
+    """A JSONL line's key that looks like a misspelt reserved one (``metdata``, ``Prompt``): it
+    would silently become reward metadata under its wrong name."""
+    for key in row:
+        if key in RESERVED or not isinstance(key, str):
+            continue
+        # a near miss only (an edit or two): "prompt_id" or "images_dir" are metadata of their own
+        close = difflib.get_close_matches(key.lower(), RESERVED, n=1, cutoff=0.75)
+        hint = f" Did you mean {close[0]!r}?" if close and abs(len(close[0]) - len(key)) <= 2 else ""
+        if hint:
+            return (
+                f"key {quoted(key)} is not one of {', '.join(map(repr, RESERVED))}.{hint} (other keys are "
+                'reward metadata: put a key of that name under "metadata": {...})'
+            )
+    return None
 
 
 class PromptFileError(DiffrlError, ValueError):
@@ -175,21 +208,26 @@ def load_prompts(path: str | Path, splits: tuple[str, ...] = TRAIN_SPLITS) -> Pr
     prompts, metadata, images, problems = [], [], [], []
     jsonl = file.suffix == ".jsonl"
     for n, line in enumerate(lines, start=1):
-        if found := SEPARATORS.search(line):
-            char = found.group()
-            problems.append(
-                f"line {n}, column {found.start() + 1}: U+{ord(char):04X} ({unicodedata.name(char, 'a control character')}), "
-                "which some tools read as a line break; replace it with a space (or a newline for two prompts)"
-            )
+        if problem := _separator_problem(line):
+            problems.append(f"line {n}, {problem}")
             continue
         if not line.strip():
             problems.append(f"line {n}: empty prompt line (remove it)")
             continue
+        if len(line) > MAX_PROMPT_CHARS:
+            problems.append(
+                f"line {n}: {len(line):,} characters; a prompt line is at most {MAX_PROMPT_CHARS:,} "
+                "(is it a prompt file?)"
+            )
+            continue
         if jsonl:
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                problems.append(f"line {n}: not valid JSON ({e.msg})")
+                row = parse_json_line(line)
+            except JsonLineError as e:
+                problems.append(f"line {n}: {e}")
+                continue
+            if isinstance(row, dict) and (problem := _key_problem(row)):
+                problems.append(f"line {n}: {problem}")
                 continue
             if (
                 not isinstance(row, dict)
@@ -245,7 +283,16 @@ def edit_mismatch(family: str, edits: bool, where: str) -> str:
 
 def given_prompts(prompts: list[str], images: list[str] | None = None) -> PromptSet:
     """Prompts given on the command line (``--prompt``), with their source images (``--image``,
-    one per prompt, relative to the working directory) for an editing family."""
+    one per prompt, relative to the working directory) for an editing family. A prompt must be
+    one line of text: an empty one, one with a line break (or a character some tools take for
+    one) or a NUL is refused, as a prompt file's line would be."""
+    problems = [
+        f"--prompt {n} ({quoted(p, 60)}): {why}"
+        for n, p in enumerate(prompts, 1)
+        if (why := prompt_problem(p))
+    ]
+    if problems:
+        raise PromptFileError("; ".join(problems))
     if images is None:
         return PromptSet(list(prompts), source="--prompt")
     if len(images) != len(prompts):
@@ -262,6 +309,24 @@ def given_prompts(prompts: list[str], images: list[str] | None = None) -> Prompt
     if problems:
         raise PromptFileError("; ".join(problems))
     return PromptSet(list(prompts), source="--prompt", images=files)
+
+
+def prompt_problem(prompt: str) -> str | None:
+    """What makes ``prompt`` (one given on the command line) no prompt, or None."""
+    if "\x00" in prompt:
+        return f"holds a NUL byte (character {prompt.index(chr(0)) + 1}); remove it"
+    if not prompt.strip():
+        return "is empty; give the text to draw"
+    if found := LINE_BREAK.search(prompt):
+        return (
+            f"holds a line break at character {found.start() + 1}; a prompt is one line "
+            "(give --prompt once per prompt)"
+        )
+    if problem := _separator_problem(prompt):
+        return f"at {problem}"
+    if len(prompt) > MAX_PROMPT_CHARS:
+        return f"is {len(prompt):,} characters; a prompt is at most {MAX_PROMPT_CHARS:,}"
+    return None
 
 
 def _image_field(row: dict[str, Any], folder: Path) -> tuple[Path | None, str]:
