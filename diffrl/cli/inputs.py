@@ -18,11 +18,20 @@ from typing import Any
 
 import yaml
 
+from diffrl.cli.outputs import (
+    check_inputs_outside,
+    check_links_inside,
+    check_out_folder,
+    check_page_out,
+    check_run_pictures,
+)
 from diffrl.config import SECTIONS, Config, ConfigError
-from diffrl.errors import DiffrlError
+from diffrl.data.lines import prompt_problem
+from diffrl.errors import DiffrlError, quoted
 from diffrl.preflight.schema import read_config, schema_problems
-from diffrl.rewards.server_limits import ServerLimits, limit_fields
+from diffrl.rewards.server_limits import MAX_TOKEN_FILE_BYTES, ServerLimits, limit_fields
 from diffrl.train.manifest import CheckpointError, base_problem, checkpoint_around, overlap, verify_checkpoint
+from diffrl.user_files import read_text
 
 # What each command checks of a config (``train`` checks every section, ``load_config``'s default).
 EVAL_SECTIONS = ("run", "model", "sampling", "eval")
@@ -200,6 +209,20 @@ def check_out_dir(
         )
 
 
+def _outside_inputs(
+    out: Path,
+    flag: str,
+    command: str,
+    folders: dict[str, Path | str | None],
+    files: list[tuple[str, Path | str | None]],
+) -> None:
+    """:func:`check_out_dir` against the input ``folders``, then no input (``folders``, ``files``)
+    inside ``out`` and no symlink in ``out`` into one (:mod:`diffrl.cli.outputs`)."""
+    check_out_dir(out, flag, inputs=folders)
+    check_inputs_outside(out, flag, command, [*folders.items(), *files])
+    check_links_inside(out, flag, folders)
+
+
 # ---- one function per command: argparse's namespace -> the command's inputs ---------------------
 
 
@@ -223,6 +246,7 @@ def plan_inputs(args: argparse.Namespace) -> Target:
 def eval_inputs(args: argparse.Namespace) -> EvalInputs:
     out = Path(args.out).expanduser()
     check_out_dir(out, "--out")
+    check_out_folder(out, "--out", "eval")
     # the eval command evaluates whatever the run's eval.enabled said about evals during training
     overrides = [*args.overrides, "eval.enabled=true"]
     if args.num_prompts is not None:
@@ -235,12 +259,14 @@ def eval_inputs(args: argparse.Namespace) -> EvalInputs:
         overrides.append(f"eval.prompts={json.dumps(args.prompts)}")  # quoted: any path is a string
     trust = getattr(args, "trust_checkpoint_code", False)
     target = resolve_target(args.target, overrides, EVAL_SECTIONS, trust)
+    read = [("the target", args.target), ("eval.prompts", target.config.eval.prompts)]
     if not args.baseline:
-        check_out_dir(out, "--out", inputs=target.inputs("the target's"))
+        _outside_inputs(out, "--out", "eval", target.inputs("the target's"), read)
         return EvalInputs(target, None, None, out)
     # the baseline's model, sampled and scored exactly as the target: same config, prompts, seeds
     baseline = resolve_target(args.baseline, [], ("model",), trust)
-    check_out_dir(out, "--out", inputs={**target.inputs("the target's"), **baseline.inputs("the baseline's")})
+    inputs = {**target.inputs("the target's"), **baseline.inputs("the baseline's")}
+    _outside_inputs(out, "--out", "eval", inputs, [*read, ("--baseline", args.baseline)])
     family, base_family = target.config.model.family, baseline.config.model.family
     if base_family != family:
         raise DiffrlError(
@@ -260,6 +286,13 @@ def sample_inputs(args: argparse.Namespace) -> SampleInputs:
         raise DiffrlError("give either --prompt TEXT (repeatable) or --prompts FILE, not both")
     if not args.prompt and not args.prompts:
         raise DiffrlError("give --prompt TEXT (repeatable) or --prompts FILE")
+    problems = [
+        f"--prompt {n} ({quoted(p, 60)}): {why}"
+        for n, p in enumerate(args.prompt or [], 1)
+        if (why := prompt_problem(p))
+    ]
+    if problems:  # checked again where the prompts are read (given_prompts); here before anything loads
+        raise DiffrlError("; ".join(problems))
     if args.num_prompts is not None and not args.prompts:
         raise DiffrlError(
             "--num-prompts takes the first N prompts of --prompts FILE; with --prompt, give just those"
@@ -268,10 +301,16 @@ def sample_inputs(args: argparse.Namespace) -> SampleInputs:
         raise DiffrlError(f"--samples-per-prompt must be >= 1, got {args.samples_per_prompt}")
     out = Path(args.out).expanduser()
     check_out_dir(out, "--out")
+    check_out_folder(out, "--out", "sample")
     target = resolve_target(
         args.target, args.overrides, SAMPLE_SECTIONS, getattr(args, "trust_checkpoint_code", False)
     )
-    check_out_dir(out, "--out", inputs=target.inputs("the target's"))
+    read = [
+        ("the target", args.target),
+        ("--prompts", args.prompts),
+        *(("--image", i) for i in args.image or []),
+    ]
+    _outside_inputs(out, "--out", "sample", target.inputs("the target's"), read)
     if target.config.eval.batch_size < 1:  # sample draws eval.batch_size images per forward
         raise DiffrlError(
             f"eval.batch_size (images per sampling forward) must be >= 1, got {target.config.eval.batch_size}"
@@ -296,6 +335,7 @@ def export_inputs(args: argparse.Namespace) -> ExportInputs:
         args.checkpoint, args.overrides, EXPORT_SECTIONS, getattr(args, "trust_checkpoint_code", False)
     )
     check_out_dir(out, "OUT_DIR", empty=not args.force, inputs=target.inputs("the checkpoint's"))
+    check_links_inside(out, "OUT_DIR", target.inputs("the checkpoint's"))
     return ExportInputs(target, out)
 
 
@@ -314,6 +354,12 @@ def report_inputs(args: argparse.Namespace) -> None:
                 f"--out {str(out)!r} is a folder; give the HTML file to write, e.g. {out / 'report.html'}"
             )
         check_out_dir(out.parent, "--out's folder")  # not into a checkpoint
+        check_page_out(out, "--out", "give a new .html file (or an earlier report), e.g. --out report.html")
+    else:
+        check_page_out(
+            run_dir / "report.html", "RUN_DIR's report.html", "move it away, or give --out FILE.html"
+        )
+    check_run_pictures(run_dir)
 
 
 def serve_inputs(args: argparse.Namespace) -> ServeInputs:
@@ -357,10 +403,10 @@ def server_token(args: argparse.Namespace) -> str | None:
     if args.token_file and args.token_env:
         raise DiffrlError("give either --token-file or --token-env, not both")
     if args.token_file:
-        try:
-            token = Path(args.token_file).expanduser().read_text().strip()
-        except OSError as e:
-            raise DiffrlError(f"--token-file {args.token_file!r}: cannot read it ({e.strerror or e})") from e
+        # a regular file, read bounded and non-blocking: a FIFO, /dev/zero or binary junk is refused
+        fix = "give a text file holding the token (make one with: openssl rand -hex 32 > FILE)"
+        path = Path(args.token_file).expanduser()
+        token = read_text(path, "--token-file", fix, MAX_TOKEN_FILE_BYTES).strip()
         if not token:
             raise DiffrlError(f"--token-file {args.token_file!r} is empty; write the token into it")
         return token

@@ -40,7 +40,8 @@ from diffrl.data.hf import (
     split_path,
 )
 from diffrl.data.jsonl import JsonLineError, parse_json_line
-from diffrl.data.prompts import LINE_BREAK, load_prompts
+from diffrl.data.lines import LINE_BREAK
+from diffrl.data.prompts import load_prompts
 from diffrl.data.synthetic_text import SyntheticEditDataset, SyntheticTextDataset, to_tensor
 from diffrl.errors import DiffrlError
 from diffrl.rollout import Source

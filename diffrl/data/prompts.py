@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import re
-import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ from PIL import Image, UnidentifiedImageError
 from diffrl.config import resolve_data_path
 from diffrl.data.hf import TRAIN_SPLITS, HFFolderError, find_hf_folder, read_prompt_rows, split_path
 from diffrl.data.jsonl import JsonLineError, parse_json_line
+from diffrl.data.lines import LINE_BREAK, MAX_PROMPT_CHARS, prompt_problem, separator_problem
 from diffrl.errors import DiffrlError, quoted
 from diffrl.rollout import Source
 from diffrl.user_files import UserFileError, file_problem, read_text
@@ -44,28 +43,6 @@ FORMATS = (
 )
 RESERVED = ("prompt", "metadata", "image")
 """A JSONL line's keys that are not reward metadata (``image``: an editing set's source)."""
-
-
-LINE_BREAK = re.compile(r"\r\n|\r|\n")
-"""What ends a line of a prompt file: ``\n``, ``\r\n`` or ``\r``, nothing else (``str.splitlines``
-would also split at the separators below, silently making two prompts of one)."""
-SEPARATORS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
-"""Characters some tools take for a line break and others do not (vertical tab, form feed, the
-information separators, NEL, U+2028, U+2029): a line holding one is refused, with its place."""
-MAX_PROMPT_CHARS = 100_000
-"""Characters of one prompt at most (as any text of the config): every text encoder keeps a few
-hundred tokens; a longer line is a file that is not a prompt set (a log, a book)."""
-
-
-def _separator_problem(text: str) -> str | None:
-    """Where ``text`` (one line) holds a character some tools read as a line break, or None."""
-    if found := SEPARATORS.search(text):
-        char = found.group()
-        return (
-            f"column {found.start() + 1}: U+{ord(char):04X} ({unicodedata.name(char, 'a control character')}), "
-            "which some tools read as a line break; replace it with a space (or a newline for two prompts)"
-        )
-    return None
 
 
 def _key_problem(row: dict[str, Any]) -> str | None:
@@ -208,7 +185,7 @@ def load_prompts(path: str | Path, splits: tuple[str, ...] = TRAIN_SPLITS) -> Pr
     prompts, metadata, images, problems = [], [], [], []
     jsonl = file.suffix == ".jsonl"
     for n, line in enumerate(lines, start=1):
-        if problem := _separator_problem(line):
+        if problem := separator_problem(line):
             problems.append(f"line {n}, {problem}")
             continue
         if not line.strip():
@@ -309,24 +286,6 @@ def given_prompts(prompts: list[str], images: list[str] | None = None) -> Prompt
     if problems:
         raise PromptFileError("; ".join(problems))
     return PromptSet(list(prompts), source="--prompt", images=files)
-
-
-def prompt_problem(prompt: str) -> str | None:
-    """What makes ``prompt`` (one given on the command line) no prompt, or None."""
-    if "\x00" in prompt:
-        return f"holds a NUL byte (character {prompt.index(chr(0)) + 1}); remove it"
-    if not prompt.strip():
-        return "is empty; give the text to draw"
-    if found := LINE_BREAK.search(prompt):
-        return (
-            f"holds a line break at character {found.start() + 1}; a prompt is one line "
-            "(give --prompt once per prompt)"
-        )
-    if problem := _separator_problem(prompt):
-        return f"at {problem}"
-    if len(prompt) > MAX_PROMPT_CHARS:
-        return f"is {len(prompt):,} characters; a prompt is at most {MAX_PROMPT_CHARS:,}"
-    return None
 
 
 def _image_field(row: dict[str, Any], folder: Path) -> tuple[Path | None, str]:
