@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 
-from diffrl.config.schema import Config, Range
+from diffrl.config.schema import Config, FolderName, Range
 from diffrl.errors import DiffrlError, quoted
 from diffrl.registry import did_you_mean
 from diffrl.user_files import file_problem
@@ -63,6 +63,10 @@ def _bind_value(tp: Any, value: Any, where: str, errors: list[str]) -> Any:
         before = len(errors)
         bound = _bind_value(base, value, where, errors)
         for extra in extras:
+            if isinstance(extra, FolderName) and isinstance(bound, str) and len(errors) == before:
+                if (problem := extra.problem(where, bound)) is not None:
+                    errors.append(problem)
+                continue
             if not isinstance(extra, Range) or bound is None:
                 continue
             if (
@@ -255,8 +259,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
                 "model.lora.rank); a list item is set by giving the whole list (rewards=[...])"
             )
             continue
-        try:
-            value = load_yaml(raw)[0] if raw != "" else ""
+        try:  # blank stays text: YAML reads "run.name= " as null, which no one means
+            value = load_yaml(raw)[0] if raw.strip() else raw
         except YamlProblem as e:
             problems.append(f"override {quoted(item)}: {e}")
             continue
@@ -336,6 +340,38 @@ class _Loader(yaml.SafeLoader):
                 )
             seen[key] = line
         return super().construct_mapping(node, deep)
+
+    def construct_yaml_int(self, node):  # noqa: ANN001, ANN201 - PyYAML's signature
+        """YAML 1.1's integers, but those that read as another number than they look: ``010``
+        (octal, 8) and ``1:30`` (base 60, 90), refused with their line."""
+        _refuse_surprising_number(node)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node):  # noqa: ANN001, ANN201 - PyYAML's signature
+        _refuse_surprising_number(node)
+        return super().construct_yaml_float(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+
+
+def _refuse_surprising_number(node: yaml.ScalarNode) -> None:
+    """A plain scalar YAML 1.1 reads as a number other than the digits say: a leading 0 (octal)
+    or a colon (base 60, ``1:30`` is 90). Other YAML readers (1.2) read them otherwise."""
+    text = str(node.value).replace("_", "").lstrip("+-")
+    line = node.start_mark.line + 1
+    if ":" in text:
+        raise YamlProblem(
+            f"line {line}: {quoted(node.value)} is a base-60 number to YAML 1.1 (1:30 is 90); write the "
+            "number itself, or quote it for text"
+        )
+    if len(text) > 1 and text[0] == "0" and text[1].isdigit() and "." not in text and "e" not in text.lower():
+        raise YamlProblem(
+            f"line {line}: {quoted(node.value)} is an octal number to YAML 1.1 ({node.value} reads as "
+            f"{int(text, 8)}); write it without the leading 0, "
+            "or quote it for text"
+        )
 
 
 def load_yaml(text: str) -> tuple[Any, dict[str, int]]:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from diffrl.errors import quoted
+
 
 @dataclass(frozen=True)
 class Range:
@@ -46,6 +48,39 @@ class Range:
         return f"{bounds} ({self.hint})" if self.hint else bounds
 
 
+@dataclass(frozen=True)
+class FolderName:
+    """A string field that names one folder (``run.name``: ``runs/<name>``), declared on its type:
+    ``Annotated[str, FolderName()]``. The binder refuses what is no single folder name on every
+    file system: blank, ``.`` or ``..``, a path separator, a control character, spaces at either
+    end (invisible in a listing), more than :attr:`max_bytes` bytes of UTF-8."""
+
+    max_bytes: int = 255
+    example: str = "my_run"
+
+    def problem(self, where: str, value: str) -> str | None:
+        """What makes ``value`` no folder name, naming ``where`` and the fix; None when it is one."""
+        fix, got = f"e.g. {where}={self.example}", quoted(value)
+        if not value.strip():
+            return f"{where} must not be empty or blank (it names a folder), got {got}; {fix}"
+        if value in (".", ".."):
+            return f"{where} must not be {got} (it names a folder of its own); {fix}"
+        if bad := [c for c in value if c in "/\\" or ord(c) < 32 or ord(c) == 127][:1]:
+            what = "a path separator" if bad[0] in "/\\" else "a control character"
+            return (
+                f"{where} names one folder: it must not hold {bad[0]!r} ({what}), got {got}; {fix} "
+                "(run.output_dir puts the run anywhere)"
+            )
+        if value != value.strip():
+            return (
+                f"{where} starts or ends with a space (invisible in a folder listing), got {got}: remove it"
+            )
+        size = len(value.encode("utf-8", "replace"))
+        if size > self.max_bytes:
+            return f"{where} names the run's folder: at most {self.max_bytes} bytes, got {size:,}: {got}"
+        return None
+
+
 def _number(x: float) -> str:
     if isinstance(x, int):
         return f"{x:_}" if abs(x) >= 1_000_000 else str(x)
@@ -71,7 +106,8 @@ ImagesPerForward = Annotated[int, Range(1, 4096, hint="images per forward pass")
 
 @dataclass
 class RunConfig:
-    name: str = "diffrl"
+    name: Annotated[str, FolderName()] = "diffrl"
+    """The run's folder name (``runs/<name>`` unless ``output_dir``): one folder name, not a path."""
     output_dir: str | None = None
     """Where checkpoints, metrics and images go; default ``runs/<name>``."""
     seed: Seed = 0
