@@ -4,8 +4,10 @@ engine that can draw it)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.config import Config, ConfigError
+from diffrl.config import Config, ConfigError, RolloutConfig
 from diffrl.preflight.schema import rollout_arithmetic
 from diffrl.registry import RegistryError
 from diffrl.rollout import CollectionSpec
@@ -29,6 +31,7 @@ def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None
         )
     if spec.online:
         errors.extend(rollout_arithmetic(config))
+    errors.extend(unused_problems(config, algorithm.name, spec))
     if not spec.online and not config.data.dataset:
         errors.append(
             f"algorithm {algorithm.name!r} trains on an offline dataset; set data.dataset "
@@ -52,3 +55,24 @@ def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None
         errors.extend(algorithm.off_policy_problems(config))
     errors.extend(engine_problems(config, spec))
     return errors, spec
+
+
+def unused_problems(config: Config, name: str, spec: CollectionSpec) -> list[str]:
+    """Settings the algorithm's collection spec does not read, refused rather than ignored: an
+    offline algorithm draws no rollouts (``rollout.*`` other than its defaults; ``rollout.engine``
+    is :func:`engine_problems`'), and one that needs no reward scores nothing (``rewards``)."""
+    errors = []
+    if not spec.online:
+        default = RolloutConfig()
+        for f in dataclasses.fields(RolloutConfig):
+            if f.name != "engine" and getattr(config.rollout, f.name) != getattr(default, f.name):
+                errors.append(
+                    f"rollout.{f.name} is not used by algorithm {name!r} (it trains on data.dataset, it "
+                    "draws no rollouts); remove it"
+                )
+    if not spec.needs_reward and config.rewards:
+        errors.append(
+            f"rewards is not used by algorithm {name!r} (it trains on data.dataset, it scores nothing); "
+            "remove it (eval.rewards score the evals)"
+        )
+    return errors

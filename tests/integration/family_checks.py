@@ -42,6 +42,7 @@ OTHER_ALGORITHMS = pytest.mark.parametrize(
             "data.dataset": "synthetic_text",
             "data.dataset_size": 8,
             "rewards": "[]",
+            "rollout": "{}",  # SFT draws no rollouts: ITERATION's rollout settings are refused
         },
     ],
     ids=["diffusion_nft", "awm", "sft"],
@@ -58,6 +59,7 @@ EDIT_ALGORITHMS = pytest.mark.parametrize(
             "data.dataset": "synthetic_edit",
             "data.dataset_size": 8,
             "rewards": "[]",
+            "rollout": "{}",  # SFT draws no rollouts: ITERATION's rollout settings are refused
         },
     ],
     ids=["diffusion_nft", "awm", "sft"],
