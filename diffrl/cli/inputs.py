@@ -30,7 +30,14 @@ from diffrl.data.lines import prompt_problem
 from diffrl.errors import DiffrlError, quoted
 from diffrl.preflight.schema import read_config, schema_problems
 from diffrl.rewards.server_limits import MAX_TOKEN_FILE_BYTES, ServerLimits, limit_fields
-from diffrl.train.manifest import CheckpointError, base_problem, checkpoint_around, overlap, verify_checkpoint
+from diffrl.train.manifest import (
+    CheckpointError,
+    base_problem,
+    checkpoint_around,
+    overlap,
+    run_folder_hint,
+    verify_checkpoint,
+)
 from diffrl.user_files import read_text
 
 # What each command checks of a config (``train`` checks every section, ``load_config``'s default).
@@ -118,8 +125,8 @@ def resolve_target(
     if path.suffix in (".yaml", ".yml"):
         config, source = read_config(path, overrides, sections)
         return Target(config, None, source, sections)
-    if (path / CHECKPOINT_INFO).is_file():
-        if not (path / "config.yaml").is_file():
+    if os.path.lexists(path / CHECKPOINT_INFO):  # a FIFO or a symlink loop too: verified, described
+        if not os.path.lexists(path / "config.yaml"):
             raise DiffrlError(
                 f"checkpoint {target!r} has no config.yaml (the run's config is saved beside its weights); "
                 "the folder is incomplete: copy it again"
@@ -131,9 +138,12 @@ def resolve_target(
             raise CheckpointError(problem)
         untrusted = {} if trust else untrusted_paths(config, overrides, path)
         return Target(config, path, source, sections, untrusted)
-    if path.is_dir():
+    if hint := run_folder_hint(path):  # a run folder is no model folder: name its checkpoint
+        raise DiffrlError(f"{target!r} is not a checkpoint nor a model folder{hint}")
+    if path.is_dir():  # as given ('./base' is a folder; str(Path('./base')) would be the built-in 'base')
+        folder = os.path.expanduser(target)
         return Target(
-            read_config({"model": {"path": str(path)}}, overrides, sections)[0], None, "config", sections
+            read_config({"model": {"path": folder}}, overrides, sections)[0], None, "config", sections
         )
     what = "a file" if path.is_file() else "no such file or folder"
     raise DiffrlError(

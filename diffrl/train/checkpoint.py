@@ -32,6 +32,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import errno
+import fnmatch
 import json
 import os
 import re
@@ -42,10 +43,19 @@ from typing import Any
 
 import torch
 from peft.utils import get_peft_model_state_dict
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from diffrl.config import Config, LoraConfig, dump_config
+from diffrl.config import (
+    Config,
+    ConfigError,
+    LoraConfig,
+    bind_config,
+    dump_config,
+    read_recipe,
+    to_plain,
+)
 from diffrl.errors import DiffrlError
 from diffrl.models.base import FamilyMismatchError
 from diffrl.parallel import copy_full_, full_tensor
@@ -56,6 +66,7 @@ from diffrl.train.manifest import (
     CheckpointError,
     base_identity,
     base_problem,
+    load_info_file,
     seal,
     sha256_file,
     verify_checkpoint,
@@ -339,9 +350,10 @@ def prune_checkpoints(output_dir: str | Path, keep_last: int | None, step: int) 
 def iteration_of(path: str | Path) -> int:
     """The iteration a checkpoint's ``checkpoint.json`` records, unverified (-1 if unreadable)."""
     try:
-        return int(json.loads((Path(path) / "checkpoint.json").read_text()).get("iteration", -1))
-    except (OSError, ValueError, AttributeError):
+        iteration = load_info_file(Path(path)).get("iteration", -1)
+    except (CheckpointError, AttributeError):
         return -1
+    return iteration if isinstance(iteration, int) and not isinstance(iteration, bool) else -1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -381,7 +393,129 @@ def check_checkpoint_family(info: dict[str, Any], family: str, path: str | Path)
 
 
 def lora_config_of(info: dict[str, Any]) -> LoraConfig | None:
-    return LoraConfig(**info["lora"]) if info.get("lora") else None
+    """The LoRA settings a checkpoint's weights were trained with (None: full weights)."""
+    if not info.get("lora"):
+        return None
+    try:
+        return LoraConfig(**info["lora"])
+    except TypeError as e:  # settings of another diffrl version (checkpoint.json is sealed)
+        raise CheckpointError(
+            f"the checkpoint's LoRA settings {str(info['lora'])[:200]} are not this diffrl's ({e}); "
+            "use the diffrl that wrote it"
+        ) from e
+
+
+def load_tensors(path: str | Path, name: str) -> dict[str, torch.Tensor]:
+    """The tensors of the checkpoint file ``path/name`` (verified against its sha256 before): one
+    that is no safetensors file (empty, a header that lies about its tensors) is a
+    :class:`CheckpointError` naming it, not a crash."""
+    file = Path(path) / name
+    try:
+        return load_file(str(file))
+    except (SafetensorError, ValueError, RuntimeError) as e:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: {name} is not a readable safetensors file ({str(e)[:200]}); "
+            "the checkpoint cannot be used (resume from another one)"
+        ) from e
+
+
+def _unfit(path: str | Path, name: str, e: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {str(path)!r}: {name} does not fit this run's model and optimizer ({type(e).__name__}: "
+        f"{str(e)[:200]}); resume it with the settings it was trained with, or start a new run"
+    )
+
+
+RESUMABLE = (
+    "run.name",
+    "run.output_dir",
+    "run.device",
+    "run.log_every",
+    "run.loggers",
+    "run.wandb_project",
+    "run.peak_tflops",
+    "runner",
+    "ray.*",
+    "model.compile",
+    "model.autocast",
+    "model.encode_once",
+    "rollout.micro_group_size",
+    "rollout.engine",
+    "rollout.engine_options",
+    "train.iterations",
+    "train.micro_batch_size",
+    "train.save_every",
+    "train.eval_every",
+    "train.time_budget_minutes",
+    "train.resume",
+    "train.keep_last",
+    "train.max_failed_iterations",
+    "train.max_nonfinite_steps",
+    "eval.enabled",
+    "eval.batch_size",
+    "eval.grid_images",
+    "rewards[*].timeout_s",
+    "eval.rewards[*].timeout_s",
+)
+"""Settings a resumed run may change: where and how it runs (device, runner, workers, micro-batch
+layout, which results do not depend on), how long and how often it saves, logs and evaluates, and
+deadlines. They take effect from the resumed iteration on and the run folder's ``config.yaml``
+records them. Every other setting (the learning rate and optimizer, the seed, the algorithm and its
+parameters, the batch arithmetic, sampling, data, rewards, what eval measures) is the run's: the
+checkpoint's optimizer and LR schedule, its rollout stream and its eval curve were made with it,
+so a change could not take effect, or would make one run of two."""
+CHECKED_APART = ("model.family", "model.path", "model.lora", "model.lora.*", "train.resume")
+"""Compared by :func:`resume_problems` with their own messages (the base model by content), or
+(``train.resume``) what makes a run a resumed one."""
+
+
+def _flat(value: Any, key: str, out: dict[str, Any]) -> dict[str, Any]:
+    """A config's settings by dotted key (``train.lr``, ``rewards[0].name``); mappings of free
+    form (``algorithm.params``) are one value each."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            _flat(getattr(value, f.name), f"{key}.{f.name}" if key else f.name, out)
+    elif isinstance(value, list) and value and all(dataclasses.is_dataclass(v) for v in value):
+        for i, v in enumerate(value):
+            _flat(v, f"{key}[{i}]", out)
+    else:
+        out[key] = to_plain(value)
+    return out
+
+
+def _shown(value: Any) -> str:
+    text = "(none)" if value is _ABSENT else json.dumps(value, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+_ABSENT = object()
+
+
+def config_changes(config: Config, path: str | Path) -> tuple[list[str], list[str]]:
+    """How ``config`` differs from the config the checkpoint at ``path`` was trained with (its
+    verified ``config.yaml``): ``(refused, allowed)``, each ``"key: old ... -> new ..."``; allowed are the
+    :data:`RESUMABLE` ones. A saved config this diffrl cannot read is said in ``refused``."""
+    file = Path(path) / "config.yaml"
+    try:
+        saved, errors, _ = bind_config(read_recipe(file), [])
+    except ConfigError as e:
+        return [f"the checkpoint's config.yaml cannot be read ({' '.join(str(e).split())[:300]})"], []
+    if errors:
+        warnings.warn(
+            f"checkpoint {str(path)!r}: its config.yaml has settings this diffrl does not know "
+            f"({'; '.join(errors)[:300]}): only the others are compared with this config",
+            stacklevel=2,
+        )
+    old, new = _flat(saved, "", {}), _flat(config, "", {})
+    refused, allowed = [], []
+    for key in sorted(set(old) | set(new), key=lambda k: (k.split(".")[0], k)):
+        before, after = old.get(key, _ABSENT), new.get(key, _ABSENT)
+        if before == after or any(fnmatch.fnmatchcase(key, p) for p in CHECKED_APART):
+            continue
+        line = f"{key}: {_shown(before)} in the checkpoint's run -> {_shown(after)} here"
+        general = re.sub(r"\[\d+\]", "[*]", key)
+        (allowed if any(fnmatch.fnmatchcase(general, p) for p in RESUMABLE) else refused).append(line)
+    return refused, allowed
 
 
 def resume_problems(
@@ -405,6 +539,16 @@ def resume_problems(
     base = base_problem(info, config.model.family, config.model.path, path)
     if base is not None:
         problems.append(f"train.resume: {base}")
+    refused, _ = config_changes(config, path)
+    if refused:
+        problems += [f"train.resume: {line}" for line in refused]
+        problems.append(
+            f"train.resume: the settings above differ from those the run of {str(path)!r} was trained "
+            "with, and a resumed run is that run (its optimizer, LR schedule, seed and eval curve go on "
+            f"as they were): resume with its settings (they are in {str(Path(path) / 'config.yaml')!r}), "
+            f"or start a new run from its weights: diffrl export {path} DIR --merge, then train with "
+            "model.path=DIR in another folder (run.name=OTHER)"
+        )
     iteration = info.get("iteration", 0)
     # a step checkpoint at the last iteration (a run stopped during its final eval) may finish
     final = info.get("loop", {}).get("final", False)
@@ -426,12 +570,14 @@ def load_weights_into(family, path: str | Path, use_ema: bool = True) -> dict[st
     info = verify_checkpoint(path)
     check_checkpoint_family(info, family.name, path)
     load_trainable_state(
-        family, load_file(str(path / "trainable.safetensors")), lora=info.get("lora") is not None
+        family, load_tensors(path, "trainable.safetensors"), lora=info.get("lora") is not None
     )
-    ema_file = path / "ema.safetensors"
-    if use_ema and ema_file.is_file():
+    if use_ema and "ema.safetensors" in info["files"]:
         params = dict(family.trainable_module().named_parameters())
-        for n, v in load_file(str(ema_file)).items():
+        ema = load_tensors(path, "ema.safetensors")
+        if set(ema) != set(params) or any(tuple(v.shape) != tuple(params[n].shape) for n, v in ema.items()):
+            raise _unfit(path, "ema.safetensors", KeyError("its tensors are not the trainable parameters"))
+        for n, v in ema.items():
             copy_full_(params[n], v)
     return info
 
@@ -442,18 +588,25 @@ def load_optimizer_state(actor, path: str | Path, info: dict[str, Any] | None = 
     info = info if info is not None else verify_checkpoint(path)
 
     state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, value in load_file(str(Path(path) / "optimizer.safetensors")).items():
-        _, pid, name = key.split(".", 2)
-        param = actor.params[int(pid)]
-        if isinstance(param, DTensor) and value.shape == param.shape:  # moments are sharded as the param
-            value = distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
-        state.setdefault(int(pid), {})[name] = value
+    tensors = load_tensors(path, "optimizer.safetensors")
+    try:
+        for key, value in tensors.items():
+            _, pid, name = key.split(".", 2)
+            param = actor.params[int(pid)]
+            if isinstance(param, DTensor) and value.shape == param.shape:  # moments sharded as the param
+                value = distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
+            state.setdefault(int(pid), {})[name] = value
+    except (ValueError, IndexError) as e:  # a key not "state.<param>.<name>", a parameter too many
+        raise _unfit(path, "optimizer.safetensors", e) from e
     trainer = info["trainer"]
-    actor.optimizer.load_state_dict({"state": state, "param_groups": trainer["param_groups"]})
-    actor.scheduler.load_state_dict(trainer["scheduler"])
+    try:
+        actor.optimizer.load_state_dict({"state": state, "param_groups": trainer["param_groups"]})
+        actor.scheduler.load_state_dict(trainer["scheduler"])
+        if "rng" in trainer:  # dropout masks after the resume are the uninterrupted run's
+            _set_rng_state(trainer["rng"])
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+        raise _unfit(path, "the optimizer state in checkpoint.json", e) from e
     actor.step = int(trainer["actor_step"])
-    if "rng" in trainer:  # dropout masks after the resume are the uninterrupted run's
-        _set_rng_state(trainer["rng"])
 
 
 @torch.no_grad()
@@ -465,15 +618,17 @@ def load_resume_state(actor, path: str | Path) -> dict[str, Any]:
     info = verify_checkpoint(path)
     check_checkpoint_family(info, actor.family.name, path)
     load_trainable_state(
-        actor.family, load_file(str(path / "trainable.safetensors")), lora=info.get("lora") is not None
+        actor.family, load_tensors(path, "trainable.safetensors"), lora=info.get("lora") is not None
     )
     load_optimizer_state(actor, path, info)
     if actor.ema is not None:
-        ema_file = path / "ema.safetensors"
-        if ema_file.is_file():
-            ema = load_file(str(ema_file))
-            for n, shadow in zip(_trainable_names(actor), actor.ema.shadow):
-                copy_full_(shadow, ema[n])
+        if "ema.safetensors" in info["files"]:
+            ema = load_tensors(path, "ema.safetensors")
+            try:
+                for n, shadow in zip(_trainable_names(actor), actor.ema.shadow):
+                    copy_full_(shadow, ema[n])
+            except (KeyError, RuntimeError) as e:
+                raise _unfit(path, "ema.safetensors", e) from e
         else:
             warnings.warn(
                 f"{path} has no EMA weights: the EMA restarts from the resumed weights", stacklevel=2
@@ -482,12 +637,14 @@ def load_resume_state(actor, path: str | Path) -> dict[str, Any]:
                 shadow.copy_(p)
     old = actor.policy.old
     if old is not None:
-        old_file = path / "old_policy.safetensors"
         names = _names_by_id(actor)
-        if old_file.is_file():
-            state = load_file(str(old_file))
-            for live, o in old.pairs:
-                copy_full_(o, state[names[id(live)]])
+        if "old_policy.safetensors" in info["files"]:
+            state = load_tensors(path, "old_policy.safetensors")
+            try:
+                for live, o in old.pairs:
+                    copy_full_(o, state[names[id(live)]])
+            except (KeyError, RuntimeError) as e:
+                raise _unfit(path, "old_policy.safetensors", e) from e
         else:
             warnings.warn(
                 f"{path} has no old-policy weights: the old policy restarts from the resumed weights",

@@ -446,7 +446,8 @@ def eval_grid_path(run_dir: Path, step: int) -> Path:
 
 def plot_eval_curve(evals: list[dict[str, float]], path: Path, key: str = "eval/reward_mean") -> None:
     """The eval reward against the iteration (and training time), saved as a PNG."""
-    points = [e for e in evals if key in e]
+    # finite values only: matplotlib cannot place ticks around an inf (a hand-edited curve)
+    points = [e for e in evals if isinstance(e.get(key), int | float) and math.isfinite(e[key])]
     if not points:
         return
     fig = Figure(figsize=(5, 3.2))  # no pyplot: no global backend, no figure registry to close

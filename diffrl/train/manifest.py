@@ -20,11 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Any
 
 from diffrl.errors import DiffrlError
+from diffrl.user_files import UserFileError, file_problem, read_bytes
 
 FORMAT = "diffrl-checkpoint-3"
 UNSEALED_FORMAT = "diffrl-checkpoint-2"
@@ -48,8 +50,13 @@ class CheckpointError(DiffrlError):
 
 
 def sha256_file(file: Path) -> str:
+    """The sha256 of a regular file; opened non-blocking (a FIFO swapped in is refused, never
+    waited on: :class:`CheckpointError`)."""
     h = hashlib.sha256()
-    with file.open("rb") as f:
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{str(file)!r} is not a regular file; it cannot be a checkpoint's file")
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
@@ -70,32 +77,127 @@ def _where(path: Path) -> str:
     return f"checkpoint {str(path)!r}"
 
 
+MAX_INFO_BYTES = 64 * 2**20
+"""The largest ``checkpoint.json`` read (a real one is kilobytes: the optimizer's param groups,
+the RNG states, the eval history)."""
+MAX_ITERATION = 10**9
+"""The largest iteration a checkpoint may record (``train.iterations`` is at most this)."""
+FORMAT_PREFIX = "diffrl-checkpoint-"
+UNUSABLE = (
+    "the checkpoint cannot be used: copy it again from where it came from, or use another one "
+    "(train.resume=latest skips a damaged one)"
+)
+
+
+def run_folder_hint(path: str | Path) -> str:
+    """For a run folder (or its ``checkpoints/``) given where a checkpoint is expected: a sentence
+    naming the checkpoint the user likely meant (its ``final``, else its newest ``step_*``);
+    ``""`` for any other path."""
+    path = Path(path)
+    if path.name == "checkpoints" and (path.parent / "run.json").is_file():
+        run, root = path.parent, path
+    elif (path / "run.json").is_file() or (
+        (path / "checkpoints").is_dir() and (path / "metrics.jsonl").exists()
+    ):
+        run, root = path, path / "checkpoints"
+    else:
+        return ""
+    candidates = []
+    if root.is_dir():
+        names = sorted(
+            (p.name for p in root.iterdir() if not p.name.startswith(TMP_PREFIX) and (p / INFO).is_file()),
+            key=lambda n: (n == "final", n),
+        )
+        candidates = names[-1:]
+    if not candidates:
+        return f"; {str(run)!r} is a run folder with no checkpoint yet (its checkpoints go to {str(root)!r})"
+    return f"; {str(run)!r} is a run folder: did you mean {str(root / candidates[0])!r}?"
+
+
+def load_info_file(path: Path) -> Any:
+    """``checkpoint.json`` parsed: at most :data:`MAX_INFO_BYTES`, never blocking (a FIFO), nesting
+    and numbers bounded; anything else a :class:`CheckpointError` naming the file."""
+    info_file = path / INFO
+    if not path.is_dir():
+        what = "no such folder" if not (path.exists() or path.is_symlink()) else "not a folder"
+        raise CheckpointError(f"{str(path)!r} is not a diffrl checkpoint ({what}){run_folder_hint(path)}")
+    if not (info_file.exists() or info_file.is_symlink()):
+        raise CheckpointError(
+            f"{str(path)!r} is not a diffrl checkpoint (no checkpoint.json inside){run_folder_hint(path)}"
+        )
+    try:
+        data = read_bytes(info_file, f"{_where(path)}: checkpoint.json", UNUSABLE, MAX_INFO_BYTES)
+    except UserFileError as e:  # a FIFO, a folder, a symlink loop, a file of gigabytes
+        raise CheckpointError(str(e)) from e
+    try:
+        return json.loads(data.decode("utf-8"))
+    # ValueError: not JSON, not UTF-8, or a number of more than 4,300 digits; RecursionError: nested
+    # thousands deep (a real one is 4 deep)
+    except (ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:200]
+        raise CheckpointError(f"{_where(path)}: checkpoint.json is corrupt ({why}); {UNUSABLE}") from e
+
+
+def _format_problem(path: Path, found: Any) -> str:
+    """Why a checkpoint.json of format ``found`` cannot be read, and what to do."""
+    shown = str(found)[:60] if found is not None else "none"
+    number = str(found).removeprefix(FORMAT_PREFIX) if isinstance(found, str) else ""
+    newest = int(FORMAT.removeprefix(FORMAT_PREFIX))
+    if isinstance(found, str) and found.startswith(FORMAT_PREFIX) and number.isdigit() and len(number) < 9:
+        if int(number) > newest:
+            return (
+                f"{_where(path)} has format {shown!r}, written by a newer diffrl; this one reads "
+                f"{FORMAT!r} and {UNSEALED_FORMAT!r}: upgrade diffrl (pip install -U diffrl) to use it"
+            )
+    return (
+        f"{_where(path)} has format {shown!r}, this diffrl reads {FORMAT!r} and "
+        f"{UNSEALED_FORMAT!r}: use the diffrl that wrote it"
+    )
+
+
+def _type_problems(info: dict[str, Any]) -> list[str]:
+    """The fields of ``info`` this diffrl reads that are missing or of the wrong type."""
+
+    def whole(v: Any, lo: int, hi: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+    trainer, loop = info.get("trainer"), info.get("loop")
+    checks = {
+        "run_id": isinstance(info.get("run_id"), str),
+        "family": isinstance(info.get("family"), str),
+        "iteration": whole(info.get("iteration"), 0, MAX_ITERATION),
+        "lora": info.get("lora") is None or isinstance(info.get("lora"), dict),
+        "trainer": isinstance(trainer, dict),
+        "loop": isinstance(loop, dict),
+    }
+    if isinstance(trainer, dict):
+        checks["trainer.param_groups"] = isinstance(trainer.get("param_groups"), list) and all(
+            isinstance(g, dict) for g in trainer["param_groups"]
+        )
+        checks["trainer.scheduler"] = isinstance(trainer.get("scheduler"), dict)
+        checks["trainer.actor_step"] = whole(trainer.get("actor_step"), 0, 2**62)
+        checks["trainer.rng"] = "rng" not in trainer or isinstance(trainer["rng"], dict)
+    if isinstance(loop, dict):
+        evals = loop.get("evals", [])
+        checks["loop.evals"] = isinstance(evals, list) and all(
+            isinstance(e, dict) and whole(e.get("step"), 0, MAX_ITERATION) for e in evals
+        )
+    return [k for k, ok in checks.items() if not ok]
+
+
 def read_info(path: str | Path) -> dict[str, Any]:
     """The checkpoint's ``checkpoint.json``, checked but for the files' contents: its format, its
     digest (no field edited since it was written), its fields' types, every file name a plain name
     inside the folder (a symlink pointing out of it refused). Raises :class:`CheckpointError`."""
     path = Path(path)
-    info_file = path / INFO
-    if not path.is_dir() or not info_file.is_file():
-        raise CheckpointError(f"{str(path)!r} is not a diffrl checkpoint (no checkpoint.json inside)")
-    try:
-        info = json.loads(info_file.read_text())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(
-            f"{_where(path)}: checkpoint.json is corrupt ({str(e)[:200]}); the checkpoint cannot be used "
-            "(resume from another one, e.g. train.resume=latest skips it)"
-        ) from e
+    info = load_info_file(path)
     unsealed = isinstance(info, dict) and info.get("format") == UNSEALED_FORMAT
     if (
         not isinstance(info, dict)
         or info.get("format") not in (FORMAT, UNSEALED_FORMAT)
         or not isinstance(info.get("files"), dict)
     ):
-        found = info.get("format") if isinstance(info, dict) else None
-        raise CheckpointError(
-            f"{_where(path)} has format {str(found)[:60]!r}, this diffrl reads {FORMAT!r} and "
-            f"{UNSEALED_FORMAT!r}: use the diffrl that wrote it"
-        )
+        raise CheckpointError(_format_problem(path, info.get("format") if isinstance(info, dict) else None))
     if unsealed:
         warnings.warn(
             f"{_where(path)} was written by an older diffrl ({UNSEALED_FORMAT}): its files are checked "
@@ -109,11 +211,10 @@ def read_info(path: str | Path) -> dict[str, Any]:
             "does not match its content: a hand edit?); diffrl does not use an edited checkpoint: use "
             "the run's own copy, or resume from another checkpoint"
         )
-    expected = {"run_id": str, "family": str, "iteration": int, "trainer": dict, "loop": dict}
-    wrong = [k for k, kind in expected.items() if not isinstance(info.get(k), kind)]
+    wrong = _type_problems(info)
     if wrong:
         raise CheckpointError(
-            f"{_where(path)}: checkpoint.json lacks or garbles {', '.join(wrong)}; the checkpoint cannot be used"
+            f"{_where(path)}: checkpoint.json lacks or garbles {', '.join(wrong)}; {UNUSABLE}"
         )
     for name in info["files"]:
         _check_file_name(path, name)
@@ -141,7 +242,7 @@ def _check_file_name(path: Path, name: Any) -> None:
         )
     file = path / name
     if file.is_symlink():
-        target, root = file.resolve(), path.resolve()
+        target, root = Path(os.path.realpath(file)), Path(os.path.realpath(path))
         if root not in target.parents:
             raise CheckpointError(
                 f"{_where(path)}: {name} is a symlink to {str(target)[:200]!r}, outside the checkpoint "
@@ -167,8 +268,11 @@ def verify_checkpoint(path: str | Path, only: set[str] | None = None) -> dict[st
         if only is not None and name not in only:
             continue
         file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{_where(path)}: {name} is missing")
+        problem = file_problem(file)  # nothing opened: a FIFO in its place never blocks
+        if problem == "does not exist":
+            raise CheckpointError(f"{_where(path)}: {name} is missing; {UNUSABLE}")
+        if problem is not None:
+            raise CheckpointError(f"{_where(path)}: {name} {problem}; {UNUSABLE}")
         if sha256_file(file) != digest:
             raise CheckpointError(
                 f"{_where(path)}: {name} does not match its sha256 in checkpoint.json "

@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from PIL import Image, ImageDraw, ImageFont
 
+from diffrl.config.binding import YamlProblem, load_yaml
 from diffrl.errors import DiffrlError
 from diffrl.logging import fmt
 from diffrl.train.evaluate import eval_grid_path, eval_table, plot_eval_curve, read_grid_note, wrap
@@ -88,19 +89,32 @@ def _text(path: Path, unread: list[str]) -> str | None:
         return None
 
 
+MAX_STEP = 10**12
+"""A step beyond any run's (``train.iterations`` is at most 10^9): a row claiming one (a 401-digit
+number) is not a metric row."""
+MAX_VALUE = 1e100
+"""The largest magnitude a plot takes (matplotlib cannot place ticks across 1e308, nor around an
+inf); a metric beyond it is left out, and said."""
+
+
 def _step(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
 
 
 def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _plottable(value: object) -> bool:
+    """A number within :data:`MAX_VALUE` (a NaN too: a diverged loss is a gap in its curve)."""
+    return _number(value) and ((isinstance(value, float) and math.isnan(value)) or abs(value) <= MAX_VALUE)
+
+
 def _clean(row: dict, dropped: set[str]) -> dict[str, float]:
-    """A metrics or eval row with its numbers only; the names of values of another type are
-    added to ``dropped``."""
-    dropped.update(str(k) for k, v in row.items() if not _number(v))
-    return {k: v for k, v in row.items() if _number(v)}
+    """A metrics or eval row with its numbers only; the names of values of another type, or
+    beyond :data:`MAX_VALUE`, are added to ``dropped``."""
+    dropped.update(str(k) for k, v in row.items() if not _plottable(v))
+    return {k: v for k, v in row.items() if _plottable(v)}
 
 
 def _json_type(value: object) -> str:
@@ -113,7 +127,10 @@ def _some(items: list[str], n: int = 5) -> str:
 
 
 def _dropped_note(path: Path, dropped: set[str]) -> str:
-    return f"{str(path)!r}: values that are not numbers were left out ({_some(sorted(dropped))})"
+    return (
+        f"{str(path)!r}: values that are not numbers were left out ({_some(sorted(dropped))}) "
+        f"(infinite ones and ones beyond {MAX_VALUE:g} count as such)"
+    )
 
 
 def read_metrics(path: Path, unread: list[str] | None = None) -> list[dict[str, float]]:
@@ -127,7 +144,8 @@ def read_metrics(path: Path, unread: list[str] | None = None) -> list[dict[str, 
     for n, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested thousands deep
+        # ValueError: not JSON, or a number of more than 4,300 digits; RecursionError: nested deep
+        except (ValueError, RecursionError):
             row = None
         if isinstance(row, dict) and _step(row.get("step")):
             rows.append(_clean(row, dropped))
@@ -155,6 +173,9 @@ def read_evals(path: Path, unread: list[str]) -> list[dict[str, float]]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         unread.append(f"{str(path)!r} is not valid JSON ({e.msg} at line {e.lineno}); {REPORT_FIX}")
+        return []
+    except ValueError as e:  # Python reads no number of more than 4,300 digits
+        unread.append(f"{str(path)!r} holds a value JSON cannot read ({str(e)[:120]}); {REPORT_FIX}")
         return []
     except RecursionError:  # arrays or objects nested thousands deep: never an eval curve
         unread.append(f"{str(path)!r} is nested too deeply to be the array of evals; {REPORT_FIX}")
@@ -184,8 +205,11 @@ def read_run(run_dir: Path) -> RunRecord:
     record = RunRecord()
     config_file = run_dir / "config.yaml"
     record.config_text = _text(config_file, record.unread) or ""
-    try:
-        config = yaml.safe_load(record.config_text) or {}
+    try:  # bounded: an alias bomb or deep nesting is refused, not expanded (the page prints settings)
+        config = load_yaml(record.config_text)[0] or {}
+    except YamlProblem as e:
+        record.unread.append(f"{str(config_file)!r} is not a config diffrl wrote ({str(e)[:200]})")
+        config = {}
     except yaml.YAMLError as e:
         record.unread.append(f"{str(config_file)!r} is not valid YAML ({' '.join(str(e).split())[:200]})")
         config = {}
@@ -460,7 +484,7 @@ def build_report(run_dir: Path, out: Path | None = None) -> Report:
 
     def setting(section: str, key: str) -> str:
         value = config.get(section, {})
-        return str(value.get(key, "?")) if isinstance(value, dict) else "?"
+        return str(value.get(key, "?"))[:200] if isinstance(value, dict) else "?"
 
     metrics_png, curve_png, compare_png = (
         run_dir / "metrics.png",

@@ -187,7 +187,7 @@ class RunFolder:
                 row = json.loads(line)
                 key = (row_kind(row), int(row["step"]))
                 keep = key[1] < step or (key[1] == step and (evaluated or key[0] != "eval"))
-            except (ValueError, KeyError, TypeError, AttributeError):
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
                 keep, key = False, None
             if keep and key not in seen:
                 kept.append(line)

@@ -32,7 +32,7 @@ from diffrl.config import Config, dump_config
 from diffrl.logging import MetricsLogger, TrackerRun, start_trackers
 from diffrl.rollout import CollectionSpec
 from diffrl.train import report, stages
-from diffrl.train.checkpoint import prune_checkpoints
+from diffrl.train.checkpoint import config_changes, prune_checkpoints
 from diffrl.train.run_folder import RunFolder, write_atomic
 from diffrl.train.runner import Runner, build_runner
 from diffrl.train.stages import LoopState, TrainResult
@@ -109,6 +109,13 @@ class TrainSession:
             if self.resume_from is not None:
                 self.runner.resume(self.resume_from)
                 print(f"resumed from {self.resume_from} at iteration {self.start}", flush=True)
+                _, changed = config_changes(config, self.resume_from)
+                if changed:  # the others were refused before anything loaded (resume_problems)
+                    print(
+                        "settings changed since the checkpoint (they apply from here on; config.yaml "
+                        "records them): " + "; ".join(changed),
+                        flush=True,
+                    )
         except BaseException:
             self.close(ok=False)
             if info is None:  # nothing ran: a rerun once the problem is fixed starts in the same folder

@@ -147,6 +147,15 @@ class Case:
     """A warning the row provokes on purpose (a regex of its message), asserted in process."""
 
 
+CKPT_SETTINGS = [
+    "model.path=random",
+    "train.batch_size=2",
+    "train.micro_batch_size=2",
+    "eval.enabled=false",
+    "data.dataset_size=4",
+]
+"""The settings ``tiny_checkpoint`` was trained with (on tiny_sft.yaml): a resume that changes none of them."""
+
 DROPPED = r"sample\(s\) dropped: reward 'tests.integration.test_bad_inputs:"
 """The warning of an iteration whose reward failed on purpose (the run goes on until it stops itself)."""
 
@@ -293,7 +302,7 @@ CASES: list[Case] = [
     Case("resume-not-a-checkpoint", ["train", SFT, "train.resume={tmp}", "run.output_dir={tmp}/run"], BAD, "is not a diffrl checkpoint (no checkpoint.json inside)", trains=True),
     Case("resume-nothing-left", ["train", SFT, "train.resume={ckpt}", "train.iterations=1", "run.output_dir={tmp}/run"], BAD, "nothing left to run (raise train.iterations)", trains=True),
     Case("resume-other-lora", ["train", SFT, "train.resume={ckpt}", "train.iterations=5", "model.lora={rank: 4}", "model.options={}", "run.output_dir={tmp}/run"], BAD, "differs from model.lora", trains=True),
-    Case("resume-into-another-run", ["train", SFT, "train.resume={ckpt}", "train.iterations=5", "run.output_dir={tmp}/run"], BAD, "holds run someone-else", files={"run/run.json": '{"run_id": "someone-else"}', "run/metrics.jsonl": '{"step": 1}\n'}, trains=True),
+    Case("resume-into-another-run", ["train", SFT, "train.resume={ckpt}", "train.iterations=5", "run.output_dir={tmp}/run", *CKPT_SETTINGS], BAD, "holds run someone-else", files={"run/run.json": '{"run_id": "someone-else"}', "run/metrics.jsonl": '{"step": 1}\n'}, trains=True),
     Case("folder-holds-a-run", ["train", SFT, "run.output_dir={tmp}/run"], BAD, "already holds a run; continue it with train.resume=latest, or start a new one elsewhere with run.name=OTHER", files={"run/metrics.jsonl": '{"step": 1}\n'}, trains=True),
     Case("folder-in-use", ["train", SFT, "run.output_dir={tmp}/run"], BAD, "is in use by another diffrl process (PID", prepare=hold_lock, trains=True),
     Case("keep-last-zero", ["train", SFT, "train.keep_last=0"], BAD, "train.keep_last must be in [1, 1_000_000] (or null to keep all), got 0"),
