@@ -4,15 +4,19 @@ difference to ``--baseline``), write a grid and the per-sample scores."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import EvalInputs
+from diffrl.cli.outputs import claim_out_folder
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.train.evaluate import evaluate, paired_difference
 
 
 def run(args: argparse.Namespace, inputs: EvalInputs) -> int:
+    # absolute now: a reward that changes the working directory (os.chdir) moves no output
+    inputs = dataclasses.replace(inputs, out=inputs.out.absolute())
     return guarded(
         inputs.untrusted(),
         f"the eval's outputs into {str(inputs.out)!r}",
@@ -41,6 +45,7 @@ def _run(args: argparse.Namespace, inputs: EvalInputs) -> int:
     failed = [*result.errors, *(base.errors if base is not None else [])]
     if failed:
         raise RewardError(f"eval: {len(failed)} reward call(s) failed: " + "; ".join(failed))
+    claim_out_folder(out, "--out", "eval")  # checked again: files may have arrived meanwhile
     grid = result.save_grid(out / "grid.png", config.eval.grid_images)
     for name, scores in result.rewards.items():
         print(

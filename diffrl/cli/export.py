@@ -5,6 +5,7 @@ diffusers-layout model folder. Prints what it wrote and the diffusers lines that
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from diffrl.models.registry import DTYPES
 
 
 def run(args: argparse.Namespace, inputs: ExportInputs) -> int:
+    # absolute now: a plugin that changes the working directory (os.chdir) moves no output
+    inputs = dataclasses.replace(inputs, out=inputs.out.absolute())
     return guarded(
         inputs.target.untrusted,
         f"the export into {str(inputs.out)!r}",

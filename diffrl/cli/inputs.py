@@ -227,10 +227,12 @@ def _outside_inputs(
     files: list[tuple[str, Path | str | None]],
 ) -> None:
     """:func:`check_out_dir` against the input ``folders``, then no input (``folders``, ``files``)
-    inside ``out`` and no symlink in ``out`` into one (:mod:`diffrl.cli.outputs`)."""
+    inside ``out``, no symlink in ``out`` into one, and ``out`` new, empty or ``command``'s
+    earlier output (:mod:`diffrl.cli.outputs`)."""
     check_out_dir(out, flag, inputs=folders)
     check_inputs_outside(out, flag, command, [*folders.items(), *files])
     check_links_inside(out, flag, folders)
+    check_out_folder(out, flag, command)
 
 
 # ---- one function per command: argparse's namespace -> the command's inputs ---------------------
@@ -256,7 +258,6 @@ def plan_inputs(args: argparse.Namespace) -> Target:
 def eval_inputs(args: argparse.Namespace) -> EvalInputs:
     out = Path(args.out).expanduser()
     check_out_dir(out, "--out")
-    check_out_folder(out, "--out", "eval")
     # the eval command evaluates whatever the run's eval.enabled said about evals during training
     overrides = [*args.overrides, "eval.enabled=true"]
     if args.num_prompts is not None:
@@ -311,7 +312,6 @@ def sample_inputs(args: argparse.Namespace) -> SampleInputs:
         raise DiffrlError(f"--samples-per-prompt must be >= 1, got {args.samples_per_prompt}")
     out = Path(args.out).expanduser()
     check_out_dir(out, "--out")
-    check_out_folder(out, "--out", "sample")
     target = resolve_target(
         args.target, args.overrides, SAMPLE_SECTIONS, getattr(args, "trust_checkpoint_code", False)
     )

@@ -4,9 +4,11 @@ with their sound, and frames) and a captioned grid."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import SampleInputs
+from diffrl.cli.outputs import claim_out_folder
 from diffrl.data.prompts import given_prompts, load_prompts
 from diffrl.errors import DiffrlError
 from diffrl.train.evaluate import generate, save_grid, to_pil
@@ -14,6 +16,8 @@ from diffrl.train.media import write_video_sample
 
 
 def run(args: argparse.Namespace, inputs: SampleInputs) -> int:
+    # absolute now: a plugin that changes the working directory (os.chdir) moves no output
+    inputs = dataclasses.replace(inputs, out=inputs.out.absolute())
     return guarded(
         inputs.target.untrusted,
         f"the samples into {str(inputs.out)!r}",
@@ -41,7 +45,7 @@ def _run(args: argparse.Namespace, inputs: SampleInputs) -> int:
         family, config, prompts, args.samples_per_prompt, args.seed, config.eval.batch_size
     )
     names = [prompts.prompts[i] for i in index]
-    out.mkdir(parents=True, exist_ok=True)
+    claim_out_folder(out, "--out", "sample")  # checked again: files may have arrived meanwhile
     images = media.images
     for k, img in enumerate(images):
         if img.ndim == 4:  # a video (3, F, H, W): an .mp4 with its sound, and its frames

@@ -204,7 +204,7 @@ class SglangEngine:
         self.kernel = self.planner.kernel
         self.precision = self.options.precision or PRECISIONS[config.model.dtype]
         self.dtype = {v: DTYPES[k] for k, v in PRECISIONS.items()}[self.precision]
-        self.run_dir = config.run.resolved_output_dir() / "sglang"
+        self.run_dir = config.run.resolved_output_dir().absolute() / "sglang"  # a plugin may os.chdir later
         self.weights_root = Path(tempfile.mkdtemp(prefix="diffrl-sglang-weights-"))
         self.weights_dir: Path | None = None
         self.synced: str | None = None

@@ -15,7 +15,11 @@ runs/NAME/
 
 A run writes only into a new folder, an empty one, or a run's own: a folder of other files
 (someone's ``config.yaml`` or ``report.html``) is refused before anything is written, and so is a
-folder inside the model folder, the checkpoint it resumes, or any checkpoint.
+folder inside the model folder, the checkpoint it resumes, or any checkpoint, and one where a file
+the run writes is a symlink (the write would land elsewhere) or not a file (a FIFO would block it).
+(``run.name`` is one folder name, checked where the config binds: ``runs/<name>`` stays in runs/.)
+The folder's path is made absolute when the run starts: a plugin that changes the working
+directory (``os.chdir``) mid-run does not split the run between two folders.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from diffrl.config import Config, ConfigError
-from diffrl.errors import DiffrlError
+from diffrl.errors import DiffrlError, quoted
 from diffrl.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -39,6 +43,9 @@ from diffrl.train.checkpoint import (
 )
 from diffrl.train.manifest import overlap
 
+WRITTEN = ("config.yaml", "metrics.jsonl", "report.html", "metrics.png", "eval_curve.png")
+"""Files a run writes in place at its folder's top: a symlink there would carry the write
+elsewhere (``run.json`` and ``eval_curve.json`` are replaced whole: a link is replaced, not followed)."""
 NO_RUN = {"run_id": None}
 """``run.json`` of a diffrl folder whose run failed before it logged or saved anything."""
 LOCK = ".lock"
@@ -65,7 +72,8 @@ def write_atomic(path: Path, text: str) -> None:
 
 class RunFolder:
     def __init__(self, path: Path):
-        self.path = Path(path)
+        # absolute now: a plugin's os.chdir later in the run moves none of the run's files
+        self.path = Path(path).absolute()
         self._lock_fd: int | None = None
         self.finished = False
         """Set by :meth:`resume_point`: the checkpoint resumed is this folder's own ``final`` of a
@@ -88,6 +96,15 @@ class RunFolder:
                 f"run.output_dir {why}: a run writes its files there; give another folder (run.name=OTHER "
                 "or run.output_dir=PATH)"
             )
+        for name in WRITTEN:
+            file = self.path / name
+            if file.is_symlink() or (file.exists() and not file.is_file()):
+                where = f"a symlink to {quoted(os.readlink(file))}" if file.is_symlink() else "not a file"
+                raise RunFolderError(
+                    f"output folder {quoted(str(self.path))}: {name} is {where}; the run writes {name} "
+                    "and would write through it or fail: replace it with a plain file (or remove it), or "
+                    "give another folder (run.name=OTHER or run.output_dir=PATH)"
+                )
         if not self.path.is_dir() or self.is_run_folder():
             return
         foreign = sorted(p.name for p in self.path.iterdir() if p.name != LOCK)

@@ -1,0 +1,214 @@
+"""Where a command's outputs may go, checked before its world loads (torch-free). The other half
+of "no output destroys an input" is :func:`diffrl.cli.inputs.check_out_dir`: an output never lies
+inside a checkpoint or an input folder. Here: an output folder holds only what the same command
+wrote there before, no input lies inside it, and a report page replaces only a report page.
+
+```
+OUT/.diffrl-output   {"command": "sample"}: written first into the folder of ``eval --out`` or
+                     ``sample --out``; what lets the same command write there again
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterable, Mapping
+from itertools import islice
+from pathlib import Path
+
+from diffrl.errors import DiffrlError, quoted
+from diffrl.train.manifest import overlap
+
+MARKER = ".diffrl-output"
+WRITES = {
+    "eval": "grid.png and scores.json",
+    "sample": "NNNN.png (videos: NNNN.mp4 and NNNN/), prompts.txt and grid.png",
+}
+"""What each command that takes an output folder writes there (for messages)."""
+SHOWN = 3
+"""Entries of a refused folder a message names."""
+PAGE_SUFFIXES = (".html", ".htm")
+REPORT_HEAD = b"<title>diffrl report: "
+"""What every page ``diffrl report`` writes holds in its first bytes (its ``<title>``)."""
+HEAD_BYTES = 4096
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _kind(mode: int) -> str:
+    """A non-regular, non-folder file's kind, for a message."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _dangling(path: Path, flag: str) -> None:
+    """Refuse a symlink that points nowhere (writing through it would create its target, wherever
+    that is, or fail halfway)."""
+    if path.is_symlink() and not path.exists():
+        raise DiffrlError(
+            f"{flag} {quoted(str(path))} is a symlink to {quoted(os.readlink(path))}, which does not exist; "
+            "give the path itself (a new or existing folder), not a dangling link"
+        )
+
+
+def owner(folder: Path) -> str | None:
+    """The command whose output folder ``folder`` is (its :data:`MARKER`), or None."""
+    try:
+        info = json.loads((folder / MARKER).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    command = info.get("command") if isinstance(info, dict) else None
+    return command if isinstance(command, str) else None
+
+
+def check_out_folder(out: Path, flag: str, command: str) -> None:
+    """Refuse ``out`` as ``command``'s output folder when it exists and holds files that are not
+    an earlier output of ``command`` (someone's ``grid.png`` or ``prompts.txt``, a run folder,
+    another command's output): the command would replace or join them. A dangling symlink too."""
+    _dangling(out, flag)
+    if not out.is_dir():
+        return
+    names = sorted(p.name for p in islice(out.iterdir(), 1000))
+    if not names:
+        return
+    made_by = owner(out)
+    if made_by == command:
+        return
+    if made_by is not None:
+        raise DiffrlError(
+            f"{flag} {quoted(str(out))} holds the output of `diffrl {made_by[:40]}`; {command} writes "
+            f"{WRITES[command]} there and would mix with or replace it: give a new or empty folder"
+        )
+    shown = ", ".join(quoted(n, 80) for n in names[:SHOWN]) + (" ..." if len(names) > SHOWN else "")
+    raise DiffrlError(
+        f"{flag} {quoted(str(out))} holds files that are not an earlier `diffrl {command}` output ({shown}); "
+        f"{command} writes {WRITES[command]} there and would replace yours: give a new or empty folder"
+    )
+
+
+def claim_out_folder(out: Path, flag: str, command: str) -> None:
+    """Make ``out`` ``command``'s output folder before anything else is written there: checked
+    again (files may have arrived since start-up), created, its :data:`MARKER` written first."""
+    check_out_folder(out, flag, command)
+    out.mkdir(parents=True, exist_ok=True)
+    if owner(out) != command:
+        (out / MARKER).write_text(json.dumps({"command": command}) + "\n")
+
+
+def check_inputs_outside(
+    out: Path, flag: str, command: str, inputs: Iterable[tuple[str, str | Path | None]]
+) -> None:
+    """Refuse an input (``inputs``: (its role, a file or folder the command reads); None or a
+    path that does not exist skipped) that is ``out`` or lies inside it: ``command`` would write
+    over it or beside it (an earlier output's ``prompts.txt`` sampled again, rewritten)."""
+    where = _real(out)
+    for role, given in inputs:
+        if given is None or not Path(given).expanduser().exists():
+            continue
+        path = _real(Path(given).expanduser())
+        if path == where or where in path.parents:
+            raise DiffrlError(
+                f"{flag} {quoted(str(out))} holds {role} ({quoted(str(given))}); {command} writes "
+                f"{WRITES[command]} there and would replace or mix with what it reads: give another folder"
+            )
+
+
+MAX_WALKED = 10_000
+"""Entries of an output folder :func:`check_links_inside` looks at, at most."""
+
+
+def check_links_inside(out: Path, flag: str, inputs: Mapping[str, str | Path | None]) -> None:
+    """Refuse an output folder holding a symlink that leads into an input (``inputs``: role ->
+    folder) or any checkpoint: a file written through it (``transformer/`` linked to the base
+    model's, with ``--force``) would replace the input's."""
+    if not out.is_dir():
+        return
+    seen = 0
+    for root, dirs, files in os.walk(out):  # links to folders are listed, not followed
+        for name in [*dirs, *files]:
+            seen += 1
+            if seen > MAX_WALKED:
+                return
+            path = Path(root) / name
+            if path.is_symlink():
+                why = overlap(path, inputs)
+                if why is not None:
+                    raise DiffrlError(
+                        f"{flag} {quoted(str(out))} holds a symlink: {why}; writing through it would "
+                        "damage what this command reads: remove the link, or give a new folder"
+                    )
+
+
+def is_report(path: Path) -> bool:
+    """True when ``path`` is a page ``diffrl report`` wrote (:data:`REPORT_HEAD` in its head)."""
+    try:
+        with path.open("rb") as f:
+            return REPORT_HEAD in f.read(HEAD_BYTES)
+    except OSError:
+        return False
+
+
+def check_page_out(page: Path, flag: str, fix: str) -> None:
+    """Refuse a report page's path that would replace something else: a name that is not
+    ``.html`` (a config, the metrics, a recipe), an existing file that is not a diffrl report, a
+    FIFO or device (writing would block or go elsewhere), a dangling symlink; a symlink is judged
+    by its target. ``fix`` ends the message (what to give instead)."""
+    _dangling(page, flag)
+    target = _real(page)
+    if page.suffix.lower() not in PAGE_SUFFIXES or target.suffix.lower() not in PAGE_SUFFIXES:
+        named = f" (a symlink to {quoted(str(target))})" if page.is_symlink() else ""
+        raise DiffrlError(
+            f"{flag} {quoted(str(page))}{named} is not an .html file; the report is an HTML page and "
+            f"would replace it: {fix}"
+        )
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:  # none yet (or a parent that is a file: said where the folder is checked)
+        return
+    if not stat.S_ISREG(mode):
+        raise DiffrlError(
+            f"{flag} {quoted(str(page))} is {_kind(mode)}, not a file the report can replace: {fix}"
+        )
+    if not is_report(target):
+        raise DiffrlError(
+            f"{flag} {quoted(str(page))} exists and is not a page `diffrl report` wrote; the report would "
+            f"replace it: {fix}"
+        )
+
+
+RUN_PICTURES = ("metrics.png", "eval_curve.png", "eval/compare.png")
+"""What ``diffrl report`` draws into the run folder (besides its page)."""
+
+
+def check_run_pictures(run_dir: Path) -> None:
+    """Refuse a run folder where a picture the report draws would land outside the folder (a
+    symlink to someone's file, or a symlinked ``eval/``) or on a FIFO or device."""
+    root = _real(run_dir)
+    for name in RUN_PICTURES:
+        path = run_dir / name
+        _dangling(path, f"RUN_DIR's {name}")
+        target = _real(path)
+        if root not in target.parents:
+            raise DiffrlError(
+                f"RUN_DIR's {name} ({quoted(str(path))}) leads to {quoted(str(target))}, outside the run "
+                "folder; the report draws it anew and would replace that file: remove the link (or copy "
+                "the run folder with cp -rL) and run the report again"
+            )
+        try:
+            mode = os.stat(target).st_mode
+        except OSError:  # none yet (or RUN_DIR is no folder: said when it is read)
+            continue
+        if not stat.S_ISREG(mode):
+            raise DiffrlError(
+                f"RUN_DIR's {name} ({quoted(str(path))}) is {_kind(mode)}; the report draws it anew: "
+                "remove it and run the report again"
+            )
