@@ -16,7 +16,7 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
-from diffrl.models.base import DTYPES, ModelFamily, check_family_dir, write_family_file
+from diffrl.models.base import DTYPES, SHIPPED_CONFIGS, ModelFamily, check_family_dir, write_family_file
 
 
 def load_part(folder: Path, sub: str, part_class: type, dtype: torch.dtype | None = None) -> Any:
@@ -128,8 +128,8 @@ class DiffusersFolderFamily(ModelFamily):
         """``key`` of the model folder's ``sub/config.json``, else the default of diffusers'
         ``class_name`` (what ``from_pretrained`` would build), read before any weights load;
         None when the folder cannot be read (then the load reports it)."""
-        folder = Path(config.model.path)
-        if not check_files or config.model.path in ("base", "random") or not (folder / sub).is_dir():
+        folder = cls.json_folder(config, check_files, sub)
+        if folder is None:
             return None
         settings = read_json(folder / sub / "config.json")
         if settings is None:
@@ -140,10 +140,27 @@ class DiffusersFolderFamily(ModelFamily):
         return None if default is inspect.Parameter.empty else default
 
     @classmethod
-    def module_names(cls, config, check_files: bool = True) -> list[str] | None:
+    def json_folder(cls, config, check_files: bool, sub: str) -> Path | None:
+        """The folder whose ``sub/config.json`` describes ``model.path``'s model: the folder itself
+        when it holds ``sub/``; without ``check_files`` (``diffrl plan``: the weights need not be on
+        this machine) else the shipped JSON files of the model of its name
+        (``models/assets/configs/<last part>``, as the planner reads them), so the family's size
+        and frame rules apply to a plan too; None when there is none."""
+        if config.model.path in ("base", "random"):
+            return None
         folder = Path(config.model.path)
-        settings = read_json(folder / "transformer" / "config.json") if check_files else None
-        if config.model.path in ("base", "random") or settings is None:
+        if (folder / sub).is_dir():
+            return folder
+        shipped = SHIPPED_CONFIGS / folder.name
+        if not check_files and folder.name and (shipped / sub).is_dir():
+            return shipped
+        return None
+
+    @classmethod
+    def module_names(cls, config, check_files: bool = True) -> list[str] | None:
+        folder = cls.json_folder(config, check_files, "transformer")
+        settings = read_json(folder / "transformer" / "config.json") if folder is not None else None
+        if settings is None:
             return None
         model_cls = getattr(diffusers, cls.transformer_class)
         try:

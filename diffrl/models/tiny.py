@@ -130,7 +130,7 @@ class TinyFamily(ModelFamily):
         path = config.model.path
         if path not in ("base", "random"):
             file = Path(path) / "transformer" / "config.json"
-            if not (check_files and file.is_file()):
+            if not file.is_file():  # without check_files (a plan) too: the JSON is all it reads
                 return None
             try:
                 settings.update(json.loads(file.read_text()))

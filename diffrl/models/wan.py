@@ -245,7 +245,32 @@ class WanFamily(DiffusersFolderFamily):
                 f"model.options.num_frames: {frames} frames do not fit Wan's VAE, which needs "
                 f"num_frames = 4k + 1 (e.g. 1, 5, 33, 81)"
             )
+        elif (most := cls.max_frames(config, check_files)) is not None and frames > most:
+            errors.append(
+                f"model.options.num_frames={frames} is more than the wan model takes: at most {most} "
+                f"frames (its RoPE table has {cls._rope_positions(config, check_files)} positions, each "
+                f"{TEMPORAL_FACTOR} frames after the VAE); e.g. model.options.num_frames={most}"
+            )
         return errors
+
+    @classmethod
+    def _rope_positions(cls, config, check_files: bool) -> int | None:
+        """Positions of the transformer's RoPE table on each axis (``rope_max_seq_len``): latent
+        frames, rows and columns of patches beyond it have no position (diffusers fails on a
+        reshape)."""
+        n = cls.component_setting(
+            config, check_files, "transformer", cls.transformer_class, "rope_max_seq_len"
+        )
+        return int(n) if n else None
+
+    @classmethod
+    def max_frames(cls, config, check_files: bool = True) -> int | None:
+        """The most frames the transformer's RoPE table places (4k + 1), None when unknown."""
+        positions = cls._rope_positions(config, check_files)
+        patch = cls.component_setting(config, check_files, "transformer", cls.transformer_class, "patch_size")
+        if positions is None or patch is None:
+            return None
+        return (positions * int(patch[0]) - 1) * TEMPORAL_FACTOR + 1
 
     @classmethod
     def size_rule(cls, config, check_files: bool = True) -> SizeRule | None:
@@ -258,7 +283,13 @@ class WanFamily(DiffusersFolderFamily):
         if spatial is None or patch is None:
             return None
         step = int(spatial) * int(patch[1])
-        return SizeRule(step, f"the VAE's {spatial}x spatial compression times the patch size {patch[1]}")
+        positions = cls._rope_positions(config, check_files)
+        return SizeRule(
+            step,
+            f"the VAE's {spatial}x spatial compression times the patch size {patch[1]}",
+            positions * step if positions else None,
+            f"its RoPE table has {positions} positions a side, each {step} pixels",
+        )
 
     @classmethod
     def sequence_lengths(cls, config, check_files: bool = True) -> dict[str, int] | None:
