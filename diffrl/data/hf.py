@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from diffrl.config import resolve_data_path
+from diffrl.data.lines import MAX_PROMPT_CHARS
 from diffrl.errors import DiffrlError
 from diffrl.logging.quiet import quiet_libraries
 from diffrl.user_files import UserFileError, file_problem, read_text
@@ -318,6 +319,13 @@ def read_prompt_rows(path: str, defaults: tuple[str, ...]) -> tuple[list[str], l
         raise HFFolderError(
             f"{split.where}: column {column!r} has {len(bad)} empty or non-text prompt(s) (rows {rows}); "
             "every row needs a prompt"
+        )
+    bad = [i for i, p in enumerate(prompts) if "\x00" in p or len(p) > MAX_PROMPT_CHARS]
+    if bad:  # as a prompt file's line: no NUL, at most MAX_PROMPT_CHARS characters
+        rows = ", ".join(str(i) for i in bad[:10]) + (" ..." if len(bad) > 10 else "")
+        raise HFFolderError(
+            f"{split.where}: column {column!r} has {len(bad)} prompt(s) holding a NUL byte or over "
+            f"{MAX_PROMPT_CHARS:,} characters (rows {rows}); fix those rows"
         )
     others = [n for n in split.columns if n != column]
     values = {n: split.table.column(n).to_pylist() for n in others}
