@@ -15,11 +15,12 @@ from diffrl import interrupts
 _start_up = interrupts.exit_on_ctrl_c_from_here()
 
 from diffrl.cli import main as _cli_main  # noqa: E402 - after the handler, which covers this import
+from diffrl.user_code import end_process  # noqa: E402
 
 
 def main() -> int:
     """Run the command line (:func:`diffrl.cli.main`) with the process's arguments."""
     try:
-        return _cli_main()
+        return end_process(_cli_main())  # no thread a plugin left running keeps the process alive
     finally:
         _start_up()

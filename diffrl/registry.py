@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from diffrl.errors import DiffrlError
@@ -79,11 +79,16 @@ def did_you_mean(name: str, options: list[str]) -> str:
 
 
 class Registry:
-    """Short name -> "module:attr" string, imported lazily so optional parts stay optional."""
+    """Short name -> "module:attr" string, imported lazily so optional parts stay optional.
 
-    def __init__(self, kind: str, entries: dict[str, str]):
+    ``check``: what is wrong with a resolved object, as ``is not a Reward subclass ...`` (None:
+    nothing), so that a dotted path naming the wrong kind of thing is refused where it is
+    resolved (the config's checks), not found when it is first called."""
+
+    def __init__(self, kind: str, entries: dict[str, str], check: Callable[[Any], str | None] | None = None):
         self.kind = kind
         self._entries = dict(entries)
+        self.check = check
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -92,7 +97,10 @@ class Registry:
         if name in self._entries:
             return import_object(self._entries[name])
         if "." in name or ":" in name:
-            return import_object(name)
+            obj = import_object(name)
+            if self.check is not None and (problem := self.check(obj)):
+                raise RegistryError(f"{name!r} {problem}")
+            return obj
         raise RegistryError(
             f"unknown {self.kind} {name!r}.{did_you_mean(name, self.names())} "
             f"Known: {', '.join(self.names())}; or give a dotted path 'package.module:Name'."

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +29,74 @@ class PluginError(DiffrlError):
     """A plugin raised or did what a plugin must not (exit the process, close ``sys.stdout``)."""
 
 
+class GlobalStateChanged(PluginError):
+    """A plugin changed torch's process-wide settings (:mod:`diffrl.torch_state`): the run's
+    numbers are no longer what its config says, so the run stops (a reward's, too)."""
+
+
+def is_diffrl_module(module: str) -> bool:
+    return module == "diffrl" or module.startswith("diffrl.")
+
+
+def path_of(obj: object) -> str:
+    """``pkg.mod:Name``: the dotted path of a class (of an instance's class) or a function."""
+    target = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', type(target).__name__)}"
+
+
+def plugin_named(obj: object) -> str:
+    """``plugin 'pkg.mod:Name'`` for a plugin (an instance, a class or a function), and ``diffrl's
+    own 'diffrl.mod:Name' (a bug in diffrl)`` for one of diffrl's."""
+    path = path_of(obj)
+    if is_diffrl_module(path.partition(":")[0]):
+        return f"diffrl's own {path!r} (a bug in diffrl)"
+    return f"plugin {path!r}"
+
+
+def returned_wrong(owner: object, call: str, got: str, want: str) -> Exception:
+    """What to raise when ``owner`` (an algorithm, family or tracker instance or class)'s
+    ``call`` returned ``got`` instead of ``want``: a :class:`PluginError` naming the plugin by its
+    dotted path, or, for diffrl's own, a ``RuntimeError`` (a bug)."""
+    path = path_of(owner)
+    text = f"{call} returned {got}; it must return {want}"
+    if is_diffrl_module(path.partition(":")[0]):
+        return RuntimeError(f"{path}: {text}")
+    return PluginError(f"plugin {path!r}: {text}; fix the plugin")
+
+
+def checked_problems(owner: object, call: str, problems: object) -> list[str]:
+    """What a plugin's check (an algorithm's ``validate()``, a family's ``validate_config()``, a
+    reward's ``param_problems()``) returned: a list of messages, ``[]`` for none. A str (which
+    would be listed character by character), None or anything else is refused naming ``owner``."""
+    want = "a list of str, one message per problem ([] when there is none)"
+    if not isinstance(problems, list | tuple):
+        raise returned_wrong(owner, call, kind(problems), want)
+    for p in problems:
+        if not isinstance(p, str):
+            raise returned_wrong(owner, call, f"a list holding {kind(p)}", want)
+    return list(problems)
+
+
+def kind(value: object) -> str:
+    """A returned value in words, for an error message: ``a float32 tensor of shape (3,)``,
+    ``None``, ``a str ('abc')``, ``a generator``; at most about a hundred characters of it."""
+    if value is None:
+        return "None"
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"a {str(dtype).removeprefix('torch.')} tensor of shape {tuple(shape)}"
+    name = type(value).__name__
+    if name == "generator":
+        return "a generator (is there a yield in it?)"
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a plugin's __repr__ may raise: the type says enough
+        return f"{article} {name}"
+    return f"{article} {name} ({_cut(text, 100)})"
+
+
 _MODULES: dict[str, list[str]] = {}
 """A plugin's module -> the dotted paths imported from it."""
 
@@ -38,6 +108,11 @@ def note_plugin(module: str, path: str) -> None:
     paths = _MODULES.setdefault(module, [])
     if path not in paths:
         paths.append(path)
+
+
+def plugin_paths() -> list[str]:
+    """Every dotted path imported as a plugin so far, in import order."""
+    return [path for paths in _MODULES.values() for path in paths]
 
 
 @dataclass(frozen=True)
@@ -192,3 +267,63 @@ def guarding_os_exit() -> Iterator[None]:
         yield
     finally:
         os._exit, _GUARDED_PID[0] = previous
+
+
+LINGER_S = 5.0
+"""How long a finished command waits for threads that would keep its process alive."""
+
+
+def _thread_owner(thread: threading.Thread) -> str:
+    """``thread 'name' (plugin 'pkg.mod:f' at file:line)``: a non-daemon thread still running,
+    named by the plugin whose code it runs, where its stack or its target tells."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    origin = _origin(list(traceback.walk_stack(frame))[::-1]) if frame is not None else None
+    if origin is not None:
+        return f"thread {thread.name!r} (plugin {origin.path!r}, at {origin.where})"
+    target = getattr(thread, "_target", None)
+    module = getattr(target, "__module__", None)
+    if module in _MODULES:
+        return f"thread {thread.name!r} (started by plugin {_MODULES[module][0]!r}: {path_of(target)})"
+    return f"thread {thread.name!r}" + (f" (running {path_of(target)})" if target is not None else "")
+
+
+def _keeping_alive() -> list[threading.Thread]:
+    """The threads Python would wait for at exit (not daemon, not this one), less an executor's
+    idle workers (Python tells those to end at exit)."""
+    return [
+        t
+        for t in threading.enumerate()
+        if t is not threading.current_thread()
+        and not t.daemon
+        and getattr(getattr(t, "_target", None), "__module__", None) != "concurrent.futures.thread"
+    ]
+
+
+def end_process(code: int) -> int:
+    """What a command's process ends with, once the command returned ``code``: a thread a plugin
+    started and left running (not a daemon) would keep the process alive after the command
+    finished, for ever if it never ends. Such threads get :data:`LINGER_S` seconds to end; then a
+    warning names them (and the plugin whose code they run) and the process ends here with
+    ``code``, its output flushed (``os._exit``: Python would wait for them). Returns ``code`` when
+    no thread lingers."""
+    deadline = time.monotonic() + LINGER_S
+    for thread in _keeping_alive():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    lingering = [t for t in _keeping_alive() if t.is_alive()]
+    if not lingering:
+        return code
+    names = "; ".join(_thread_owner(t) for t in lingering[:5])
+    more = f" and {len(lingering) - 5} more" if len(lingering) > 5 else ""
+    print(
+        f"warning: {len(lingering)} thread(s) still running {LINGER_S:g} s after the command finished "
+        f"would keep this process alive: {names}{more}. A plugin must end the threads it starts (in "
+        "its close()) or make them daemon threads; the process ends now",
+        file=sys.stderr,
+    )
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):  # closed or gone: nothing left to write
+            pass
+    _EXIT(code)
+    return code  # not reached

@@ -115,8 +115,14 @@ class DiffusionAlgorithm(ABC):
     """One RL/SFT algorithm. Instances are cheap: they are built while validating the config."""
 
     name: ClassVar[str]
+    """How messages name it; a subclass that sets none is named by its class name."""
     Params: ClassVar[type]
     """Dataclass of this algorithm's ``algorithm.params``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not isinstance(cls.__dict__.get("name", getattr(cls, "name", None)), str):
+            cls.name = cls.__name__
 
     def __init__(self, params: Any, config: Config):
         self.params = params

@@ -10,5 +10,6 @@ if sys.path and not sys.flags.safe_path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
 from diffrl.cli import main  # noqa: E402 - after the path is made safe
+from diffrl.user_code import end_process  # noqa: E402
 
-sys.exit(main())
+sys.exit(end_process(main()))  # no thread a plugin left running keeps the process alive

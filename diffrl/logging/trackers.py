@@ -10,12 +10,14 @@ imported only when a run names it (the registry's strings), so the packages stay
 from __future__ import annotations
 
 import importlib.util
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from diffrl.errors import DiffrlError
 from diffrl.registry import Registry, RegistryError, did_you_mean
+from diffrl.user_code import PluginError
 
 TRACKERS = Registry(
     "logger",
@@ -80,6 +82,66 @@ class Tracker(Protocol):
         stopped, e.g. for a hosted tracker to mark the run failed)."""
 
 
+METHODS = ("log_scalars", "log_image", "log_metadata", "close")
+"""What the driver calls on a tracker (:class:`Tracker`)."""
+
+CALL_TIMEOUT_S = 600.0
+"""How long one call of a tracker (its start, a log, its close) may take: a tracker that hangs
+(a hosted service that stopped answering) stops the run with an error naming it after this,
+rather than holding it for ever. Generous: a hosted tracker's close uploads what it holds."""
+
+
+class BoundedTracker:
+    """A tracker whose every call runs on a daemon thread of its own and is waited for at most
+    :data:`CALL_TIMEOUT_S`. A call still running then is the tracker's error
+    (:class:`~diffrl.user_code.PluginError` for a dotted path, :class:`TrackerError` for a built-in
+    one), and the tracker is called no more (its thread is left to it: Python cannot stop a thread;
+    a daemon one does not hold up the process's exit). What a call raises is raised here, with its
+    traceback (a plugin's error is named by it)."""
+
+    def __init__(self, name: str, make: Any, run: TrackerRun):
+        self.name, self.stuck = name, False
+        self.tracker = self._call(f"{name}(run)", make, run)
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        if self.stuck:
+            return None
+        out: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                out["value"] = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread below
+                out["error"] = e
+
+        thread = threading.Thread(target=call, name=f"tracker-{self.name}", daemon=True)
+        thread.start()
+        thread.join(CALL_TIMEOUT_S)
+        if thread.is_alive():
+            self.stuck = True
+            message = (
+                f"logger {self.name!r}: {what} did not return within {CALL_TIMEOUT_S:g} s; the "
+                f"checkpoints already written are intact: fix it, or drop {self.name!r} from "
+                "run.loggers (metrics.jsonl has every metric), and resume with train.resume=latest"
+            )
+            raise (PluginError(f"plugin {message}") if self.name not in PACKAGES else TrackerError(message))
+        if "error" in out:
+            raise out["error"]
+        return out.get("value")
+
+    def log_scalars(self, step: int, metrics: dict[str, float]) -> None:
+        self._call("log_scalars()", self.tracker.log_scalars, step, metrics)
+
+    def log_image(self, step: int, name: str, image_path: Path) -> None:
+        self._call("log_image()", self.tracker.log_image, step, name, image_path)
+
+    def log_metadata(self, config: dict[str, Any], text: str) -> None:
+        self._call("log_metadata()", self.tracker.log_metadata, config, text)
+
+    def close(self, ok: bool) -> None:
+        self._call("close()", self.tracker.close, ok)
+
+
 def tracker_problems(names: list[str], where: str = "run.loggers") -> list[str]:
     """Every problem of a list of logger names: unknown names (with a "did you mean"), a backend's
     package not installed (with the pip command), a dotted path that does not import. Imports
@@ -101,6 +163,11 @@ def tracker_problems(names: list[str], where: str = "run.loggers") -> list[str]:
                     errors.append(
                         f"{where}[{i}]: {name!r} is not a class (a tracker is built as Tracker(run))"
                     )
+                elif missing := [m for m in METHODS if not callable(getattr(obj, m, None))]:
+                    errors.append(
+                        f"{where}[{i}]: {name!r} has no {', '.join(missing)} method; a tracker defines "
+                        f"all of {', '.join(METHODS)} (see diffrl.logging.trackers.Tracker)"
+                    )
         elif name != ALWAYS:
             errors.append(
                 f"{where}[{i}]: unknown logger {name!r}.{did_you_mean(name, known)} "
@@ -121,8 +188,7 @@ def start_trackers(names: list[str], run: TrackerRun) -> list[Tracker]:
             if name == ALWAYS:
                 continue
             try:
-                cls = TRACKERS.resolve(name)
-                started.append(cls(run))
+                started.append(BoundedTracker(name, TRACKERS.resolve(name), run))
             except DiffrlError as e:
                 raise TrackerError(f"run.loggers: logger {name!r} could not start: {e}") from e
             except Exception as e:  # the backend's own errors (no network, a bad key): a user's to fix

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from diffrl import torch_state
 from diffrl.config import Config
 from diffrl.logging.quiet import quiet_libraries
 from diffrl.models.base import DTYPES, ModelFamily
 from diffrl.models.numerics import resolve_numerics
 from diffrl.registry import Registry
+from diffrl.user_code import kind, plugin_named, returned_wrong
 
 FAMILIES = Registry(
     "model family",
@@ -40,6 +42,21 @@ def load_family(config: Config) -> ModelFamily:
     quiet_libraries()  # the family's libraries are imported now: no loading bars of theirs in the log
     options = cls.parse_options(config.model.options)
     device = resolve_device(config.run.device)
-    family = cls.load(config.model.path, device, DTYPES[config.model.dtype], options)
+    with torch_state.guarding(lambda: plugin_named(cls)):
+        family = cls.load(config.model.path, device, DTYPES[config.model.dtype], options)
+    if not isinstance(family, ModelFamily):  # a variant may load as its own class (Qwen-Image-Edit)
+        raise returned_wrong(
+            cls,
+            "load()",
+            kind(family),
+            f"an instance of {cls.__name__} (e.g. cls(transformer, device, options))",
+        )
+    if not isinstance(getattr(family, "transformer", None), torch.nn.Module):
+        raise returned_wrong(
+            cls,
+            "load()",
+            f"a family whose transformer is {kind(getattr(family, 'transformer', None))}",
+            "a family holding its transformer (a torch.nn.Module): call ModelFamily.__init__",
+        )
     family.numerics = resolve_numerics(config.model.autocast, config.model.compile, device)
     return family

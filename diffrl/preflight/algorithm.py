@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 from diffrl.algorithms.registry import build_algorithm
+from diffrl.algorithms.returns import checked_spec
 from diffrl.config import Config, ConfigError, RolloutConfig
 from diffrl.preflight.schema import rollout_arithmetic
 from diffrl.registry import RegistryError
 from diffrl.rollout import CollectionSpec
 from diffrl.sampling.engine import engine_problems
+from diffrl.user_code import checked_problems
 
 
 def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None]:
@@ -24,7 +26,7 @@ def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None
     except RegistryError as e:
         return [f"algorithm.name: {e}"], None
     errors = []
-    spec = algorithm.collection_spec()
+    spec = checked_spec(algorithm, algorithm.collection_spec())
     if spec.needs_reward and not config.rewards:
         errors.append(
             f"algorithm {algorithm.name!r} needs a reward; add a 'rewards:' list (e.g. - name: ocr)"
@@ -45,14 +47,16 @@ def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None
             "sigmas; keep_trajectory / keep_log_prob with a stochastic sampler and step strategy "
             "record the trajectory) or do not require it"
         )
-    errors.extend(algorithm.validate(config))
+    errors.extend(checked_problems(algorithm, "validate()", algorithm.validate(config)))
     if config.model.encode_once and not spec.online:
         errors.append(
             f"model.encode_once: algorithm {algorithm.name!r} trains on a dataset's captions (no fixed "
             "prompt set to encode up front); set model.encode_once: false"
         )
     if config.train.off_policy_steps > 0:
-        errors.extend(algorithm.off_policy_problems(config))
+        errors.extend(
+            checked_problems(algorithm, "off_policy_problems()", algorithm.off_policy_problems(config))
+        )
     errors.extend(engine_problems(config, spec))
     return errors, spec
 

@@ -8,6 +8,7 @@ from diffrl.config import number_problem as _number
 from diffrl.models.base import ModelFamily
 from diffrl.models.registry import FAMILIES
 from diffrl.registry import RegistryError
+from diffrl.user_code import checked_problems
 
 
 def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
@@ -19,8 +20,12 @@ def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
         return [f"model.family: {e}"]
     if not (isinstance(family_cls, type) and issubclass(family_cls, ModelFamily)):
         return [f"model.family: {config.model.family!r} is not a ModelFamily subclass"]
-    errors = family_cls.validate_config(config, check_files=check_files)
-    errors += family_cls.lora_problems(config, check_files=check_files)
+    errors = checked_problems(
+        family_cls, "validate_config()", family_cls.validate_config(config, check_files=check_files)
+    )
+    errors += checked_problems(
+        family_cls, "lora_problems()", family_cls.lora_problems(config, check_files=check_files)
+    )
     errors += sequence_parallel_problems(family_cls, config, check_files)
     if config.model.encode_once and family_cls.edits:
         errors.append(
@@ -32,7 +37,9 @@ def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
             "model.encode_once: the text encoder trains (model.options.train_text_encoder); set one false"
         )
     if size:
-        errors += family_cls.size_problems(config, check_files=check_files)
+        errors += checked_problems(
+            family_cls, "size_problems()", family_cls.size_problems(config, check_files=check_files)
+        )
     return errors
 
 
@@ -52,7 +59,9 @@ def sequence_parallel_problems(family_cls: type[ModelFamily], config: Config, ch
             f"not tested it); families that can: {', '.join(able) or 'none'}. Set "
             "ray.sequence_parallel: 1 (FSDP2 still shards the weights over ray.num_trainer_ranks)"
         ]
-    return family_cls.sequence_problems(config, check_files)
+    return checked_problems(
+        family_cls, "sequence_problems()", family_cls.sequence_problems(config, check_files)
+    )
 
 
 def guidance_problems(config: Config) -> list[str]:

@@ -12,6 +12,7 @@ from diffrl.models.registry import FAMILIES
 from diffrl.registry import RegistryError
 from diffrl.rewards.base import Reward, param_name_problems
 from diffrl.rewards.registry import REWARDS
+from diffrl.user_code import checked_problems
 
 
 def reward_problems(where: str, rewards: list[RewardConfig], check_files: bool) -> list[str]:
@@ -36,7 +37,9 @@ def reward_problems(where: str, rewards: list[RewardConfig], check_files: bool) 
             # the reward's own checks, less those of a param whose type or range is already reported
             flagged = {p.partition(").params.")[2].split(" ")[0].rstrip(":") for p in typed}
             problems = [
-                p for p in obj.param_problems(r.params, check_files) if re.split(r"[ :]", p)[0] not in flagged
+                p
+                for p in checked_problems(obj, "param_problems()", obj.param_problems(r.params, check_files))
+                if re.split(r"[ :]", p)[0] not in flagged
             ]
         errors += [f"{where}[{i}] ({r.name}).params: {p}" for p in problems] + typed
     return errors

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from diffrl import torch_state
 from diffrl.config import RewardConfig
 from diffrl.errors import Abandoned, DiffrlError
 from diffrl.interrupts import is_real_interrupt
@@ -41,7 +42,7 @@ from diffrl.registry import RegistryError, did_you_mean
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.workers import CallThread, DeadlineExceeded, deadline_after, result_by
 from diffrl.rollout import Audio
-from diffrl.user_code import describe
+from diffrl.user_code import GlobalStateChanged, describe, kind, plugin_named
 
 
 class RewardError(DiffrlError, RuntimeError):
@@ -150,11 +151,16 @@ def _without_grad(
     deadline: float | None,
     audio: Audio | None,
 ) -> torch.Tensor:
-    # grad mode is per thread: the call thread's would be on, where the collector samples without
-    with torch.no_grad():
+    # grad mode is per thread: the call thread's would be on, where the collector samples without;
+    # the process-wide settings are the run's (a reward's change is its error: torch_state)
+    with torch.no_grad(), torch_state.guarding(lambda: _named(reward), grad=False):
         if reward.audio:
             return reward.call_by(images, prompts, metadata, deadline, audio=audio)
         return reward.call_by(images, prompts, metadata, deadline)
+
+
+def _named(reward: Reward) -> str:
+    return plugin_named(reward.fn if isinstance(reward, FunctionReward) else reward)
 
 
 class FunctionReward(Reward):
@@ -168,9 +174,14 @@ class FunctionReward(Reward):
 
     def __call__(self, images, prompts, metadata, audio: Audio | None = None):
         sound = {"audio": audio} if self.audio else {}
-        return torch.as_tensor(
-            self.fn(images, list(prompts), list(metadata), **sound, **self.params), dtype=torch.float32
-        )
+        scores = self.fn(images, list(prompts), list(metadata), **sound, **self.params)
+        try:
+            return torch.as_tensor(scores, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError) as e:  # a generator, a dict, None, text, ragged lists
+            raise RewardError(
+                f"returned {kind(scores)}, which is no list of numbers ({e}); it must return one "
+                f"float per image: a list of {len(images)} floats or a ({len(images)},) tensor"
+            ) from None
 
 
 @dataclass
@@ -354,6 +365,29 @@ def _unknown_params(obj: Any, params: dict[str, Any]) -> list[str]:
         for k in params
         if k not in taken
     ]
+
+
+def reward_kind_problem(obj: Any) -> str | None:
+    """What makes ``obj`` (what a reward's dotted path names) no reward: a class that is not a
+    :class:`Reward` subclass (it would be called as a function, its instance taken for scores), an
+    abstract one, or something that cannot be called."""
+    shape = (
+        "subclass diffrl.rewards.base.Reward (its __call__(images, prompts, metadata) returns (B,) "
+        "scores), or name a function def score(images, prompts, metadata) -> list[float]"
+    )
+    if isinstance(obj, type):
+        if not issubclass(obj, Reward):
+            return f"is a class but not a Reward subclass; {shape}"
+        if inspect.isabstract(obj):
+            missing = ", ".join(sorted(obj.__abstractmethods__))
+            return f"is an abstract Reward (it does not define {missing}); define it"
+        return None
+    if not callable(obj):
+        return f"is {kind(obj)}, neither a Reward class nor a function; {shape}"
+    return None
+
+
+REWARDS.check = reward_kind_problem  # defined with the Reward class: the registry module is below it
 
 
 def build_reward(cfg: RewardConfig) -> Reward:
@@ -548,7 +582,7 @@ class PendingRewards:
             except DeadlineExceeded:
                 errors.append(f"{timeout_message(cfg)} ({where})")
                 timed_out[:] = True
-            except Abandoned:
+            except (Abandoned, GlobalStateChanged):  # the run's numbers are no longer its config's
                 raise
             except BaseException as e:  # sys.exit(), KeyboardInterrupt, ...: the reward's failure too
                 errors.append(f"reward {cfg.name!r} {describe(e)} ({where})")

@@ -12,7 +12,9 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from torch import nn
 
+from diffrl import torch_state
 from diffrl.algorithms.base import DiffusionAlgorithm
+from diffrl.algorithms.returns import checked_decay, checked_examples, checked_loss
 from diffrl.config import Config, LoraConfig
 from diffrl.models.base import ModelFamily
 from diffrl.models.sequence_parallel import enable_sequence_parallel
@@ -20,6 +22,7 @@ from diffrl.parallel import DistContext, full_tensor, shard_module
 from diffrl.rollout import Conditioning, TrainExamples
 from diffrl.sampling.sampler import sampling_sigmas
 from diffrl.train.ema import EMA
+from diffrl.user_code import plugin_named
 
 OLD_ADAPTER = "old"
 
@@ -263,7 +266,8 @@ class Actor:
         """After an iteration: move the old (sampling) policy towards the live one, if kept."""
         if self.policy.old is None:
             return {}
-        decay = algorithm.old_policy_decay(self.step)
+        with torch_state.guarding(lambda: plugin_named(algorithm)):
+            decay = checked_decay(algorithm, algorithm.old_policy_decay(self.step))
         self.policy.old.update(decay)
         return {"train/old_policy_decay": decay}
 
@@ -271,7 +275,9 @@ class Actor:
     def before_update(self, examples: TrainExamples, algorithm: DiffusionAlgorithm) -> TrainExamples:
         """The algorithm's pre-update pass, with the weights and mode the update starts from."""
         self.module.train()
-        return algorithm.before_update(self.policy, examples.to(self.family.device))
+        with torch_state.guarding(lambda: plugin_named(algorithm)):
+            out = algorithm.before_update(self.policy, examples.to(self.family.device))
+        return checked_examples(algorithm, "before_update()", out)
 
     def optimize(
         self,
@@ -325,7 +331,9 @@ class Actor:
         t0, flops0 = time.perf_counter(), self.family.meter.flops
         for mb in self.policy.micro_batches(examples):
             mb = mb.to(self.family.device)
-            loss, metrics = algorithm.compute_loss(self.policy, mb)
+            with torch_state.guarding(lambda: plugin_named(algorithm)):
+                out = algorithm.compute_loss(self.policy, mb)
+            loss, metrics = checked_loss(algorithm, out)
             share = len(mb) / total
             if not torch.isfinite(loss):
                 finite = False

@@ -12,6 +12,8 @@ import time
 
 import torch
 
+from diffrl import torch_state
+from diffrl.algorithms.returns import checked_examples, checked_signals
 from diffrl.config import Config
 from diffrl.errors import Abandoned, Interrupted
 from diffrl.logging import Progress, console
@@ -22,6 +24,7 @@ from diffrl.train.pipeline import RolloutAhead
 from diffrl.train.session import TrainSession
 from diffrl.train.stages import TrainResult
 from diffrl.train.stop import StopSignals
+from diffrl.user_code import plugin_named, plugin_paths
 
 
 def train(config: Config) -> TrainResult:
@@ -80,7 +83,9 @@ class Driver:
         for it in range(start, t.iterations):
             if self.stop.requested():  # before the rollout: nothing of this iteration ran yet
                 raise Abandoned
+            before = torch_state.current()
             metrics, steps = self.iteration(it)
+            self.check_torch_settings(before, it)
             self.step = step = it + 1
             self.result.history.append({"step": step, **metrics})
             echo = step % self.config.run.log_every == 0 or step == t.iterations
@@ -127,8 +132,12 @@ class Driver:
         self.state.guard.rollout(len(batch), stats.errors)
         steps: list[dict[str, float]] = []
         if len(batch):
-            signals = algorithm.postprocess_rewards(batch, batch.rewards)
-            examples = algorithm.build_train_data(batch, signals, it)
+            with torch_state.guarding(lambda: plugin_named(algorithm)):
+                signals = algorithm.postprocess_rewards(batch, batch.rewards)
+            signals = checked_signals(algorithm, signals, len(batch))
+            with torch_state.guarding(lambda: plugin_named(algorithm)):
+                examples = algorithm.build_train_data(batch, signals, it)
+            examples = checked_examples(algorithm, "build_train_data()", examples)
             n_steps = self.config.rollout.num_steps_per_rollout if self.spec.online else 1
             steps = self.runner.optimize(
                 stages.optimizer_steps(batch, examples, n_steps, self.config.run.seed, it)
@@ -143,6 +152,18 @@ class Driver:
         metrics["perf/iteration_time"] = time.time() - t0
         self.state.train_time_s += metrics["perf/iteration_time"]
         return metrics, steps
+
+    def check_torch_settings(self, before: torch_state.TorchSettings, it: int) -> None:
+        """The catch-all for code that runs in no guarded call (a model family's forward, a
+        callback of a plugin's own): torch's process-wide settings are what they were before
+        iteration ``it``, or the run stops naming the plugins it imported."""
+        what = torch_state.changes(before, torch_state.current())
+        if what:
+            torch_state.restore(before)
+            plugins = ", ".join(repr(p) for p in plugin_paths()) or "none: a bug in diffrl"
+            raise torch_state.changed_error(
+                f"code run in iteration {it} (the run's plugins: {plugins})", what
+            )
 
     def eval_point(self, step: int) -> None:
         if any(e["step"] == step for e in self.state.evals):  # e.g. a run resumed at its last step
