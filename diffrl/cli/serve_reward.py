@@ -10,7 +10,7 @@ from diffrl.cli.inputs import ServeInputs
 from diffrl.distributed.ray.cluster import import_ray, ray_address_problem
 from diffrl.distributed.ray.reward_server import start_reward_server
 from diffrl.errors import DiffrlError
-from diffrl.rewards.server import bind_problem, serve
+from diffrl.rewards.server import bind_problem, check_served_reward, serve
 
 
 def _print_serving(name: str, url: str, token: str | None) -> None:
@@ -40,6 +40,7 @@ def run(args: argparse.Namespace, inputs: ServeInputs) -> int:
     problem = bind_problem(args.host, token)  # before Ray starts: that takes seconds
     if problem:
         raise DiffrlError(problem)
+    check_served_reward(args.reward, params)  # here, not only in the actor: before Ray starts
     ray = import_ray()
     if args.ray_address and (problem := ray_address_problem(args.ray_address)):
         raise DiffrlError(problem.replace("ray.address", "--ray-address"))

@@ -604,16 +604,24 @@ def signature_problems(fn: Callable[..., Any], params: Mapping[str, Any], where:
     """The type and range problems of ``params`` for ``fn``'s parameters of the same names, by
     their annotations (``num_workers: Annotated[int, Range(0, 256)] | None``), as the binder
     checks a config's fields; parameters without an annotation it can read are left alone."""
+    return bind_signature(fn, params, where)[1]
+
+
+def bind_signature(
+    fn: Callable[..., Any], params: Mapping[str, Any], where: str
+) -> tuple[dict[str, Any], list[str]]:
+    """``params`` bound to ``fn``'s annotations as the binder binds a config's fields (``2.0``
+    for an int parameter is 2), and the problems (:func:`signature_problems`)."""
+    bound, errors = dict(params), []
     try:
         hints = typing.get_type_hints(fn, include_extras=True)
         names = inspect.signature(fn).parameters
     except Exception:  # noqa: BLE001 - a plugin's annotations may not resolve here: nothing to check
-        return []
-    errors: list[str] = []
+        return bound, []
     for name, value in params.items():
         if name in names and name in hints:
-            _bind_value(hints[name], value, f"{where}.{name}", errors)
-    return errors
+            bound[name] = _bind_value(hints[name], value, f"{where}.{name}", errors)
+    return bound, errors
 
 
 def bind_config(

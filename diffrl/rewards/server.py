@@ -96,6 +96,8 @@ import socket
 import struct
 import threading
 import time
+import types
+import typing
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -112,8 +114,10 @@ from PIL import Image
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from diffrl.config import RewardConfig
-from diffrl.registry import RegistryError
+from diffrl.config import Range, RewardConfig
+from diffrl.config.binding import bind_signature
+from diffrl.errors import quoted
+from diffrl.registry import RegistryError, did_you_mean
 from diffrl.rewards.base import Reward, RewardError, build_reward, param_name_problems, submit_scores
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.server_limits import ServerLimits
@@ -192,21 +196,69 @@ def bind_problem(host: str | None, token: str | None) -> str | None:
     )
 
 
-def build_served_reward(name: str, params: dict[str, Any]) -> Reward:
-    """The reward ``name`` with ``params``, checked as preflight checks a recipe's rewards (all
-    problems at once), then built. Raises :class:`ServerError`, also for a video reward (the
-    ``remote`` reward sends a video's frames, one image each)."""
+def served_params(obj: Any, params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``--params`` bound for the reward ``obj`` (a Reward class or a function), and what is wrong
+    with them, found as preflight finds a recipe's ``rewards[i].params`` problems: unknown names,
+    then each value's type and :class:`~diffrl.config.Range` from the reward's annotations
+    (``num_workers: Annotated[int, Range(0, 256)]``; ``2.0`` binds as 2), then the reward's own
+    checks, less those of a param already reported. Each is named ``--params.NAME``."""
+    problems = param_name_problems(obj, params)
+    if problems:
+        return params, problems
+    is_reward = isinstance(obj, type) and issubclass(obj, Reward)
+    fn = obj.__init__ if is_reward else obj
+    bound, typed = bind_signature(fn, params, "--params")
+    typed = [_with_range(p, fn) for p in typed]
+    flagged = {p.removeprefix("--params.").split(" ")[0].rstrip(":") for p in typed}
+    # the reward's own checks see no value whose type or range is wrong (they would compare 'two' > 0)
+    own = obj.param_problems({k: v for k, v in bound.items() if k not in flagged}, True) if is_reward else []
+    return bound, typed + [p for p in own if re.split(r"[ :]", p)[0] not in flagged]
+
+
+def _with_range(problem: str, fn: Any) -> str:
+    """``problem`` (``--params.NAME: expected an integer, got 'two'``) with NAME's declared range,
+    when the message lacks it."""
+    name = problem.removeprefix("--params.").split(" ")[0].rstrip(":")
+    try:
+        hint = typing.get_type_hints(fn, include_extras=True).get(name)
+    except Exception:  # noqa: BLE001 - bind_signature read them already; be safe all the same
+        return problem
+    ranges = [a for part in _parts(hint) for a in getattr(part, "__metadata__", ()) if isinstance(a, Range)]
+    if not ranges or " must be in " in problem or " must be [" in problem:
+        return problem
+    return f"{problem}; give one {ranges[0].text()}"
+
+
+def _parts(hint: Any) -> list[Any]:
+    """``hint`` and, for a union (``Annotated[int, Range(..)] | None``), its members."""
+    return (
+        [hint, *typing.get_args(hint)]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType)
+        else [hint]
+    )
+
+
+def check_served_reward(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` bound for the reward ``name``, or :class:`ServerError` unless ``name`` is a
+    reward and ``params`` suit it (:func:`served_params`, all problems at once). Imports the
+    reward's module, loads nothing: ``serve-reward --ray`` checks here before Ray starts."""
     try:
         obj = REWARDS.resolve(name)
     except RegistryError as e:
         raise ServerError(f"--reward: {e}") from e
     if not isinstance(params, dict):
-        raise ServerError(f"--params must be a mapping of name: value, got {params!r}")
-    problems = param_name_problems(obj, params)
-    if not problems and isinstance(obj, type) and issubclass(obj, Reward):
-        problems = obj.param_problems(params, True)
+        raise ServerError(f"--params must be a mapping of name: value, got {quoted(params)}")
+    bound, problems = served_params(obj, params)
     if problems:
-        raise ServerError(f"reward {name!r} --params: " + "; ".join(problems))
+        raise ServerError(f"reward {name!r}: " + "; ".join(problems))
+    return bound
+
+
+def build_served_reward(name: str, params: dict[str, Any]) -> Reward:
+    """The reward ``name`` with ``params``, checked as preflight checks a recipe's rewards (all
+    problems at once), then built. Raises :class:`ServerError`, also for a video reward (the
+    ``remote`` reward sends a video's frames, one image each)."""
+    params = check_served_reward(name, params)
     try:
         reward = build_reward(RewardConfig(name=name, params=params))
     except RegistryError as e:
@@ -273,6 +325,34 @@ def request_timeout(value: str | None, most: float) -> float:
     return timeout
 
 
+SINGLE_HEADERS = (
+    "authorization",
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "transfer-encoding",
+    "x-timeout-s",
+)
+"""Headers a ``/score`` request may send once: given twice, which one counts would be a guess (a
+proxy may read the other), so the request is refused."""
+
+
+def header_problem(values: Callable[[str], list[str]]) -> HTTPException | None:
+    """400 when a header of :data:`SINGLE_HEADERS` comes more than once, 415 for a body in a
+    ``Content-Encoding`` (the server decompresses nothing: a gzip bomb stays the bytes it is);
+    ``values(name)``: the request's values of that header."""
+    for name in SINGLE_HEADERS:
+        if len(got := values(name)) > 1:
+            return _bad(f"the header {name} is given {len(got)} times; give it once")
+    encoding = values("content-encoding")
+    if encoding and encoding[0].strip().lower() != "identity":
+        return HTTPException(
+            415,
+            detail=f"Content-Encoding {_shown(encoding[0])} is not supported; send the body uncompressed",
+        )
+    return None
+
+
 def content_length_problem(value: str | None, limit: int) -> HTTPException | None:
     """413 when ``Content-Length`` says the body is over ``limit`` bytes (400 if it is no number:
     h11 refuses those first, this is for any other caller)."""
@@ -303,17 +383,42 @@ def png_size(data: Any, where: str) -> tuple[int, int]:
         raise _bad(
             f"{where} is a PNG of {depth}-bit {kind} pixels; send 8-bit RGB PNGs (convert it to RGB first)"
         )
+    if _is_animated(data):
+        raise _bad(
+            f"{where} is an animated PNG (APNG), which would be scored on its first frame only; send one "
+            "still PNG per image (a clip: its frames as PNGs, with frames = F)"
+        )
     return width, height
 
 
+def _is_animated(data: bytes) -> bool:
+    """Whether the PNG ``data`` has an ``acTL`` chunk before its first ``IDAT`` (what makes it an
+    APNG). Walks the chunk headers only: at most ``len(data) / 12`` steps."""
+    pos = 8
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        if kind == b"acTL":
+            return True
+        if kind in (b"IDAT", b"IEND"):
+            return False
+        pos += 12 + length
+    return False
+
+
 def check_pixels(sizes: list[tuple[str, int, int]], limits: ServerLimits) -> None:
-    """413 if an image (``where, width, height``) or all of them together are over the limits."""
+    """413 if an image (``where, width, height``) or all of them together are over the limits;
+    400 if an image's sides are further apart than ``max_aspect_ratio``."""
     total = 0
     for where, width, height in sizes:
         if width * height > limits.max_image_pixels:
             raise _too_large(
                 f"{where} is {width}x{height} pixels, over this server's {limits.max_image_pixels} "
                 "pixels per image; send smaller images"
+            )
+        if max(width, height) > limits.max_aspect_ratio * min(width, height):
+            raise _bad(
+                f"{where} is {width}x{height} pixels, a side over {limits.max_aspect_ratio:g} times the other "
+                "(this server's --max-aspect-ratio); send images of a usual shape"
             )
         total += width * height
     if total > limits.max_request_pixels:
@@ -343,9 +448,21 @@ class _TooMany(Exception):
     """A msgpack body with more than :data:`MAX_OBJECTS` objects."""
 
 
-def unpack(body: bytes | bytearray) -> Any:
-    """The msgpack body, with at most :data:`MAX_OBJECTS` objects in all and
-    :data:`MAX_ARRAY_LEN` in any array or map (413 past them); 400 if it is not msgpack."""
+class _Reader:
+    """A file over ``data`` for :class:`msgpack.Unpacker`, without copying it whole."""
+
+    def __init__(self, data: bytes | bytearray):
+        self.view, self.pos = memoryview(data), 0
+
+    def read(self, n: int) -> bytes:
+        chunk = bytes(self.view[self.pos : self.pos + n])
+        self.pos += len(chunk)
+        return chunk
+
+
+def _unpack_options() -> dict[str, Any]:
+    """msgpack's options for a body: :data:`MAX_ARRAY_LEN` per array or map, and at most
+    :data:`MAX_OBJECTS` objects in all (counted by the hooks, per call of this)."""
     count = 0
 
     def counted(obj: Any) -> Any:
@@ -355,25 +472,65 @@ def unpack(body: bytes | bytearray) -> Any:
             raise _TooMany
         return obj
 
+    return {
+        "raw": False,
+        "max_array_len": MAX_ARRAY_LEN,
+        "max_map_len": MAX_ARRAY_LEN,
+        "list_hook": counted,
+        "object_hook": counted,
+    }
+
+
+def _failing_field(body: bytes | bytearray) -> tuple[str, BaseException] | None:
+    """The body's top-level field whose value fails to unpack, and its error (None: the body is
+    no map of str keys, or the failure is not inside one value). Field by field, so that an error
+    names where it is; each value is dropped once read."""
+    size = max(len(body), 1)
+    unpacker = msgpack.Unpacker(
+        _Reader(body), read_size=min(size, 2**16), max_buffer_size=size, **_unpack_options()
+    )
     try:
-        return msgpack.unpackb(
-            body,
-            raw=False,
-            max_array_len=MAX_ARRAY_LEN,
-            max_map_len=MAX_ARRAY_LEN,
-            list_hook=counted,
-            object_hook=counted,
+        n = unpacker.read_map_header()
+    except Exception:  # noqa: BLE001 - no map: the caller's message stands
+        return None
+    for _ in range(n):
+        try:
+            key = unpacker.unpack()
+        except Exception:  # noqa: BLE001
+            return None
+        if not isinstance(key, str):
+            return None
+        try:
+            unpacker.unpack()
+        except Exception as e:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+            return key, e
+    return None
+
+
+def unpack(body: bytes | bytearray) -> Any:
+    """The msgpack body, with at most :data:`MAX_OBJECTS` objects in all and
+    :data:`MAX_ARRAY_LEN` in any array or map (413 past them); 400 if it is not msgpack. Either
+    names the body's field where the problem is, when it is inside one."""
+    try:
+        return msgpack.unpackb(body, **_unpack_options())
+    except Exception as e:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+        failed = _failing_field(body)
+        if failed is None:
+            raise _unpack_error(e, "the body") from e
+        where, error = failed
+        raise _unpack_error(error, _shown(where)) from e
+
+
+def _unpack_error(e: BaseException, where: str) -> HTTPException:
+    if isinstance(e, _TooMany):
+        return _too_large(f"{where} holds over {MAX_OBJECTS} msgpack objects (in all)")
+    if isinstance(e, ValueError) and "exceeds max_" in str(e):  # "N exceeds max_array_len(M)" (or map)
+        return _too_large(
+            f"an array or map in {where} holds {str(e).split()[0]} items, over this server's {MAX_ARRAY_LEN}"
         )
-    except _TooMany as e:
-        raise _too_large(f"the body holds over {MAX_OBJECTS} msgpack objects") from e
-    except ValueError as e:
-        if "exceeds max_" not in str(e):  # msgpack's "N exceeds max_array_len(M)" (or map, str, bin)
-            raise _bad(f"the body is not msgpack (ValueError: {str(e)[:200]})") from e
-        raise _too_large(
-            f"an array or map of the body holds {str(e).split()[0]} items, over this server's {MAX_ARRAY_LEN}"
-        ) from e
-    except Exception as e:  # msgpack raises several unrelated types on bad input
-        raise _bad(f"the body is not msgpack ({type(e).__name__}: {str(e)[:200]})") from e
+    if isinstance(e, msgpack.StackError):
+        return _bad(f"{where} is nested too deep for msgpack (over 1024 levels)")
+    return _bad(f"{where} is not msgpack ({type(e).__name__}: {str(e)[:200]})")
 
 
 def decode_request(body: bytes | bytearray, limits: ServerLimits | None = None) -> ScoreRequest:
@@ -385,6 +542,7 @@ def decode_request(body: bytes | bytearray, limits: ServerLimits | None = None) 
     msg = unpack(body)
     if not isinstance(msg, dict):
         raise _bad(f"the body must be a msgpack map, got {type(msg).__name__}")
+    field_problem(msg)
     fmt, images = msg.get("format"), msg.get("images")
     sizes: list[tuple[str, int, int]] = []
     if fmt == "png":
@@ -430,6 +588,8 @@ def decode_request(body: bytes | bytearray, limits: ServerLimits | None = None) 
         raise _bad(f"metadata must be an array of {b} maps (one per image)")
     if any("source_image" in m for m in metadata):
         raise _bad("metadata must not hold source_image: send source images as sources (PNGs)")
+    for i, m in enumerate(metadata):
+        metadata_problem(m, f"metadata[{i}]")
     sources = source_sizes(msg.get("sources"), b)
     check_pixels(sizes + [(w, x, y) for w, (x, y) in sources.items()], limits)
     audio = decode_audio(msg, b)
@@ -448,6 +608,70 @@ def decode_request(body: bytes | bytearray, limits: ServerLimits | None = None) 
             "source_image": torch.from_numpy(source.copy()).permute(2, 0, 1).contiguous(),
         }
     return ScoreRequest(pixels, prompts, metadata, audio)
+
+
+FIELDS = {
+    "format": None,
+    "images": None,
+    "shape": "format raw",
+    "frames": "format png (raw clips give shape [B, 3, F, H, W])",
+    "prompts": None,
+    "metadata": None,
+    "sources": None,
+    "audio": None,
+    "audio_shape": "audio",
+    "sample_rate": "audio",
+}
+"""A ``/score`` body's fields -> what they come with (None: any body)."""
+
+
+def field_problem(msg: dict[Any, Any]) -> None:
+    """400 for a field the wire format does not have (a typo would otherwise be ignored: a client
+    sending ``sourcse`` would be scored without its source images), or one that does not come
+    with the rest (``shape`` in a PNG body, ``sample_rate`` without ``audio``)."""
+    for key in msg:
+        if key not in FIELDS:
+            shown = _shown(key) if isinstance(key, str) else repr(key)[:40]
+            hint = did_you_mean(key[:100], list(FIELDS)) if isinstance(key, str) else ""
+            raise _bad(
+                f"unknown field {shown}.{hint} A /score body has: {', '.join(FIELDS)} (the wire format: "
+                "diffrl/rewards/server.py)"
+            )
+    for key, needs in FIELDS.items():
+        if key not in msg or needs is None:
+            continue
+        if needs == "audio" and "audio" not in msg:
+            raise _bad(f"{key} is sent with audio only, and the body has no audio")
+        if (
+            needs.startswith("format")
+            and msg.get("format") in ("png", "raw")
+            and needs.split()[1] != msg["format"]
+        ):
+            raise _bad(f"{key} is a field of {needs}, and this body is format {msg['format']}")
+
+
+MAX_METADATA_DEPTH = 32
+"""Maps and arrays nested in one sample's metadata at most (a prompt set's metadata nests a few
+levels; a reward walking a deeper one could overflow its stack)."""
+METADATA_TYPES = (str, int, float, bool, bytes, type(None), list, dict)
+
+
+def metadata_problem(metadata: dict[str, Any], where: str) -> None:
+    """400 if ``metadata`` nests deeper than :data:`MAX_METADATA_DEPTH` or holds anything but
+    strings, numbers, bools, nil, bytes, arrays and maps (a msgpack extension, a timestamp).
+    Iterative: its objects are bounded by :data:`MAX_OBJECTS` already."""
+    stack: list[tuple[Any, int]] = [(metadata, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if not isinstance(value, METADATA_TYPES):
+            raise _bad(
+                f"{where} holds a msgpack extension ({type(value).__name__}); metadata holds strings, "
+                "numbers, bools, nil, bytes, arrays and maps only"
+            )
+        if isinstance(value, list | dict):
+            if depth > MAX_METADATA_DEPTH:
+                raise _bad(f"{where} nests deeper than {MAX_METADATA_DEPTH} levels of maps and arrays")
+            stack += [(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value)]
 
 
 def source_sizes(sources: Any, b: int) -> dict[str, tuple[int, int]]:
@@ -643,6 +867,7 @@ def create_app(
                 "max_timeout_s": limits.max_timeout_s,
                 "max_image_pixels": limits.max_image_pixels,
                 "max_request_pixels": limits.max_request_pixels,
+                "max_aspect_ratio": limits.max_aspect_ratio,
                 "audio": bool(reward.audio),
             }
         )
@@ -650,6 +875,8 @@ def create_app(
     @app.post("/score")
     async def score(request: Request) -> Response:
         received = time.monotonic()
+        if (problem := header_problem(request.headers.getlist)) is not None:
+            raise problem
         authorize(request)
         timeout = request_timeout(request.headers.get("x-timeout-s"), limits.max_timeout_s)
         if (

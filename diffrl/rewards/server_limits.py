@@ -17,6 +17,9 @@ from diffrl.config import Range
 DEFAULT_MAX_REQUEST_MB = 64.0
 PIL_MAX_PIXELS = 89_478_485
 """PIL's own limit (``Image.MAX_IMAGE_PIXELS``): past it, PIL warns, then refuses to decode."""
+MAX_TOKEN_FILE_BYTES = 4096
+"""``--token-file`` is read up to this many bytes (a token is tens of characters); a larger file,
+or one that is no regular file (a FIFO, ``/dev/zero``), is refused."""
 
 
 def _limit(help: str, default: Any) -> Any:
@@ -42,6 +45,11 @@ class ServerLimits:
     )
     max_image_pixels: Annotated[int, Range(1, PIL_MAX_PIXELS)] = _limit(
         "pixels of one image (or source image), read from its header before it is decoded", 4096 * 4096
+    )
+    max_aspect_ratio: Annotated[float, Range(1, 2**16)] = _limit(
+        "an image's long side over its short side (a 1 x 16 M strip is within the pixels but breaks "
+        "rewards that resize), read from its header",
+        64.0,
     )
     max_images: Annotated[int, Range(1, 2**20)] = _limit(
         "images of one request (a clip's frames each count)", 16384

@@ -223,6 +223,7 @@ def test_health_needs_no_token_and_names_the_reward():
             "max_timeout_s": 3600.0,
             "max_image_pixels": 4096 * 4096,
             "max_request_pixels": 64 * 2**20 // 3,
+            "max_aspect_ratio": 64.0,
             "audio": False,
         }
         conn.close()
@@ -485,7 +486,7 @@ def test_serve_reward_params_are_key_value_items_or_one_mapping():
             ["--token-env", "DIFFRL_TEST_UNSET_VAR"],
             "--token-env DIFFRL_TEST_UNSET_VAR: that environment variable is not set",
         ),
-        (["--token-file", "/nonexistent/token"], "--token-file '/nonexistent/token': cannot read it"),
+        (["--token-file", "/nonexistent/token"], "--token-file '/nonexistent/token' does not exist"),
         (["--params", "nope=1"], "unknown param 'nope'"),
         (["--ray"], "without --host it binds its Ray node's address, and the server has no token"),
     ],

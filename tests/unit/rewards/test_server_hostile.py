@@ -12,14 +12,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import functools
+import gzip
 import io
 import json
+import math
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 import zlib
+from dataclasses import replace
 
 import msgpack
 import numpy as np
@@ -33,6 +38,7 @@ from PIL import Image
 from uvicorn.server import ServerState
 
 from diffrl.cli import main
+from diffrl.cli import serve_reward as serve_reward_module
 from diffrl.rewards import server as server_module
 from diffrl.rewards.base import Pending, Reward
 from diffrl.rewards.remote import RemoteReward, exchange, server_problems
@@ -45,12 +51,14 @@ from diffrl.rewards.server import (
     ServerLimits,
     bind_problem,
     build_served_reward,
+    check_served_reward,
     content_length_problem,
     create_app,
     decode_request,
     request_timeout,
 )
 from diffrl.rewards.workers import CallThread
+from tests.integration.test_bad_inputs import BAD, Case, _check, _setup
 from tests.rewards import pixel_sum
 from tests.unit.rewards.test_server import HERE, STRONG_TOKEN, TOKEN, serving
 
@@ -98,6 +106,43 @@ def pixel_bomb(side: int = 7000) -> bytes:
     return png_claiming(side, side, idat=idat)
 
 
+def apng(frames: int = 3, size: tuple[int, int] = (8, 6)) -> bytes:
+    """An animated PNG of ``frames`` RGB frames (an ``acTL`` chunk before its first ``IDAT``)."""
+    stills = [Image.fromarray(np.full((size[1], size[0], 3), 40 * i, np.uint8)) for i in range(frames)]
+    out = io.BytesIO()
+    stills[0].save(out, "PNG", save_all=True, append_images=stills[1:])
+    assert b"acTL" in out.getvalue()
+    return out.getvalue()
+
+
+@functools.cache
+def strip(width: int, height: int) -> bytes:
+    """A real, decodable black RGB PNG of ``width x height`` (a 1 x 16 M one is ~50 KB)."""
+    packer, left, zeros = zlib.compressobj(9), height * (1 + 3 * width), bytes(2**20)  # filter 0, black
+    parts = []
+    while left > 0:
+        parts.append(packer.compress(zeros[: min(left, len(zeros))]))
+        left -= len(zeros)
+    return png_claiming(width, height, idat=b"".join(parts) + packer.flush())
+
+
+def nested(depth: int) -> dict:
+    """A metadata map ``depth`` maps deep (itself the first)."""
+    out: dict = {}
+    for _ in range(depth - 1):
+        out = {"a": out}
+    return out
+
+
+def with_deep_field(name: str, depth: int) -> bytes:
+    """A good PNG body plus the field ``name``: ``depth`` nested one-entry maps, as raw msgpack
+    (msgpack's packer refuses to write past 512 levels)."""
+    body = msgpack.unpackb(request_body())
+    head = msgpack.packb(body)
+    assert head[0] == 0x80 | len(body)
+    return bytes([0x80 | (len(body) + 1)]) + head[1:] + msgpack.packb(name) + b"\x81\xa1a" * depth + b"\x80"
+
+
 def request_body(pngs: list[bytes] | None = None, **fields) -> bytes:
     pngs = [png()] if pngs is None else pngs
     return msgpack.packb({"format": "png", "images": pngs, "prompts": ["p"] * len(pngs), **fields})
@@ -136,7 +181,7 @@ def raw_exchange(port: int, data: bytes, timeout_s: float = 15.0) -> bytes:
             if not chunk:
                 break
             out += chunk
-            head, sep, rest = out.partition(b"\r\n\r\n")
+            head, sep, rest = without_interim(out).partition(b"\r\n\r\n")
             length = [
                 int(v)
                 for k, v in (ln.split(b":", 1) for ln in head.split(b"\r\n")[1:] if b":" in ln)
@@ -147,8 +192,15 @@ def raw_exchange(port: int, data: bytes, timeout_s: float = 15.0) -> bytes:
         return out
 
 
+def without_interim(raw: bytes) -> bytes:
+    """``raw`` without the ``100 Continue`` answers before the final one."""
+    while raw.startswith(b"HTTP/1.1 100 ") and b"\r\n\r\n" in raw:
+        raw = raw.partition(b"\r\n\r\n")[2]
+    return raw
+
+
 def answer_of(raw: bytes) -> tuple[int, dict]:
-    head, _, body = raw.partition(b"\r\n\r\n")
+    head, _, body = without_interim(raw).partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
     assert b"application/json" in head.lower(), raw[:300]
     return status, json.loads(body)
@@ -277,6 +329,8 @@ def test_the_call_lane_survives_a_wait_too_long_for_the_os():
         (png_claiming(8, 6, idat=b"not zlib data"), "not a readable PNG"),
         (png_claiming(0, 6), "0x6 pixels"),
         (png_claiming(8, 6, colour=7), "colour type 7"),
+        (apng(), "is an animated PNG (APNG), which would be scored on its first frame only"),  # c2
+        (png()[:33] + png_chunk(b"acTL", struct.pack(">II", 1, 0)) + png()[33:], "is an animated PNG"),  # c2
     ],
 )
 def test_an_image_that_is_no_8_bit_rgb_png_is_a_400_naming_it(image, message):
@@ -315,6 +369,32 @@ def test_too_many_pixels_or_images_are_a_413_before_anything_is_decoded(pngs, li
     with pytest.raises(HTTPException) as e:
         decode_request(request_body(pngs), limits)
     assert e.value.status_code == 413 and message in e.value.detail, e.value.detail
+
+
+@pytest.mark.parametrize(
+    "body, limits, message",
+    [
+        (lambda: request_body([strip(16_000_000, 1)]), LIMITS, "images[0] is 16000000x1 pixels, a side over 64"),
+        (lambda: request_body([strip(1, 16_000_000)]), LIMITS, "images[0] is 1x16000000 pixels"),
+        (lambda: request_body([png(size=(65, 1))]), LIMITS, "images[0] is 65x1 pixels"),
+        (lambda: request_body([png(size=(40, 4))] * 2), ServerLimits(max_aspect_ratio=8), "over 8 times the other"),
+        (lambda: msgpack.packb(raw_request(h=1, w=100)), LIMITS, "images[0] is 100x1 pixels"),
+        (lambda: msgpack.packb(raw_request(sources=[strip(1000, 2)])), LIMITS, "sources[0] is 1000x2 pixels"),
+    ],
+    ids=["1x16M", "16Mx1", "65x1", "10:1-at-8", "raw-100x1", "source-1000x2"],
+)  # fmt: skip
+def test_an_image_of_an_extreme_shape_is_a_400_naming_it(body, limits, message):
+    """c2: a 1 x 16 M PNG is within the pixels per image, but before it reached the reward, whose
+    resizing broke on it: a 500 (rapidocr's ResizeImgError, JPEG's 65500-pixel side)."""
+    with pytest.raises(HTTPException) as e:
+        decode_request(body(), limits)
+    assert e.value.status_code == 400 and message in e.value.detail, e.value.detail
+    assert "--max-aspect-ratio" in e.value.detail
+
+
+def test_an_image_at_the_largest_aspect_ratio_is_scored():
+    req = decode_request(request_body([png(size=(64, 1))] * 2))
+    assert req.images.shape == (2, 3, 1, 64)
 
 
 def test_a_source_image_claiming_30000_by_30000_is_a_413():
@@ -380,7 +460,7 @@ def test_a_raw_body_with_a_wrong_field_is_a_4xx_naming_it(fields, status, messag
     [
         (b"", 400, "not msgpack"),
         (b"\xc1", 400, "not msgpack"),
-        (b"\x91" * 100_000 + b"\xc0", 400, "not msgpack"),  # nested 100 000 deep
+        (b"\x91" * 100_000 + b"\xc0", 400, "the body is nested too deep for msgpack"),  # 100 000 deep
         (msgpack.packb([1, 2]), 400, "must be a msgpack map, got list"),
         (msgpack.packb({1: 2}), 400, "not msgpack"),
         (msgpack.packb({"format": "png"}) + b"\x00", 400, "not msgpack"),  # extra data
@@ -395,12 +475,38 @@ def test_a_raw_body_with_a_wrong_field_is_a_4xx_naming_it(fields, status, messag
         (request_body([png()], frames=True), 400, "frames must be"),
         (request_body([png()], frames=0), 400, "frames must be"),
         (json.dumps({"format": "png", "images": [], "prompts": []}).encode(), 400, "not msgpack"),
+        # c2: a field the wire format lacks, or one that does not come with the rest, is refused (a
+        # typo was ignored: a body's misspelt sources were scored without their source images)
+        (request_body(extra=1), 400, "unknown field 'extra'. A /score body has: format, images"),
+        (request_body(sourcse=[None]), 400, "unknown field 'sourcse'. Did you mean 'sources'?"),
+        (request_body(**{"x" * 10_000: 1}), 400, "unknown field 'xxxxxxxx"),
+        (msgpack.packb({"format": "png", "images": [png()], "prompts": ["p"], b"meta": 1}), 400,
+         "unknown field b'meta'"),
+        (request_body(shape=[1, 3, 6, 8]), 400, "shape is a field of format raw, and this body is format png"),
+        (msgpack.packb(raw_request(frames=1)), 400, "frames is a field of format png"),
+        (msgpack.packb(raw_request(sample_rate=8000)), 400, "sample_rate is sent with audio only"),
+        (msgpack.packb(raw_request(audio_shape=[1, 1, 1])), 400, "audio_shape is sent with audio only"),
+        # c2: metadata nested deep, or holding msgpack extensions, is refused naming the field
+        (request_body(metadata=[nested(33)]), 400, "metadata[0] nests deeper than 32 levels"),
+        (request_body([png()] * 2, metadata=[{}, {"x": functools.reduce(lambda a, _: [a], range(32), 1)}]), 400,
+         "metadata[1] nests deeper than 32"),  # arrays count as maps do
+        (with_deep_field("metadata", 5000), 400, "'metadata' is nested too deep for msgpack (over 1024 levels)"),
+        (with_deep_field("prompts", 100_000), 400, "'prompts' is nested too deep for msgpack"),
+        (request_body(metadata=[{"t": msgpack.Timestamp(1, 0)}]), 400, "metadata[0] holds a msgpack extension"),
+        (request_body(metadata=[{"e": msgpack.ExtType(5, b"x")}]), 400, "metadata[0] holds a msgpack extension"),
+        (msgpack.packb({"m": [None] * 70_000}), 413, "an array or map in 'm' holds 70000 items"),
     ],
-)
+)  # fmt: skip
 def test_a_malformed_body_is_a_4xx_naming_what_is_wrong(body, status, message):
     with pytest.raises(HTTPException) as e:
         decode_request(body)
     assert e.value.status_code == status and message in e.value.detail, e.value.detail
+
+
+def test_metadata_at_the_depth_limit_with_any_numbers_is_passed_on():
+    metadata = [{**nested(32), "nan": math.nan, "inf": -math.inf, "big": 2**64 - 1, "bytes": b"\xff"}]
+    req = decode_request(request_body(metadata=metadata))
+    assert req.metadata[0]["big"] == 2**64 - 1 and math.isnan(req.metadata[0]["nan"])
 
 
 def test_a_good_png_request_decodes_to_its_exact_pixels():
@@ -457,12 +563,58 @@ HEAD = b"Host: x\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\n"
         (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2**20 + b"\r\n\r\n", 400, "head over 16 KB"),
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(200), 400, "not valid HTTP/1.1"),  # TLS hello
         (b"GET /health HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", 200, None),
+        # c2: a header that matters, given twice, is refused (before: the first X-Timeout-S won, a
+        # proxy might have read the second)
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"X-Timeout-S: 5\r\nX-Timeout-S: 500\r\nContent-Length: 0\r\n\r\n",
+         400, "the header x-timeout-s is given 2 times; give it once"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Authorization: Bearer x\r\nContent-Length: 0\r\n\r\n", 400,
+         "the header authorization is given 2 times"),
+        (b"POST /score HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer x\r\n" + HEAD[9:] + b"Content-Length: 0\r\n\r\n",
+         400, "the header authorization is given 2 times"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Type: a\r\nContent-Type: b\r\nContent-Length: 0\r\n\r\n", 400,
+         "the header content-type is given 2 times"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: 3\r\nContent-Length: 3\r\n\r\nabc", 400,
+         "not msgpack"),  # equal lengths: h11 merges them (RFC 9110), no ambiguity; unequal ones are a 400 above
+        # c2: the server decompresses nothing: a gzip bomb (10 MB of zeros in 10 KB) is a 415
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
+         % (len(gzip.compress(bytes(10 * 2**20))), gzip.compress(bytes(10 * 2**20))), 415,
+         "Content-Encoding 'gzip' is not supported; send the body uncompressed"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Encoding: identity\r\nContent-Length: 3\r\n\r\nabc", 400,
+         "not msgpack"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 400, "HTTP/1.1"),
+        # c2: Expect: 100-continue gets its 100, then the body is read (and judged) as any other
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Expect: 100-continue\r\nContent-Length: 3\r\n\r\nabc", 400,
+         "not msgpack"),
+        (b"GET /health\r\n\r\n", 400, "not valid HTTP/1.1"),  # HTTP/0.9
+        (b"GET /" + b"a" * 2**20 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 400, "head over 16 KB"),  # 1 MB request line
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: +5\r\n\r\nabcde", 400, "not valid HTTP/1.1"),
+        (b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: 18446744073709551617\r\n\r\n", 413,
+         "over this server's --max-request-mb 64"),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, "not valid HTTP/1.1"),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n", 400, "not valid HTTP/1.1"),
     ],
 )  # fmt: skip
 def test_junk_http_is_a_4xx_json_answer_and_the_server_stays_healthy(shared_server, data, status, message):
     got, answer = answer_of(raw_exchange(shared_server.port, data))
     assert got == status, (got, answer)
     assert message is None or message in answer["detail"], answer
+    healthy_and_scoring(shared_server)
+
+
+def test_pipelined_requests_are_answered_in_order(shared_server):
+    """c2: three requests in one write (keep-alive pipelining), one of them junk: three answers."""
+    x = np.random.default_rng(5).integers(0, 256, (1, 3, 4, 4), dtype=np.uint8)
+    good = msgpack.packb({"format": "raw", "images": x.tobytes(), "shape": list(x.shape), "prompts": ["a"]})
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    score = b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: %d\r\n\r\n" % len(good) + good
+    junk = b"POST /score HTTP/1.1\r\n" + HEAD + b"Content-Length: 3\r\n\r\nabc"
+    with socket.create_connection(("127.0.0.1", shared_server.port), timeout=15) as s:
+        s.sendall(health + score + junk + health)
+        written, deadline = b"", time.monotonic() + 15
+        while written.count(b"HTTP/1.1 ") < 4 or not written.endswith(b"}"):
+            assert time.monotonic() < deadline, written[-300:]
+            written += s.recv(65536)
+    assert [status for status, _ in answers(written)] == [200, 200, 400, 200], written[:600]
     healthy_and_scoring(shared_server)
 
 
@@ -538,6 +690,90 @@ def test_a_weak_token_is_exit_2_at_start_and_a_strong_one_or_loopback_is_accepte
     reward = build_served_reward(f"{HERE}:pixel_sum", {})
     with pytest.raises(ServerError, match="too weak"):
         RewardServer(reward, "r", "0.0.0.0", 0, token="short-token")
+
+
+# -- the command line: the token file and the reward's params ------------------------------------
+
+SERVE = ["serve-reward", "--reward", f"{HERE}:pixel_sum", "--port", "0"]
+OCR = ["serve-reward", "--reward", "ocr", "--port", "0"]
+STRONG_ENV = "DIFFRL_TEST_STRONG_TOKEN"
+TOKEN_FIX = "give a text file holding the token (make one with: openssl rand -hex 32 > FILE)"
+
+SERVE_CASES = [
+    # c2: --token-file is read bounded, as a regular file only (before: a FIFO hung for good,
+    # /dev/zero grew the process until it ran out of memory, a binary file was exit 70)
+    Case("c2-token-file-fifo", [*SERVE, "--token-file", "{tmp}/fifo"], BAD,
+         "--token-file '{tmp}/fifo' is a FIFO (named pipe), not a regular file; " + TOKEN_FIX,
+         prepare=lambda tmp: os.mkfifo(tmp / "fifo"), in_subprocess=True),
+    Case("c2-token-file-dev-zero", [*SERVE, "--token-file", "/dev/zero"], BAD,
+         "--token-file '/dev/zero' is a device, not a regular file"),
+    Case("c2-token-file-not-utf8", [*SERVE, "--token-file", "{tmp}/t"], BAD,
+         "--token-file '{tmp}/t' is not UTF-8 text (line 1, column 1: byte 0xff)", files={"t": b"\xff\xfeab"}),
+    Case("c2-token-file-huge", [*SERVE, "--token-file", "{tmp}/t"], BAD,
+         "is 5,000 bytes, more than the 4,096 read at most", files={"t": "a" * 5000}),
+    Case("c2-token-file-folder", [*SERVE, "--token-file", "{tmp}/d"], BAD, "is a folder, not a file",
+         files={"d/": ""}),
+    Case("c2-token-file-missing", [*SERVE, "--token-file", "{tmp}/nope"], BAD, "'{tmp}/nope' does not exist"),
+    Case("c2-token-file-blank", [*SERVE, "--token-file", "{tmp}/t"], BAD, "is empty; write the token into it",
+         files={"t": " \n\t\n"}),
+    # c3: a served reward's params are bound as a recipe's rewards[i].params are, through the
+    # reward's Range annotations (before: 2.5, two and .inf were exit 70; -4 and .nan were served)
+    *(Case(f"c3-ocr-num-workers-{name}", [*OCR, "--params", f"num_workers={value}"], BAD, message)
+      for name, value, message in [
+          ("2.5", "2.5", "--params.num_workers: expected an integer, got 2.5; give one in [0, 256]"),
+          ("two", "two", "--params.num_workers: expected an integer, got 'two'; give one in [0, 256]"),
+          ("inf", ".inf", "--params.num_workers: expected an integer, got inf; give one in [0, 256]"),
+          ("nan", ".nan", "--params.num_workers: expected an integer, got nan; give one in [0, 256]"),
+          ("-4", "-4", "--params.num_workers must be in [0, 256] (0 or 1: none, OCR runs in this process), got -4"),
+          ("1e3", "1e3", "--params.num_workers must be in [0, 256]"),
+          ("huge", "9" * 400, "--params.num_workers must be in [0, 256]"),
+      ]),
+    Case("c3-ocr-params-before-ray", [*OCR, "--params", "num_workers=-4", "--ray", "--token-env", STRONG_ENV], BAD,
+         "reward 'ocr': --params.num_workers must be in [0, 256]"),
+    Case("c3-remote-params-all-at-once", ["serve-reward", "--reward", "remote", "--port", "0", "--params",
+                                          "url=http://127.0.0.1:1", "retries=-1", "backoff_s=.nan"], BAD,
+         "--params.retries must be in [0, 1000] (attempts after the first, within the call's deadline), got -1; "
+         "--params.backoff_s must be in [0, 3600] (seconds, doubled after each retry), got nan"),
+]  # fmt: skip
+
+
+def _serve_params(subprocess_rows: bool) -> list:
+    return [pytest.param(c, id=c.id) for c in SERVE_CASES if c.in_subprocess == subprocess_rows]
+
+
+@pytest.mark.parametrize("case", _serve_params(subprocess_rows=False))
+def test_serve_reward_bad_input_in_process(case, tmp_path, request, capsys, monkeypatch):
+    monkeypatch.setenv(STRONG_ENV, STRONG_TOKEN)
+
+    def refuse(*args, **kwargs):  # a row that got past the checks must not serve (or start Ray)
+        raise AssertionError("a bad-input row got past the checks")
+
+    monkeypatch.setattr(server_module.RewardServer, "run", refuse)
+    monkeypatch.setattr(serve_reward_module, "import_ray", refuse)
+    argv = _setup(case, tmp_path, request)
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    _check(replace(case, message=case.message.replace("{tmp}", str(tmp_path))), code, out, err)
+    assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("case", _serve_params(subprocess_rows=True))
+def test_serve_reward_bad_input_in_a_real_process(case, tmp_path, request):
+    argv = _setup(case, tmp_path, request)
+    proc = subprocess.run(
+        [sys.executable, "-m", "diffrl.cli", *argv], capture_output=True, text=True, timeout=120
+    )
+    _check(replace(case, message=case.message.replace("{tmp}", str(tmp_path))), proc.returncode, proc.stdout,
+           proc.stderr)  # fmt: skip
+
+
+def test_served_params_bind_as_a_recipes_do():
+    """c3: ``num_workers=2.0`` binds as 2 (before: OCR's pool got 2.0, exit 70), as in a recipe."""
+    assert check_served_reward("ocr", {"num_workers": 2.0}) == {"num_workers": 2}
+    assert check_served_reward("ocr", {"num_workers": "1e1"}) == {"num_workers": 10}
+    with pytest.raises(ServerError, match=r"unknown param 'num_worker'\. Did you mean 'num_workers'\?"):
+        check_served_reward("ocr", {"num_worker": 2})
 
 
 # -- a dead or stuck reward -----------------------------------------------------------------------
