@@ -332,11 +332,11 @@ def sample_inputs(args: argparse.Namespace) -> SampleInputs:
 
 def export_inputs(args: argparse.Namespace) -> ExportInputs:
     checkpoint = Path(args.checkpoint).expanduser()
-    if not (checkpoint / CHECKPOINT_INFO).is_file():
+    if not os.path.lexists(checkpoint / CHECKPOINT_INFO):  # one that is no file: described when read
         what = "no such folder" if not checkpoint.exists() else "no checkpoint.json inside"
         raise DiffrlError(
             f"{args.checkpoint!r} is not a diffrl checkpoint ({what}); give a run's checkpoint folder, "
-            "e.g. runs/NAME/checkpoints/final"
+            f"e.g. runs/NAME/checkpoints/final{run_folder_hint(checkpoint)}"
         )
     out = Path(args.out_dir).expanduser()
     check_out_dir(out, "OUT_DIR")

@@ -125,9 +125,16 @@ def load_info_file(path: Path) -> Any:
         raise CheckpointError(
             f"{str(path)!r} is not a diffrl checkpoint (no checkpoint.json inside){run_folder_hint(path)}"
         )
-    try:
+    problem = file_problem(info_file)  # a FIFO, a folder, a symlink loop: said, never opened
+    if problem is None and (size := info_file.stat().st_size) > MAX_INFO_BYTES:
+        problem = (
+            f"is {size:,} bytes, more than the {MAX_INFO_BYTES:,} read at most (a real one is kilobytes)"
+        )
+    if problem is not None:
+        raise CheckpointError(f"{_where(path)}: checkpoint.json {problem}; {UNUSABLE}")
+    try:  # again once open: it may have been swapped since
         data = read_bytes(info_file, f"{_where(path)}: checkpoint.json", UNUSABLE, MAX_INFO_BYTES)
-    except UserFileError as e:  # a FIFO, a folder, a symlink loop, a file of gigabytes
+    except UserFileError as e:
         raise CheckpointError(str(e)) from e
     try:
         return json.loads(data.decode("utf-8"))

@@ -63,6 +63,11 @@ def png_claiming(width: int, height: int) -> Callable[[Path], None]:
     return text(body)
 
 
+BOMB = "run:\n  a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"  {b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefg", "bcdefgh", strict=True)
+)
+"""A YAML alias bomb: 400 bytes that stand for 9^8 values (printing a setting of it would expand them)."""
+
 KINDS = {"fifo": (fifo, "is a FIFO (named pipe), not a regular file"), "folder": (folder, "is a folder")}
 KINDS |= {
     "symlink-loop": (loop, "is a symlink loop"),
@@ -150,6 +155,70 @@ CASES = [
         "eval/step_00000.png",
         png_claiming(30_000, 30_000),
         "more pixels than any eval grid",
+    ),
+    # class 9 (issue 36): steps and values no run writes; each row skipped or left out, said, never exit 70
+    *[
+        (
+            f"c9-metrics-step-{k}",
+            "metrics.jsonl",
+            text(f'{{"step": {v}, "train/loss": 1}}\n' + METRICS),
+            "line(s) 1 are",
+        )
+        for k, v in {
+            "401-digits": "1" + "0" * 400,
+            "5000-digits": "9" * 5000,
+            "1e400": "1e400",
+            "nan": "NaN",
+            "inf": "Infinity",
+            "negative": -1,
+            "bool": "true",
+            "float": 2.5,
+        }.items()
+    ],
+    *[
+        (
+            f"c9-metrics-value-{k}",
+            "metrics.jsonl",
+            text(f'{{"step": 3, "train/loss": {v}}}\n' + METRICS),
+            "left out (train/loss)",
+        )
+        for k, v in {
+            "inf": "Infinity",
+            "minus-inf": "-Infinity",
+            "401-digits": "9" * 401,
+            "1e300": "1e300",
+        }.items()
+    ],
+    (
+        "c9-metrics-line-of-50-mb",
+        "metrics.jsonl",
+        text(METRICS + '{"step": 3, "note": "' + "a" * 50_000_000 + '"}\n'),
+        "values that are not numbers were left out (note)",
+    ),
+    ("c9-curve-step-401-digits", "eval_curve.json", text('[{"step": 1' + "0" * 400 + "}]"), "entries 0"),
+    (
+        "c9-curve-number-5000-digits",
+        "eval_curve.json",
+        text('[{"step": ' + "9" * 5000 + "}]"),
+        "holds a value JSON cannot read",
+    ),
+    (
+        "c9-curve-value-inf",
+        "eval_curve.json",
+        text('[{"step": 0, "eval/reward_mean": Infinity}, {"step": 2, "eval/reward_mean": 0.3}]'),
+        "values that are not numbers were left out (eval/reward_mean)",
+    ),
+    (
+        "c9-config-alias-bomb",
+        "config.yaml",
+        text(BOMB),
+        "is not a config diffrl wrote (line 7: this value expands to more than 100,000 values",
+    ),
+    (
+        "c9-config-nested-deep",
+        "config.yaml",
+        text("a: " + "[" * 5000 + "]" * 5000 + "\n"),
+        "nested more than 40 levels deep",
     ),
     ("grid-claims-9000-square", "eval/step_00002.png", png_claiming(9_000, 9_000), "9000x9000; replace it"),
     (
