@@ -127,25 +127,32 @@ MAX_WALKED = 10_000
 
 
 def check_links_inside(out: Path, flag: str, inputs: Mapping[str, str | Path | None]) -> None:
-    """Refuse an output folder holding a symlink that leads into an input (``inputs``: role ->
-    folder) or any checkpoint: a file written through it (``transformer/`` linked to the base
-    model's, with ``--force``) would replace the input's."""
+    """Refuse an output folder holding a symlink that leads out of it: a file written through it
+    (``transformer/`` linked to a base model's, with ``--force``) would replace the link's target,
+    an input of this command (``inputs``: role -> folder; or any checkpoint) or anyone's file."""
     if not out.is_dir():
         return
-    seen = 0
-    for root, dirs, files in os.walk(out):  # links to folders are listed, not followed
+    root, seen = _real(out), 0
+    for parent, dirs, files in os.walk(out):  # links to folders are listed, not followed
         for name in [*dirs, *files]:
             seen += 1
             if seen > MAX_WALKED:
                 return
-            path = Path(root) / name
-            if path.is_symlink():
-                why = overlap(path, inputs)
-                if why is not None:
-                    raise DiffrlError(
-                        f"{flag} {quoted(str(out))} holds a symlink: {why}; writing through it would "
-                        "damage what this command reads: remove the link, or give a new folder"
-                    )
+            path = Path(parent) / name
+            if not path.is_symlink():
+                continue
+            why, target = overlap(path, inputs), _real(path)
+            if why is not None:
+                raise DiffrlError(
+                    f"{flag} {quoted(str(out))} holds a symlink into what this command reads: {why}; "
+                    "writing through it would damage it: remove the link, or give a new folder"
+                )
+            if root not in target.parents:
+                raise DiffrlError(
+                    f"{flag} {quoted(str(out))} holds a symlink that leads out of it: {quoted(str(path))} -> "
+                    f"{quoted(str(target))}; a file written through it would replace that: remove the link, "
+                    "or give a new folder"
+                )
 
 
 def is_report(path: Path) -> bool:

@@ -91,7 +91,9 @@ CASES: list[Case] = [
     Case("c7-sample-out-in-a-runs-checkpoints", ["sample", "base", "--prompt", "a", "--out", "{tmp}/run/checkpoints/new"], BAD, "lies inside the checkpoint folder", files={**RUN, "run/checkpoints/": ""}),
     Case("c7-sample-out-dangling-symlink", ["sample", "base", "--prompt", "a", "--out", "{tmp}/out"], BAD, "--out '{tmp}/out' is a symlink to '{tmp}/gone', which does not exist", prepare=link("out", "{tmp}/gone")),
     Case("c7-sample-out-fifo", ["sample", "base", "--prompt", "a", "--out", "{tmp}/out"], BAD, "cannot be a folder: it is a file", prepare=fifo("out")),
-    Case("c7-sample-out-holds-a-link-into-the-checkpoint", ["sample", "{ckpt}", "--prompt", "a", "--out", "{tmp}/out"], BAD, "holds a symlink: '{tmp}/out/0000.png' lies inside the target's checkpoint", files={"out/.diffrl-output": '{"command": "sample"}'}, prepare=link("out/0000.png", "{ckpt}/trainable.safetensors")),
+    Case("c7-sample-out-is-the-prompts-file", ["sample", "base", "--prompts", "{tmp}/p.txt", "--out", "{tmp}/p.txt"], BAD, "--out '{tmp}/p.txt' cannot be a folder: it is a file", files={"p.txt": "a\n"}),
+    Case("c7-sample-own-folder-links-out", ["sample", "base", "--prompt", "a", "--out", "{tmp}/out"], BAD, "--out '{tmp}/out' holds a symlink that leads out of it: '{tmp}/out/0000.png' -> '{tmp}/mine.png'", files={**SAMPLED, "mine.png": "mine"}, prepare=link("out/0000.png", "{tmp}/mine.png")),
+    Case("c7-sample-out-holds-a-link-into-the-checkpoint", ["sample", "{ckpt}", "--prompt", "a", "--out", "{tmp}/out"], BAD, "holds a symlink into what this command reads: '{tmp}/out/0000.png' lies inside the target's checkpoint", files={"out/.diffrl-output": '{"command": "sample"}'}, prepare=link("out/0000.png", "{ckpt}/trainable.safetensors")),
     # ---- eval --out: likewise
     Case("c7-eval-into-a-users-folder", ["eval", "base", "--out", "{tmp}/out"], BAD, f"--out '{{tmp}}/out' {NOT_EVALS} ('scores.json')", files={"out/scores.json": "mine"}),
     Case("c7-eval-into-a-sample-output", ["eval", "base", "--out", "{tmp}/out"], BAD, "holds the output of `diffrl sample`; eval writes grid.png and scores.json there", files=SAMPLED),
@@ -100,8 +102,10 @@ CASES: list[Case] = [
     Case("c7-eval-out-holds-the-checkpoint", ["eval", "{ckpt}", "--out", "{tmp}"], BAD, "--out '{tmp}' holds the target's checkpoint", files={".diffrl-output": '{"command": "eval"}'}),
     Case("c7-eval-out-holds-the-baseline", ["eval", "base", "--baseline", "{ckpt}", "--out", "{tmp}"], BAD, "--out '{tmp}' holds the baseline's checkpoint", files={".diffrl-output": '{"command": "eval"}'}),
     Case("c7-eval-out-dangling-symlink", ["eval", "base", "--out", "{tmp}/out"], BAD, "is a symlink to '{tmp}/gone', which does not exist", prepare=link("out", "{tmp}/gone")),
+    Case("c7-eval-out-is-the-recipe", ["eval", "{tmp}/r.yaml", "--out", "{tmp}/r.yaml"], BAD, "--out '{tmp}/r.yaml' cannot be a folder: it is a file", files={"r.yaml": "model: {family: tiny}\n"}),
     # ---- export OUT_DIR: --force writes into a folder, never through a link into what it reads
-    Case("c7-export-force-through-a-link-into-the-checkpoint", ["export", "{ckpt}", "{tmp}/out", "--force"], BAD, "OUT_DIR '{tmp}/out' holds a symlink: '{tmp}/out/transformer' is the checkpoint's checkpoint", files={"out/keep.txt": "mine"}, prepare=link("out/transformer", "{ckpt}")),
+    Case("c7-export-force-through-a-link-into-the-checkpoint", ["export", "{ckpt}", "{tmp}/out", "--force"], BAD, "OUT_DIR '{tmp}/out' holds a symlink into what this command reads: '{tmp}/out/transformer' is the checkpoint's checkpoint", files={"out/keep.txt": "mine"}, prepare=link("out/transformer", "{ckpt}")),
+    Case("c7-export-force-through-a-link-out", ["export", "{ckpt}", "{tmp}/out", "--force"], BAD, "OUT_DIR '{tmp}/out' holds a symlink that leads out of it: '{tmp}/out/text_encoder' -> '{tmp}/base/text_encoder'", files={"base/text_encoder/config.json": "{}"}, prepare=link("out/text_encoder", "{tmp}/base/text_encoder")),
     Case("c7-export-into-the-checkpoint-by-a-symlinked-path", ["export", "{ckpt}", "{tmp}/link", "--force"], BAD, INSIDE, prepare=link("link", "{ckpt}")),
     Case("c7-export-into-the-checkpoints-parent-link", ["export", "{ckpt}", "{tmp}/link/final", "--force"], BAD, INSIDE, prepare=link("link", "{ckpt}")),
     Case("c7-export-out-fifo", ["export", "{ckpt}", "{tmp}/out"], BAD, "OUT_DIR '{tmp}/out' cannot be a folder: it is a file", prepare=fifo("out")),
