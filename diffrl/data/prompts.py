@@ -41,6 +41,8 @@ FORMATS = (
     'a .txt file (one prompt a line), a .jsonl file (one {"prompt": ...} object a line) or a '
     "Hugging Face datasets folder (save_to_disk or parquet files)"
 )
+TABLES = (".csv", ".tsv", ".parquet", ".arrow", ".xlsx", ".yaml", ".yml")
+"""Suffixes of files that hold a table or a document, not one prompt a line."""
 RESERVED = ("prompt", "metadata", "image")
 """A JSONL line's keys that are not reward metadata (``image``: an editing set's source)."""
 
@@ -172,6 +174,12 @@ def load_prompts(path: str | Path, splits: tuple[str, ...] = TRAIN_SPLITS) -> Pr
         raise PromptFileError(
             f"prompt file {str(path)!r} is .json; give {FORMATS} (for JSON, write one object a line "
             "and name the file .jsonl)"
+        )
+    if file.suffix.lower() in TABLES:  # read as text, its header would become a prompt
+        raise PromptFileError(
+            f"prompt file {str(path)!r} is a {file.suffix} table, which a prompt file is not (its "
+            f"header and cells would become prompts); give {FORMATS}: e.g. save it as a datasets "
+            "folder, or write one prompt a line"
         )
     try:  # a byte-order mark is not a prompt; a non-UTF-8 byte is reported by line and column
         text = read_text(file, "prompt file", f"give {FORMATS}")

@@ -69,6 +69,7 @@ CASES: list[Case] = [
     Case("c5-dataset-csv-column-twice", ["train", SFT, "data.dataset={tmp}/images"], BAD, "the header row names column(s) 'text' twice; keep one", files={"images/a.png": b"", "images/metadata.csv": "file_name,text,text\na.png,x,y\n"}),
     Case("c5-dataset-csv-image-twice", ["train", SFT, "data.dataset={tmp}/images"], BAD, "line 3: file_name 'a.png' has a caption already", files={"images/a.png": b"", "images/metadata.csv": "file_name,text\na.png,x\na.png,y\n"}),
     Case("c5-pairs-key-twice", ["train", DPO, "algorithm.params={pairs: offline}", "data.dataset={tmp}/pairs", "rewards=[]"], BAD, "line 1: key 'chosen' is given twice", files={**PAIRS, "pairs/metadata.jsonl": '{"prompt": "a", "chosen": "a.png", "chosen": "b.png", "rejected": "b.png"}\n'}),
+    Case("c5-prompts-a-csv-table", ["train", GRPO, "data.prompts={tmp}/p.csv"], BAD, "is a .csv table, which a prompt file is not (its header and cells would become prompts)", files={"p.csv": "prompt,tag\na cat,animal\n"}),
     # ---- class 5: a --prompt that is not one prompt
     Case("c5-sample-prompt-newline", ["sample", "base", "--prompt", "a", "--prompt", "a cat\non a mat"], BAD, "--prompt 2 ('a cat\\non a mat'): holds a line break at character 6; a prompt is one line"),
     Case("c5-sample-prompt-line-separator", ["sample", "base", "--prompt", "a\u2028b"], BAD, "--prompt 1 ('a\\u2028b'): at column 2: U+2028 (LINE SEPARATOR)"),
