@@ -102,7 +102,7 @@ def encode_once(family: ModelFamily, config: Config) -> EncodedOnce:
     """Fill ``family``'s prompt cache with every prompt of the run (from the run folder's file, or
     encoded here and written there), then release its text encoders."""
     prompts = run_prompts(config)
-    out = Path(config.run.output_dir)
+    out = config.run.resolved_output_dir().absolute()  # runs/<run.name> without run.output_dir
     out.mkdir(parents=True, exist_ok=True)
     path = out / CACHE_FILE
     with open(out / f".{CACHE_FILE}.lock", "w") as lock:

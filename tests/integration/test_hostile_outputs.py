@@ -238,3 +238,25 @@ def test_a_run_folder_is_absolute_from_the_start(tmp_path, monkeypatch):
     folder = RunFolder(Path("runs") / "x")
     monkeypatch.chdir("/")
     assert folder.path == tmp_path / "runs" / "x" and folder.metrics_file.is_absolute()
+
+
+def test_encode_once_writes_into_runs_name_without_an_output_dir(tmp_path, monkeypatch):
+    """The prompt cache goes into the run folder ``runs/<run.name>`` (was: exit 70, a TypeError on
+    ``run.output_dir`` unset)."""
+    from diffrl.models.registry import load_family
+    from diffrl.preflight import load_config
+    from diffrl.sampling.prompt_cache import CACHE_FILE, encode_once
+
+    (tmp_path / "p.txt").write_text('the text "A"\n')
+    prompts = [
+        f"data.prompts={tmp_path / 'p.txt'}",
+        f"eval.prompts={tmp_path / 'p.txt'}",
+        "eval.num_prompts=1",
+    ]
+    config = load_config(
+        str(ROOT / "recipes" / "tiny_nft_ocr.yaml"),
+        ["model.path=random", "model.encode_once=true", "run.name=cached", *prompts],
+    )
+    monkeypatch.chdir(tmp_path)
+    assert encode_once(load_family(config), config).encoded
+    assert (tmp_path / "runs" / "cached" / CACHE_FILE).is_file()
