@@ -87,6 +87,8 @@ def kind(value: object) -> str:
     if shape is not None and dtype is not None:
         return f"a {str(dtype).removeprefix('torch.')} tensor of shape {tuple(shape)}"
     name = type(value).__name__
+    if isinstance(value, tuple | list) and 0 < len(value) <= 4 and any(hasattr(v, "shape") for v in value):
+        return _cut(f"a {name} of {len(value)} ({'; '.join(kind(v) for v in value)})", 300)
     if name == "generator":
         return "a generator (is there a yield in it?)"
     article = "an" if name[:1].lower() in "aeiou" else "a"
@@ -260,13 +262,37 @@ _GUARDED_PID = [0]
 def guarding_os_exit() -> Iterator[None]:
     """Inside the block, a plugin's ``os._exit()`` in this process raises :class:`PluginError`
     instead of ending it (code that took ``os._exit`` before the block, ``from os import
-    _exit``, still ends it: nothing in Python can stop that)."""
-    previous = os._exit, _GUARDED_PID[0]
+    _exit``, still ends it: nothing in Python can stop that). And what a plugin raises where
+    Python cannot raise it (its ``__del__``, a weakref or ``atexit`` callback: Python prints
+    "Exception ignored in" and a traceback) prints one warning line naming the plugin
+    (:func:`_unraisable`)."""
+    previous = os._exit, _GUARDED_PID[0], sys.unraisablehook
     os._exit, _GUARDED_PID[0] = _exit_unless_a_plugin, os.getpid()
+    sys.unraisablehook = _unraisable(sys.unraisablehook)
     try:
         yield
     finally:
-        os._exit, _GUARDED_PID[0] = previous
+        os._exit, _GUARDED_PID[0], sys.unraisablehook = previous
+
+
+def _unraisable(python_hook):
+    """``sys.unraisablehook`` for an exception nobody can catch: a plugin's is one ``warning:``
+    line naming it and its line (a plugin's ``__del__`` calling ``sys.exit()``); anyone else's goes
+    to ``python_hook``."""
+
+    def hook(unraisable) -> None:
+        error = unraisable.exc_value
+        origin = plugin_origin(error) if error is not None else None
+        if origin is None:
+            python_hook(unraisable)
+            return
+        print(
+            f"warning: plugin {origin.path!r} {describe(error)} (at {origin.where}) where Python "
+            "cannot raise it (it was ignored); fix the plugin",
+            file=sys.stderr,
+        )
+
+    return hook
 
 
 LINGER_S = 5.0

@@ -241,3 +241,21 @@ class SizeProblemsText(TinyFamily):
     @classmethod
     def size_problems(cls, config, check_files=True):
         return "too big"
+
+
+class ForwardTuple(TinyFamily):
+    """Returns the transformer's output as diffusers gives it with return_dict=False: a tuple."""
+
+    def forward(self, module, x_t, sigma, cond):
+        return (super().forward(module, x_t, sigma, cond),)
+
+
+class ExitsWhenCollected:
+    def __del__(self):
+        raise SystemExit(3)
+
+
+def drops_an_exiting_object(args, inputs) -> int:
+    """A command body (``diffrl recipes``'s) whose plugin object calls sys.exit() in __del__."""
+    ExitsWhenCollected()  # collected at once
+    return 0

@@ -28,6 +28,7 @@ from diffrl.errors import DiffrlError
 from diffrl.models.numerics import ForwardMeter, Numerics, autocast, prepare
 from diffrl.models.schedules import flow_sigmas
 from diffrl.rollout import Conditioning, Media, Source
+from diffrl.user_code import is_diffrl_module, kind, returned_wrong
 
 FAMILY_FILE = "diffrl_model.json"
 
@@ -492,7 +493,14 @@ class ModelFamily(ABC):
         prepare(module, self.numerics)
         with self.meter.compiling(self.numerics), autocast(self.numerics, self.device):
             forward = lambda: self.forward(module, x_t, sigma, cond)  # noqa: E731
-            return self.meter.run(module, x_t, cond, forward, dry=self.numerics.compile).float()
+            v = self.meter.run(module, x_t, cond, forward, dry=self.numerics.compile)
+        if not is_diffrl_module(type(self).__module__) and (
+            not isinstance(v, torch.Tensor) or v.shape != x_t.shape
+        ):  # a user's family: said here, not by the sampler's arithmetic far from it
+            raise returned_wrong(
+                self, "forward()", kind(v), f"the velocity, a tensor of x_t's shape {tuple(x_t.shape)}"
+            )
+        return v.float()
 
     def guide(self, v_neg: torch.Tensor, v_pos: torch.Tensor, scale: float) -> torch.Tensor:
         """Classifier-free guidance of two velocities ``(B, *latent)`` as this family's pipeline does."""

@@ -25,6 +25,7 @@ import torch
 import diffrl.logging.trackers
 import diffrl.train.loop
 from diffrl import torch_state
+from diffrl.registry import import_object
 from diffrl.rewards.base import FunctionReward, RewardError
 from tests.integration.test_bad_inputs import BAD, ROOT, SFT, Case, _check, _setup
 
@@ -104,6 +105,7 @@ CASES: list[Case] = [
     # ---- model families (was exit 70)
     Case("c1-family-load-none", [*SFT1, f"model.family={H}:LoadsNone"], BAD, f"plugin '{H}:LoadsNone': load() returned None; it must return an instance of LoadsNone", trains=True),
     Case("c1-family-load-transformer", [*SFT1, f"model.family={H}:LoadsTransformer"], BAD, f"plugin '{H}:LoadsTransformer': load() returned a SD3Transformer2DModel (", trains=True),
+    Case("c1-family-forward-tuple", [*SFT1, f"model.family={H}:ForwardTuple"], BAD, f"plugin '{H}:ForwardTuple': forward() returned a tuple of 1 (a float32 tensor of shape (2, 3, 32, 64)); it must return the velocity, a tensor of x_t's shape (2, 3, 32, 64)", trains=True),
     Case("c1-family-size-problems-str", [*SFT1, f"model.family={H}:SizeProblemsText"], BAD, f"plugin '{H}:SizeProblemsText': size_problems() returned a str ('too big'); {PROBLEMS}"),
     # ---- rewards: the wrong kind of thing is refused at validation (was: found at the first score)
     Case("c1-reward-class-not-a-reward", [*NFT1, f"rewards=[{{name: {H}:NotAReward}}]"], BAD, f"rewards[0].name: '{H}:NotAReward' is a class but not a Reward subclass; subclass diffrl.rewards.base.Reward"),
@@ -187,6 +189,20 @@ def test_a_hanging_tracker_stops_the_run_naming_it(tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert f"error: plugin logger '{H}:HangingTracker': log_metadata() did not return within 0.5 s" in err
     assert "drop" in err and "train.resume=latest" in err
+
+
+def test_a_plugins_exit_in_del_is_one_warning_line(monkeypatch, capsys):
+    """A plugin object whose ``__del__`` calls sys.exit(): Python ignores it, printing a traceback
+    ("Exception ignored in"); under the command it is one warning line naming the plugin."""
+    from diffrl.cli import main, recipes
+
+    monkeypatch.setattr(recipes, "run", import_object(f"{H}:drops_an_exiting_object"))
+    capsys.readouterr()
+    assert main(["recipes"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert err.startswith(f"warning: plugin '{H}:") and err.count("\n") == 1
+    assert "called sys.exit(3) (at hostile_plugins.py:" in err and "ExitsWhenCollected.__del__)" in err
 
 
 LINGERS = """
