@@ -25,6 +25,12 @@ Wire format (any language can be a client)
               editing family's), which the reward gets as ``metadata[i]["source_image"]``
               (uint8 ``(3, H, W)``, as in the trainer)
 
+No other field: an unknown one (a typo would be ignored silently) and one that does not come
+with the rest (``shape`` in a PNG body, ``frames`` in a raw one, ``audio_shape`` without
+``audio``) are a 400 naming it. A PNG is a still one (an animated PNG is a 400: it would be scored
+on its first frame). ``metadata`` holds strings, numbers, bools, nil, bytes, arrays and maps,
+nested at most :data:`MAX_METADATA_DEPTH` deep.
+
 A server whose reward hears (``Reward.audio``, e.g. ``clap``) gets clips whole with their sound
 (the ``remote`` reward with ``audio: true`` sends them so); an image reward given clips scores their
 frames and each clip gets the mean, as in the trainer.
@@ -44,7 +50,9 @@ NaN (msgpack carries it, JSON could not): the client counts it as a failed sampl
 in-process. Every error is JSON ``{"detail": "..."}`` (FastAPI's shape), with status:
 
 - 400: the body is not such a map (the detail says which field is wrong), an image is not an
-  8-bit RGB PNG, ``X-Timeout-S`` is malformed or out of range, or the HTTP itself is malformed;
+  8-bit RGB still PNG or is more than ``max_aspect_ratio`` times longer than wide (or wider than
+  long), ``X-Timeout-S`` is malformed or out of range, a header of :data:`SINGLE_HEADERS` comes
+  twice, or the HTTP itself is malformed;
 - 401: the token is missing or wrong;
 - 408: the request's head (``head_timeout_s``, default 10 s from the connection or the previous
   answer) or body (``body_timeout_s``, default 60 s, and never past ``X-Timeout-S``) did not
@@ -53,6 +61,7 @@ in-process. Every error is JSON ``{"detail": "..."}`` (FastAPI's shape), with st
   streamed bytes pass the limit, never read whole), or its images hold too many pixels or are too
   many, or the body holds too many msgpack objects (:class:`ServerLimits`; from the PNG headers
   and while unpacking, before any image is decoded);
+- 415: the body has a ``Content-Encoding`` (the server decompresses nothing);
 - 500: the reward raised, or returned the wrong shape; the detail names the reward and the error;
 - 503: the server holds its maximum of connections (``max_connections``), or cannot score (it
   is stopping, or broken: see ``/health``);
@@ -60,7 +69,7 @@ in-process. Every error is JSON ``{"detail": "..."}`` (FastAPI's shape), with st
 
 ``GET /health``: JSON ``{"status": "ok", "reward": NAME, "token_required": bool,
 "max_request_mb": N, "max_timeout_s": N, "max_image_pixels": N, "max_request_pixels": N,
-"audio": bool}`` (``audio``: the reward hears). It needs no token, so that a load balancer's or
+"max_aspect_ratio": N, "audio": bool}`` (``audio``: the reward hears). It needs no token, so that a load balancer's or
 orchestrator's probe (which seldom carries secrets) can use it; it tells nothing a caller could
 score with, and never runs the reward. It answers 503 ``{"status": "broken", "detail": ...}`` when
 the server can score no more: the reward's call lane has died, or a call has overrun its deadline
