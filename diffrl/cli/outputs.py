@@ -22,6 +22,7 @@ from diffrl.errors import DiffrlError, quoted
 from diffrl.train.manifest import overlap
 
 MARKER = ".diffrl-output"
+MARKER_BYTES = 4096
 WRITES = {
     "eval": "grid.png and scores.json",
     "sample": "NNNN.png (videos: NNNN.mp4 and NNNN/), prompts.txt and grid.png",
@@ -62,9 +63,13 @@ def _dangling(path: Path, flag: str) -> None:
 
 def owner(folder: Path) -> str | None:
     """The command whose output folder ``folder`` is (its :data:`MARKER`), or None."""
-    try:
-        info = json.loads((folder / MARKER).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+    try:  # a regular file of a few bytes: never waits on a FIFO, never reads a huge file
+        fd = os.open(folder / MARKER, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            info = json.loads(f.read(MARKER_BYTES))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     command = info.get("command") if isinstance(info, dict) else None
     return command if isinstance(command, str) else None
@@ -85,13 +90,14 @@ def check_out_folder(out: Path, flag: str, command: str) -> None:
         return
     if made_by is not None:
         raise DiffrlError(
-            f"{flag} {quoted(str(out))} holds the output of `diffrl {made_by[:40]}`; {command} writes "
+            f"{flag} {quoted(str(out))} holds the output of `diffrl {made_by if made_by in WRITES else quoted(made_by, 40)}`; {command} writes "
             f"{WRITES[command]} there and would mix with or replace it: give a new or empty folder"
         )
     shown = ", ".join(quoted(n, 80) for n in names[:SHOWN]) + (" ..." if len(names) > SHOWN else "")
     raise DiffrlError(
         f"{flag} {quoted(str(out))} holds files that are not an earlier `diffrl {command}` output ({shown}); "
-        f"{command} writes {WRITES[command]} there and would replace yours: give a new or empty folder"
+        f"{command} writes {WRITES[command]} there and would replace yours: give a new or empty folder "
+        f"(an earlier {command} marks its folder with {MARKER}; one of an older diffrl has none: empty it)"
     )
 
 

@@ -82,6 +82,7 @@ CASES: list[Case] = [
     Case("c7-sample-into-a-run-folder", ["sample", "base", "--prompt", "a", "--out", "{tmp}/run"], BAD, NOT_SAMPLES, files={**RUN, "run/config.yaml": "run: {name: r}\n"}),
     Case("c7-sample-into-an-eval-output", ["sample", "base", "--prompt", "a", "--out", "{tmp}/out"], BAD, "--out '{tmp}/out' holds the output of `diffrl eval`", files=EVALUATED),
     Case("c7-sample-marker-garbled", ["sample", "base", "--prompt", "a", "--out", "{tmp}/out"], BAD, NOT_SAMPLES, files={**SAMPLED, "out/.diffrl-output": "{"}),
+    Case("c7-sample-marker-is-a-fifo", ["sample", "base", "--prompt", "a", "--out", "{tmp}/out"], BAD, NOT_SAMPLES, files={"out/grid.png": "mine"}, prepare=fifo("out/.diffrl-output")),
     Case("c7-sample-prompts-inside-out", ["sample", "base", "--prompts", "{tmp}/out/prompts.txt", "--out", "{tmp}/out"], BAD, "--out '{tmp}/out' holds --prompts ('{tmp}/out/prompts.txt')", files=SAMPLED),
     Case("c7-sample-prompts-linked-into-out", ["sample", "base", "--prompts", "{tmp}/p.txt", "--out", "{tmp}/out"], BAD, "holds --prompts ('{tmp}/p.txt')", files=SAMPLED, prepare=link("p.txt", "{tmp}/out/prompts.txt")),
     Case("c7-sample-image-inside-out", ["sample", "base", "--prompt", "a", "--image", "{tmp}/out/0000.png", "--out", "{tmp}/out"], BAD, "holds --image ('{tmp}/out/0000.png')", files={**SAMPLED, "out/0000.png": "png"}),
