@@ -112,7 +112,8 @@ def storage_errno(e: BaseException) -> int | None:
 
 
 def is_checkpoint(path: str | Path) -> bool:
-    return (Path(path) / "checkpoint.json").is_file()
+    """A folder with a ``checkpoint.json`` (also one that is no file, a FIFO say: reading it says so)."""
+    return os.path.lexists(Path(path) / "checkpoint.json")
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
@@ -374,7 +375,8 @@ def latest_checkpoint(output_dir: str | Path) -> tuple[Path | None, list[str]]:
         checkpoints_of(output_dir), key=lambda p: (iteration_of(p), p.name == "final"), reverse=True
     )
     skipped = []
-    for p in found:
+    unreadable = [p for p in found if iteration_of(p) < 0]  # maybe the newest: said, whatever resumes
+    for p in [*unreadable, *(p for p in found if p not in unreadable)]:
         try:
             verify_checkpoint(p)
         except CheckpointError as e:

@@ -347,8 +347,8 @@ def base_problem(info: dict[str, Any], family: str, model_path: str, path: str |
         return None
 
     def named(base: dict[str, Any]) -> str:
-        digest = f", content sha256 {base['digest'][:12]}..." if base.get("digest") else ""
-        return f"{str(base.get('path'))[:200]!r} ({base.get('family')}{digest})"
+        digest = f", content sha256 {str(base['digest'])[:12]}..." if base.get("digest") else ""
+        return f"{str(base.get('path'))[:200]!r} ({str(base.get('family'))[:100]}{digest})"
 
     return (
         f"{_where(Path(path))} was trained on the base model {named(saved)}, and this config loads "

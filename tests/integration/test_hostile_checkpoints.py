@@ -325,3 +325,18 @@ def test_c6_a_hand_edit_is_still_caught_after_the_type_checks(tmp_path, tiny_che
     _write_info(tmp_path, info, reseal=False)
     with pytest.raises(CheckpointError, match="was changed after the checkpoint was written"):
         verify_checkpoint(tmp_path / "ckpt")
+
+
+def test_c9_resume_latest_skips_a_checkpoint_whose_json_is_a_fifo_and_says_why(tmp_path, tiny_checkpoint):
+    """A newer checkpoint folder whose checkpoint.json is a FIFO: skipped with its reason (never
+    opened, never passed over in silence), the good one before it resumed."""
+    from diffrl.train.checkpoint import latest_checkpoint
+
+    shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+    as_run_folder(tmp_path)
+    newer = tmp_path / "run" / "checkpoints" / "step_00002"
+    newer.mkdir()
+    os.mkfifo(newer / "checkpoint.json")
+    found, skipped = latest_checkpoint(tmp_path / "run")
+    assert found == tmp_path / "run" / "checkpoints" / "final"
+    assert len(skipped) == 1 and f"checkpoint.json {FIFO}" in skipped[0]
