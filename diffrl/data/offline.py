@@ -43,7 +43,7 @@ from diffrl.data.jsonl import JsonLineError, parse_json_line
 from diffrl.data.lines import LINE_BREAK
 from diffrl.data.prompts import load_prompts
 from diffrl.data.synthetic_text import SyntheticEditDataset, SyntheticTextDataset, to_tensor
-from diffrl.errors import DiffrlError
+from diffrl.errors import DiffrlError, quoted
 from diffrl.rollout import Source
 from diffrl.user_files import UserFileError, file_problem, read_text
 
@@ -218,13 +218,13 @@ def _metadata_captions(root: Path) -> dict[str, object]:
         twice = sorted({c for c in header if header.count(c) > 1})
         if twice:  # csv keeps the last column of a name without a word
             raise DatasetError(
-                f"{str(meta)!r}: the header row names column(s) {', '.join(map(repr, twice))} twice; keep one"
+                f"{str(meta)!r}: the header row names column(s) {quoted(', '.join(twice))} twice; keep one"
             )
         for row in reader:
             key = _file_key(str(row["file_name"]).strip())
             if key in captions:
                 raise DatasetError(
-                    f"{str(meta)!r} line {reader.line_num}: file_name {key!r} has a caption already "
+                    f"{str(meta)!r} line {reader.line_num}: file_name {quoted(key)} has a caption already "
                     "(one row per image); keep one"
                 )
             captions[key] = _caption(row)
@@ -237,7 +237,9 @@ def _metadata_captions(root: Path) -> dict[str, object]:
             row = parse_json_line(line)
             key = _file_key(row["file_name"])
             if key in captions:
-                problems.append(f"line {n}: file_name {key!r} has a caption already (one row per image)")
+                problems.append(
+                    f"line {n}: file_name {quoted(key)} has a caption already (one row per image)"
+                )
             captions[key] = _caption(row)
         except JsonLineError as e:
             problems.append(f"line {n}: {e}")
