@@ -135,11 +135,22 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"a {type(value).__name__} cannot be sent")
 
 
-def _detail(body: bytes) -> str:
+def _json(body: bytes) -> Any:
+    """``body`` as JSON, or None if it is none (or nested too deep for Python's parser: a broken
+    or hostile server's answer is never an error of ours)."""
     try:
-        return str(json.loads(body)["detail"])
-    except (ValueError, KeyError, TypeError):
-        return body.decode("utf-8", "replace").strip()[:500] or "(empty body)"
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _detail(body: bytes, most: int = 500) -> str:
+    """A server's answer's ``detail`` (or its text), at most ``most`` characters."""
+    answer = _json(body)
+    text = str(answer["detail"]) if isinstance(answer, dict) and "detail" in answer else None
+    if text is None:
+        text = body[: 4 * most].decode("utf-8", "replace").strip() or "(empty body)"
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
@@ -181,6 +192,9 @@ def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
 
 PROBE_TIMEOUT_S = 3.0
 """How long preflight waits for a server's ``/health``, in all."""
+MAX_ANSWER_BYTES = 64 * 2**20
+"""The most of a server's answer read (a ``/score`` answer is 9 bytes a score): past it, the
+answer is refused, so a broken or hostile server cannot fill the trainer's memory."""
 
 
 def exchange(
@@ -188,7 +202,8 @@ def exchange(
 ) -> tuple[int, bytes, str]:
     """One HTTP request to ``url``'s host: ``(status, body, Content-Type)``, all of it within
     ``timeout_s`` seconds in total (connecting, sending, the answer's head and body), or
-    ``TimeoutError``. ``OSError`` / ``http.client.HTTPException`` when the exchange fails.
+    ``TimeoutError``. ``OSError`` / ``http.client.HTTPException`` when the exchange fails, also
+    for an answer over :data:`MAX_ANSWER_BYTES`.
 
     Socket timeouts bound each operation, not the whole: a server that sends a byte every second
     would hold the caller for as long as it likes. A timer shuts the socket down at the deadline,
@@ -222,7 +237,9 @@ def exchange(
             if expired.is_set():
                 raise
         response = conn.getresponse()
-        data = response.read()
+        data = response.read(MAX_ANSWER_BYTES + 1)
+        if len(data) > MAX_ANSWER_BYTES:
+            raise http.client.HTTPException(f"the answer is over {MAX_ANSWER_BYTES:,} bytes")
         if expired.is_set():  # a body without a length ends at the shutdown: cut short, not whole
             raise TimeoutError
         return response.status, data, response.getheader("Content-Type", "")
@@ -256,15 +273,14 @@ def server_problems(
             f"url: no reward server answers at {url} ({reason}); start it first (diffrl serve-reward "
             "--reward NAME --host HOST --port PORT ...) or fix the url"
         ]
-    try:
-        health = json.loads(data)
-        ok = status == 200 and health.get("status") == "ok"
-    except (ValueError, AttributeError):
-        ok = False
+    health = _json(data)
+    ok = status == 200 and isinstance(health, dict) and health.get("status") == "ok"
     if status == 503 and isinstance(health, dict) and health.get("status") == "broken":
         return [f"url: the reward server at {url} is broken ({_detail(data)}); restart it"]
     if not ok:
-        return [f"url: {url}/health answered HTTP {status} {_detail(data)!r}; is it a diffrl reward server?"]
+        return [
+            f"url: {url}/health answered HTTP {status} {_detail(data, 200)!r}; is it a diffrl reward server?"
+        ]
     if health.get("token_required") and token_env is None:
         return [
             f"token_env: the reward server at {url} needs a token; set token_env to the name of an "
@@ -436,7 +452,7 @@ class RemoteReward(Reward):
         except Exception as e:  # anything unreadable: not a diffrl reward server, or a broken one
             raise RewardError(
                 f"remote reward server {self.url} answered something that is not {{'scores': [...]}} "
-                f"({type(e).__name__}: {e}); is it a diffrl reward server?"
+                f"({type(e).__name__}: {str(e)[:200]}); is it a diffrl reward server?"
             ) from e
         if scores.shape != (n,):
             raise RewardError(

@@ -84,6 +84,7 @@ def test_flow_grpo_through_a_reward_server_process(tmp_path, server):
         "max_timeout_s": 600.0,
         "max_image_pixels": 1_000_000,
         "max_request_pixels": 64 * 2**20 // 3,
+        "max_aspect_ratio": 64.0,
         "audio": False,
     }
 

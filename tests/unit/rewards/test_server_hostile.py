@@ -39,8 +39,9 @@ from uvicorn.server import ServerState
 
 from diffrl.cli import main
 from diffrl.cli import serve_reward as serve_reward_module
+from diffrl.rewards import remote as remote_module
 from diffrl.rewards import server as server_module
-from diffrl.rewards.base import Pending, Reward
+from diffrl.rewards.base import Pending, Reward, RewardError
 from diffrl.rewards.remote import RemoteReward, exchange, server_problems
 from diffrl.rewards.server import (
     MAX_OBJECTS,
@@ -1025,6 +1026,89 @@ def test_the_client_gives_up_at_its_total_deadline_however_a_server_drips(answer
         with pytest.raises(Exception, match="no answer within 1 s"):
             reward.call_by(torch.zeros(1, 3, 4, 4), ["p"], [{}], None)
         assert time.monotonic() - t0 < 5
+    finally:
+        stop()
+
+
+def answering_server(reply: bytes):
+    """A server that reads each request whole (head and Content-Length body), answers ``reply``
+    at once and closes: ``(url, stop)``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(10)
+            data = b""
+            try:
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536) or b"\r\n\r\n"
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = [
+                    int(ln.split(b":")[1])
+                    for ln in head.split(b"\r\n")
+                    if ln.lower().startswith(b"content-length:")
+                ]
+                while len(body) < (length[0] if length else 0):
+                    body += conn.recv(65536) or b"x" * 10**9
+                conn.sendall(reply)
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", lambda: (stop.set(), listener.close())
+
+
+def answer(status: int, body: bytes) -> bytes:
+    return b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        status,
+        len(body),
+        body,
+    )
+
+
+@pytest.mark.parametrize(
+    "reply, health, scoring",
+    [
+        (answer(503, b"oops"), "answered HTTP 503 'oops'", "HTTP 503: oops"),
+        (answer(200, b"[" * 100_000), "answered HTTP 200 '[[[[", "not {'scores': [...]} (RecursionError"),
+        (answer(503, b"[" * 100_000), "answered HTTP 503 '[[[[", "HTTP 503: [[[["),
+        (answer(400, b'{"detail": "' + b"x" * 100_000 + b'"}'), "answered HTTP 400 'xxxx", "HTTP 400: xxxx"),
+        (
+            answer(200, b'{"scores": [' + b"1," * 2000 + b"1]}"),
+            "the answer is over 1,000 bytes",
+            "the answer is over 1,000 bytes",
+        ),
+    ],
+    ids=["503-not-json", "deep-json", "deep-json-503", "huge-detail", "over-the-answer-limit"],
+)
+def test_a_broken_server_is_a_clear_bounded_error_of_the_client(monkeypatch, reply, health, scoring):
+    """c2, the client's side: a server (or anything at the url) answering junk is an error naming
+    it, quoting at most a few hundred characters (before: a 503 that was no JSON, or JSON nested
+    100 000 deep, crashed preflight with UnboundLocalError / RecursionError: exit 70; a detail of
+    100 KB was quoted whole; an answer was read whatever its size)."""
+    if "over 1,000 bytes" in health:  # as a server sending gigabytes would be refused at 64 MB
+        monkeypatch.setattr(remote_module, "MAX_ANSWER_BYTES", 1000)
+    url, stop = answering_server(reply)
+    try:
+        [problem] = server_problems(url, None, timeout_s=5)
+        assert health in problem and len(problem) < 400, problem
+        reward = RemoteReward(url, timeout_s=5, retries=0)
+        with pytest.raises(RewardError) as e:
+            reward.call_by(torch.zeros(1, 3, 4, 4), ["p"], [{}], None)
+        assert scoring in str(e.value) and len(str(e.value)) < 800, str(e.value)[:900]
     finally:
         stop()
 
