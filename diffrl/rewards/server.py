@@ -20,7 +20,7 @@ Wire format (any language can be a client)
     metadata  array of B maps (optional: B empty maps)
     audio     optional: one bin of B*C*S float16 little-endian samples in [-1, 1], C-order
               (B, C, S): each clip's sound
-    audio_shape, sample_rate   with audio: [B, C, S] and the rate in Hz
+    audio_shape, sample_rate   with audio: [B, C, S] and the rate in Hz (4000 to 384000)
     sources   optional: an array of B PNG files (bin) or nil: each sample's source image (an
               editing family's), which the reward gets as ``metadata[i]["source_image"]``
               (uint8 ``(3, H, W)``, as in the trainer)
@@ -694,6 +694,11 @@ def source_sizes(sources: Any, b: int) -> dict[str, tuple[int, int]]:
     return {f"sources[{i}]": png_size(d, f"sources[{i}]") for i, d in enumerate(sources) if d is not None}
 
 
+SAMPLE_RATES = (4000, 384_000)
+"""The sample rates a request's sound may have, in Hz: a reward resamples it to its own (CLAP: 48
+kHz), and a clip of 1 M samples claiming 1 Hz would become 48 G samples there."""
+
+
 def decode_audio(msg: dict[str, Any], b: int) -> Audio | None:
     """The body's optional ``audio`` -> float16 ``Audio (B, C, S)``."""
     data = msg.get("audio")
@@ -707,8 +712,10 @@ def decode_audio(msg: dict[str, Any], b: int) -> Audio | None:
         raise _bad(
             f"audio_shape must be [{b}, C, S] of positive ints (one clip per prompt), got {str(shape)[:100]}"
         )
-    if not _is_count(rate):
-        raise _bad(f"sample_rate must be a positive int (Hz), got {str(rate)[:100]}")
+    if not (_is_count(rate) and SAMPLE_RATES[0] <= rate <= SAMPLE_RATES[1]):
+        raise _bad(
+            f"sample_rate must be an int in [{SAMPLE_RATES[0]}, {SAMPLE_RATES[1]}] (Hz), got {str(rate)[:100]}"
+        )
     if not isinstance(data, bytes) or len(data) != 2 * math.prod(shape):
         got = len(data) if isinstance(data, bytes) else type(data).__name__
         raise _bad(f"audio must be {2 * math.prod(shape)} bytes of float16 for shape {shape}, got {got}")

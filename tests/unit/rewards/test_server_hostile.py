@@ -445,6 +445,14 @@ def test_a_pixel_bomb_is_refused_from_its_header_without_the_memory_it_would_tak
         ({"format": "jpeg"}, 400, "format must be 'png' or 'raw'"),
         ({"format": None}, 400, "format must be"),
         ({"audio": b"\0\0", "audio_shape": [1, 1, 1], "sample_rate": True}, 400, "sample_rate must be"),
+        # c2: a rate a reward would resample into a memory bomb (1 Hz -> 48 kHz: 48 000 x the samples)
+        (
+            {"audio": b"\0\0", "audio_shape": [1, 1, 1], "sample_rate": 1},
+            400,
+            "sample_rate must be an int in [4000, 384000] (Hz), got 1",
+        ),
+        ({"audio": b"\0\0", "audio_shape": [1, 1, 1], "sample_rate": 2**64 - 1}, 400, "sample_rate must be"),
+        ({"audio": b"\0\0", "audio_shape": [1, 1, 1], "sample_rate": 8000.0}, 400, "sample_rate must be"),
         ({"audio": b"\0\0", "audio_shape": [1, True, 1], "sample_rate": 8000}, 400, "audio_shape must be"),
         ({"audio": b"\0", "audio_shape": [1, 1, 1], "sample_rate": 8000}, 400, "bytes of float16"),
         ({"audio": b"\x00\x7c", "audio_shape": [1, 1, 1], "sample_rate": 8000}, 400, "NaN or infinite"),
