@@ -563,7 +563,19 @@ def check_family_dir(path: Path, family: str) -> None:
     """Refuse a model directory written for another family."""
     meta_file = path / FAMILY_FILE
     if meta_file.is_file():
-        found = json.loads(meta_file.read_text()).get("family")
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested thousands deep
+            raise FamilyMismatchError(
+                f"{str(path)!r}: {FAMILY_FILE} is not the JSON diffrl writes ({type(e).__name__}); "
+                "export the model again (diffrl export CHECKPOINT DIR)"
+            ) from e
+        found = meta.get("family") if isinstance(meta, dict) else None
+        if not isinstance(found, str):
+            raise FamilyMismatchError(
+                f"{str(path)!r}: {FAMILY_FILE} names no model family (it holds {str(meta)[:100]}); export "
+                "the model again (diffrl export CHECKPOINT DIR)"
+            )
         if found != family:
             raise FamilyMismatchError(
                 f"{str(path)!r} holds a {found!r} model but model.family is {family!r}; "

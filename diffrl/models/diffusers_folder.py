@@ -16,6 +16,7 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
+from diffrl.errors import DiffrlError
 from diffrl.models.base import DTYPES, SHIPPED_CONFIGS, ModelFamily, check_family_dir, write_family_file
 
 
@@ -23,9 +24,15 @@ def load_part(folder: Path, sub: str, part_class: type, dtype: torch.dtype | Non
     """``part_class.from_pretrained(folder, subfolder=sub)``, as the pipeline loads its part ``sub``,
     with the weights in ``dtype`` (None: a tokenizer, which has none). diffusers' and transformers'
     models both take ``torch_dtype``."""
-    if dtype is None:
-        return part_class.from_pretrained(folder, subfolder=sub)
-    return part_class.from_pretrained(folder, subfolder=sub, torch_dtype=dtype)
+    try:
+        if dtype is None:
+            return part_class.from_pretrained(folder, subfolder=sub)
+        return part_class.from_pretrained(folder, subfolder=sub, torch_dtype=dtype)
+    except RecursionError as e:  # a config JSON nested thousands deep: the folder's, not diffrl's
+        raise DiffrlError(
+            f"model.path: {str(folder)!r}: a JSON file of {sub}/ is nested too deeply to be a model's "
+            "config; replace the folder with the model's own files"
+        ) from e
 
 
 class DiffusersFolderFamily(ModelFamily):

@@ -134,7 +134,7 @@ class TinyFamily(ModelFamily):
                 return None
             try:
                 settings.update(json.loads(file.read_text()))
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
                 return None  # an unreadable folder is reported when it loads
         return settings
 

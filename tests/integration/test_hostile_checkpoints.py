@@ -148,6 +148,16 @@ def run_folder_without_checkpoints(tmp: Path) -> None:
     (tmp / "run" / "metrics.jsonl").write_text('{"step": 1, "train/loss": 0.5}\n')
 
 
+def model_file(rel: str, text: str):
+    """{tmp}/model: a copy of the shipped tiny base whose file ``rel`` holds ``text``."""
+
+    def prepare(tmp: Path) -> None:
+        shutil.copytree(ROOT / "diffrl" / "models" / "assets" / "tiny_base", tmp / "model")
+        (tmp / "model" / rel).write_text(text)
+
+    return prepare
+
+
 def _pop(*keys: str):
     def change(info: dict) -> None:
         d = info
@@ -222,6 +232,10 @@ CASES = [
     Case("c9-weights-dangling-symlink", ["export", "{ckpt}", "{tmp}/out"], BAD, "trainable.safetensors is a symlink to a missing file", prepare=replaced("trainable.safetensors", "dangling")),
     Case("c9-config-fifo", ["eval", "{ckpt}"], BAD, f"config.yaml {FIFO}", prepare=replaced("config.yaml", "fifo")),
     Case("c9-resume-optimizer-fifo", RESUME, BAD, f"optimizer.safetensors {FIFO}", prepare=replaced("optimizer.safetensors", "fifo"), trains=True),
+    # ---- class 9: a model folder (an export) whose JSON is nested 100,000 deep
+    Case("c9-model-family-file-nested-deep", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "diffrl_model.json is not the JSON diffrl writes (RecursionError)", prepare=model_file("diffrl_model.json", "[" * 100_000)),
+    Case("c9-model-family-file-a-list", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "diffrl_model.json names no model family (it holds [1])", prepare=model_file("diffrl_model.json", "[1]")),
+    Case("c9-model-config-nested-deep", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "a JSON file of transformer/ is nested too deeply", prepare=model_file("transformer/config.json", "[" * 100_000)),
     # ---- class 9: a run folder where a checkpoint is expected: name the checkpoint meant
     Case("c9-eval-a-run-folder", ["eval", "{tmp}/run"], BAD, "'{tmp}/run' is a run folder: did you mean '{tmp}/run/checkpoints/final'?", prepare=as_run_folder),
     Case("c9-eval-a-runs-checkpoints", ["eval", "{tmp}/run/checkpoints"], BAD, "did you mean '{tmp}/run/checkpoints/final'?", prepare=as_run_folder),
