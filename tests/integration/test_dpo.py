@@ -48,10 +48,12 @@ def test_offline_dpo_iteration(tmp_path):
         "algorithm.params": "{pairs: offline, beta: 100.0}",
         "data.dataset": str(folder),
         "train.batch_size": 2,
+        "rewards": "[]",  # offline pairs take no reward and draw no rollouts: the recipe's are refused
+        "rollout": "{}",
     }
     cfg = load_config("recipes/tiny_dpo_ocr.yaml", tiny_overrides(tmp_path, **overrides))
     (row,) = train(cfg).history
-    # the recipe's OCR reward is not loaded: offline pairs need none
+    # no reward is loaded: offline pairs need none
     assert row["train/dpo_pairs"] == 2 and "train/pair_reward_gap" not in row
     assert abs(row["train/dpo_loss"] - 0.6931) < 1e-3
     assert row["train/grad_norm"] > 0 and row["train/skipped_nonfinite"] == 0
