@@ -332,6 +332,8 @@ def test_the_call_lane_survives_a_wait_too_long_for_the_os():
         (png_claiming(8, 6, colour=7), "colour type 7"),
         (apng(), "is an animated PNG (APNG), which would be scored on its first frame only"),  # c2
         (png()[:33] + png_chunk(b"acTL", struct.pack(">II", 1, 0)) + png()[33:], "is an animated PNG"),  # c2
+        # c2: PIL reads each chunk in Python (60 MB of empty tEXt chunks: 25 s of decoding)
+        (png()[:33] + png_chunk(b"tEXt", b"") * 100 + png()[33:], "PNG chunks (64 and one per KB at most)"),
     ],
 )
 def test_an_image_that_is_no_8_bit_rgb_png_is_a_400_naming_it(image, message):
