@@ -28,7 +28,7 @@ Wire format (any language can be a client)
 No other field: an unknown one (a typo would be ignored silently) and one that does not come
 with the rest (``shape`` in a PNG body, ``frames`` in a raw one, ``audio_shape`` without
 ``audio``) are a 400 naming it. A PNG is a still one (an animated PNG is a 400: it would be scored
-on its first frame). ``metadata`` holds strings, numbers, bools, nil, bytes, arrays and maps,
+on its first frame) of at most 64 chunks plus one per KB. ``metadata`` holds strings, numbers, bools, nil, bytes, arrays and maps,
 nested at most :data:`MAX_METADATA_DEPTH` deep.
 
 A server whose reward hears (``Reward.audio``, e.g. ``clap``) gets clips whole with their sound
