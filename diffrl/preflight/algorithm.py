@@ -8,7 +8,8 @@ import dataclasses
 
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.algorithms.returns import checked_spec
-from diffrl.config import Config, ConfigError, RolloutConfig
+from diffrl.config import Config, ConfigError, DataConfig, RolloutConfig
+from diffrl.data.offline import SYNTHETIC
 from diffrl.preflight.schema import rollout_arithmetic
 from diffrl.registry import RegistryError
 from diffrl.rollout import CollectionSpec
@@ -64,12 +65,13 @@ def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None
 def unused_problems(config: Config, name: str, spec: CollectionSpec) -> list[str]:
     """Settings the algorithm's collection spec does not read, refused rather than ignored: an
     offline algorithm draws no rollouts (``rollout.*`` other than its defaults; ``rollout.engine``
-    is :func:`engine_problems`'), and one that needs no reward scores nothing (``rewards``)."""
+    is :func:`engine_problems`'), one that needs no reward scores nothing (``rewards``), an online
+    one reads no dataset, and a dataset folder's captions are its prompts (``data.prompts``)."""
     errors = []
+    rollout, data = RolloutConfig(), DataConfig()
     if not spec.online:
-        default = RolloutConfig()
         for f in dataclasses.fields(RolloutConfig):
-            if f.name != "engine" and getattr(config.rollout, f.name) != getattr(default, f.name):
+            if f.name != "engine" and getattr(config.rollout, f.name) != getattr(rollout, f.name):
                 errors.append(
                     f"rollout.{f.name} is not used by algorithm {name!r} (it trains on data.dataset, it "
                     "draws no rollouts); remove it"
@@ -78,5 +80,23 @@ def unused_problems(config: Config, name: str, spec: CollectionSpec) -> list[str
         errors.append(
             f"rewards is not used by algorithm {name!r} (it trains on data.dataset, it scores nothing); "
             "remove it (eval.rewards score the evals)"
+        )
+    d = config.data
+    if spec.online:
+        if d.dataset not in (None, data.dataset):
+            errors.append(
+                f"data.dataset is not used by algorithm {name!r} (it samples data.prompts online); remove it"
+            )
+        if d.dataset_size is not None:
+            errors.append(
+                f"data.dataset_size is not used by algorithm {name!r} (it samples data.prompts online); "
+                "remove it"
+            )
+    # a folder's captions (a pair folder's prompts) are the prompts; data.dataset_size, which only the
+    # synthetic sets read, may stay (the SFT recipe sets it, and a folder on top of it is the usual use)
+    elif d.dataset and d.dataset not in SYNTHETIC and d.prompts != data.prompts:
+        errors.append(
+            f"data.prompts is not used by algorithm {name!r} with a dataset folder (its captions are the "
+            "prompts); remove it (eval.prompts are the evals')"
         )
     return errors

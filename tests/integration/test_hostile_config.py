@@ -90,6 +90,9 @@ CASES: list[Case] = [
     Case("c5-sft-with-rewards", ["train", SFT, "rewards=[{name: ocr}]"], BAD, "rewards is not used by algorithm 'sft' (it trains on data.dataset, it scores nothing); remove it"),
     Case("c5-sft-with-rollout", ["train", SFT, "rollout.batch_size=3", "rollout.same_latent=true"], BAD, f"rollout.same_latent {NOT_FOR_SFT}"),
     Case("c5-offline-dpo-with-rewards", ["train", DPO, "algorithm.params={pairs: offline}", "data.dataset={tmp}/pairs"], BAD, "rewards is not used by algorithm 'dpo'", files={**PAIRS, "pairs/metadata.jsonl": '{"prompt": "a", "chosen": "a.png", "rejected": "b.png"}\n'}),
+    Case("c5-grpo-with-a-dataset", ["train", GRPO, "data.dataset={tmp}/images", "data.dataset_size=4"], BAD, "data.dataset is not used by algorithm 'flow_grpo' (it samples data.prompts online); remove it", files={"images/a.png": b""}),
+    Case("c5-grpo-with-a-dataset-size", ["train", GRPO, "data.dataset_size=4"], BAD, "data.dataset_size is not used by algorithm 'flow_grpo'"),
+    Case("c5-sft-folder-with-prompts", ["train", SFT, "data.dataset={tmp}/images", "data.prompts={tmp}/p.txt"], BAD, "data.prompts is not used by algorithm 'sft' with a dataset folder (its captions are the prompts)", files={"images/a.png": b"", "images/a.txt": "a", "p.txt": "b\n"}),
     # ---- class 5: YAML 1.1 numbers that are not what their digits say
     Case("c5-override-octal", ["train", SFT, "train.iterations=010"], BAD, "'010' is an octal number to YAML 1.1 (010 reads as 8); write it without the leading 0, or quote it for text"),
     Case("c5-override-base-60", ["train", SFT, "train.iterations=1:30"], BAD, "'1:30' is a base-60 number to YAML 1.1 (1:30 is 90)"),
