@@ -13,6 +13,9 @@ would also split at the separators below, silently making two prompts of one).""
 SEPARATORS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 """Characters some tools take for a line break and others do not (vertical tab, form feed, the
 information separators, NEL, U+2028, U+2029): a line holding one is refused, with its place."""
+MAX_PROMPTS = 10_000_000
+"""Prompts of one prompt file at most (as ``eval.num_prompts``): a 256 MB file of one-letter lines
+would be 10^8 prompts and ~15 GB of Python objects; counted before the file is split."""
 MAX_PROMPT_CHARS = 100_000
 """Characters of one prompt at most (as any text of the config): every text encoder keeps a few
 hundred tokens; a longer line is a file that is not a prompt set (a log, a book)."""

@@ -29,7 +29,7 @@ from PIL import Image, UnidentifiedImageError
 from diffrl.config import resolve_data_path
 from diffrl.data.hf import TRAIN_SPLITS, HFFolderError, find_hf_folder, read_prompt_rows, split_path
 from diffrl.data.jsonl import JsonLineError, parse_json_line
-from diffrl.data.lines import LINE_BREAK, MAX_PROMPT_CHARS, prompt_problem, separator_problem
+from diffrl.data.lines import LINE_BREAK, MAX_PROMPT_CHARS, MAX_PROMPTS, prompt_problem, separator_problem
 from diffrl.errors import DiffrlError, quoted
 from diffrl.rollout import Source
 from diffrl.user_files import UserFileError, file_problem, read_text
@@ -187,6 +187,12 @@ def load_prompts(path: str | Path, splits: tuple[str, ...] = TRAIN_SPLITS) -> Pr
         raise PromptFileError(str(e)) from e
     if "\x00" in text:
         raise PromptFileError(f"prompt file {str(path)!r} holds NUL bytes: not a text file; give {FORMATS}")
+    breaks = text.count("\n") + text.count("\r") - text.count("\r\n")
+    if breaks > MAX_PROMPTS:
+        raise PromptFileError(
+            f"prompt file {str(path)!r} has {breaks:,} lines; a prompt file holds at most {MAX_PROMPTS:,} "
+            "prompts (is it the right file?); split it"
+        )
     lines = LINE_BREAK.split(text)
     while lines and not lines[-1].strip():  # blank lines at the end are no prompts
         lines.pop()

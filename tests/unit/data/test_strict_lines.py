@@ -73,3 +73,17 @@ def test_a_datasets_prompt_with_a_nul_is_refused(tmp_path):
         PromptFileError, match=r"1 prompt\(s\) holding a NUL byte or over 100,000 characters \(rows 1\)"
     ):
         load_prompts(tmp_path / "p")
+
+
+def test_a_prompt_file_of_more_lines_than_a_set_holds_is_refused_before_it_is_split(tmp_path, monkeypatch):
+    """At most MAX_PROMPTS (10^7) prompts: a 256 MB file of one-letter lines would be 10^8 prompts
+    and ~15 GB of objects. The lines are counted before the file is split (here a bound of 3)."""
+    import diffrl.data.prompts
+
+    monkeypatch.setattr(diffrl.data.prompts, "MAX_PROMPTS", 3)
+    f = tmp_path / "p.txt"
+    f.write_text("a\r\nb\rc\n")  # three lines of three kinds: within the bound
+    assert load_prompts(f).prompts == ["a", "b", "c"]
+    f.write_text("a\nb\nc\nd\n")
+    with pytest.raises(PromptFileError, match="has 4 lines; a prompt file holds at most 3 prompts"):
+        load_prompts(f)
