@@ -14,6 +14,7 @@ import torch
 
 from diffrl.algorithms.sft import SFT
 from diffrl.models.tiny import TinyFamily
+from diffrl.rewards.base import Reward
 from diffrl.rollout import TrainSignals
 
 # ---- an algorithm's compute_loss: (a 0-dim float tensor with gradients, {str: float}) ---------
@@ -25,62 +26,15 @@ class LossVector(SFT):
         return loss.expand(3), metrics
 
 
-class LossFloat(SFT):
-    def compute_loss(self, policy, examples):
-        loss, metrics = super().compute_loss(policy, examples)
-        return loss.item(), metrics
-
-
-class LossWithoutGrad(SFT):
-    def compute_loss(self, policy, examples):
-        loss, metrics = super().compute_loss(policy, examples)
-        return loss.detach(), metrics
-
-
-class LossOnly(SFT):
-    def compute_loss(self, policy, examples):
-        return super().compute_loss(policy, examples)[0]
-
-
 class LossGenerator(SFT):
     def compute_loss(self, policy, examples):
         yield super().compute_loss(policy, examples)
-
-
-class LossInteger(SFT):
-    def compute_loss(self, policy, examples):
-        loss, metrics = super().compute_loss(policy, examples)
-        return (loss * 0).long(), metrics
-
-
-class MetricsList(SFT):
-    def compute_loss(self, policy, examples):
-        loss, _ = super().compute_loss(policy, examples)
-        return loss, [1.0]
-
-
-class MetricsText(SFT):
-    def compute_loss(self, policy, examples):
-        loss, _ = super().compute_loss(policy, examples)
-        return loss, {"train/mood": "good"}
-
-
-class MetricsTensor(SFT):
-    def compute_loss(self, policy, examples):
-        loss, _ = super().compute_loss(policy, examples)
-        return loss, {"train/vector": loss.detach().expand(2)}
 
 
 class MetricsNaN(SFT):
     def compute_loss(self, policy, examples):
         loss, _ = super().compute_loss(policy, examples)
         return loss, {"train/ratio": float("nan")}
-
-
-class MetricsKeyNotText(SFT):
-    def compute_loss(self, policy, examples):
-        loss, _ = super().compute_loss(policy, examples)
-        return loss, {3: 1.0}
 
 
 # ---- the other methods the driver calls ---------------------------------------------------------
@@ -158,16 +112,6 @@ def sets_default_dtype(images, prompts, metadata):
     return [1.0] * len(images)
 
 
-def _upload_forever() -> None:
-    threading.Event().wait()
-
-
-def starts_a_thread(images, prompts, metadata):
-    """Scores 1.0 and leaves a (non-daemon) thread running that never ends."""
-    threading.Thread(target=_upload_forever, name="users-uploader", daemon=False).start()
-    return [1.0] * len(images)
-
-
 # ---- model families and trackers ---------------------------------------------------------------
 
 
@@ -181,6 +125,11 @@ class LoadsTransformer(TinyFamily):
     @classmethod
     def load(cls, path, device, dtype, options):
         return super().load(path, device, dtype, options).transformer
+
+
+class ScoresAsText(Reward):
+    def __call__(self, images, prompts, metadata):
+        return "high"
 
 
 class NotAReward:

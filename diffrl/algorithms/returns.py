@@ -62,7 +62,7 @@ def checked_metrics(algorithm: Any, call: str, metrics: Any) -> dict[str, float]
             raise returned_wrong(
                 algorithm,
                 call,
-                f"metric {k!r} = {v}",
+                f"metric {k!r} = {str(v) if len(str(v)) <= 40 else str(v)[:37] + '...'}",
                 "finite metrics (one NaN makes the step's mean NaN; leave out a metric that has no "
                 "value for this micro-batch)",
             )

@@ -58,7 +58,19 @@ class Pending:
         self._finish = finish
 
     def result(self) -> torch.Tensor:
-        return torch.as_tensor(self._finish(), dtype=torch.float32)
+        return as_scores(self._finish())
+
+
+def as_scores(scores: Any) -> torch.Tensor:
+    """What a reward returned, as float32 scores; a :class:`RewardError` saying what it returned
+    when that is no list of numbers (a generator, a dict, None, text, ragged lists)."""
+    try:
+        return torch.as_tensor(scores, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise RewardError(
+            f"returned {kind(scores)}, which is no list of numbers ({e}); it must return one float "
+            "per image: a list of floats or a (B,) tensor"
+        ) from None
 
 
 class Reward(ABC):
@@ -174,14 +186,7 @@ class FunctionReward(Reward):
 
     def __call__(self, images, prompts, metadata, audio: Audio | None = None):
         sound = {"audio": audio} if self.audio else {}
-        scores = self.fn(images, list(prompts), list(metadata), **sound, **self.params)
-        try:
-            return torch.as_tensor(scores, dtype=torch.float32)
-        except (TypeError, ValueError, RuntimeError) as e:  # a generator, a dict, None, text, ragged lists
-            raise RewardError(
-                f"returned {kind(scores)}, which is no list of numbers ({e}); it must return one "
-                f"float per image: a list of {len(images)} floats or a ({len(images)},) tensor"
-            ) from None
+        return as_scores(self.fn(images, list(prompts), list(metadata), **sound, **self.params))
 
 
 @dataclass

@@ -25,8 +25,12 @@ import torch
 import diffrl.logging.trackers
 import diffrl.train.loop
 from diffrl import torch_state
+from diffrl.algorithms.returns import checked_loss
+from diffrl.config import RewardConfig
 from diffrl.registry import import_object
-from diffrl.rewards.base import FunctionReward, RewardError
+from diffrl.rewards.base import FunctionReward, RewardError, RewardSet
+from diffrl.user_code import PluginError
+from tests.hostile_plugins import LossVector
 from tests.integration.test_bad_inputs import BAD, ROOT, SFT, Case, _check, _setup
 
 H = "tests.hostile_plugins"
@@ -76,16 +80,8 @@ def algo(name: str) -> list[str]:
 CASES: list[Case] = [
     # ---- an algorithm's compute_loss returns the wrong kind (was exit 70: an error deep in the actor)
     Case("c1-loss-shape-3", algo("LossVector"), BAD, f"plugin '{H}:LossVector': compute_loss() returned a loss that is a float32 tensor of shape (3,); {LOSS}", trains=True),
-    Case("c1-loss-python-float", algo("LossFloat"), BAD, f"plugin '{H}:LossFloat': compute_loss() returned a loss that is a float (", trains=True),
-    Case("c1-loss-without-grad", algo("LossWithoutGrad"), BAD, f"plugin '{H}:LossWithoutGrad': compute_loss() returned a loss without gradients", trains=True),
-    Case("c1-loss-integer-tensor", algo("LossInteger"), BAD, f"plugin '{H}:LossInteger': compute_loss() returned a loss that is a int64 tensor of shape ()", trains=True),
-    Case("c1-loss-not-a-tuple", algo("LossOnly"), BAD, f"plugin '{H}:LossOnly': compute_loss() returned a float32 tensor of shape (); {LOSS}", trains=True),
     Case("c1-loss-generator", algo("LossGenerator"), BAD, f"plugin '{H}:LossGenerator': compute_loss() returned a generator (is there a yield in it?)", trains=True),
-    Case("c1-metrics-list", algo("MetricsList"), BAD, f"plugin '{H}:MetricsList': compute_loss() returned metrics that are a list ([1.0])", trains=True),
-    Case("c1-metric-text", algo("MetricsText"), BAD, f"plugin '{H}:MetricsText': compute_loss() returned metric 'train/mood' = a str ('good')", trains=True),
-    Case("c1-metric-vector", algo("MetricsTensor"), BAD, "compute_loss() returned metric 'train/vector' = a float32 tensor of shape (2,)", trains=True),
     Case("c1-metric-nan", algo("MetricsNaN"), BAD, f"plugin '{H}:MetricsNaN': compute_loss() returned metric 'train/ratio' = nan; it must return finite metrics", trains=True),
-    Case("c1-metric-key-int", algo("MetricsKeyNotText"), BAD, f"plugin '{H}:MetricsKeyNotText': compute_loss() returned a metric named an int (3)", trains=True),
     Case("c1-loss-raises-generator-exit", algo("GeneratorExitInLoss"), BAD, f"plugin '{H}:GeneratorExitInLoss' raised GeneratorExit (at hostile_plugins.py:", trains=True),
     # ---- the other methods the driver calls (was: exit 70, or silently trained on)
     Case("c1-signals-none", algo("SignalsNone"), BAD, f"plugin '{H}:SignalsNone': postprocess_rewards() returned None; it must return a TrainSignals", trains=True),
@@ -171,7 +167,107 @@ def test_a_reward_function_returning_no_numbers_says_so(returned, what):
     with pytest.raises(RewardError) as error:
         reward(torch.zeros(2, 3, 4, 4), ["a", "b"], [{}, {}])
     assert str(error.value).startswith(f"returned {what}, which is no list of numbers")
-    assert "it must return one float per image: a list of 2 floats or a (2,) tensor" in str(error.value)
+    assert "it must return one float per image: a list of floats or a (B,) tensor" in str(error.value)
+
+
+def test_a_reward_class_returning_no_numbers_fails_its_samples_saying_so():
+    """A Reward subclass's return goes through the same check (in its Pending), and its samples
+    fail with that message (the reward-failure policy)."""
+    rewards = RewardSet([RewardConfig(name=f"{H}:ScoresAsText")], in_process=True)
+    try:
+        result = rewards.submit(torch.zeros(2, 3, 4, 4), ["a", "b"], [{}, {}]).result()
+    finally:
+        rewards.close()
+    assert result.errors[0].startswith(
+        f"reward '{H}:ScoresAsText' raised RewardError: returned a str ('high'), which is no list of numbers"
+    )
+    assert torch.isnan(result.total).all()
+
+
+def _with_grad() -> torch.Tensor:
+    return torch.ones((), requires_grad=True) * 2
+
+
+@pytest.mark.parametrize(
+    ("returned", "said"),
+    [
+        pytest.param(lambda: 1.5, "returned a float (1.5); " + LOSS, id="c1-loss-not-a-tuple-float"),
+        pytest.param(lambda: (1.5, {}), "returned a loss that is a float (1.5)", id="c1-loss-python-float"),
+        pytest.param(
+            lambda: (torch.ones(()), {}), "returned a loss without gradients", id="c1-loss-without-grad"
+        ),
+        pytest.param(
+            lambda: (torch.ones((), dtype=torch.long), {}),
+            "a loss that is a int64 tensor of shape ()",
+            id="c1-loss-integer-tensor",
+        ),
+        pytest.param(
+            lambda: (_with_grad().expand(1), {}),
+            "a loss that is a float32 tensor of shape (1,)",
+            id="c1-loss-shape-1",
+        ),
+        pytest.param(
+            lambda: _with_grad(), "returned a float32 tensor of shape (); " + LOSS, id="c1-loss-not-a-tuple"
+        ),
+        pytest.param(
+            lambda: (_with_grad(), {}, {}),
+            "returned a tuple of 3 (a float32 tensor of shape (); a dict ({}); a dict ({}))",
+            id="c1-loss-triple",
+        ),
+        pytest.param(
+            lambda: [_with_grad(), {}],
+            "returned a list of 2 (a float32 tensor of shape (); a dict ({}))",
+            id="c1-loss-list",
+        ),
+        pytest.param(lambda: (_with_grad(), None), "returned metrics that are None", id="c1-metrics-none"),
+        pytest.param(
+            lambda: (_with_grad(), [1.0]), "returned metrics that are a list ([1.0])", id="c1-metrics-list"
+        ),
+        pytest.param(
+            lambda: (_with_grad(), {"train/mood": "good"}),
+            "metric 'train/mood' = a str ('good')",
+            id="c1-metric-text",
+        ),
+        pytest.param(
+            lambda: (_with_grad(), {"train/ok": True}),
+            "metric 'train/ok' = a bool (True)",
+            id="c1-metric-bool",
+        ),
+        pytest.param(
+            lambda: (_with_grad(), {"train/v": torch.ones(2)}),
+            "metric 'train/v' = a float32 tensor of shape (2,)",
+            id="c1-metric-vector",
+        ),
+        pytest.param(
+            lambda: (_with_grad(), {"train/r": float("inf")}),
+            "metric 'train/r' = inf; it must return finite metrics",
+            id="c1-metric-inf",
+        ),
+        pytest.param(
+            lambda: (_with_grad(), {"train/r": 10**400}), "metric 'train/r' = 1000", id="c1-metric-huge-int"
+        ),
+        pytest.param(
+            lambda: (_with_grad(), {3: 1.0}), "returned a metric named an int (3)", id="c1-metric-key-int"
+        ),
+    ],
+)
+def test_what_compute_loss_returns_is_checked(returned, said):
+    """Each wrong return of ``compute_loss`` (the wiring is the ``c1-loss-*`` rows above): the
+    plugin named, what it returned and what it must return."""
+    with pytest.raises(PluginError) as error:
+        checked_loss(LossVector, returned())
+    assert str(error.value).startswith(f"plugin '{H}:LossVector': compute_loss() ")
+    assert said in str(error.value)
+    assert str(error.value).endswith("; fix the plugin") and len(str(error.value)) < 700
+
+
+def test_good_metrics_pass_as_floats():
+    loss = _with_grad()
+    metrics = {"train/a": 1, "train/b": torch.tensor(0.5), "train/c": 2.5}
+    assert checked_loss(LossVector, (loss, metrics)) == (
+        loss,
+        {"train/a": 1.0, "train/b": 0.5, "train/c": 2.5},
+    )
 
 
 def test_a_hanging_tracker_stops_the_run_naming_it(tmp_path, monkeypatch, capsys):
@@ -208,6 +304,7 @@ def test_a_plugins_exit_in_del_is_one_warning_line(monkeypatch, capsys):
 LINGERS = """
 import sys, threading
 from diffrl import user_code
+from diffrl.algorithms.returns import checked_loss
 from diffrl.registry import import_object
 
 user_code.LINGER_S = 0.2
