@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from diffrl.rollout import CollectionSpec, TrainExamples, TrainSignals
-from diffrl.user_code import kind, returned_wrong
+from diffrl.user_code import is_diffrl_module, kind, path_of, returned_wrong
 
 LOSS = (
     "(loss, metrics): loss a 0-dim floating-point tensor with gradients (e.g. per_sample.mean()), "
@@ -39,11 +39,16 @@ def checked_loss(algorithm: Any, out: Any) -> tuple[torch.Tensor, dict[str, floa
             "a loss without gradients (made under torch.no_grad(), detached, or from .item())",
             LOSS,
         )
-    return loss, checked_metrics(algorithm, "compute_loss()", metrics)
+    # a non-finite metric beside a non-finite loss is no error (the step is skipped:
+    # train.max_nonfinite_steps), nor one of diffrl's own algorithms' (a diverging run's data)
+    finite = bool(torch.isfinite(loss.detach())) and not is_diffrl_module(
+        path_of(algorithm).partition(":")[0]
+    )
+    return loss, checked_metrics(algorithm, "compute_loss()", metrics, finite)
 
 
-def checked_metrics(algorithm: Any, call: str, metrics: Any) -> dict[str, float]:
-    """A mapping of str -> finite real number, as floats."""
+def checked_metrics(algorithm: Any, call: str, metrics: Any, finite: bool = True) -> dict[str, float]:
+    """A mapping of str -> real number, as floats; ``finite``: each a finite one."""
     if not isinstance(metrics, Mapping):
         raise returned_wrong(algorithm, call, f"metrics that are {kind(metrics)}", LOSS)
     out = {}
@@ -55,10 +60,10 @@ def checked_metrics(algorithm: Any, call: str, metrics: Any) -> dict[str, float]
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise returned_wrong(algorithm, call, f"metric {k!r} = {kind(v)}", LOSS)
         try:
-            finite = math.isfinite(v)
+            value = float(v)
         except OverflowError:  # an int beyond float's range
-            finite = False
-        if not finite:
+            value = math.inf
+        if finite and not math.isfinite(value):
             raise returned_wrong(
                 algorithm,
                 call,
@@ -66,7 +71,7 @@ def checked_metrics(algorithm: Any, call: str, metrics: Any) -> dict[str, float]
                 "finite metrics (one NaN makes the step's mean NaN; leave out a metric that has no "
                 "value for this micro-batch)",
             )
-        out[k] = float(v)
+        out[k] = value
     return out
 
 
