@@ -42,6 +42,7 @@ from diffrl.train.checkpoint import (
     verify_checkpoint,
 )
 from diffrl.train.manifest import overlap
+from diffrl.user_files import read_text
 
 WRITTEN = ("config.yaml", "metrics.jsonl", "report.html", "metrics.png", "eval_curve.png")
 """Files a run writes in place at its folder's top: a symlink there would carry the write
@@ -165,9 +166,9 @@ class RunFolder:
         )
 
     def _run_json(self) -> Any:
-        try:
-            return json.loads((self.path / "run.json").read_text())
-        except (OSError, ValueError):
+        try:  # bounded, never blocking (a FIFO in its place); UserFileError is a ValueError
+            return json.loads(read_text(self.path / "run.json", "run.json", "", max_bytes=1 << 20))
+        except (OSError, ValueError, RecursionError):  # RecursionError: nested thousands deep
             return None
 
     def run_id(self) -> str | None:

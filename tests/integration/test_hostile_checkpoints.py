@@ -142,6 +142,21 @@ def as_run_folder(tmp: Path) -> None:
     (run / "metrics.jsonl").write_text('{"step": 1, "train/loss": 0.5}\n')
 
 
+def run_json(kind: str):
+    """{tmp}/run (:func:`as_run_folder`) whose run.json is a FIFO, or JSON nested 100,000 deep."""
+
+    def prepare(tmp: Path) -> None:
+        as_run_folder(tmp)
+        f = tmp / "run" / "run.json"
+        f.unlink()
+        if kind == "fifo":
+            os.mkfifo(f)
+        else:
+            f.write_text("[" * 100_000)
+
+    return prepare
+
+
 def run_folder_without_checkpoints(tmp: Path) -> None:
     (tmp / "run").mkdir()
     (tmp / "run" / "run.json").write_text('{"run_id": "r1"}')
@@ -232,6 +247,9 @@ CASES = [
     Case("c9-weights-dangling-symlink", ["export", "{ckpt}", "{tmp}/out"], BAD, "trainable.safetensors is a symlink to a missing file", prepare=replaced("trainable.safetensors", "dangling")),
     Case("c9-config-fifo", ["eval", "{ckpt}"], BAD, f"config.yaml {FIFO}", prepare=replaced("config.yaml", "fifo")),
     Case("c9-resume-optimizer-fifo", RESUME, BAD, f"optimizer.safetensors {FIFO}", prepare=replaced("optimizer.safetensors", "fifo"), trains=True),
+    # ---- class 9: a run folder whose run.json is no run id (was: a FIFO hung the resume; RecursionError)
+    Case("c9-resume-latest-run-json-fifo", ["train", SFT, "train.resume=latest", "train.iterations=5", "run.output_dir={tmp}/run", *CKPT_SETTINGS], BAD, "output folder '{tmp}/run' holds run", prepare=run_json("fifo"), trains=True),
+    Case("c9-resume-latest-run-json-nested-deep", ["train", SFT, "train.resume=latest", "train.iterations=5", "run.output_dir={tmp}/run", *CKPT_SETTINGS], BAD, "output folder '{tmp}/run' holds run", prepare=run_json("deep"), trains=True),
     # ---- class 9: a model folder (an export) whose JSON is nested 100,000 deep
     Case("c9-model-family-file-nested-deep", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "diffrl_model.json is not the JSON diffrl writes (RecursionError)", prepare=model_file("diffrl_model.json", "[" * 100_000)),
     Case("c9-model-family-file-a-list", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "diffrl_model.json names no model family (it holds [1])", prepare=model_file("diffrl_model.json", "[1]")),
