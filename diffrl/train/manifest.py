@@ -185,6 +185,16 @@ def _type_problems(info: dict[str, Any]) -> list[str]:
         checks["trainer.actor_step"] = whole(trainer.get("actor_step"), 0, 2**62)
         checks["trainer.rng"] = "rng" not in trainer or isinstance(trainer["rng"], dict)
     if isinstance(loop, dict):
+        seconds = loop.get("train_time_s", 0.0)
+        checks["loop.train_time_s"] = (
+            isinstance(seconds, int | float) and not isinstance(seconds, bool) and 0 <= seconds < 1e12
+        )
+        checks["loop.final"] = isinstance(loop.get("final", False), bool)
+        guard = loop.get("guard", {})
+        checks["loop.guard"] = isinstance(guard, dict) and all(whole(v, 0, 2**62) for v in guard.values())
+        checks["loop.rollout_version"] = "rollout_version" not in loop or whole(
+            loop["rollout_version"], 0, 2**62
+        )
         evals = loop.get("evals", [])
         checks["loop.evals"] = isinstance(evals, list) and all(
             isinstance(e, dict) and whole(e.get("step"), 0, MAX_ITERATION) for e in evals
