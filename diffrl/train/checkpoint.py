@@ -343,8 +343,10 @@ def prune_checkpoints(output_dir: str | Path, keep_last: int | None, step: int) 
             steps.append(p)
     steps.sort(key=iteration_of)
     doomed = steps[:-keep_last]
-    for p in doomed:
-        shutil.rmtree(p)
+    for p in doomed:  # out of sight first: a process killed mid-delete leaves no half checkpoint
+        trash = p.parent / f"{TMP_PREFIX}{p.name}-{os.getpid()}-pruned"
+        p.rename(trash)
+        shutil.rmtree(trash)  # (or remove_partial_writes does, at the next resume)
     return doomed
 
 

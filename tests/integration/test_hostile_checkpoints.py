@@ -376,3 +376,32 @@ def test_c9_resume_latest_skips_a_checkpoint_whose_json_is_a_fifo_and_says_why(t
     found, skipped = latest_checkpoint(tmp_path / "run")
     assert found == tmp_path / "run" / "checkpoints" / "final"
     assert len(skipped) == 1 and f"checkpoint.json {FIFO}" in skipped[0]
+
+
+def test_c8_a_process_killed_while_pruning_leaves_no_half_checkpoint(tmp_path, tiny_checkpoint, monkeypatch):
+    """class 8: train.keep_last deletes an old checkpoint; a process killed in the middle of that
+    delete (here: the delete stops after one file) leaves no half checkpoint among the run's
+    (was: a step folder missing files, skipped with a warning by every resume=latest, never
+    pruned), and the next resume clears what is left."""
+    from diffrl.train import checkpoint
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    for step in (1, 2):
+        shutil.copytree(tiny_checkpoint, ckpts / f"step_{step:05d}")
+        info = json.loads((ckpts / f"step_{step:05d}" / "checkpoint.json").read_text())
+        info["iteration"] = step
+        (ckpts / f"step_{step:05d}" / "checkpoint.json").write_text(json.dumps(seal(info)))
+
+    def killed(path, ignore_errors=False):
+        next(Path(path).glob("*.safetensors")).unlink()
+        raise KeyboardInterrupt  # as the process would stop there
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.prune_checkpoints(tmp_path / "run", keep_last=1, step=2)
+    monkeypatch.undo()
+    assert [p.name for p in checkpoint.checkpoints_of(tmp_path / "run")] == ["step_00002"]
+    found, skipped = checkpoint.latest_checkpoint(tmp_path / "run")
+    assert found == ckpts / "step_00002" and skipped == []
+    checkpoint.remove_partial_writes(tmp_path / "run")
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00002"]
