@@ -108,11 +108,13 @@ def test_pictures_that_cannot_be_written_are_a_warning_naming_diffrl_report(tmp_
     Recording.started.clear()
     config = _config(tmp_path, "Closing")
     out = config.run.resolved_output_dir()
-    (out / "report.html").mkdir(parents=True)  # the page cannot be written where a folder is
-    (out / "run.json").write_text('{"run_id": null}')  # in a diffrl folder (a foreign one is refused)
     with pytest.warns(UserWarning, match=r"could not write the run's pictures .* `diffrl report .*`"):
         with TrainSession(config) as session:
             session.logger.log(1, {"train/loss": 0.5})
+            # the page cannot be written where a folder is (one made while the run ran: a run
+            # refuses to start on a folder there)
+            (out / "report.html").mkdir()
     [tracker] = Recording.started
     assert tracker.closed == "ok"  # the run itself ended well: its checkpoint and metrics stand
+    (out / "report.html").rmdir()  # (a run, or this check's acquire, refuses a folder there)
     assert _lock_is_free(RunFolder(out))
