@@ -405,3 +405,14 @@ def test_c8_a_process_killed_while_pruning_leaves_no_half_checkpoint(tmp_path, t
     assert found == ckpts / "step_00002" and skipped == []
     checkpoint.remove_partial_writes(tmp_path / "run")
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00002"]
+
+
+def test_c9_a_folder_named_like_a_builtin_model_is_that_folder(tmp_path, monkeypatch, capsys):
+    """``sample ./base`` names the folder ./base, not the built-in model 'base' (was: str(Path)
+    dropped the ./ and the built-in model was sampled in its place, silently)."""
+    from diffrl.cli import main
+
+    (tmp_path / "base").mkdir()  # no model inside: refused, naming it
+    monkeypatch.chdir(tmp_path)
+    assert main(["sample", "./base", "--prompt", "a", "--out", str(tmp_path / "out")]) == BAD
+    assert "'./base' is not a tiny model folder (no transformer/ inside)" in capsys.readouterr().err
