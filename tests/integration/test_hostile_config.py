@@ -11,6 +11,7 @@ is all the size rules read.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,13 @@ SD3_FOLDER = ["model.family=sd3", f"model.path={SHIPPED_CONFIGS / 'stable-diffus
 PAIRS = {"pairs/a.png": b"", "pairs/b.png": b""}
 DEEP = "[" * 40_000 + "]" * 40_000
 """A JSON value nested 40,000 deep in 80,000 characters (``json.loads`` raises RecursionError)."""
+
+
+def fifo(name: str):
+    """``prepare``: ``{tmp}/name`` a FIFO (opening it to read would wait for a writer forever)."""
+    return lambda tmp: os.mkfifo(tmp / name)
+
+
 NOT_FOR_SFT = "is not used by algorithm 'sft' (it trains on data.dataset"
 
 # one row a line: the table reads down its columns
@@ -57,6 +65,9 @@ CASES: list[Case] = [
     Case("c4-dataset-metadata-nested-deep", ["train", SFT, "data.dataset={tmp}/images"], BAD, "line 1: nested more than 64 levels deep", files={"images/a.png": b"", "images/metadata.jsonl": '{"file_name": "a.png", "text": ' + DEEP + "}\n"}),
     Case("c4-pairs-nested-deep", ["train", DPO, "algorithm.params={pairs: offline}", "data.dataset={tmp}/pairs", "rewards=[]"], BAD, "line 1: nested more than 64 levels deep", files={**PAIRS, "pairs/metadata.jsonl": '{"prompt": ' + DEEP + "}\n"}),
     Case("c4-prompts-line-of-900000-characters", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "line 1: 900,000 characters; a prompt line is at most 100,000", files={"p.txt": "w" * 900_000 + "\nb\n"}, absent="w" * 1000),
+    Case("c4-recipe-a-fifo", ["train", "{tmp}/r.yaml"], BAD, "r.yaml' is a FIFO (named pipe), not a regular file; give a recipe .yaml file", prepare=fifo("r.yaml")),
+    Case("c4-prompts-a-fifo", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "p.txt' is a FIFO (named pipe), not a regular file", prepare=fifo("p.txt")),
+    Case("c4-eval-prompts-a-fifo", ["eval", "base", "--prompts", "{tmp}/p.txt"], BAD, "eval.prompts: prompt file", prepare=fifo("p.txt")),
     Case("c4-sample-prompt-too-long", ["sample", "base", "--prompt", "w" * 100_001], BAD, "--prompt 1 ('wwww", absent="w" * 1000),
     # ---- class 5: JSONL lines that lose data without a word
     Case("c5-prompts-jsonl-prompt-twice", ["train", GRPO, "data.prompts={tmp}/p.jsonl"], BAD, "line 2: key 'prompt' is given twice in one object (JSON readers keep only the last): keep one", files={"p.jsonl": '{"prompt": "a"}\n{"prompt": "b", "prompt": "c"}\n'}),
