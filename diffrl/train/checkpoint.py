@@ -579,7 +579,12 @@ def load_weights_into(family, path: str | Path, use_ema: bool = True) -> dict[st
     if use_ema and "ema.safetensors" in info["files"]:
         params = dict(family.trainable_module().named_parameters())
         ema = load_tensors(path, "ema.safetensors")
-        if set(ema) != set(params) or any(tuple(v.shape) != tuple(params[n].shape) for n, v in ema.items()):
+        # the EMA shadows the trained parameters: all of them, or (LoRA) the adapter's only
+        if (
+            not ema
+            or not set(ema) <= set(params)
+            or any(tuple(v.shape) != tuple(params[n].shape) for n, v in ema.items())
+        ):
             raise _unfit(path, "ema.safetensors", KeyError("its tensors are not the trainable parameters"))
         for n, v in ema.items():
             copy_full_(params[n], v)

@@ -42,7 +42,7 @@ def test_a_reward_server_actor_serves_the_remote_reward(ray_cluster, monkeypatch
 def test_a_reward_that_cannot_load_is_a_clear_error(ray_cluster):
     with pytest.raises(
         DiffrlError,
-        match=r"^reward 'tests.rewards:pixel_sum' --params: unknown param 'nope'",
+        match=r"^reward 'tests.rewards:pixel_sum'.*: unknown param 'nope'",
     ):
         start_reward_server(REWARD, {"nope": 1}, host="127.0.0.1")
     with pytest.raises(DiffrlError, match="binds its Ray node's address, and the server has no token"):
