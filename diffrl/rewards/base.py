@@ -35,6 +35,7 @@ import torch
 
 from diffrl import torch_state
 from diffrl.config import RewardConfig
+from diffrl.config.binding import bind_signature
 from diffrl.errors import Abandoned, DiffrlError
 from diffrl.interrupts import is_real_interrupt
 from diffrl.logging.quiet import quiet_libraries
@@ -408,17 +409,23 @@ def build_reward(cfg: RewardConfig) -> Reward:
                 "must give up `timeout` seconds after submit (raise DeadlineExceeded)"
             )
         try:
-            return obj(**cfg.params)
+            return obj(**_bound(obj.__init__, cfg))
         except TypeError as e:
             params = ", ".join(p for p in inspect.signature(obj.__init__).parameters if p != "self")
             raise RegistryError(
                 f"reward {cfg.name!r}: bad params {cfg.params} ({e}); it takes: {params}"
             ) from e
     if callable(obj):
-        return FunctionReward(obj, cfg.name, **cfg.params)
+        return FunctionReward(obj, cfg.name, **_bound(obj, cfg))
     raise RegistryError(
         f"reward {cfg.name!r} resolves to {obj!r}, which is neither a Reward class nor a function"
     )
+
+
+def _bound(fn: Callable[..., Any], cfg: RewardConfig) -> dict[str, Any]:
+    """``cfg.params`` bound to ``fn``'s annotations as preflight checked them (``num_workers: 2.0``
+    is the int 2, as for any config field)."""
+    return bind_signature(fn, cfg.params, f"{cfg.name}.params")[0]
 
 
 def reward_key(cfg: RewardConfig) -> str:

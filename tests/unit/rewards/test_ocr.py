@@ -78,3 +78,17 @@ def test_rollouts_keep_uint8_images_and_rewards_score_them_as_the_floats():
     torch.testing.assert_close(
         from_uint8.per_reward[brightness], from_floats.per_reward[brightness], atol=1 / 510, rtol=0
     )
+
+
+@pytest.mark.parametrize("written", [2, 2.0])
+def test_a_whole_float_for_num_workers_builds_the_reward_preflight_accepted(written):
+    """Preflight binds ``num_workers: 2.0`` as the int 2 (as any config field); the reward built
+    for the run gets that int, not the float (a worker count of 2.0 was exit 70 at the pool)."""
+    from diffrl.config import RewardConfig
+    from diffrl.preflight.rewards import reward_problems
+    from diffrl.rewards.base import build_reward
+
+    cfg = RewardConfig("ocr", params={"num_workers": written})
+    assert reward_problems("rewards", [cfg], check_files=True) == []
+    reward = build_reward(cfg)
+    assert reward.num_workers == 2 and type(reward.num_workers) is int
