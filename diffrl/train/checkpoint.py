@@ -443,6 +443,7 @@ RESUMABLE = (
     "model.compile",
     "model.autocast",
     "model.encode_once",
+    "model.options.gradient_checkpointing",
     "rollout.micro_group_size",
     "rollout.engine",
     "rollout.engine_options",
@@ -462,7 +463,7 @@ RESUMABLE = (
     "eval.rewards[*].timeout_s",
 )
 """Settings a resumed run may change: where and how it runs (device, runner, workers, micro-batch
-layout, which results do not depend on), how long and how often it saves, logs and evaluates, and
+layout, gradient checkpointing, which results do not depend on), how long and how often it saves, logs and evaluates, and
 deadlines. They take effect from the resumed iteration on and the run folder's ``config.yaml``
 records them. Every other setting (the learning rate and optimizer, the seed, the algorithm and its
 parameters, the batch arithmetic, sampling, data, rewards, what eval measures) is the run's: the
@@ -485,6 +486,16 @@ def _flat(value: Any, key: str, out: dict[str, Any]) -> dict[str, Any]:
     else:
         out[key] = to_plain(value)
     return out
+
+
+def _by_option(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` with ``model.options`` one setting per option (``model.options.gradient_checkpointing``
+    may change on resume; the family's other options may not)."""
+    options = flat.get("model.options")
+    if isinstance(options, dict):
+        del flat["model.options"]
+        flat.update({f"model.options.{k}": v for k, v in options.items()})
+    return flat
 
 
 def _shown(value: Any) -> str:
@@ -510,7 +521,7 @@ def config_changes(config: Config, path: str | Path) -> tuple[list[str], list[st
             f"({'; '.join(errors)[:300]}): only the others are compared with this config",
             stacklevel=2,
         )
-    old, new = _flat(saved, "", {}), _flat(config, "", {})
+    old, new = _by_option(_flat(saved, "", {})), _by_option(_flat(config, "", {}))
     refused, allowed = [], []
     for key in sorted(set(old) | set(new), key=lambda k: (k.split(".")[0], k)):
         before, after = old.get(key, _ABSENT), new.get(key, _ABSENT)

@@ -207,6 +207,7 @@ CASES = [
     Case("c6-resume-other-seed", [*RESUME, "run.seed=7"], BAD, "run.seed: 0 in the checkpoint's run -> 7 here", trains=True),
     Case("c6-resume-other-batch", [*RESUME, "train.batch_size=4"], BAD, "train.batch_size: 2 in the checkpoint's run -> 4 here", trains=True),
     Case("c6-resume-other-schedule", [*RESUME, "train.lr_schedule=constant"], BAD, 'train.lr_schedule: "cosine" in the checkpoint\'s run -> "constant" here', trains=True),
+    Case("c6-resume-other-model-option", [*RESUME, "model.options.train_text_encoder=false"], BAD, "model.options.train_text_encoder: true in the checkpoint's run -> false here", trains=True),
     Case("c6-resume-other-algorithm-params", [*RESUME, "algorithm.params.cond_dropout=0.5"], BAD, "algorithm.params: {", trains=True),
     Case("c6-resume-says-how", [*RESUME, "train.lr=0.5"], BAD, f"{CHANGED} '{{tmp}}/ckpt' was trained with", trains=True),
     Case("c6-resume-nft-under-grpo", ["train", GRPO, "train.resume={ckpt}", "run.output_dir={tmp}/run", "model.path=random"], BAD, 'algorithm.name: "diffusion_nft" in the checkpoint\'s run -> "flow_grpo" here', prepare=trained_with("algorithm", NFT), trains=True),
@@ -309,11 +310,15 @@ def test_a_resume_may_change_where_and_how_often_and_says_so(tmp_path, tiny_chec
     monkeypatch.chdir(ROOT)
     shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
     argv = [_fill(a, tmp_path) for a in RESUME]
-    argv = [a.replace("train.iterations=5", "train.iterations=2") for a in argv] + ["train.save_every=1"]
+    argv = [a.replace("train.iterations=5", "train.iterations=2") for a in argv] + [
+        "train.save_every=1",
+        "model.options.gradient_checkpointing=true",  # a memory lever, the same numbers
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "settings changed since the checkpoint" in out
     assert "train.iterations: 1 in the checkpoint's run -> 2 here" in out and "train.save_every: 250" in out
+    assert "model.options.gradient_checkpointing: (none) in the checkpoint's run -> true here" in out
     recorded = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert recorded["train"]["iterations"] == 2 and recorded["train"]["save_every"] == 1
 
