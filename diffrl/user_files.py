@@ -11,9 +11,14 @@ checked again once open (it may have been swapped since).
 from __future__ import annotations
 
 import errno
+import itertools
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
 
 from diffrl.errors import DiffrlError
 
@@ -111,3 +116,73 @@ def read_text(path: str | Path, what: str, fix: str, max_bytes: int = MAX_TEXT_B
             f"{what} {str(path)!r} is not UTF-8 text (line {line}, column {column}: byte "
             f"0x{data[start]:02x}); {fix}"
         ) from e
+
+
+def read_json(path: str | Path, what: str, fix: str, max_bytes: int = MAX_TEXT_BYTES) -> Any:
+    """:func:`read_text`, parsed as JSON; JSON that is not valid or is nested too deeply for
+    Python's parser (``[`` * 100,000: a RecursionError) is a :class:`UserFileError` too."""
+    text = read_text(path, what, fix, max_bytes)
+    try:
+        return json.loads(text)
+    except RecursionError as e:
+        raise UserFileError(f"{what} {str(path)!r} is JSON nested too deeply to read; {fix}") from e
+    except ValueError as e:  # JSONDecodeError, and integers past Python's 4,300 digits
+        raise UserFileError(f"{what} {str(path)!r} is not valid JSON ({str(e)[:200]}); {fix}") from e
+
+
+def read_json_object(
+    path: str | Path, what: str, fix: str, max_bytes: int = MAX_TEXT_BYTES
+) -> dict[str, Any]:
+    """:func:`read_json` that must hold a JSON object (``{...}``), as every config file does."""
+    data = read_json(path, what, fix, max_bytes)
+    if not isinstance(data, dict):
+        raise UserFileError(
+            f"{what} {str(path)!r} holds {_json_kind(data)}, not a JSON object ({{...}}); {fix}"
+        )
+    return data
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "a JSON array"
+    if isinstance(value, str):
+        return "a JSON string"
+    if isinstance(value, bool):
+        return "a JSON boolean"
+    return "JSON null" if value is None else "a JSON number"
+
+
+MAX_FOLDER_ENTRIES = 10_000
+"""The most entries of one model folder checked (a model holds a few files, a sharded one hundreds)."""
+
+
+def check_model_files(folder: str | Path, what: str, fix: str) -> None:
+    """Refuse the files directly in a model's folder (transformers' or diffusers' ``from_pretrained``
+    reads them) that a loader would hang or crash on: a FIFO (a read waits for a writer), a
+    device, a symlink loop, an unreadable file; a ``.json`` file that is not one JSON object of
+    at most 256 MB (nested 100,000 deep, the libraries' parsers raise RecursionError); a
+    ``.safetensors`` file whose header does not read (empty, garbage, a sparse file of zeros).
+    Only headers are read of weights. A :class:`UserFileError`: ``{what} '{file}' {problem}; {fix}``."""
+    with os.scandir(folder) as entries:
+        for entry in itertools.islice(entries, MAX_FOLDER_ENTRIES):
+            path = Path(entry.path)
+            if path.is_dir():
+                continue
+            if path.suffix == ".json":
+                read_json_object(path, what, fix)
+            elif path.suffix == ".safetensors":
+                check_safetensors(path, what, fix)
+            else:
+                check_file(path, what, fix)
+
+
+def check_safetensors(path: str | Path, what: str, fix: str) -> None:
+    """Refuse ``path`` unless it is a regular file whose safetensors header reads (its tensors'
+    offsets within the file); only the header is read."""
+    check_file(path, what, fix)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception as e:  # noqa: BLE001 - safetensors' error type differs between its versions
+        detail = " ".join(str(e).split())[:200]
+        raise UserFileError(f"{what} {str(path)!r} is not a safetensors file ({detail}); {fix}") from e

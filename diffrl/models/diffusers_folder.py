@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 from abc import abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -16,23 +15,49 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
-from diffrl.errors import DiffrlError
+from diffrl.errors import DiffrlError, quoted
 from diffrl.models.base import DTYPES, SHIPPED_CONFIGS, ModelFamily, check_family_dir, write_family_file
+from diffrl.user_files import UserFileError, check_model_files, read_json_object
 
 
 def load_part(folder: Path, sub: str, part_class: type, dtype: torch.dtype | None = None) -> Any:
     """``part_class.from_pretrained(folder, subfolder=sub)``, as the pipeline loads its part ``sub``,
     with the weights in ``dtype`` (None: a tokenizer, which has none). diffusers' and transformers'
-    models both take ``torch_dtype``."""
+    models both take ``torch_dtype``. The part's files are checked first (:func:`check_part_files`);
+    whatever else the libraries cannot load from them (a config of the wrong shape, weights that do
+    not fit it) is the folder's error, naming the part."""
+    check_part_files(folder, sub)
     try:
         if dtype is None:
             return part_class.from_pretrained(folder, subfolder=sub)
         return part_class.from_pretrained(folder, subfolder=sub, torch_dtype=dtype)
-    except RecursionError as e:  # a config JSON nested thousands deep: the folder's, not diffrl's
+    except (torch.OutOfMemoryError, MemoryError):
+        raise  # the machine's limit, not the folder's
+    except Exception as e:  # noqa: BLE001 - a library reading the user's files: the folder's error
         raise DiffrlError(
-            f"model.path: {str(folder)!r}: a JSON file of {sub}/ is nested too deeply to be a model's "
-            "config; replace the folder with the model's own files"
+            f"model.path: {str(folder)!r}: its {sub}/ cannot be loaded as a {part_class.__name__} "
+            f"({type(e).__name__}: {_one_line(str(e))}); {PART_FIX}"
         ) from e
+
+
+PART_FIX = "replace the folder with the model's own files (copy it again)"
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def check_part_files(folder: Path, sub: str) -> None:
+    """Refuse the part folder ``folder/sub`` before a library reads it: missing, or a file in it
+    that cannot be what a loader reads (:func:`~diffrl.user_files.check_model_files`). A
+    :class:`DiffrlError` naming the file."""
+    if not (folder / sub).is_dir():
+        raise DiffrlError(
+            f"model.path: {str(folder)!r} has no {sub}/ folder (the model's {sub}); copy the whole "
+            "model folder, every part of it"
+        )
+    check_model_files(folder / sub, f"model.path: the {sub}/ file", PART_FIX)
 
 
 class DiffusersFolderFamily(ModelFamily):
@@ -98,9 +123,10 @@ class DiffusersFolderFamily(ModelFamily):
         index = folder / "model_index.json"
         if not index.is_file():
             return [f"{str(folder)!r} has no model_index.json: not a diffusers pipeline folder"]
-        meta = read_json(index)
-        if meta is None:
-            return [f"{str(index)!r} is not a readable JSON object: the folder is damaged (copy it again)"]
+        try:
+            meta = read_json_object(index, "the pipeline's file", PART_FIX)
+        except UserFileError as e:
+            return [str(e)]
         found = meta.get("_class_name")
         accepted = cls.pipeline_classes or (cls.pipeline_class,)
         if found not in accepted:
@@ -108,11 +134,17 @@ class DiffusersFolderFamily(ModelFamily):
                 f"{str(folder)!r} holds a {found} (model_index.json); the {cls.name} family reads "
                 f"{' or '.join(accepted)} folders"
             ]
-        return [
+        problems = [
             f"{str(folder)!r} has no {sub}/ folder"
             for sub in ("transformer", "scheduler")
             if not (folder / sub).is_dir()
         ]
+        if not problems:
+            try:
+                cls.read_scheduler_config(folder)
+            except UserFileError as e:
+                problems.append(str(e))
+        return problems
 
     @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
@@ -194,11 +226,21 @@ class DiffusersFolderFamily(ModelFamily):
 
     @staticmethod
     def read_pipeline_config(folder: Path) -> dict[str, Any]:
-        return json.loads((folder / "model_index.json").read_text())
+        return read_json_object(folder / "model_index.json", "the pipeline's file", PART_FIX)
 
     @staticmethod
     def read_scheduler_config(folder: Path) -> dict[str, Any]:
-        return json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+        """The folder's ``scheduler/scheduler_config.json``, which must name a diffusers scheduler."""
+        file = folder / "scheduler" / "scheduler_config.json"
+        config = read_json_object(file, "the scheduler's file", PART_FIX)
+        name = config.get("_class_name")
+        scheduler = getattr(diffusers, name, None) if isinstance(name, str) else None
+        if not (isinstance(scheduler, type) and hasattr(scheduler, "from_config") and "Scheduler" in name):
+            raise UserFileError(
+                f"the scheduler's file {str(file)!r} names no diffusers scheduler (_class_name "
+                f"{quoted(name)}); {PART_FIX}"
+            )
+        return config
 
     @staticmethod
     def freeze(modules: list[nn.Module | None], device: torch.device) -> None:
@@ -247,12 +289,12 @@ class DiffusersFolderFamily(ModelFamily):
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``; None when the file is missing, unreadable or not an object."""
+    """A JSON object from ``path``; None when the file is missing, unreadable (a FIFO, nested too
+    deeply, over 256 MB) or not an object: the load reports it."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json_object(path, "JSON file", PART_FIX)
+    except UserFileError:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def latent_stats(vae_config: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

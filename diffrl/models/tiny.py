@@ -13,7 +13,6 @@ On disk it is a diffusers-layout folder (``transformer/``, ``text_encoder/``, ``
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -130,12 +129,10 @@ class TinyFamily(ModelFamily):
         path = config.model.path
         if path not in ("base", "random"):
             file = Path(path) / "transformer" / "config.json"
-            if not file.is_file():  # without check_files (a plan) too: the JSON is all it reads
-                return None
-            try:
-                settings.update(json.loads(file.read_text()))
-            except (OSError, ValueError, RecursionError):
+            found = read_json(file)  # without check_files (a plan) too: the JSON is all it reads
+            if found is None:
                 return None  # an unreadable folder is reported when it loads
+            settings.update(found)
         return settings
 
     @classmethod
@@ -198,7 +195,7 @@ class TinyFamily(ModelFamily):
             check_family_dir(folder, cls.name)
             transformer = load_part(folder, "transformer", SD3Transformer2DModel, torch.float32)
             text_encoder = load_part(folder, "text_encoder", CLIPTextModelWithProjection, torch.float32)
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+            tokenizer = load_part(folder, "tokenizer", PreTrainedTokenizerFast)
         transformer.to(device=device)
         if dtype != torch.float32:
             transformer.to(dtype=dtype)

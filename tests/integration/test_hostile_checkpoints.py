@@ -258,7 +258,7 @@ CASES = [
     # ---- class 9: a model folder (an export) whose JSON is nested 100,000 deep
     Case("c9-model-family-file-nested-deep", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "diffrl_model.json is not the JSON diffrl writes (RecursionError)", prepare=model_file("diffrl_model.json", "[" * 100_000)),
     Case("c9-model-family-file-a-list", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "diffrl_model.json names no model family (it holds [1])", prepare=model_file("diffrl_model.json", "[1]")),
-    Case("c9-model-config-nested-deep", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "a JSON file of transformer/ is nested too deeply", prepare=model_file("transformer/config.json", "[" * 100_000)),
+    Case("c9-model-config-nested-deep", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "transformer/config.json' is JSON nested too deeply to read", prepare=model_file("transformer/config.json", "[" * 100_000)),
     # ---- class 9: a run folder where a checkpoint is expected: name the checkpoint meant
     Case("c9-eval-a-run-folder", ["eval", "{tmp}/run"], BAD, "'{tmp}/run' is a run folder: did you mean '{tmp}/run/checkpoints/final'?", prepare=as_run_folder),
     Case("c9-eval-a-runs-checkpoints", ["eval", "{tmp}/run/checkpoints"], BAD, "did you mean '{tmp}/run/checkpoints/final'?", prepare=as_run_folder),

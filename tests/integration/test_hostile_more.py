@@ -1,0 +1,145 @@
+"""More hostile inputs (issue 36): model and reward folders whose files are not what their loaders
+read (JSON nested 100,000 deep, a FIFO, a 2 GB sparse file, bytes that are not UTF-8, a JSON array
+where an object belongs, empty or garbage weights, a missing part). Each is exit 2 with an
+``error:`` line naming the file, never exit 70 or a hang.
+
+Rows use :class:`tests.integration.test_bad_inputs.Case` and run in process through
+:func:`diffrl.cli.main`; a row that got past validation and would train fails (training is
+replaced by a refusal). The tiny-model rows run ``diffrl sample`` on a damaged copy of the shipped
+tiny base (its parts load before the damaged one: about a second); the SD3 rows are refused at
+validation, from the JSON files of the shipped SD3.5 configs (no weights).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from diffrl.models.base import SHIPPED_CONFIGS
+from tests.integration.test_bad_inputs import BAD, ROOT, Case, _check, _setup
+
+TINY_BASE = ROOT / "diffrl" / "models" / "assets" / "tiny_base"
+GRPO = "recipes/tiny_grpo_ocr_small.yaml"
+DEEP = "[" * 100_000
+"""JSON nested 100,000 deep (``json.loads`` raises RecursionError)."""
+FIX = "replace the folder with the model's own files"
+
+
+def _damage(file: Path, how: str | bytes) -> None:
+    """``how``: the new content, or ``fifo``, ``sparse`` (2 GB of zeros on no disk), ``loop``
+    (a symlink to itself), ``gone`` (the file or folder removed)."""
+    if isinstance(how, bytes):
+        file.write_bytes(how)
+        return
+    if file.is_dir():
+        shutil.rmtree(file)
+    elif file.exists() or file.is_symlink():
+        file.unlink()
+    if how == "fifo":
+        os.mkfifo(file)
+    elif how == "sparse":
+        with open(file, "wb") as f:
+            f.truncate(2 * 1024**3)
+    elif how == "loop":
+        file.symlink_to(file)
+    elif how != "gone":
+        file.write_text(how)
+
+
+def tiny(rel: str, how: str | bytes):
+    """``prepare``: {tmp}/model, a copy of the shipped tiny base whose ``rel`` is damaged."""
+
+    def prepare(tmp: Path) -> None:
+        shutil.copytree(TINY_BASE, tmp / "model")
+        _damage(tmp / "model" / rel, how)
+
+    return prepare
+
+
+def sd3(rel: str, how: str | bytes):
+    """``prepare``: {tmp}/sd3, the shipped SD3.5 Medium JSON files with a scheduler, ``rel`` damaged."""
+
+    def prepare(tmp: Path) -> None:
+        shutil.copytree(SHIPPED_CONFIGS / "stable-diffusion-3.5-medium", tmp / "sd3")
+        (tmp / "sd3" / "scheduler").mkdir()
+        (tmp / "sd3" / "scheduler" / "scheduler_config.json").write_text(
+            '{"_class_name": "FlowMatchEulerDiscreteScheduler", "shift": 3.0}'
+        )
+        _damage(tmp / "sd3" / rel, how)
+
+    return prepare
+
+
+SAMPLE = ["sample", "{tmp}/model", "--prompt", "a", "--out", "{tmp}/out"]
+TRAIN_SD3 = ["train", GRPO, "model.family=sd3", "model.path={tmp}/sd3"]
+TOKENIZER = "model.path: the tokenizer/ file '{tmp}/model/tokenizer/tokenizer.json'"
+TOKENIZER_CONFIG = "model.path: the tokenizer/ file '{tmp}/model/tokenizer/tokenizer_config.json'"
+TEXT_ENCODER = "model.path: the text_encoder/ file '{tmp}/model/text_encoder/config.json'"
+TRANSFORMER = "model.path: the transformer/ file '{tmp}/model/transformer/config.json'"
+WEIGHTS = "model.path: the transformer/ file '{tmp}/model/transformer/diffusion_pytorch_model.safetensors'"
+
+# one row a line: the table reads down its columns
+# fmt: off
+CASES: list[Case] = [
+    # ---- class 9: a model folder's JSON files, refused naming the file before a library reads them
+    Case("c9-tokenizer-json-nested-deep", SAMPLE, BAD, f"{TOKENIZER} is JSON nested too deeply to read; {FIX}", prepare=tiny("tokenizer/tokenizer.json", DEEP)),
+    Case("c9-tokenizer-json-not-utf8", SAMPLE, BAD, f"{TOKENIZER} is not UTF-8 text (line 1, column 1: byte 0xff)", prepare=tiny("tokenizer/tokenizer.json", b"\xff\xfe{}")),
+    Case("c9-tokenizer-json-a-list", SAMPLE, BAD, f"{TOKENIZER} holds a JSON array, not a JSON object", prepare=tiny("tokenizer/tokenizer.json", "[1, 2]")),
+    Case("c9-tokenizer-json-2gb-sparse", SAMPLE, BAD, f"{TOKENIZER} is 2,147,483,648 bytes, more than the 268,435,456 read at most", prepare=tiny("tokenizer/tokenizer.json", "sparse")),
+    Case("c9-tokenizer-json-symlink-loop", SAMPLE, BAD, f"{TOKENIZER} is a symlink loop", prepare=tiny("tokenizer/tokenizer.json", "loop")),
+    Case("c9-tokenizer-config-nested-deep", SAMPLE, BAD, f"{TOKENIZER_CONFIG} is JSON nested too deeply", prepare=tiny("tokenizer/tokenizer_config.json", DEEP)),
+    Case("c9-tokenizer-config-a-list", SAMPLE, BAD, f"{TOKENIZER_CONFIG} holds a JSON array", prepare=tiny("tokenizer/tokenizer_config.json", "[1, 2]")),
+    Case("c9-text-encoder-config-nested-deep", SAMPLE, BAD, f"{TEXT_ENCODER} is JSON nested too deeply", prepare=tiny("text_encoder/config.json", DEEP)),
+    Case("c9-text-encoder-config-a-list", SAMPLE, BAD, f"{TEXT_ENCODER} holds a JSON array", prepare=tiny("text_encoder/config.json", "[1, 2]")),
+    Case("c9-text-encoder-config-not-utf8", SAMPLE, BAD, f"{TEXT_ENCODER} is not UTF-8 text", prepare=tiny("text_encoder/config.json", b"\xff\xfe{}")),
+    Case("c9-transformer-config-a-list", SAMPLE, BAD, f"{TRANSFORMER} holds a JSON array", prepare=tiny("transformer/config.json", "[1, 2]")),
+    Case("c9-transformer-config-not-utf8", SAMPLE, BAD, f"{TRANSFORMER} is not UTF-8 text", prepare=tiny("transformer/config.json", b"\xff\xfe{}")),
+    Case("c9-transformer-config-2gb-sparse", SAMPLE, BAD, f"{TRANSFORMER} is 2,147,483,648 bytes", prepare=tiny("transformer/config.json", "sparse")),
+    # ---- class 4: a FIFO where a model's file belongs (a library's read would wait for a writer)
+    Case("c4-tokenizer-json-a-fifo", SAMPLE, BAD, f"{TOKENIZER} is a FIFO (named pipe), not a regular file", prepare=tiny("tokenizer/tokenizer.json", "fifo")),
+    Case("c4-text-encoder-config-a-fifo", SAMPLE, BAD, f"{TEXT_ENCODER} is a FIFO (named pipe)", prepare=tiny("text_encoder/config.json", "fifo")),
+    Case("c4-transformer-config-a-fifo", SAMPLE, BAD, f"{TRANSFORMER} is a FIFO (named pipe)", prepare=tiny("transformer/config.json", "fifo")),
+    Case("c4-weights-a-fifo", SAMPLE, BAD, f"{WEIGHTS} is a FIFO (named pipe)", prepare=tiny("transformer/diffusion_pytorch_model.safetensors", "fifo")),
+    # ---- class 9: weights that are no safetensors file, a part missing
+    Case("c9-weights-empty", SAMPLE, BAD, f"{WEIGHTS} is not a safetensors file (", prepare=tiny("transformer/diffusion_pytorch_model.safetensors", b"")),
+    Case("c9-weights-garbage", SAMPLE, BAD, f"{WEIGHTS} is not a safetensors file (", prepare=tiny("transformer/diffusion_pytorch_model.safetensors", bytes(range(256)) * 4)),
+    Case("c9-weights-2gb-sparse", SAMPLE, BAD, f"{WEIGHTS} is not a safetensors file (", prepare=tiny("transformer/diffusion_pytorch_model.safetensors", "sparse")),
+    Case("c9-model-without-text-encoder", SAMPLE, BAD, "model.path: '{tmp}/model' has no text_encoder/ folder (the model's text_encoder); copy the whole model folder", prepare=tiny("text_encoder", "gone")),
+    Case("c9-model-without-tokenizer", SAMPLE, BAD, "model.path: '{tmp}/model' has no tokenizer/ folder", prepare=tiny("tokenizer", "gone")),
+    Case("c9-model-weights-of-another-shape", SAMPLE, BAD, "model.path: '{tmp}/model': its text_encoder/ cannot be loaded as a CLIPTextModelWithProjection (", prepare=tiny("text_encoder/config.json", '{"hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 2, "projection_dim": 8}')),
+    # ---- class 9: a diffusers folder's model_index.json and scheduler config, refused at validation
+    Case("c9-model-index-nested-deep", TRAIN_SD3, BAD, "model.path: the pipeline's file '{tmp}/sd3/model_index.json' is JSON nested too deeply to read", prepare=sd3("model_index.json", DEEP)),
+    Case("c9-model-index-a-list", TRAIN_SD3, BAD, "model.path: the pipeline's file '{tmp}/sd3/model_index.json' holds a JSON array", prepare=sd3("model_index.json", "[1, 2]")),
+    Case("c9-scheduler-config-nested-deep", TRAIN_SD3, BAD, "model.path: the scheduler's file '{tmp}/sd3/scheduler/scheduler_config.json' is JSON nested too deeply", prepare=sd3("scheduler/scheduler_config.json", DEEP)),
+    Case("c9-scheduler-config-names-no-scheduler", TRAIN_SD3, BAD, "scheduler_config.json' names no diffusers scheduler (_class_name None)", prepare=sd3("scheduler/scheduler_config.json", '{"shift": 3.0}')),
+    Case("c9-scheduler-config-names-a-module", TRAIN_SD3, BAD, "names no diffusers scheduler (_class_name 'utils')", prepare=sd3("scheduler/scheduler_config.json", '{"_class_name": "utils"}')),
+    Case("c4-scheduler-config-a-fifo", TRAIN_SD3, BAD, "model.path: the scheduler's file '{tmp}/sd3/scheduler/scheduler_config.json' is a FIFO (named pipe)", prepare=sd3("scheduler/scheduler_config.json", "fifo")),
+]
+# fmt: on
+
+
+def test_the_table_is_well_formed():
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids)), "row ids must be unique"
+    assert all(i.split("-")[0] in {"c3", "c4", "c5", "c6", "c9"} for i in ids)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+def test_hostile_input(case: Case, tmp_path, request, capsys, monkeypatch):
+    import diffrl.train.loop
+    from diffrl.cli import main
+
+    monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
+    argv = _setup(case, tmp_path, request)
+
+    def refuse(config):  # a row that got past validation must not start a 1,500-iteration recipe
+        raise AssertionError("a hostile-input row reached training")
+
+    monkeypatch.setattr(diffrl.train.loop, "train", refuse)
+    capsys.readouterr()
+    code = main(argv)
+    captured = capsys.readouterr()
+    _check(case, code, captured.out, captured.err.replace(str(tmp_path), "{tmp}"))
