@@ -40,11 +40,15 @@ from transformers import AutoTokenizer, ClapFeatureExtractor, ClapModel
 
 from diffrl.config.schema import ImagesPerForward
 from diffrl.rewards.base import Reward
+from diffrl.rewards.clip_embed import loading
 from diffrl.rewards.pretrained import chunks, device_and_dtype, device_dtype_problems, folder_problems
 from diffrl.rollout import Audio
 
 MAX_TOKENS = 77
 """LAION-CLAP's text length (its ``tokenizer``: ``padding="max_length", max_length=77``)."""
+
+
+WHAT = "LAION CLAP (a ClapModel)"
 
 
 class ClapScore(Reward):
@@ -60,15 +64,16 @@ class ClapScore(Reward):
         self.batch_size = batch_size
         self.device, torch_dtype = device_and_dtype(device, dtype)
         folder = Path(model).expanduser()
-        self.model = ClapModel.from_pretrained(folder, torch_dtype=torch_dtype).to(self.device).eval()
-        self.features = ClapFeatureExtractor.from_pretrained(folder)
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = loading(
+            self.name, WHAT, model, lambda: ClapModel.from_pretrained(folder, torch_dtype=torch_dtype)
+        )
+        self.model.to(self.device).eval()
+        self.features = loading(self.name, WHAT, model, lambda: ClapFeatureExtractor.from_pretrained(folder))
+        self.tokenizer = loading(self.name, WHAT, model, lambda: AutoTokenizer.from_pretrained(folder))
 
     @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
-        problems = folder_problems(
-            cls.name, "model", params.get("model"), {"clap"}, "LAION CLAP (a ClapModel)", check_files
-        )
+        problems = folder_problems(cls.name, "model", params.get("model"), {"clap"}, WHAT, check_files)
         if not problems and check_files:
             path = Path(params["model"]).expanduser()
             if not (path / "preprocessor_config.json").is_file():

@@ -23,6 +23,7 @@ from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
 from diffrl.rewards.base import RewardError
 from diffrl.rewards.pretrained import chunks, device_dtype_problems, pil_images
+from diffrl.user_files import UserFileError, check_model_files
 
 TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 """A CLIP tokenizer folder holds a ``tokenizers`` serialisation or the BPE vocab + merges."""
@@ -30,7 +31,18 @@ TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 
 def loading(reward: str, what: str, path: str, load: Callable[[], Any]) -> Any:
     """``load()``, with any failure (missing or corrupt files, a wrong format) turned into a
-    :class:`RewardError` that names the reward, the path and what was expected there."""
+    :class:`RewardError` that names the reward, the path and what was expected there. A folder's
+    files are checked first (:func:`~diffrl.user_files.check_model_files`: a FIFO there would hang
+    the load, JSON nested 100,000 deep crash it)."""
+    if Path(path).expanduser().is_dir():
+        try:
+            check_model_files(
+                Path(path).expanduser(),
+                f"reward {reward!r}: could not load {what} from {path!r}: the file",
+                f"give a folder of {what}",
+            )
+        except UserFileError as e:
+            raise RewardError(str(e)) from e
     try:
         return load()
     except Exception as e:
@@ -42,7 +54,8 @@ def loading(reward: str, what: str, path: str, load: Callable[[], Any]) -> Any:
                 ".safetensors file and point the param at that"
             )
         raise RewardError(
-            f"reward {reward!r}: could not load {what} from {path!r}: {type(e).__name__}: {e}{hint}"
+            f"reward {reward!r}: could not load {what} from {path!r}: {type(e).__name__}: "
+            f"{' '.join(str(e).split())[:300]}{hint}"
         ) from e
 
 

@@ -36,7 +36,6 @@ hundreds of MB per image).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -47,6 +46,7 @@ from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTo
 from diffrl.config import Range
 from diffrl.config.schema import MAX_SIDE, ImagesPerForward
 from diffrl.rewards.base import Reward, RewardError
+from diffrl.rewards.clip_embed import loading
 from diffrl.rewards.pretrained import (
     chunks,
     device_and_dtype,
@@ -54,6 +54,7 @@ from diffrl.rewards.pretrained import (
     folder_problems,
     pil_images,
 )
+from diffrl.user_files import UserFileError, read_json_object, read_text
 
 VQASCORE_QUESTION = 'Does this figure show "{prompt}"? Please answer yes or no.'
 
@@ -86,8 +87,12 @@ class JudgeReward(Reward):
     ):
         self.question, self.normalize, self.batch_size = question, normalize, batch_size
         folder = Path(processor or model).expanduser()
-        self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        self.image_processor = AutoImageProcessor.from_pretrained(folder)
+        self.tokenizer = loading(
+            self.name, "a tokenizer", str(folder), lambda: AutoTokenizer.from_pretrained(folder)
+        )
+        self.image_processor = loading(
+            self.name, "an image processor", str(folder), lambda: AutoImageProcessor.from_pretrained(folder)
+        )
         self.chat_template = chat_template(folder, self.tokenizer)
         # checked before the weights load: a bad answer should not cost a 7B model load
         self.answer_id = single_token(self.tokenizer, answer, "answer")
@@ -100,7 +105,12 @@ class JudgeReward(Reward):
         if min_pixels is not None:
             self.size["shortest_edge"] = min_pixels
         self.device, torch_dtype = device_and_dtype(device, dtype)
-        self.model = AutoModelForImageTextToText.from_pretrained(Path(model).expanduser(), dtype=torch_dtype)
+        self.model = loading(
+            self.name,
+            WHAT,
+            model,
+            lambda: AutoModelForImageTextToText.from_pretrained(Path(model).expanduser(), dtype=torch_dtype),
+        )
         self.model.to(self.device).eval().requires_grad_(False)
 
     @classmethod
@@ -214,10 +224,17 @@ def single_token(tokenizer, text: str, param: str) -> int:
 def chat_template(folder: Path, tokenizer) -> str:
     """The processor's chat template (``chat_template.jinja``, or the older ``chat_template.json``
     that Qwen's own folders ship), else the tokenizer's."""
-    if (path := folder / "chat_template.jinja").is_file():
-        return path.read_text()
-    if (path := folder / "chat_template.json").is_file():
-        return json.loads(path.read_text())["chat_template"]
+    fix = "point processor at the folder of the model's processor"
+    try:
+        if (path := folder / "chat_template.jinja").is_file():
+            return read_text(path, "reward 'judge': the chat template", fix)
+        if (path := folder / "chat_template.json").is_file():
+            template = read_json_object(path, "reward 'judge': the chat template", fix).get("chat_template")
+            if not isinstance(template, str):
+                raise RewardError(f"reward 'judge': {str(path)!r} holds no \"chat_template\" text; {fix}")
+            return template
+    except UserFileError as e:
+        raise RewardError(str(e)) from e
     if tokenizer.chat_template:
         return tokenizer.chat_template
     raise RewardError(

@@ -7,7 +7,6 @@ docs/rewards.md for where each model's weights come from and the layout expected
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 from PIL import Image
 
 from diffrl.rollout import quantize
+from diffrl.user_files import UserFileError, read_json_object
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """A reward's ``dtype`` param (the names ``model.dtype`` takes; rewards sit beside models, not on them)."""
@@ -36,12 +36,14 @@ def folder_problems(
     if not path.is_dir():
         return [f"{param}: reward {reward!r} needs {what} in a local folder; {folder!r} is not a folder"]
     config = path / "config.json"
-    if not config.is_file():
+    if not config.exists() and not config.is_symlink():
         return [f"{param}: {folder!r} has no config.json, so it is not a transformers model folder ({what})"]
-    try:
-        model_type = json.loads(config.read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError) as e:
-        return [f"{param}: {config} is not readable JSON ({e})"]
+    try:  # bounded: a FIFO would wait forever, JSON nested 100,000 deep raise RecursionError
+        model_type = read_json_object(config, f"{param}: the model's config", f"give a folder of {what}").get(
+            "model_type"
+        )
+    except UserFileError as e:
+        return [str(e)]
     if model_type not in model_types:
         return [
             f"{param}: {folder!r} holds a {model_type!r} model; reward {reward!r} expects {what} "

@@ -73,6 +73,7 @@ def sd3(rel: str, how: str | bytes):
     return prepare
 
 
+CLIP_REWARD = "rewards=[{name: clip_score, params: {model: '{tmp}/clip'}}]"
 SAMPLE = ["sample", "{tmp}/model", "--prompt", "a", "--out", "{tmp}/out"]
 TRAIN_SD3 = ["train", GRPO, "model.family=sd3", "model.path={tmp}/sd3"]
 TOKENIZER = "model.path: the tokenizer/ file '{tmp}/model/tokenizer/tokenizer.json'"
@@ -117,6 +118,10 @@ CASES: list[Case] = [
     Case("c9-scheduler-config-names-no-scheduler", TRAIN_SD3, BAD, "scheduler_config.json' names no diffusers scheduler (_class_name None)", prepare=sd3("scheduler/scheduler_config.json", '{"shift": 3.0}')),
     Case("c9-scheduler-config-names-a-module", TRAIN_SD3, BAD, "names no diffusers scheduler (_class_name 'utils')", prepare=sd3("scheduler/scheduler_config.json", '{"_class_name": "utils"}')),
     Case("c4-scheduler-config-a-fifo", TRAIN_SD3, BAD, "model.path: the scheduler's file '{tmp}/sd3/scheduler/scheduler_config.json' is a FIFO (named pipe)", prepare=sd3("scheduler/scheduler_config.json", "fifo")),
+    # ---- a reward's weights folder: its config.json read bounded at validation (was RecursionError: exit 70)
+    Case("c9-reward-config-nested-deep", ["train", GRPO, CLIP_REWARD], BAD, "rewards[0] (clip_score).params: model: the model's config '{tmp}/clip/config.json' is JSON nested too deeply to read; give a folder of", files={"clip/config.json": DEEP}),
+    Case("c4-reward-config-a-fifo", ["train", GRPO, CLIP_REWARD], BAD, "model: the model's config '{tmp}/clip/config.json' is a FIFO (named pipe), not a regular file", files={"clip/": ""}, prepare=lambda tmp: os.mkfifo(tmp / "clip" / "config.json")),
+    Case("c9-reward-config-not-utf8", ["train", GRPO, CLIP_REWARD], BAD, "model: the model's config '{tmp}/clip/config.json' is not UTF-8 text", files={"clip/config.json": b"\xff{}"}),
 ]
 # fmt: on
 
@@ -143,3 +148,45 @@ def test_hostile_input(case: Case, tmp_path, request, capsys, monkeypatch):
     code = main(argv)
     captured = capsys.readouterr()
     _check(case, code, captured.out, captured.err.replace(str(tmp_path), "{tmp}"))
+
+
+# ---- a reward's folder at load: its files checked first, every library error the reward's ------
+
+
+def test_clap_weights_that_are_no_safetensors_are_a_reward_error(tmp_path):
+    """Was exit 70: ClapModel.from_pretrained's OSError reached the command line unnamed."""
+    from diffrl.rewards.base import RewardError
+    from diffrl.rewards.clap import ClapScore
+    from tests.unit.rewards.tiny_clap import write_clap
+
+    write_clap(tmp_path / "clap")
+    (tmp_path / "clap" / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(
+        RewardError, match=r"reward 'clap': could not load LAION CLAP .* is not a safetensors file"
+    ):
+        ClapScore(model=str(tmp_path / "clap"))
+
+
+def test_clip_reward_folder_with_a_fifo_is_refused_before_it_loads(tmp_path):
+    """A FIFO among a reward folder's files (tokenizer_config.json) is named, never opened."""
+    from diffrl.rewards.base import RewardError
+    from diffrl.rewards.clip_score import ClipScore
+    from tests.unit.rewards.tiny_clip import write_clip
+
+    write_clip(tmp_path / "clip")
+    (tmp_path / "clip" / "tokenizer_config.json").unlink()
+    os.mkfifo(tmp_path / "clip" / "tokenizer_config.json")
+    with pytest.raises(
+        RewardError, match=r"tokenizer_config.json' is a FIFO \(named pipe\), not a regular file"
+    ):
+        ClipScore(model=str(tmp_path / "clip"))
+
+
+def test_judge_chat_template_json_without_its_text(tmp_path):
+    """Was exit 70 (KeyError 'chat_template')."""
+    from diffrl.rewards.base import RewardError
+    from diffrl.rewards.judge import chat_template
+
+    (tmp_path / "chat_template.json").write_text('{"template": "x"}')
+    with pytest.raises(RewardError, match='holds no "chat_template" text'):
+        chat_template(tmp_path, None)
