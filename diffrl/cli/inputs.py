@@ -38,7 +38,7 @@ from diffrl.train.manifest import (
     run_folder_hint,
     verify_checkpoint,
 )
-from diffrl.user_files import read_text
+from diffrl.user_files import file_problem, read_text
 
 # What each command checks of a config (``train`` checks every section, ``load_config``'s default).
 EVAL_SECTIONS = ("run", "model", "sampling", "eval")
@@ -145,7 +145,10 @@ def resolve_target(
         return Target(
             read_config({"model": {"path": folder}}, overrides, sections)[0], None, "config", sections
         )
-    what = "a file" if path.is_file() else "no such file or folder"
+    problem = file_problem(path)  # what it is (a FIFO, a symlink loop) rather than "no such"
+    what = (
+        "a file" if problem is None else "no such file or folder" if problem == "does not exist" else problem
+    )
     raise DiffrlError(
         f"{target!r} ({what}) is not 'base', a recipe .yaml, a checkpoint (a folder with checkpoint.json, "
         "e.g. runs/NAME/checkpoints/final) or a model folder"

@@ -91,9 +91,14 @@ def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:
             f"({CAPTIONS}) or 'synthetic_text'"
         )
     if not base.is_dir():
+        problem = file_problem(base)  # a FIFO, a symlink loop: say what it is, not "does not exist"
+        what = (
+            "does not exist"
+            if problem in (None, "does not exist")
+            else problem.removesuffix(", not a regular file")
+        )
         raise DatasetError(
-            f"dataset folder {str(folder)!r} does not exist; give a folder of images with captions "
-            "or 'synthetic_text'"
+            f"dataset folder {str(folder)!r} {what}; give a folder of images with captions or 'synthetic_text'"
         )
     root = _split_folder(base, split, str(folder))
     captions = _metadata_captions(root)
@@ -157,6 +162,8 @@ def image_problem(path: Path) -> str | None:
     try:
         with Image.open(path):
             return None
+    except Image.DecompressionBombError as e:  # its header claims billions of pixels
+        return f"is too large an image to decode ({e})"
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         return f"is not an image ({e})"
 
@@ -417,7 +424,7 @@ def load_image(path: Path | io.BytesIO, height: int, width: int, name: str | Non
     try:
         with Image.open(path) as img:
             img = img.convert("RGB")
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:  # a bomb: billions of pixels
         what = name or repr(str(path))
         raise DatasetError(f"cannot decode image {what}: {e}; remove or replace the file") from e
     if img.size != (width, height):

@@ -317,6 +317,8 @@ def _image_field(row: dict[str, Any], folder: Path) -> tuple[Path | None, str]:
     try:
         with Image.open(image) as img:
             img.verify()  # the header and the data's integrity, without decoding every pixel
+    except Image.DecompressionBombError as e:  # its header claims billions of pixels
+        return None, f'"image" {value!r} is too large an image to decode ({e}); resize it'
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         return None, f'"image" {value!r} is not a readable image ({e}); replace the file'
     return image, ""
@@ -341,7 +343,7 @@ def load_source(path: Path, height: int, width: int) -> Source:
     try:
         with Image.open(path) as img:
             img = img.convert("RGB")
-    except (UnidentifiedImageError, OSError) as e:
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:  # a bomb: billions of pixels
         raise PromptFileError(f"cannot decode the source image {str(path)!r}: {e}; replace the file") from e
     left, top, cw, ch = crop_box(*img.size, height, width)
     if (cw, ch) != img.size:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,28 @@ TEXT_ENCODER = "model.path: the text_encoder/ file '{tmp}/model/text_encoder/con
 TRANSFORMER = "model.path: the transformer/ file '{tmp}/model/transformer/config.json'"
 WEIGHTS = "model.path: the transformer/ file '{tmp}/model/transformer/diffusion_pytorch_model.safetensors'"
 
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+BOMB_PNG = (
+    b"\x89PNG\r\n\x1a\n"
+    + _chunk(b"IHDR", struct.pack(">IIBBBBB", 20_000, 20_000, 8, 2, 0, 0, 0))
+    + _chunk(b"IDAT", zlib.compress(b"\0" * 10))
+    + _chunk(b"IEND", b"")
+)
+"""A 70-byte PNG whose header claims 20,000 x 20,000 pixels (PIL's DecompressionBombError on open)."""
+
+
+def fifo(name: str):
+    return lambda tmp: os.mkfifo(tmp / name)
+
+
+def loop(name: str):
+    return lambda tmp: (tmp / name).symlink_to(tmp / name)
+
+
 # one row a line: the table reads down its columns
 # fmt: off
 CASES: list[Case] = [
@@ -118,6 +142,14 @@ CASES: list[Case] = [
     Case("c9-scheduler-config-names-no-scheduler", TRAIN_SD3, BAD, "scheduler_config.json' names no diffusers scheduler (_class_name None)", prepare=sd3("scheduler/scheduler_config.json", '{"shift": 3.0}')),
     Case("c9-scheduler-config-names-a-module", TRAIN_SD3, BAD, "names no diffusers scheduler (_class_name 'utils')", prepare=sd3("scheduler/scheduler_config.json", '{"_class_name": "utils"}')),
     Case("c4-scheduler-config-a-fifo", TRAIN_SD3, BAD, "model.path: the scheduler's file '{tmp}/sd3/scheduler/scheduler_config.json' is a FIFO (named pipe)", prepare=sd3("scheduler/scheduler_config.json", "fifo")),
+    # ---- class 9: images whose header claims 400 M pixels (PIL's DecompressionBombError was exit 70)
+    Case("c9-dataset-image-decompression-bomb", ["train", "recipes/tiny_sft.yaml", "data.dataset={tmp}/images"], BAD, "image a.png is too large an image to decode (Image size (400000000 pixels) exceeds limit", files={"images/a.png": BOMB_PNG, "images/a.txt": "a"}),
+    Case("c9-edit-source-image-decompression-bomb", ["sample", "base", "--prompts", "{tmp}/p.jsonl"], BAD, "line 1: \"image\" 'a.png' is too large an image to decode (Image size (400000000 pixels)", files={"a.png": BOMB_PNG, "p.jsonl": '{"prompt": "a", "image": "a.png"}\n'}),
+    # ---- class 9: a FIFO or a symlink loop given as a folder is named as such (was: "does not exist", "no such file")
+    Case("c9-dataset-a-fifo", ["train", "recipes/tiny_sft.yaml", "data.dataset={tmp}/images"], BAD, "dataset folder '{tmp}/images' is a FIFO (named pipe); give a folder of images", prepare=fifo("images")),
+    Case("c9-dataset-a-symlink-loop", ["train", "recipes/tiny_sft.yaml", "data.dataset={tmp}/images"], BAD, "dataset folder '{tmp}/images' is a symlink loop; give a folder of images", prepare=loop("images")),
+    Case("c9-sample-target-a-fifo", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "'{tmp}/model' (is a FIFO (named pipe), not a regular file) is not 'base', a recipe .yaml, a checkpoint", prepare=fifo("model")),
+    Case("c9-eval-target-a-symlink-loop", ["eval", "{tmp}/model"], BAD, "'{tmp}/model' (is a symlink loop) is not 'base', a recipe .yaml", prepare=loop("model")),
     # ---- a reward's weights folder: its config.json read bounded at validation (was RecursionError: exit 70)
     Case("c9-reward-config-nested-deep", ["train", GRPO, CLIP_REWARD], BAD, "rewards[0] (clip_score).params: model: the model's config '{tmp}/clip/config.json' is JSON nested too deeply to read; give a folder of", files={"clip/config.json": DEEP}),
     Case("c4-reward-config-a-fifo", ["train", GRPO, CLIP_REWARD], BAD, "model: the model's config '{tmp}/clip/config.json' is a FIFO (named pipe), not a regular file", files={"clip/": ""}, prepare=lambda tmp: os.mkfifo(tmp / "clip" / "config.json")),
