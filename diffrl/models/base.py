@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from diffrl.config import Config, ConfigError, Range, bind_dataclass
-from diffrl.errors import DiffrlError
+from diffrl.errors import DiffrlError, quoted
 from diffrl.models.numerics import ForwardMeter, Numerics, autocast, prepare
 from diffrl.models.schedules import flow_sigmas
 from diffrl.rollout import Conditioning, Media, Source
@@ -79,12 +79,33 @@ def _length_fix(what: str) -> str:
     return "; change sampling.height/width or the frame count"
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _config_files_problem(e: Exception | None, what: str = "") -> str:
+    """model.path's JSON files hold values of the wrong type for the size rules (``patch_size: "x"``)."""
+    detail = " ".join(f"{type(e).__name__}: {e}".split())[:300] if e is not None else what
+    return (
+        f"model.path: the model's config.json files give no size rule ({detail}): a value of the wrong "
+        "type; replace the folder with the model's own files"
+    )
+
+
 def meta_model(model_cls: type, settings: dict[str, Any], dtype: torch.dtype) -> nn.Module:
     """A diffusers model built from its ``config.json`` settings on the meta device (no weights,
     no memory) in ``dtype``, but for the modules its class keeps in float32
     (``_keep_in_fp32_modules``), as ``from_pretrained(torch_dtype=dtype)`` loads them."""
-    with torch.device("meta"):
-        model = model_cls.from_config(settings)
+    try:
+        with torch.device("meta"):
+            model = model_cls.from_config(settings)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError) as e:
+        # a config.json of the user's folder with values of the wrong type (patch_size "x")
+        detail = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        raise DiffrlError(
+            f"model.path: the transformer's config.json cannot build a {model_cls.__name__} ({detail}); "
+            "replace the folder with the model's own files"
+        ) from e
     keep = getattr(model, "_keep_in_fp32_modules", None) or []
     for name, p in model.named_parameters():
         wanted = torch.float32 if any(k in name for k in keep) else dtype
@@ -277,9 +298,24 @@ class ModelFamily(ABC):
         family's ``latent_shape`` would refuse only after the model has loaded)."""
         s = config.sampling
         given = {n: v for n in ("height", "width") if isinstance(v := getattr(s, n), int) and v >= 1}
-        rule = cls.size_rule(config, check_files) if given else None
+        try:
+            rule = cls.size_rule(config, check_files) if given else None
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
+            if not cls.__module__.startswith("diffrl."):
+                raise  # a user's family: its own error, named as a plugin's
+            return [_config_files_problem(e)]
         if rule is None:
             return []
+        if not _is_count(rule.multiple) or not (rule.max_side is None or _is_count(rule.max_side)):
+            if not cls.__module__.startswith("diffrl."):
+                return [
+                    f"the {cls.name} family's size_rule() gave multiple={rule.multiple!r}, max_side={rule.max_side!r}"
+                ]
+            return [
+                _config_files_problem(
+                    None, f"multiple {quoted(rule.multiple)}, max_side {quoted(rule.max_side)}"
+                )
+            ]
         errors, m = [], rule.multiple
         for name, v in given.items():
             if v % m:

@@ -12,6 +12,7 @@ validation, from the JSON files of the shipped SD3.5 configs (no weights).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
@@ -98,6 +99,20 @@ BOMB_PNG = (
 """A 70-byte PNG whose header claims 20,000 x 20,000 pixels (PIL's DecompressionBombError on open)."""
 
 
+def config_value(folder: str, key: str, value):
+    """``prepare``: {tmp}/model, a copy of the shipped tiny base (``folder`` "tiny") or of the
+    shipped SD3.5 Medium JSON files (``"sd3"``) whose transformer config sets ``key`` to ``value``."""
+
+    def prepare(tmp: Path) -> None:
+        shutil.copytree(
+            TINY_BASE if folder == "tiny" else SHIPPED_CONFIGS / "stable-diffusion-3.5-medium", tmp / "model"
+        )
+        file = tmp / "model" / "transformer" / "config.json"
+        file.write_text(json.dumps({**json.loads(file.read_text()), key: value}))
+
+    return prepare
+
+
 def fifo(name: str):
     return lambda tmp: os.mkfifo(tmp / name)
 
@@ -150,6 +165,10 @@ CASES: list[Case] = [
     Case("c9-dataset-a-symlink-loop", ["train", "recipes/tiny_sft.yaml", "data.dataset={tmp}/images"], BAD, "dataset folder '{tmp}/images' is a symlink loop; give a folder of images", prepare=loop("images")),
     Case("c9-sample-target-a-fifo", ["sample", "{tmp}/model", "--prompt", "a"], BAD, "'{tmp}/model' (is a FIFO (named pipe), not a regular file) is not 'base', a recipe .yaml, a checkpoint", prepare=fifo("model")),
     Case("c9-eval-target-a-symlink-loop", ["eval", "{tmp}/model"], BAD, "'{tmp}/model' (is a symlink loop) is not 'base', a recipe .yaml", prepare=loop("model")),
+    # ---- class 9: a model's config.json values of the wrong type (were exit 70 in the plan's size rule or meta model)
+    Case("c9-plan-sd3-patch-size-a-string", ["plan", "recipes/sd35_grpo_ocr.yaml", "model.path={tmp}/model"], BAD, "model.path: the model's config.json files give no size rule (", prepare=config_value("sd3", "patch_size", "x")),
+    Case("c9-plan-tiny-pos-embed-a-float", ["plan", "recipes/tiny_sft.yaml", "model.path={tmp}/model"], BAD, "model.path: the transformer's config.json cannot build a SD3Transformer2DModel (TypeError", prepare=config_value("tiny", "pos_embed_max_size", 1e300)),
+    Case("c9-plan-tiny-patch-size-a-string", ["plan", "recipes/tiny_sft.yaml", "model.path={tmp}/model"], BAD, "model.path: the transformer's config.json cannot build a SD3Transformer2DModel (TypeError", prepare=config_value("tiny", "patch_size", "x")),
     # ---- a reward's weights folder: its config.json read bounded at validation (was RecursionError: exit 70)
     Case("c9-reward-config-nested-deep", ["train", GRPO, CLIP_REWARD], BAD, "rewards[0] (clip_score).params: model: the model's config '{tmp}/clip/config.json' is JSON nested too deeply to read; give a folder of", files={"clip/config.json": DEEP}),
     Case("c4-reward-config-a-fifo", ["train", GRPO, CLIP_REWARD], BAD, "model: the model's config '{tmp}/clip/config.json' is a FIFO (named pipe), not a regular file", files={"clip/": ""}, prepare=lambda tmp: os.mkfifo(tmp / "clip" / "config.json")),
