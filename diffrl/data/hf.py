@@ -108,9 +108,9 @@ def find_hf_folder(root: Path) -> HFFolder | None:
             splits = {str(s): [root / str(s)] for s in names}
         except UserFileError as e:
             raise HFFolderError(str(e)) from e
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as e:  # nested 100,000 deep too
             raise HFFolderError(
-                f"{str(index)!r} is not a DatasetDict's index ({e}); write the "
+                f"{str(index)!r} is not a DatasetDict's index ({type(e).__name__}: {str(e)[:200]}); write the "
                 "folder again with DatasetDict.save_to_disk"
             ) from e
         return HFFolder(root, "disk", splits)
@@ -118,7 +118,7 @@ def find_hf_folder(root: Path) -> HFFolder | None:
         _check_disk_files(root)
         try:
             name = json.loads(read_text(root / "state.json", "datasets file", RESAVE)).get("_split")
-        except (json.JSONDecodeError, AttributeError, UserFileError):
+        except (json.JSONDecodeError, AttributeError, UserFileError, RecursionError):
             name = None  # load_from_disk reports a broken state.json
         return HFFolder(root, "disk", {str(name or "train"): [root]})
     files = sorted({*root.glob("*.parquet"), *root.glob("*/*.parquet"), *root.glob("*/*/*.parquet")})
@@ -212,9 +212,11 @@ def read_split(
             raise HFFolderError(f"{where} holds no rows; give a split with data")
         try:
             ds = datasets.load_from_disk(str(folder.splits[name][0]))
-        except (FileNotFoundError, OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
+            # its JSON files of the wrong shape, or nested 100,000 deep, too
+            detail = " ".join(f"{type(e).__name__}: {e}".split())[:300]
             raise HFFolderError(
-                f"{where} cannot be read by datasets.load_from_disk ({e}); write it again with save_to_disk"
+                f"{where} cannot be read by datasets.load_from_disk ({detail}); write it again with save_to_disk"
             ) from e
         if isinstance(ds, datasets.DatasetDict):  # a split folder that is itself a DatasetDict
             raise HFFolderError(f"{where} is a DatasetDict, not one split; name a split inside it")
@@ -264,9 +266,9 @@ def _columns(schema: Any) -> str:
 
 def _no_shards(folder: Path) -> bool:
     """True when ``save_to_disk`` wrote no data file in ``folder`` (a split without rows)."""
-    try:
-        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    try:  # bounded and never waiting on a FIFO; JSON nested 100,000 deep is no state either
+        state = json.loads(read_text(folder / "state.json", "datasets file", RESAVE))
+    except (UserFileError, json.JSONDecodeError, RecursionError):
         return False  # load_from_disk reports it
     return isinstance(state, dict) and state.get("_data_files") == []
 

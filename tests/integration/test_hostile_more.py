@@ -113,6 +113,20 @@ def config_value(folder: str, key: str, value):
     return prepare
 
 
+def saved_dataset(rel: str, text: str, dict_folder: bool = False):
+    """``prepare``: {tmp}/ds, a prompt set written by ``save_to_disk`` (a ``DatasetDict``'s when
+    ``dict_folder``) whose file ``rel`` then holds ``text``."""
+
+    def prepare(tmp: Path) -> None:
+        import datasets
+
+        data = datasets.Dataset.from_dict({"prompt": ["a", "b"]})
+        (datasets.DatasetDict({"train": data}) if dict_folder else data).save_to_disk(str(tmp / "ds"))
+        (tmp / "ds" / rel).write_text(text)
+
+    return prepare
+
+
 def fifo(name: str):
     return lambda tmp: os.mkfifo(tmp / name)
 
@@ -169,6 +183,11 @@ CASES: list[Case] = [
     Case("c9-plan-sd3-patch-size-a-string", ["plan", "recipes/sd35_grpo_ocr.yaml", "model.path={tmp}/model"], BAD, "model.path: the model's config.json files give no size rule (", prepare=config_value("sd3", "patch_size", "x")),
     Case("c9-plan-tiny-pos-embed-a-float", ["plan", "recipes/tiny_sft.yaml", "model.path={tmp}/model"], BAD, "model.path: the transformer's config.json cannot build a SD3Transformer2DModel (TypeError", prepare=config_value("tiny", "pos_embed_max_size", 1e300)),
     Case("c9-plan-tiny-patch-size-a-string", ["plan", "recipes/tiny_sft.yaml", "model.path={tmp}/model"], BAD, "model.path: the transformer's config.json cannot build a SD3Transformer2DModel (TypeError", prepare=config_value("tiny", "patch_size", "x")),
+    # ---- class 9: a save_to_disk prompt set whose JSON files are nested deep or of another shape (were exit 70)
+    Case("c9-hf-state-json-nested-deep", ["train", GRPO, "data.prompts={tmp}/ds"], BAD, "'{tmp}/ds' split 'train' cannot be read by datasets.load_from_disk (RecursionError", prepare=saved_dataset("state.json", DEEP)),
+    Case("c9-hf-dataset-info-nested-deep", ["train", GRPO, "data.prompts={tmp}/ds"], BAD, "cannot be read by datasets.load_from_disk (RecursionError", prepare=saved_dataset("dataset_info.json", DEEP)),
+    Case("c9-hf-state-json-a-list", ["train", GRPO, "data.prompts={tmp}/ds"], BAD, "cannot be read by datasets.load_from_disk (TypeError", prepare=saved_dataset("state.json", "[1]")),
+    Case("c9-hf-dataset-dict-nested-deep", ["train", GRPO, "data.prompts={tmp}/ds"], BAD, "'{tmp}/ds/dataset_dict.json' is not a DatasetDict's index (RecursionError", prepare=saved_dataset("dataset_dict.json", DEEP, dict_folder=True)),
     # ---- a reward's weights folder: its config.json read bounded at validation (was RecursionError: exit 70)
     Case("c9-reward-config-nested-deep", ["train", GRPO, CLIP_REWARD], BAD, "rewards[0] (clip_score).params: model: the model's config '{tmp}/clip/config.json' is JSON nested too deeply to read; give a folder of", files={"clip/config.json": DEEP}),
     Case("c4-reward-config-a-fifo", ["train", GRPO, CLIP_REWARD], BAD, "model: the model's config '{tmp}/clip/config.json' is a FIFO (named pipe), not a regular file", files={"clip/": ""}, prepare=lambda tmp: os.mkfifo(tmp / "clip" / "config.json")),
