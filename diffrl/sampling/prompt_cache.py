@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,18 +72,26 @@ def _identity(config: Config) -> dict[str, str]:
 
 
 def _read(path: Path, config: Config, prompts: list[str]) -> dict[str, dict[str, torch.Tensor]] | None:
-    """The cached embeddings by prompt, or None when the file is of another model or lacks some."""
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        if json.loads(meta.get("identity", "null")) != _identity(config):
-            return None
-        stored = json.loads(meta.get("prompts", "[]"))
-        index = {p: i for i, p in enumerate(stored)}
-        if any(p not in index for p in prompts):
-            return None
-        names = json.loads(meta.get("names", "[]"))
-        tensors = {n: f.get_tensor(n) for n in names}
-    return {p: {n: t[index[p]] for n, t in tensors.items()} for p in prompts}
+    """The cached embeddings by prompt, or None when the file is of another model or lacks some,
+    or cannot be read (damaged, edited: a derived file, encoded again with a warning)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            if json.loads(meta.get("identity", "null")) != _identity(config):
+                return None
+            stored = json.loads(meta.get("prompts", "[]"))
+            index = {p: i for i, p in enumerate(stored)}
+            if any(p not in index for p in prompts):
+                return None
+            names = json.loads(meta.get("names", "[]"))
+            tensors = {n: f.get_tensor(n) for n in names}
+            return {p: {n: t[index[p]] for n, t in tensors.items()} for p in prompts}
+    except Exception as e:  # noqa: BLE001 - safetensors' error, JSON, wrong shapes: all the file's
+        detail = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        warnings.warn(
+            f"prompt cache {str(path)!r} cannot be read ({detail}); encoding the prompts again", stacklevel=2
+        )
+        return None
 
 
 def _write(path: Path, config: Config, prompts: list[str], rows: dict[str, dict[str, torch.Tensor]]) -> None:

@@ -260,3 +260,26 @@ def test_judge_chat_template_json_without_its_text(tmp_path):
     (tmp_path / "chat_template.json").write_text('{"template": "x"}')
     with pytest.raises(RewardError, match='holds no "chat_template" text'):
         chat_template(tmp_path, None)
+
+
+# ---- class 6: a run folder's prompt cache (model.encode_once) damaged by hand -------------------
+
+
+@pytest.mark.parametrize("damage", ["garbage", "identity-nested-deep"])
+def test_a_damaged_prompt_cache_is_encoded_again_with_a_warning(damage, tmp_path):
+    """Was exit 70 (SafetensorError from a resumed run's start); the cache is derived, so it is
+    rebuilt. The file fails before the config is looked at (None stands for it)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from diffrl.sampling.prompt_cache import _read
+
+    path = tmp_path / "prompt_embeddings.safetensors"
+    if damage == "garbage":
+        path.write_bytes(bytes(range(256)))
+    else:
+        save_file({"x": torch.zeros(1)}, str(path), metadata={"identity": DEEP})
+    with pytest.warns(
+        UserWarning, match=r"prompt cache '.*' cannot be read \(.*\); encoding the prompts again"
+    ):
+        assert _read(path, None, []) is None
