@@ -29,6 +29,7 @@ from diffrl.models.numerics import ForwardMeter, Numerics, autocast, prepare
 from diffrl.models.schedules import flow_sigmas
 from diffrl.rollout import Conditioning, Media, Source
 from diffrl.user_code import is_diffrl_module, kind, returned_wrong
+from diffrl.user_files import UserFileError, read_text
 
 FAMILY_FILE = "diffrl_model.json"
 
@@ -599,9 +600,12 @@ def check_family_dir(path: Path, family: str) -> None:
     """Refuse a model directory written for another family."""
     meta_file = path / FAMILY_FILE
     if meta_file.is_file():
-        try:
-            meta = json.loads(meta_file.read_text())
-        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested thousands deep
+        fix = "export the model again (diffrl export CHECKPOINT DIR)"
+        try:  # bounded: diffrl writes a line of JSON (a 2 GB sparse file is no such line)
+            meta = json.loads(read_text(meta_file, f"{str(path)!r}: the model's", fix, max_bytes=1 << 20))
+        except UserFileError as e:
+            raise FamilyMismatchError(str(e)) from e
+        except (ValueError, RecursionError) as e:  # not JSON, nested thousands deep
             raise FamilyMismatchError(
                 f"{str(path)!r}: {FAMILY_FILE} is not the JSON diffrl writes ({type(e).__name__}); "
                 "export the model again (diffrl export CHECKPOINT DIR)"

@@ -161,6 +161,7 @@ CASES: list[Case] = [
     Case("c9-weights-empty", SAMPLE, BAD, f"{WEIGHTS} is not a safetensors file (", prepare=tiny("transformer/diffusion_pytorch_model.safetensors", b"")),
     Case("c9-weights-garbage", SAMPLE, BAD, f"{WEIGHTS} is not a safetensors file (", prepare=tiny("transformer/diffusion_pytorch_model.safetensors", bytes(range(256)) * 4)),
     Case("c9-weights-2gb-sparse", SAMPLE, BAD, f"{WEIGHTS} is not a safetensors file (", prepare=tiny("transformer/diffusion_pytorch_model.safetensors", "sparse")),
+    Case("c4-model-family-file-2gb-sparse", SAMPLE, BAD, "'{tmp}/model': the model's '{tmp}/model/diffrl_model.json' is 2,147,483,648 bytes, more than the 1,048,576 read at most", prepare=tiny("diffrl_model.json", "sparse")),
     Case("c9-model-without-text-encoder", SAMPLE, BAD, "model.path: '{tmp}/model' has no text_encoder/ folder (the model's text_encoder); copy the whole model folder", prepare=tiny("text_encoder", "gone")),
     Case("c9-model-without-tokenizer", SAMPLE, BAD, "model.path: '{tmp}/model' has no tokenizer/ folder", prepare=tiny("tokenizer", "gone")),
     Case("c9-model-weights-of-another-shape", SAMPLE, BAD, "model.path: '{tmp}/model': its text_encoder/ cannot be loaded as a CLIPTextModelWithProjection (", prepare=tiny("text_encoder/config.json", '{"hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 2, "projection_dim": 8}')),
