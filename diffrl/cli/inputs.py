@@ -26,6 +26,7 @@ from diffrl.cli.outputs import (
     check_run_pictures,
 )
 from diffrl.config import SECTIONS, Config, ConfigError
+from diffrl.config.binding import YamlProblem, load_yaml
 from diffrl.data.lines import prompt_problem
 from diffrl.errors import DiffrlError, quoted
 from diffrl.preflight.schema import read_config, schema_problems
@@ -388,26 +389,30 @@ def serve_inputs(args: argparse.Namespace) -> ServeInputs:
 
 def reward_params(items: list[str]) -> dict:
     """``--params``: one YAML/JSON mapping (``'{device: cuda, batch_size: 8}'``) or ``key=value``
-    items, each value read as YAML (``8`` an int, ``true`` a bool), as config overrides are."""
+    items, each value read as YAML (``8`` an int, ``true`` a bool), as config overrides are: read
+    as recipes are (:func:`~diffrl.config.binding.load_yaml`: a key given twice, nesting past 40
+    levels or an alias bomb refused, not the last key winning or a RecursionError)."""
     if len(items) == 1 and items[0].lstrip().startswith("{"):
         try:
-            params = yaml.safe_load(items[0])
-        except yaml.YAMLError as e:
-            raise DiffrlError(f"--params {items[0]!r} is not a YAML/JSON mapping ({e})") from e
+            params = load_yaml(items[0])[0]
+        except (yaml.YAMLError, YamlProblem) as e:
+            raise DiffrlError(f"--params {quoted(items[0])} is not a YAML/JSON mapping ({e})") from e
         if not isinstance(params, dict):
-            raise DiffrlError(f"--params {items[0]!r} must be a mapping, e.g. '{{device: cuda}}'")
+            raise DiffrlError(f"--params {quoted(items[0])} must be a mapping, e.g. '{{device: cuda}}'")
         return params
     params = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise DiffrlError(
-                f"--params: {item!r} is not key=value; give key=value items or one mapping, e.g. '{{device: cuda}}'"
+                f"--params: {quoted(item)} is not key=value; give key=value items or one mapping, e.g. '{{device: cuda}}'"
             )
+        if key in params:
+            raise DiffrlError(f"--params: {quoted(key)} is given twice; give it once")
         try:
-            params[key] = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            raise DiffrlError(f"--params {item!r}: the value is not YAML ({e})") from e
+            params[key] = load_yaml(value)[0]
+        except (yaml.YAMLError, YamlProblem) as e:
+            raise DiffrlError(f"--params {quoted(item)}: the value is not YAML ({e})") from e
     return params
 
 

@@ -189,6 +189,11 @@ CASES: list[Case] = [
     Case("c9-hf-dataset-info-nested-deep", ["train", GRPO, "data.prompts={tmp}/ds"], BAD, "cannot be read by datasets.load_from_disk (RecursionError", prepare=saved_dataset("dataset_info.json", DEEP)),
     Case("c9-hf-state-json-a-list", ["train", GRPO, "data.prompts={tmp}/ds"], BAD, "cannot be read by datasets.load_from_disk (TypeError", prepare=saved_dataset("state.json", "[1]")),
     Case("c9-hf-dataset-dict-nested-deep", ["train", GRPO, "data.prompts={tmp}/ds"], BAD, "'{tmp}/ds/dataset_dict.json' is not a DatasetDict's index (RecursionError", prepare=saved_dataset("dataset_dict.json", DEEP, dict_folder=True)),
+    # ---- serve-reward --params read as a recipe is (was: yaml.safe_load, refused before anything loads or binds)
+    Case("c4-serve-params-nested-deep", ["serve-reward", "--reward", "ocr", "--port", "0", "--params", "{a: " + "[" * 5000 + "]" * 5000 + "}"], BAD, "is not a YAML/JSON mapping (line 1: nested more than 40 levels deep)", absent="[" * 1000),
+    Case("c5-serve-params-key-twice", ["serve-reward", "--reward", "ocr", "--port", "0", "--params", "{num_workers: 1, num_workers: 2}"], BAD, "duplicate key 'num_workers' (first at line 1); YAML would keep only the last one"),
+    Case("c5-serve-params-item-twice", ["serve-reward", "--reward", "ocr", "--port", "0", "--params", "num_workers=1", "num_workers=2"], BAD, "--params: 'num_workers' is given twice; give it once"),
+    Case("c4-serve-params-item-nested-deep", ["serve-reward", "--reward", "ocr", "--port", "0", "--params", "num_workers=" + "[" * 5000 + "]" * 5000], BAD, "the value is not YAML (line 1: nested more than 40 levels deep)", absent="[" * 1000),
     # ---- a reward's weights folder: its config.json read bounded at validation (was RecursionError: exit 70)
     Case("c9-reward-config-nested-deep", ["train", GRPO, CLIP_REWARD], BAD, "rewards[0] (clip_score).params: model: the model's config '{tmp}/clip/config.json' is JSON nested too deeply to read; give a folder of", files={"clip/config.json": DEEP}),
     Case("c4-reward-config-a-fifo", ["train", GRPO, CLIP_REWARD], BAD, "model: the model's config '{tmp}/clip/config.json' is a FIFO (named pipe), not a regular file", files={"clip/": ""}, prepare=lambda tmp: os.mkfifo(tmp / "clip" / "config.json")),
