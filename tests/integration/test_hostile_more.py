@@ -165,6 +165,7 @@ CASES: list[Case] = [
     Case("c9-model-without-text-encoder", SAMPLE, BAD, "model.path: '{tmp}/model' has no text_encoder/ folder (the model's text_encoder); copy the whole model folder", prepare=tiny("text_encoder", "gone")),
     Case("c9-model-without-tokenizer", SAMPLE, BAD, "model.path: '{tmp}/model' has no tokenizer/ folder", prepare=tiny("tokenizer", "gone")),
     Case("c9-model-weights-of-another-shape", SAMPLE, BAD, "model.path: '{tmp}/model': its text_encoder/ cannot be loaded as a CLIPTextModelWithProjection (", prepare=tiny("text_encoder/config.json", '{"hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 2, "projection_dim": 8}')),
+    Case("c4-plan-transformer-config-a-fifo", ["plan", "recipes/sd35_grpo_ocr.yaml", "model.path={tmp}/sd3"], BAD, "model.path: '{tmp}/sd3' has no transformer/config.json here", prepare=sd3("transformer/config.json", "fifo")),
     # ---- class 9: a diffusers folder's model_index.json and scheduler config, refused at validation
     Case("c9-model-index-nested-deep", TRAIN_SD3, BAD, "model.path: the pipeline's file '{tmp}/sd3/model_index.json' is JSON nested too deeply to read", prepare=sd3("model_index.json", DEEP)),
     Case("c9-model-index-a-list", TRAIN_SD3, BAD, "model.path: the pipeline's file '{tmp}/sd3/model_index.json' holds a JSON array", prepare=sd3("model_index.json", "[1, 2]")),
