@@ -297,6 +297,11 @@ def test_a_program_importing_the_command_line_keeps_its_own_ctrl_c(argv0):
         "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, signal.getsignal(signal.SIGINT)"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code, argv0], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code, argv0],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=sigint_as_in_a_terminal,  # a run in the background inherits SIGINT ignored
     )
     assert proc.returncode == 0, proc.stderr
