@@ -156,11 +156,39 @@ MAX_FOLDER_ENTRIES = 10_000
 """The most entries of one model folder checked (a model holds a few files, a sharded one hundreds)."""
 
 
+MAX_LAYERS = 10_000
+"""The most layers (blocks) a model part's ``config.json`` may declare: the deepest released
+diffusion transformers and text encoders have a few hundred; building one, even its empty copy on
+the meta device (``diffrl plan``), takes time in proportion (``num_layers: 10**9`` ran for good)."""
+
+
+def _is_layer_count(key: str) -> bool:
+    """``num_layers``, ``num_single_layers``, ``num_hidden_layers``, ``n_layers``, ``num_blocks``..."""
+    return key.startswith(("num_", "n_")) and key.endswith(("layers", "blocks"))
+
+
+def layer_count_problem(settings: Any) -> str | None:
+    """What is wrong with a model config's layer counts (its own and its sub-configs',
+    ``text_config``), or None: a count over :data:`MAX_LAYERS`."""
+    if not isinstance(settings, dict):
+        return None
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            inner = layer_count_problem(value) if key.endswith("config") else None
+            if inner:
+                return f"{key}.{inner}"
+        elif _is_layer_count(key) and isinstance(value, int | float) and value > MAX_LAYERS:
+            shown = str(value) if len(str(value)) <= 40 else f"a {len(str(value))}-digit number"
+            return f"{key} is {shown}, more than the {MAX_LAYERS:,} layers any model has"
+    return None
+
+
 def check_model_files(folder: str | Path, what: str, fix: str) -> None:
     """Refuse the files directly in a model's folder (transformers' or diffusers' ``from_pretrained``
     reads them) that a loader would hang or crash on: a FIFO (a read waits for a writer), a
     device, a symlink loop, an unreadable file; a ``.json`` file that is not one JSON object of
-    at most 256 MB (nested 100,000 deep, the libraries' parsers raise RecursionError); a
+    at most 256 MB (nested 100,000 deep, the libraries' parsers raise RecursionError), a
+    ``config.json`` declaring more than :data:`MAX_LAYERS` layers; a
     ``.safetensors`` file whose header does not read (empty, garbage, a sparse file of zeros).
     Only headers are read of weights. A :class:`UserFileError`: ``{what} '{file}' {problem}; {fix}``."""
     with os.scandir(folder) as entries:
@@ -169,7 +197,9 @@ def check_model_files(folder: str | Path, what: str, fix: str) -> None:
             if path.is_dir():
                 continue
             if path.suffix == ".json":
-                read_json_object(path, what, fix)
+                problem = layer_count_problem(read_json_object(path, what, fix))
+                if problem and path.name == "config.json":
+                    raise UserFileError(f"{what} {str(path)!r}: {problem}; {fix}")
             elif path.suffix == ".safetensors":
                 check_safetensors(path, what, fix)
             else:

@@ -29,7 +29,7 @@ from diffrl.models.numerics import ForwardMeter, Numerics, autocast, prepare
 from diffrl.models.schedules import flow_sigmas
 from diffrl.rollout import Conditioning, Media, Source
 from diffrl.user_code import is_diffrl_module, kind, returned_wrong
-from diffrl.user_files import UserFileError, read_text
+from diffrl.user_files import UserFileError, layer_count_problem, read_text
 
 FAMILY_FILE = "diffrl_model.json"
 
@@ -97,6 +97,11 @@ def meta_model(model_cls: type, settings: dict[str, Any], dtype: torch.dtype) ->
     """A diffusers model built from its ``config.json`` settings on the meta device (no weights,
     no memory) in ``dtype``, but for the modules its class keeps in float32
     (``_keep_in_fp32_modules``), as ``from_pretrained(torch_dtype=dtype)`` loads them."""
+    if problem := layer_count_problem(settings):
+        raise DiffrlError(
+            f"model.path: the transformer's config.json cannot build a {model_cls.__name__} ({problem}); "
+            "replace the folder with the model's own files"
+        )
     try:
         with torch.device("meta"):
             model = model_cls.from_config(settings)

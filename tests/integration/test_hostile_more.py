@@ -185,6 +185,10 @@ CASES: list[Case] = [
     Case("c9-plan-sd3-patch-size-a-string", ["plan", "recipes/sd35_grpo_ocr.yaml", "model.path={tmp}/model"], BAD, "model.path: the model's config.json files give no size rule (", prepare=config_value("sd3", "patch_size", "x")),
     Case("c9-plan-tiny-pos-embed-a-float", ["plan", "recipes/tiny_sft.yaml", "model.path={tmp}/model"], BAD, "model.path: the transformer's config.json cannot build a SD3Transformer2DModel (TypeError", prepare=config_value("tiny", "pos_embed_max_size", 1e300)),
     Case("c9-plan-tiny-patch-size-a-string", ["plan", "recipes/tiny_sft.yaml", "model.path={tmp}/model"], BAD, "model.path: the transformer's config.json cannot build a SD3Transformer2DModel (TypeError", prepare=config_value("tiny", "patch_size", "x")),
+    # ---- class 4: a model's config.json declaring 10^9 layers (building it, even on the meta device, ran for good)
+    Case("c4-sample-tiny-a-billion-layers", SAMPLE, BAD, f"{TRANSFORMER}: num_layers is 1000000000, more than the 10,000 layers any model has", prepare=config_value("tiny", "num_layers", 10**9)),
+    Case("c4-plan-tiny-a-billion-layers", ["plan", "recipes/tiny_sft.yaml", "model.path={tmp}/model"], BAD, "cannot build a SD3Transformer2DModel (num_layers is 1000000000, more than the 10,000 layers", prepare=config_value("tiny", "num_layers", 10**9)),
+    Case("c4-plan-sd3-a-billion-layers", ["plan", "recipes/sd35_grpo_ocr.yaml", "model.path={tmp}/model"], BAD, "num_layers is 1000000000, more than the 10,000 layers", prepare=config_value("sd3", "num_layers", 10**9)),
     # ---- class 9: a save_to_disk prompt set whose JSON files are nested deep or of another shape (were exit 70)
     Case("c9-hf-state-json-nested-deep", ["train", GRPO, "data.prompts={tmp}/ds"], BAD, "'{tmp}/ds' split 'train' cannot be read by datasets.load_from_disk (RecursionError", prepare=saved_dataset("state.json", DEEP)),
     Case("c9-hf-dataset-info-nested-deep", ["train", GRPO, "data.prompts={tmp}/ds"], BAD, "cannot be read by datasets.load_from_disk (RecursionError", prepare=saved_dataset("dataset_info.json", DEEP)),
