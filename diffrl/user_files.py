@@ -30,7 +30,8 @@ class UserFileError(DiffrlError, ValueError):
     """A file the user named that cannot be read as one (the message names it and the fix)."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """A non-regular file's kind, for a message (``a FIFO (named pipe)``)."""
     if stat.S_ISDIR(mode):
         return "a folder"
     if stat.S_ISFIFO(mode):
@@ -60,7 +61,7 @@ def file_problem(path: str | Path) -> str | None:
     if stat.S_ISDIR(mode):
         return "is a folder, not a file"
     if not stat.S_ISREG(mode):
-        return f"is {_kind(mode)}, not a regular file"
+        return f"is {file_kind(mode)}, not a regular file"
     if not os.access(path, os.R_OK):
         return "cannot be read (permission denied)"
     return None
@@ -85,7 +86,9 @@ def read_bytes(path: str | Path, what: str, fix: str, max_bytes: int = MAX_TEXT_
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise UserFileError(f"{what} {str(path)!r} is {_kind(info.st_mode)}, not a regular file; {fix}")
+            raise UserFileError(
+                f"{what} {str(path)!r} is {file_kind(info.st_mode)}, not a regular file; {fix}"
+            )
         if info.st_size > max_bytes:
             raise UserFileError(
                 f"{what} {str(path)!r} is {info.st_size:,} bytes, more than the {max_bytes:,} read at "

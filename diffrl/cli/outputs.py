@@ -20,6 +20,7 @@ from pathlib import Path
 
 from diffrl.errors import DiffrlError, quoted
 from diffrl.train.manifest import overlap
+from diffrl.user_files import file_kind
 
 MARKER = ".diffrl-output"
 MARKER_BYTES = 4096
@@ -38,17 +39,6 @@ HEAD_BYTES = 4096
 
 def _real(path: Path) -> Path:
     return Path(os.path.realpath(path))
-
-
-def _kind(mode: int) -> str:
-    """A non-regular, non-folder file's kind, for a message."""
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
 
 
 def _dangling(path: Path, flag: str) -> None:
@@ -189,7 +179,7 @@ def check_page_out(page: Path, flag: str, fix: str) -> None:
         return
     if not stat.S_ISREG(mode):
         raise DiffrlError(
-            f"{flag} {quoted(str(page))} is {_kind(mode)}, not a file the report can replace: {fix}"
+            f"{flag} {quoted(str(page))} is {file_kind(mode)}, not a file the report can replace: {fix}"
         )
     if not is_report(target):
         raise DiffrlError(
@@ -222,6 +212,6 @@ def check_run_pictures(run_dir: Path) -> None:
             continue
         if not stat.S_ISREG(mode):
             raise DiffrlError(
-                f"RUN_DIR's {name} ({quoted(str(path))}) is {_kind(mode)}; the report draws it anew: "
+                f"RUN_DIR's {name} ({quoted(str(path))}) is {file_kind(mode)}; the report draws it anew: "
                 "remove it and run the report again"
             )

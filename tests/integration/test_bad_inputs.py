@@ -450,16 +450,15 @@ def test_the_table_is_well_formed():
     assert len(CASES) >= 40 and sum(c.in_subprocess for c in CASES) >= 3
 
 
-@pytest.mark.parametrize("case", _params(subprocess_rows=False))
-def test_bad_input_in_process(case: Case, tmp_path, request, capsys, monkeypatch):
+def run_row(case: Case, argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """``diffrl.cli.main(argv)`` in this process as ``case`` runs: training refused unless the row
+    ``trains`` (a row that got past validation must not start a 1,500-iteration recipe), the row's
+    warning expected; (exit code, stdout, stderr). The hostile-input tables run their rows by it."""
     import diffrl.train.loop
     from diffrl.cli import main
 
-    monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
-    argv = _setup(case, tmp_path, request)
-
-    def refuse(config):  # a row that got past validation must not start a 1,500-iteration recipe
-        raise AssertionError("a bad-input row reached training")
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"row {case.id!r} reached training")
 
     if not case.trains:
         monkeypatch.setattr(diffrl.train.loop, "train", refuse)
@@ -467,7 +466,14 @@ def test_bad_input_in_process(case: Case, tmp_path, request, capsys, monkeypatch
     with pytest.warns(UserWarning, match=case.warns) if case.warns else contextlib.nullcontext():
         code = main(argv)
     captured = capsys.readouterr()
-    _check(case, code, captured.out, captured.err)
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("case", _params(subprocess_rows=False))
+def test_bad_input_in_process(case: Case, tmp_path, request, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
+    argv = _setup(case, tmp_path, request)
+    _check(case, *run_row(case, argv, monkeypatch, capsys))
 
 
 @pytest.mark.parametrize("case", _params(subprocess_rows=True))

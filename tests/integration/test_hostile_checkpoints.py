@@ -10,7 +10,6 @@ Rows run in process through :func:`diffrl.cli.main`, as ``tests/integration/test
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -26,7 +25,17 @@ from safetensors.torch import load_file, save_file
 from diffrl.train.manifest import CheckpointError, seal, verify_checkpoint
 from diffrl.train.run_folder import row_kind
 from tests.conftest import rehash_checkpoint
-from tests.integration.test_bad_inputs import BAD, CKPT_SETTINGS, GRPO, ROOT, SFT, Case, _check, _setup
+from tests.integration.test_bad_inputs import (
+    BAD,
+    CKPT_SETTINGS,
+    GRPO,
+    ROOT,
+    SFT,
+    Case,
+    _check,
+    _setup,
+    run_row,
+)
 
 RESUME = [
     "train",
@@ -280,25 +289,12 @@ def test_the_table_is_well_formed():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_checkpoint(case: Case, tmp_path, request, capsys, monkeypatch):
-    import diffrl.train.loop
-    from diffrl.cli import main
-
     monkeypatch.chdir(ROOT)
     if not any("{ckpt}" in a for a in case.argv):  # the run-folder rows build their run from it
         shutil.copytree(request.getfixturevalue("tiny_checkpoint"), tmp_path / "ckpt")
     argv = _setup(case, tmp_path, request)
-
-    def refuse(config):  # a row that got past validation must not start training
-        raise AssertionError("a row reached training")
-
-    if not case.trains:
-        monkeypatch.setattr(diffrl.train.loop, "train", refuse)
-    capsys.readouterr()
-    with pytest.warns(UserWarning, match=case.warns) if case.warns else contextlib.nullcontext():
-        code = main(argv)
-    captured = capsys.readouterr()
     filled = Case(case.id, argv, case.code, _fill(case.message, tmp_path), absent=case.absent)
-    _check(filled, code, captured.out, captured.err)
+    _check(filled, *run_row(case, argv, monkeypatch, capsys))
 
 
 def test_a_resume_may_change_where_and_how_often_and_says_so(tmp_path, tiny_checkpoint, capsys, monkeypatch):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from diffrl.models.base import SHIPPED_CONFIGS
-from tests.integration.test_bad_inputs import BAD, ROOT, Case, _check, _setup
+from tests.integration.test_bad_inputs import BAD, ROOT, Case, _check, _setup, run_row
 
 TINY_BASE = ROOT / "diffrl" / "models" / "assets" / "tiny_base"
 GRPO = "recipes/tiny_grpo_ocr_small.yaml"
@@ -215,20 +215,10 @@ def test_the_table_is_well_formed():
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
 def test_hostile_input(case: Case, tmp_path, request, capsys, monkeypatch):
-    import diffrl.train.loop
-    from diffrl.cli import main
-
     monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
     argv = _setup(case, tmp_path, request)
-
-    def refuse(config):  # a row that got past validation must not start a 1,500-iteration recipe
-        raise AssertionError("a hostile-input row reached training")
-
-    monkeypatch.setattr(diffrl.train.loop, "train", refuse)
-    capsys.readouterr()
-    code = main(argv)
-    captured = capsys.readouterr()
-    _check(case, code, captured.out, captured.err.replace(str(tmp_path), "{tmp}"))
+    code, out, err = run_row(case, argv, monkeypatch, capsys)
+    _check(case, code, out, err.replace(str(tmp_path), "{tmp}"))
 
 
 # ---- a reward's folder at load: its files checked first, every library error the reward's ------

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from diffrl.train.run_folder import RunFolder
-from tests.integration.test_bad_inputs import BAD, ROOT, Case, _check, _setup
+from tests.integration.test_bad_inputs import BAD, ROOT, Case, _check, _setup, run_row
 
 SFT = str(ROOT / "recipes" / "tiny_sft.yaml")
 RUN = {"run/metrics.jsonl": '{"step": 1, "train/loss": 0.5}\n', "run/run.json": '{"run_id": "r1"}'}
@@ -147,26 +147,15 @@ def test_the_table_is_well_formed():
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
 def test_refused_before_anything_is_written(case: Case, tmp_path, request, capsys, monkeypatch):
-    import diffrl.train.loop
-    from diffrl.cli import main
-
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")  # a relative path (runs/<run.name>) lands here
     argv = _setup(case, tmp_path, request)
     before = _snapshot(tmp_path)
-
-    def refuse(config):  # a row that got past validation must not start a recipe
-        raise AssertionError("a refused row reached training")
-
-    if not case.trains:
-        monkeypatch.setattr(diffrl.train.loop, "train", refuse)
-    capsys.readouterr()
-    code = main(argv)
-    captured = capsys.readouterr()
+    code, out, err = run_row(case, argv, monkeypatch, capsys)
     filled = Case(case.id, argv, case.code, case.message.replace("{tmp}", str(tmp_path)))
-    _check(filled, code, captured.out, captured.err)
+    _check(filled, code, out, err)
     if case.code != 0:
-        assert captured.err.count("error:") == 1, captured.err
+        assert err.count("error:") == 1, err
         assert _snapshot(tmp_path) == before, "something was written or deleted before the refusal"
 
 

@@ -14,7 +14,6 @@ call of the broken method (well under a second after the model is built).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -31,7 +30,8 @@ from diffrl.registry import import_object
 from diffrl.rewards.base import FunctionReward, RewardError, RewardSet
 from diffrl.user_code import PluginError
 from tests.hostile_plugins import LossVector
-from tests.integration.test_bad_inputs import BAD, ROOT, SFT, Case, _check, _setup
+from tests.integration.test_bad_inputs import BAD, ROOT, SFT, Case, _check, _setup, run_row
+from tests.integration.test_plugin_exits import TINY
 
 H = "tests.hostile_plugins"
 NFT = "recipes/tiny_nft_ocr.yaml"
@@ -48,23 +48,8 @@ SFT1 = [
     "train.micro_batch_size=2",
     "eval.enabled=false",
 ]
-NFT1 = [
-    "train",
-    NFT,
-    "run.output_dir={tmp}/run",
-    "model.path=random",
-    "sampling.num_steps=2",
-    "sampling.guidance_scale=1",
-    "rollout.batch_size=2",
-    "rollout.n_samples_per_prompt=2",
-    "rollout.micro_group_size=2",
-    "rollout.num_steps_per_rollout=1",
-    "train.batch_size=4",
-    "train.micro_batch_size=2",
-    "train.iterations=1",
-    "train.max_failed_iterations=1",
-    "eval.enabled=false",
-]
+NFT1 = ["train", NFT, "run.output_dir={tmp}/run", *TINY, "train.iterations=1"]
+"""The tiny NFT run of test_plugin_exits, one iteration (the last of a key given twice wins)."""
 LOSS = "it must return (loss, metrics): loss a 0-dim floating-point tensor with gradients"
 PROBLEMS = "it must return a list of str, one message per problem ([] when there is none)"
 EXAMPLES = "it must return the algorithm's TrainExamples (a dataclass subclass with a sample_id (N,) tensor)"
@@ -123,24 +108,13 @@ def test_the_table_is_well_formed():
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
 def test_a_hostile_plugin_is_named(case: Case, tmp_path, request, capsys, monkeypatch):
-    from diffrl.cli import main
-
     monkeypatch.chdir(ROOT)
     monkeypatch.syspath_prepend(str(ROOT))
     argv = _setup(case, tmp_path, request)
-
-    def refuse(config):
-        raise AssertionError("a row refused at validation reached training")
-
-    if not case.trains:
-        monkeypatch.setattr(diffrl.train.loop, "train", refuse)
     before = torch_state.current()
-    capsys.readouterr()
-    with pytest.warns(UserWarning, match=case.warns) if case.warns else contextlib.nullcontext():
-        code = main(argv)
-    captured = capsys.readouterr()
-    _check(case, code, captured.out, captured.err)
-    assert "bug in diffrl" not in captured.err
+    code, out, err = run_row(case, argv, monkeypatch, capsys)
+    _check(case, code, out, err)
+    assert "bug in diffrl" not in err
     assert torch_state.current() == before, "the plugin's change to torch's settings was not put back"
 
 
