@@ -21,6 +21,7 @@ import ctypes
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -41,6 +42,10 @@ class EngineServerError(DiffrlError, RuntimeError):
     """A serving engine that cannot be started or reached, or that answered with an error."""
 
 
+class PortTaken(EngineServerError):
+    """A launched server stopped because a port it was given was bound meanwhile."""
+
+
 class EngineUnreachable(EngineServerError):
     """The server did not answer (refused, reset, timed out): a restart may cure it."""
 
@@ -51,18 +56,60 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+LISTEN_PORTS_FROM = 20000
+"""The lowest port a server is given: above Ray's worker ports (10002-19999 by default)."""
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel hands outgoing connections their local port from (Linux
+    ``ip_local_port_range``; the Linux default elsewhere)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def server_ports(host: str = "127.0.0.1") -> tuple[int, int, int]:
     """Free ports for a server: its HTTP port, then its torch.distributed master and scheduler
     ports, none of them the HTTP port + 1: sglang binds its offline-job broker there
     (``ServerArgs.broker_port``), and a master port that lands on it stops the server (measured
-    with ``--num-gpus 2``: "Address already in use")."""
-    port = free_port(host)
-    internal: list[int] = []
-    while len(internal) < 2:
-        p = free_port(host)
-        if p not in (port, port + 1, *internal):
-            internal.append(p)
-    return port, internal[0], internal[1]
+    with ``--num-gpus 2``: "Address already in use").
+
+    They are drawn below the kernel's ephemeral range where there is room: a port free now is only
+    bound by the server seconds later, once it has loaded, and a port of the ephemeral range can be
+    taken in between as the local port of any outgoing connection (Ray's, a reward's): the CI saw a
+    restarted server stop on "[Errno 98] ... address already in use". A port drawn here can still be
+    taken by another program that binds one explicitly: :meth:`Server.launch` then starts again on
+    other ports."""
+    low, _ = ephemeral_ports()
+    draw = random.SystemRandom()  # not a result: no run seed; two launches must not draw alike
+    taken: set[int] = set()
+
+    def pick(*, with_next: bool) -> int:
+        for _ in range(200):
+            p = (
+                draw.randrange(LISTEN_PORTS_FROM, low - 1)
+                if low - 1 > LISTEN_PORTS_FROM + 100
+                else free_port(host)
+            )
+            if {p, p + 1} & taken or not bindable(host, p) or (with_next and not bindable(host, p + 1)):
+                continue
+            taken.update((p, p + 1))
+            return p
+        raise EngineServerError(f"no free port for an sglang server on {host}")
+
+    port = pick(with_next=True)
+    return port, pick(with_next=False), pick(with_next=False)
 
 
 PR_SET_PDEATHSIG = 1
@@ -83,6 +130,17 @@ def log_tail(path: Path | None, lines: int = 25) -> str:
     text = path.read_text(errors="replace").splitlines()[-lines:]
     return "\n".join("    " + line for line in text)
 
+
+def this_launch_log(path: Path, offset: int) -> str:
+    """What one launch wrote to a server log that earlier launches appended to too."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+PORT_TAKEN = "address already in use"
+"""What a server's log says when one of its ports was bound meanwhile (uvicorn, ZMQ, gloo)."""
+LAUNCH_TRIES = 3
 
 DIFFUSERS_FALLBACK = "Falling back to diffusers backend"
 """What sglang logs when it cannot resolve a native pipeline for the model (0.5.23 ``registry.py``)."""
@@ -139,12 +197,27 @@ class Server:
     def launch(
         cls, command: ServeCommand, log_path: Path, num_text_encoders: int, timeout_s: float
     ) -> Server:
-        """Start ``sglang serve`` on a free loopback port and wait for ``/health``."""
+        """Start ``sglang serve`` on free loopback ports and wait for ``/health``; a server that
+        stops because one of its ports was taken meanwhile is started again on others (3 tries)."""
+        tries = LAUNCH_TRIES
+        while True:
+            try:
+                return cls._launch_once(command, log_path, num_text_encoders, timeout_s)
+            except PortTaken:
+                tries -= 1
+                if tries == 0:
+                    raise
+
+    @classmethod
+    def _launch_once(
+        cls, command: ServeCommand, log_path: Path, num_text_encoders: int, timeout_s: float
+    ) -> Server:
         host = "127.0.0.1"
         port, master, scheduler = server_ports(host)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         argv = command.argv(host, port, num_text_encoders, (master, scheduler))
         with open(log_path, "ab") as log:
+            written = log.tell()
             log.write(f"$ {' '.join(argv)}\n".encode())
             log.flush()
             try:
@@ -172,6 +245,11 @@ class Server:
                     "rollout.engine_options.model_id to the model's name as sglang knows it (e.g. "
                     f"FLUX.1-dev; was {command.model_id!r}). Its log: {log_path}"
                 )
+        except EngineServerError as e:
+            server.stop()
+            if PORT_TAKEN in this_launch_log(log_path, written).lower():
+                raise PortTaken(str(e)) from e
+            raise
         except BaseException:
             server.stop()
             raise

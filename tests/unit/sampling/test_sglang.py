@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -18,7 +19,18 @@ from diffrl.data.prompts import load_prompts
 from diffrl.models.registry import load_family
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sglang import SglangEngine, default_model_id
-from diffrl.sampling.sglang_server import EngineUnreachable, ServeCommand, Server, as_tensor, decode_rollout
+from diffrl.sampling.sglang_server import (
+    LAUNCH_TRIES,
+    LISTEN_PORTS_FROM,
+    EngineServerError,
+    EngineUnreachable,
+    ServeCommand,
+    Server,
+    as_tensor,
+    decode_rollout,
+    ephemeral_ports,
+    server_ports,
+)
 from tests.integration.family_checks import family_config
 from tests.integration.test_flux import SIZE, write_tiny_flux
 
@@ -148,6 +160,63 @@ def test_each_server_gets_its_own_internal_ports():
     assert argv[argv.index("--master-port") + 1] == "4001"
     assert argv[argv.index("--scheduler-port") + 1] == "4002"
     assert argv[argv.index("--port") + 1] == "1234"
+
+
+def test_server_ports_lie_outside_the_kernels_ephemeral_range():
+    """A port the kernel may hand an outgoing connection meanwhile is not given to a server: the
+    three are distinct, bindable, between Ray's worker ports and the ephemeral range, and neither
+    internal port is the HTTP port + 1 (sglang's broker)."""
+    low, _ = ephemeral_ports()
+    for _ in range(20):
+        port, master, scheduler = server_ports()
+        assert len({port, port + 1, master, scheduler}) == 4
+        if low - 1 > LISTEN_PORTS_FROM + 100:
+            assert all(LISTEN_PORTS_FROM <= p < low - 1 for p in (port, master, scheduler))
+
+
+FAKE_SGLANG = """#!{python}
+import http.server, pathlib, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+tries = pathlib.Path({tries!r})
+tries.write_text(tries.read_text() + "x" if tries.exists() else "x")
+if len(tries.read_text()) <= {taken}:
+    print(f"ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', {{port}}): "
+          "address already in use", flush=True)
+    sys.exit(1)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+@pytest.mark.parametrize("taken", [1, 2, 3])
+def test_a_server_whose_port_was_taken_meanwhile_starts_again_on_another(tmp_path, taken):
+    """The CI saw a restarted server stop on "address already in use" (its port, free when drawn,
+    was bound by the time the server had loaded). Such a launch is tried again on other ports, three
+    times in all; a server that never gets a port is an error naming its log."""
+    script = tmp_path / "sglang"
+    tries = tmp_path / "tries"
+    script.write_text(FAKE_SGLANG.format(python=sys.executable, tries=str(tries), taken=taken))
+    script.chmod(0o755)
+    command = ServeCommand(str(script), str(tmp_path), "FLUX.1-dev", "fp32", [])
+    log = tmp_path / "server.log"
+    if taken == LAUNCH_TRIES:
+        with pytest.raises(EngineServerError, match="address already in use") as e:
+            Server.launch(command, log, 1, timeout_s=30)
+        assert str(log) in str(e.value) and tries.read_text() == "x" * LAUNCH_TRIES
+        return
+    server = Server.launch(command, log, 1, timeout_s=30)
+    try:
+        assert server.alive() and server.request("GET", "/health", None, timeout_s=5)[0] == 200
+        assert tries.read_text() == "x" * (taken + 1)
+        ports = [
+            line.split("--port ")[1].split()[0] for line in log.read_text().splitlines() if line[:2] == "$ "
+        ]
+        assert len(ports) == taken + 1 and ports[-1] == str(server.port)
+    finally:
+        server.stop()
+    assert not server.alive()
 
 
 def test_an_answer_that_breaks_off_reads_as_an_unreachable_server():
