@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -114,10 +116,58 @@ def copy_full_(dst: torch.Tensor, full: torch.Tensor) -> None:
     dst.copy_(full)
 
 
-def free_port() -> int:
+LISTEN_PORTS_FROM = 20000
+"""The lowest port :func:`listen_port` draws: above Ray's worker ports (10002-19999 by default)."""
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel gives outgoing connections their local port from (Linux
+    ``ip_local_port_range``; Linux's default elsewhere)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def bindable(host: str, port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def listen_port(host: str = "", avoid: tuple[int, ...] = (), pair: bool = False) -> int:
+    """A port free now, for a server that binds it later (a torch.distributed store, a serving
+    engine once it has loaded). Drawn at random below the kernel's ephemeral range where there is
+    room: a port of that range, free when drawn, can be taken before the server binds it as the
+    local port of any outgoing connection (the CI saw an sglang server stop on "[Errno 98] address
+    already in use"). Not in ``avoid``; ``pair``: the next port is free too (a server that binds
+    both). Only another program binding ports explicitly can still take it first."""
+    low, _ = ephemeral_ports()
+    draw = random.SystemRandom()  # not a result: no run seed, and two processes must not draw alike
+    for _ in range(200):
+        if low - 1 > LISTEN_PORTS_FROM + 100:
+            p = draw.randrange(LISTEN_PORTS_FROM, low - 1)
+        else:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                p = s.getsockname()[1]
+        if (
+            {p, p + 1 if pair else p} & set(avoid)
+            or not bindable(host, p)
+            or (pair and not bindable(host, p + 1))
+        ):
+            continue
+        return p
+    raise OSError(f"no free port to listen on for {host or 'all addresses'}")
+
+
+def free_port() -> int:
+    """A port for a torch.distributed store on all addresses (:func:`listen_port`)."""
+    return listen_port()
 
 
 def state_checksum(state: dict[str, torch.Tensor]) -> str:

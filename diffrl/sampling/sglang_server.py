@@ -21,9 +21,7 @@ import ctypes
 import http.client
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -36,6 +34,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from diffrl.errors import DiffrlError
+from diffrl.parallel import listen_port
 
 
 class EngineServerError(DiffrlError, RuntimeError):
@@ -50,35 +49,6 @@ class EngineUnreachable(EngineServerError):
     """The server did not answer (refused, reset, timed out): a restart may cure it."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-LISTEN_PORTS_FROM = 20000
-"""The lowest port a server is given: above Ray's worker ports (10002-19999 by default)."""
-
-
-def ephemeral_ports() -> tuple[int, int]:
-    """The range the kernel hands outgoing connections their local port from (Linux
-    ``ip_local_port_range``; the Linux default elsewhere)."""
-    try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def bindable(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def server_ports(host: str = "127.0.0.1") -> tuple[int, int, int]:
     """Free ports for a server: its HTTP port, then its torch.distributed master and scheduler
     ports, none of them the HTTP port + 1: sglang binds its offline-job broker there
@@ -90,26 +60,11 @@ def server_ports(host: str = "127.0.0.1") -> tuple[int, int, int]:
     taken in between as the local port of any outgoing connection (Ray's, a reward's): the CI saw a
     restarted server stop on "[Errno 98] ... address already in use". A port drawn here can still be
     taken by another program that binds one explicitly: :meth:`Server.launch` then starts again on
-    other ports."""
-    low, _ = ephemeral_ports()
-    draw = random.SystemRandom()  # not a result: no run seed; two launches must not draw alike
-    taken: set[int] = set()
-
-    def pick(*, with_next: bool) -> int:
-        for _ in range(200):
-            p = (
-                draw.randrange(LISTEN_PORTS_FROM, low - 1)
-                if low - 1 > LISTEN_PORTS_FROM + 100
-                else free_port(host)
-            )
-            if {p, p + 1} & taken or not bindable(host, p) or (with_next and not bindable(host, p + 1)):
-                continue
-            taken.update((p, p + 1))
-            return p
-        raise EngineServerError(f"no free port for an sglang server on {host}")
-
-    port = pick(with_next=True)
-    return port, pick(with_next=False), pick(with_next=False)
+    other ports (:func:`~diffrl.parallel.listen_port`)."""
+    port = listen_port(host, pair=True)
+    master = listen_port(host, avoid=(port, port + 1))
+    scheduler = listen_port(host, avoid=(port, port + 1, master))
+    return port, master, scheduler
 
 
 PR_SET_PDEATHSIG = 1

@@ -17,18 +17,17 @@ import torch
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.data.prompts import load_prompts
 from diffrl.models.registry import load_family
+from diffrl.parallel import LISTEN_PORTS_FROM, ephemeral_ports
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sglang import SglangEngine, default_model_id
 from diffrl.sampling.sglang_server import (
     LAUNCH_TRIES,
-    LISTEN_PORTS_FROM,
     EngineServerError,
     EngineUnreachable,
     ServeCommand,
     Server,
     as_tensor,
     decode_rollout,
-    ephemeral_ports,
     server_ports,
 )
 from tests.integration.family_checks import family_config
