@@ -12,8 +12,8 @@ how the rollout is split into micro-groups or workers.
   (default: all steps), a new draw per rollout (miles' step_strategy_hub).
 - ``mix_grpo``: MixGRPO's sliding window (Li et al. 2025, "MixGRPO", arXiv 2507.21802): a
   deterministic window of ``size`` steps that starts at the first step of ``range`` and moves
-  ``stride`` steps later every ``shift_interval`` iterations; at the end it stays (or, with
-  ``wrap``, starts over).
+  ``stride`` steps later every ``shift_interval`` iterations, cut at the end of ``range`` (it
+  shrinks there); past the end it stays (or, with ``wrap``, starts over), as the reference's.
 - a dotted path to ``def my_strategy(num_steps: int, rollout_id: int, seed: int, **params) -> list[int]``.
 
 In a recipe: ``algorithm.params.step_strategy: {name: sde_window, size: 2, range: [0, 6]}``.
@@ -112,20 +112,28 @@ class EpochGlobalRandomChoice:
 class MixGRPOWindow(Window):
     """MixGRPO's progressive sliding window (Li et al. 2025, arXiv 2507.21802; Tencent-
     Hunyuan/MixGRPO ``fastvideo/utils/grpo_states.py::GRPOTrainingStates``, ``sample_strategy=
-    "progressive"``, as ``train_grpo_flux.py`` drives it once per training iteration).
+    "progressive"``: ``update_iteration`` and ``get_current_timesteps``, as ``train_grpo_flux.py``
+    drives them once per training iteration).
 
-    At iteration ``r`` (the rollout id) the window is ``[l, l + size)`` with ``k = r //
-    shift_interval`` shifts done so far and, inside ``range = [lo, hi)``,
-    ``l = lo + min(k·stride, last)`` (it stays at the end), or ``l = lo + (k mod (last // stride
-    + 1))·stride`` with ``wrap`` (the reference's ``roll_back``), where ``last = hi − lo − size``.
-    A pure function of the iteration, so resuming from a checkpoint lands on the same window.
+    At iteration ``r`` (the rollout id), with ``k = r // shift_interval`` moves done and ``range =
+    [lo, hi)`` (the reference's ``[init_timestep, max_timesteps)``), the window starts at
+
+        s = lo + (k mod (⌊(hi − lo) / stride⌋ + 1))·stride     with ``wrap`` (``roll_back``)
+        s = min(lo + k·stride, hi)                             without (its clip)
+
+    and is ``[s, min(s + size, hi))``: cut at ``hi``, so it shrinks over the last steps, and with
+    ``wrap`` it starts over once a move passes ``hi`` (a start equal to ``hi`` still counts, as the
+    reference's ``cur_timestep > max_timesteps`` test has it). Where that window is empty (``s =
+    hi``: the reference then trains nothing, for ``shift_interval`` iterations with ``wrap``, for
+    good without) this one keeps the last non-empty window, ``s = lo + ⌊(hi − lo − 1) / stride⌋·
+    stride``; every other iteration equals the reference's. A pure function of the iteration, so
+    resuming from a checkpoint lands on the same window.
 
     Defaults are those of the reference's shipped script (``finetune_flux_grpo_MixGRPO.sh``:
-    ``group_size=4``, ``iters_per_group=25``, ``prog_overlap_step=1``, ``roll_back``). Unlike the
-    reference, whose window is cut at its bound (``range(cur, min(cur + size, sampling_steps -
-    2))``, so it shrinks near the end and is empty once it reaches the bound), the window here
-    always has ``size`` steps and its last start is ``hi − size``; MixGRPO's bound of
-    ``sampling_steps − 2`` is ``range: [0, num_steps - 2]``.
+    ``group_size=4``, ``iters_per_group=25``, ``prog_overlap_step=1``, ``roll_back``); its
+    non-overlapping mode (no ``--prog_overlap``) is ``stride = size``. Its bound is
+    ``max_timesteps = sampling_steps − 2``: ``range: [0, num_steps - 2]`` here (the default range
+    is all steps).
     """
 
     size: Steps = 4
@@ -135,18 +143,19 @@ class MixGRPOWindow(Window):
     stride: Steps = 1
     """Steps per move (the reference's ``prog_overlap_step``; ``stride = size``: non-overlapping)."""
     wrap: bool = True
-    """At the end, start over from ``range[0]`` (the reference's ``roll_back``); False: stay there."""
+    """Past the end, start over from ``range[0]`` (the reference's ``roll_back``); False: stay there."""
     label = "mix_grpo"
 
     def __call__(self, num_steps: int, rollout_id: int, seed: int) -> list[int]:
         lo, hi = self.bounds(num_steps)
-        last = hi - lo - self.size
-        shifts = rollout_id // self.shift_interval
+        moves = rollout_id // self.shift_interval
         if self.wrap:
-            offset = (shifts % (last // self.stride + 1)) * self.stride
+            start = lo + moves % ((hi - lo) // self.stride + 1) * self.stride
         else:
-            offset = min(shifts * self.stride, last)
-        return list(range(lo + offset, lo + offset + self.size))
+            start = min(lo + moves * self.stride, hi)
+        if start >= hi:  # the reference's window is empty here: keep the last one that is not
+            start = lo + (hi - lo - 1) // self.stride * self.stride
+        return list(range(start, min(start + self.size, hi)))
 
     def check(self, num_steps: int) -> list[str]:
         return self.window_problems(num_steps)

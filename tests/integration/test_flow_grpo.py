@@ -140,8 +140,8 @@ def test_two_optimizer_steps_per_rollout_and_kl(tmp_path):
 
 
 def test_grpo_guard_and_the_mix_grpo_window_train_end_to_end(tmp_path):
-    """GRPO-Guard's RatioNorm + gradient reweighting on MixGRPO's sliding window (windows [0, 1]
-    then [1, 2] of 3 steps, one move per iteration): the rollout keeps the transitions' means and
+    """GRPO-Guard's RatioNorm + gradient reweighting on MixGRPO's sliding window (windows [0, 1],
+    [1, 2], then [2] of 3 steps, one move per iteration): the rollout keeps the transitions' means and
     an iteration of two optimizer steps trains with finite losses."""
     cfg = grpo(
         tmp_path,
@@ -152,8 +152,9 @@ def test_grpo_guard_and_the_mix_grpo_window_train_end_to_end(tmp_path):
             "step_strategy: {name: mix_grpo, size: 2, shift_interval: 1}}",
         },
     )
-    batch = _collect(cfg, 8)  # rollout 3: the window has wrapped back to [1, 2]
-    assert batch.traj_mean.shape == batch.traj_x.shape and (batch.traj_step == torch.tensor([1, 2])).all()
+    # rollout 3: the window was cut to [2] at the end (the reference's is empty there: [2] stays)
+    batch = _collect(cfg, 8)
+    assert batch.traj_mean.shape == batch.traj_x.shape and (batch.traj_step == torch.tensor([2])).all()
     m = train(cfg).history[0]  # means over the two optimizer steps: the second replays a moved policy
     assert m["train/ratio_mean_bias"] > 0 and m["train/skipped_nonfinite"] == 0
     assert torch.isfinite(torch.tensor(m["train/policy_loss"])) and m["train/grad_norm"] > 0

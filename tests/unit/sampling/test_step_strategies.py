@@ -36,7 +36,7 @@ def test_dotted_path_strategy():
 
 
 def test_mix_grpo_window_slides_every_shift_interval_and_stays_at_the_end():
-    # 10 steps, window 3, tau = 5 iterations, stride 2: starts 0, 2, 4, 6, then 7 = 10 - 3 for good
+    # 10 steps, window 3, tau = 5 iterations, stride 2: starts 0, 2, 4, 6, 8 (cut to [8, 9]), for good
     s, errors = build_step_strategy(
         {"name": "mix_grpo", "size": 3, "shift_interval": 5, "stride": 2, "wrap": False}, 10
     )
@@ -44,18 +44,28 @@ def test_mix_grpo_window_slides_every_shift_interval_and_stays_at_the_end():
     assert s(10, 0, 0) == [0, 1, 2] and s(10, 4, 0) == [0, 1, 2]  # iterations 0 and tau - 1
     assert s(10, 5, 0) == [2, 3, 4]  # tau: the first move
     assert s(10, 3 * 5, 0) == [6, 7, 8]  # k * tau
-    assert s(10, 4 * 5, 0) == [7, 8, 9] and s(10, 1000, 0) == [7, 8, 9]  # past the end: stays, full size
+    assert s(10, 4 * 5, 0) == [8, 9] and s(10, 1000, 0) == [8, 9]  # the end: cut, and stays
+    # the reference's table, iteration by iteration: tests/unit/algorithms/test_mixgrpo_window.py
     assert s(10, 7, 0) == s(10, 7, 123)  # the seed plays no part
 
 
 def test_mix_grpo_window_wraps_and_defaults_follow_the_reference_script():
     s, errors = build_step_strategy({"name": "mix_grpo", "size": 3, "shift_interval": 5, "stride": 2}, 10)
-    assert not errors  # wrap (roll_back) is on by default: starts 0, 2, 4, 6, then 0 again
-    assert [s(10, 5 * k, 0)[0] for k in range(6)] == [0, 2, 4, 6, 0, 2]
+    # wrap (roll_back) is on by default: starts 0, 2, 4, 6, 8 ([8, 9]), 10 (empty in the reference:
+    # [8, 9] stays), then 0 again
+    assert not errors
+    assert [s(10, 5 * k, 0) for k in (0, 3, 4, 5, 6, 7)] == [
+        [0, 1, 2],
+        [6, 7, 8],
+        [8, 9],
+        [8, 9],
+        [0, 1, 2],
+        [2, 3, 4],
+    ]
     s, errors = build_step_strategy({"name": "mix_grpo", "range": [2, 9]}, 12)
-    assert not errors  # size 4, tau 25, stride 1 inside [2, 9): starts 2, 3, 4, 5, then 2
+    assert not errors  # size 4, tau 25, stride 1 inside [2, 9): starts 2, 3, ..., 8 (cut), 9 (empty), then 2
     assert s(12, 0, 0) == [2, 3, 4, 5] and s(12, 24, 0) == [2, 3, 4, 5] and s(12, 25, 0) == [3, 4, 5, 6]
-    assert s(12, 75, 0) == [5, 6, 7, 8] and s(12, 100, 0) == [2, 3, 4, 5]
+    assert s(12, 75, 0) == [5, 6, 7, 8] and s(12, 100, 0) == [6, 7, 8] and s(12, 200, 0) == [2, 3, 4, 5]
 
 
 @pytest.mark.parametrize(
