@@ -11,6 +11,7 @@ REWARDS = Registry(
         "clip_score": "diffrl.rewards.clip_score:ClipScore",
         "aesthetic": "diffrl.rewards.aesthetic:Aesthetic",
         "hpsv2": "diffrl.rewards.hpsv2:HPSv2",
+        "image_reward": "diffrl.rewards.image_reward:ImageReward",
         "jpeg_compressibility": "diffrl.rewards.jpeg:JpegCompressibility",
         "jpeg_incompressibility": "diffrl.rewards.jpeg:JpegIncompressibility",
         "remote": "diffrl.rewards.remote:RemoteReward",
