@@ -2,8 +2,9 @@
 loading a transformers ``CLIPModel`` folder, its image processor and tokenizer from local folders,
 checking those folders before anything loads, and unit-norm embeddings of images and prompts.
 
-Images go through the folder's ``preprocessor_config.json`` (resize, center crop, rescale,
-normalise) with :class:`~transformers.CLIPImageProcessorPil`, the PIL backend, named explicitly:
+Images go through the folder's image processor config (resize, center crop, rescale,
+normalise: ``preprocessor_config.json``, or the ``image_processor`` section of the
+``processor_config.json`` that transformers 5's ``CLIPProcessor.save_pretrained`` writes instead) with :class:`~transformers.CLIPImageProcessorPil`, the PIL backend, named explicitly:
 ``CLIPImageProcessor`` is the torchvision backend in transformers 5, and without torchvision
 ``AutoProcessor`` falls back to the PIL class with a warning. The PIL class resizes the uint8
 picture with PIL (bicubic for CLIP's ``resample: 3``), crops at ``(size - crop) // 2``, then
@@ -23,10 +24,14 @@ from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
 from diffrl.rewards.base import RewardError
 from diffrl.rewards.pretrained import chunks, device_dtype_problems, pil_images
-from diffrl.user_files import UserFileError, check_model_files
+from diffrl.user_files import UserFileError, check_model_files, read_json_object
 
 TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 """A CLIP tokenizer folder holds a ``tokenizers`` serialisation or the BPE vocab + merges."""
+IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
+PROCESSOR_FILE = "processor_config.json"
+"""transformers 5's processors save their image processor's settings in this file's
+``image_processor`` section (and no ``preprocessor_config.json``)."""
 
 
 def loading(reward: str, what: str, path: str, load: Callable[[], Any]) -> Any:
@@ -73,7 +78,7 @@ def load_clip_model(reward: str, folder: str, device: torch.device, dtype: torch
 def load_image_processor(reward: str, folder: str) -> CLIPImageProcessorPil:
     return loading(
         reward,
-        "a CLIP image processor (preprocessor_config.json)",
+        "a CLIP image processor (preprocessor_config.json, or processor_config.json)",
         folder,
         lambda: CLIPImageProcessorPil.from_pretrained(str(Path(folder).expanduser())),
     )
@@ -165,7 +170,12 @@ def processor_problems(
     """Problems with ``params[param]``, a folder expected to hold a CLIP image processor config
     (``image``) and a CLIP tokenizer (``text``), e.g. the laion/CLIP-ViT-H-14-laion2B-s32B-b79K folder."""
     what = " and ".join(
-        w for w, needed in (("preprocessor_config.json", image), ("a CLIP tokenizer", text)) if needed
+        w
+        for w, needed in (
+            ("a CLIP image processor config (preprocessor_config.json, or processor_config.json)", image),
+            ("a CLIP tokenizer", text),
+        )
+        if needed
     )
     if not isinstance(folder, str) or not folder:
         return [f"{param} must be the path of a local folder holding {what}, got {folder!r}"]
@@ -174,17 +184,40 @@ def processor_problems(
     path = Path(folder).expanduser()
     if not path.is_dir():
         return [f"{param}: reward {reward!r} needs {what} in a local folder; {folder!r} is not a folder"]
-    problems = []
-    if image and not (path / "preprocessor_config.json").is_file():
-        problems.append(
-            f"{param}: {folder!r} has no preprocessor_config.json (the CLIP image processor reward "
-            f"{reward!r} needs)"
-        )
+    problems = image_processor_problems(reward, param, folder, path) if image else []
     if text and not any(all((path / f).is_file() for f in files) for files in TOKENIZER_FILES):
         problems.append(
             f"{param}: {folder!r} has no CLIP tokenizer (tokenizer.json, or vocab.json + merges.txt)"
         )
     return problems
+
+
+def image_processor_problems(reward: str, param: str, folder: str, path: Path) -> list[str]:
+    """Whether ``path`` holds the settings :func:`load_image_processor` loads, found as transformers'
+    ``ImageProcessingMixin.get_image_processor_dict`` looks for them: a ``processor_config.json``
+    with an ``image_processor`` section first (what transformers 5 saves), else
+    ``preprocessor_config.json`` (what transformers 4 saved, and the hub's CLIP folders hold)."""
+    nested = path / PROCESSOR_FILE
+    if nested.exists() or nested.is_symlink():
+        fix = "save the processor again with save_pretrained, or remove the file"
+        try:
+            settings = read_json_object(nested, f"{param}: the processor config", fix)
+        except UserFileError as e:
+            return [str(e)]
+        if "image_processor" in settings:  # transformers then reads this section, whatever else is there
+            if isinstance(settings["image_processor"], dict):
+                return []
+            return [
+                f"{param}: the image_processor section of {str(nested)!r} is not a JSON object "
+                f"(the CLIP image processor settings reward {reward!r} needs); {fix}"
+            ]
+    if (path / IMAGE_PROCESSOR_FILE).is_file():
+        return []
+    return [
+        f"{param}: {folder!r} has no {IMAGE_PROCESSOR_FILE} (nor a {PROCESSOR_FILE} with an "
+        f"image_processor section, as transformers 5's CLIPProcessor.save_pretrained writes): the CLIP "
+        f"image processor reward {reward!r} needs"
+    ]
 
 
 def runtime_problems(params: dict[str, Any]) -> list[str]:
