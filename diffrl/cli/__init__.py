@@ -66,6 +66,7 @@ COMMANDS: dict[str, Command] = {
     "plan": Command("diffrl.cli.plan:run", inputs.plan_inputs),
     "recipes": Command("diffrl.cli.recipes:run"),
     "serve-reward": Command("diffrl.cli.serve_reward:run", inputs.serve_inputs),
+    "bench": Command("diffrl.cli.bench:run", inputs.bench_inputs),
 }
 """Each command of :func:`~diffrl.cli.parser.build_parser` -> where its code lives."""
 

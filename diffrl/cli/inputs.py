@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from diffrl.bench.suites import GENEVAL_SAMPLES, BenchPrompts, load_suite, suite_name
 from diffrl.cli.outputs import (
     check_inputs_outside,
     check_links_inside,
@@ -436,3 +437,79 @@ def server_token(args: argparse.Namespace) -> str | None:
             )
         return token
     return None
+
+
+BENCH_WRITES = ("bench.json",)
+"""What ``diffrl bench`` writes into a run folder given as ``--out`` (and ``bench_SUITE.png``)."""
+
+
+@dataclass(frozen=True)
+class BenchInputs:
+    eval: EvalInputs
+    """The target (and baseline) as ``diffrl eval`` takes them: sampled with ``sampling`` and
+    ``eval.seed``; ``eval.rewards`` is what DrawBench scores."""
+    prompts: BenchPrompts
+    samples_per_prompt: int
+    run_folder: bool
+    """``--out`` is a training run's folder: bench adds its files there (``diffrl report`` shows
+    them) instead of making ``--out`` its own output folder."""
+
+
+def is_run_folder(path: Path) -> bool:
+    """A folder ``diffrl train`` wrote (as ``diffrl report`` tells one)."""
+    return path.is_dir() and any(
+        os.path.lexists(path / n) for n in ("metrics.jsonl", "config.yaml", "run.json")
+    )
+
+
+def bench_inputs(args: argparse.Namespace) -> BenchInputs:
+    suite = suite_name(args.suite)
+    prompts = load_suite(suite, args.prompts).head(args.num_prompts)
+    samples = args.samples_per_prompt or (GENEVAL_SAMPLES if suite == "geneval" else 1)
+    overrides = [*args.overrides, "eval.enabled=true"]
+    if args.rewards is not None:
+        names = [n.strip() for n in args.rewards.split(",") if n.strip()]
+        if not names:
+            raise DiffrlError(
+                f"--rewards {quoted(args.rewards, 60)} names no reward; give names, e.g. pickscore,clip_score"
+            )
+        overrides.append("eval.rewards=" + json.dumps([{"name": n} for n in names]))
+    trust = getattr(args, "trust_checkpoint_code", False)
+    out = Path(args.out).expanduser()
+    check_out_dir(out, "--out")
+    target = resolve_target(args.target, overrides, EVAL_SECTIONS, trust)
+    baseline = paired = None
+    folders = target.inputs("the target's")
+    if args.baseline:
+        baseline = resolve_target(args.baseline, [], ("model",), trust)
+        folders = {**folders, **baseline.inputs("the baseline's")}
+        family, base_family = target.config.model.family, baseline.config.model.family
+        if base_family != family:
+            raise DiffrlError(
+                f"--baseline {args.baseline!r} is a {base_family!r} model, the target a "
+                f"{family!r} one; a paired comparison needs the same family (same noise)"
+            )
+        config = dataclasses.replace(target.config, model=baseline.config.model)
+        if problems := schema_problems(config, EVAL_SECTIONS):
+            raise ConfigError(problems, f"--baseline {args.baseline}")
+        paired = Target(config, baseline.checkpoint, f"--baseline {args.baseline}", EVAL_SECTIONS)
+    if target.config.eval.batch_size < 1:
+        raise DiffrlError(
+            f"eval.batch_size (images per sampling forward) must be >= 1, got {target.config.eval.batch_size}"
+        )
+    run_folder = is_run_folder(out)
+    if run_folder:  # only bench's own files are written there, each a file of its own (no link out)
+        check_out_dir(out, "--out", inputs=folders)
+        for name in (*BENCH_WRITES, f"bench_{suite}.png"):
+            path = out / name
+            if path.is_symlink() or (os.path.lexists(path) and not path.is_file()):
+                raise DiffrlError(
+                    f"--out {quoted(str(out))}: {name} there is {'a symlink' if path.is_symlink() else 'not a file'}; "
+                    "bench writes that file: remove it, or give another --out"
+                )
+    else:
+        read = [("the target", args.target), ("--prompts", args.prompts)]
+        if args.baseline:
+            read.append(("--baseline", args.baseline))
+        _outside_inputs(out, "--out", "bench", folders, read)
+    return BenchInputs(EvalInputs(target, baseline, paired, out), prompts, samples, run_folder)

@@ -27,6 +27,7 @@ MARKER_BYTES = 4096
 WRITES = {
     "eval": "grid.png and scores.json",
     "sample": "NNNN.png (videos: NNNN.mp4 and NNNN/), prompts.txt and grid.png",
+    "bench": "bench.json and bench_SUITE.png",
 }
 """What each command that takes an output folder writes there (for messages)."""
 SHOWN = 3

@@ -227,5 +227,70 @@ def build_parser() -> argparse.ArgumentParser:
         help="model FLOPs utilisation assumed for the times, in (0, 1]",
     )
 
+    b = sub.add_parser(
+        "bench",
+        parents=[common],
+        help="score a model on a benchmark's prompts as the benchmark does (GenEval, OCR, DrawBench): "
+        "a table per category, paired against --baseline, and bench.json (docs/bench.md)",
+    )
+    b.add_argument("target", help="'base', a recipe .yaml, a checkpoint folder or a model folder")
+    b.add_argument("overrides", nargs="*", help="key=value overrides, e.g. sampling.num_steps=20")
+    b.add_argument("--suite", required=True, help="geneval, ocr or drawbench")
+    b.add_argument(
+        "--prompts",
+        help="the benchmark's prompt file in its format: GenEval's evaluation_metadata.jsonl, flow_grpo's "
+        "ocr/test.txt, DrawBench's csv (default: a few shipped test prompts of the suite)",
+    )
+    b.add_argument("--num-prompts", type=PROMPT_COUNT, help="the first N prompts (default: all)")
+    b.add_argument(
+        "--samples-per-prompt", type=SAMPLE_COUNT, help="default: 4 for geneval (as GenEval), else 1"
+    )
+    b.add_argument(
+        "--baseline",
+        help="another target sampled with the same prompts and seeds: its column and the paired "
+        "difference +- standard error per category",
+    )
+    b.add_argument(
+        "--out",
+        default="runs/bench",
+        help="where bench.json and bench_SUITE.png go; a training run's folder adds them to its "
+        "`diffrl report` page (default: runs/bench)",
+    )
+    b.add_argument("--rewards", help="drawbench: reward names, comma-separated (default: eval.rewards)")
+    b.add_argument(
+        "--detector", help="geneval: a local OWL-ViT or OWLv2 folder (e.g. google/owlvit-base-patch32)"
+    )
+    b.add_argument(
+        "--clip", help="geneval: a local CLIP folder for colours (e.g. openai/clip-vit-large-patch14)"
+    )
+    b.add_argument(
+        "--threshold", type=number(0, 1), default=0.3, help="geneval: a detection's score above (0.3)"
+    )
+    b.add_argument(
+        "--counting-threshold", type=number(0, 1), default=0.9, help="geneval: ... for the counting tag (0.9)"
+    )
+    b.add_argument(
+        "--max-objects", type=integer(1, 1000), default=16, help="geneval: detections kept per class (16)"
+    )
+    b.add_argument(
+        "--max-overlap",
+        type=number(0, 1),
+        default=1.0,
+        help="geneval: IoU dropping a less confident box (1: none)",
+    )
+    b.add_argument(
+        "--position-threshold",
+        type=number(0, 10),
+        default=0.1,
+        help="geneval: the position rule's margin (0.1)",
+    )
+    b.add_argument(
+        "--nms",
+        type=number(0, 1),
+        default=0.5,
+        help="geneval: the detector's per-class box merging IoU (0.5)",
+    )
+    b.add_argument("--trust-checkpoint-code", action="store_true", help=TRUST_HELP)
+
     sub.add_parser("recipes", parents=[common], help="list the shipped recipes")
     return p
