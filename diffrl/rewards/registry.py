@@ -16,5 +16,6 @@ REWARDS = Registry(
         "jpeg_incompressibility": "diffrl.rewards.jpeg:JpegIncompressibility",
         "remote": "diffrl.rewards.remote:RemoteReward",
         "clap": "diffrl.rewards.clap:ClapScore",
+        "openai_judge": "diffrl.rewards.openai_judge:OpenAIJudge",
     },
 )

@@ -1,0 +1,599 @@
+"""The ``openai_judge`` reward: a vision-language judge behind any OpenAI-compatible server (vLLM,
+sglang, ``transformers serve``, llama.cpp's server, a hosted API) scores each image.
+
+::
+
+    rewards:
+      - name: openai_judge
+        timeout_s: 300               # the call's deadline (RewardConfig), counted from submit
+        params: {base_url: "http://10.0.0.7:8000", model: UnifiedReward-qwen-7b, score: text}
+
+Each image is one ``POST {base_url}/v1/chat/completions`` (``base_url`` with or without its
+``/v1``): a user turn holding the image as a base64 PNG data URL (``image_url`` part, the exact
+uint8 pixels the rollout keeps; ``resize: N`` sends it as ``N x N``, as flow_grpo does with 512)
+and the text ``template.format(prompt=...)``. Two ways to read a score:
+
+``score: text`` (the judge writes its score), as flow_grpo's ``unifiedreward_score_sglang``
+(yifan123/flow_grpo, ``flow_grpo/rewards.py``) reads UnifiedReward: ``temperature: 0``, the
+answer searched with ``pattern`` (default ``Final Score:\\s*([1-5](?:\\.\\d+)?)``; its first group is
+the number), and ``score = (value - score_min) / (score_max - score_min)``; the defaults ``0``
+and ``5`` give flow_grpo's ``value / 5``. Unlike flow_grpo (which scores 0.0), an answer the
+pattern does not match (a refusal, a cut answer), or a value outside ``[score_min, score_max]``,
+fails its sample (NaN, counted in ``rollout/reward_failed``).
+
+``score: yes_logprob`` (the judge answers Yes or No), as VQAScore-style judges are read
+(Flow-Factory's API judge; :mod:`diffrl.rewards.judge` in process): ``max_tokens: 1, logprobs:
+true, top_logprobs: K``, and from the first answer token's ``top_logprobs``::
+
+    P(w) = sum of exp(logprob) over the entries whose token, stripped of spaces and lowercased,
+           is w lowercased (" Yes", "yes" and "YES" are one answer: servers key entries by text)
+    score = P(yes) / (P(yes) + P(no))
+
+A word absent from the top K counts as 0; neither there fails the sample. A server that answers
+without ``logprobs`` (``transformers serve`` 5.24 ignores the field) is an error that says so,
+never a silent 0.5.
+
+``judging: group`` (Pref-GRPO / UnifiedReward-Think style: the judge compares the images of a
+prompt): a call's samples are grouped by prompt text (the collector lays a prompt's samples out
+together), and each group of K >= 2 images is one request: a text part ``Image i:`` before each
+image, then ``group_template.format(prompt=..., n=K)``. The answer must hold ``rank_pattern``
+(default ``Ranking: 2 > 1 > 3``, best first) naming each of 1..K exactly once; image i at
+position p (1-based) scores ``(K - p) / (K - 1)`` (best 1, worst 0). Anything else fails the
+whole group. A group is what one call holds: ``rollout.micro_group_size`` must be a multiple of
+``rollout.n_samples_per_prompt`` so micro-groups hold whole prompts (a prompt alone in a call
+fails: there is nothing to compare it with). Pref-GRPO itself judges every pair of a group
+(``fastvideo/rewards/unifiedreward_think.py``, win rates) and scores an unreadable comparison as
+a tie; one ranking per group costs one request instead of K(K-1)/2.
+
+Calls: ``concurrency`` requests at a time (a thread pool), each attempt at most ``min(timeout_s,
+what is left of the call's deadline)`` in all; connection errors, timeouts, HTTP 429 and 5xx are
+retried ``retries`` times ``backoff_s * 2**k`` apart, within the deadline; 401 / 403 and other 4xx
+are not. ``api_key_env`` names the environment variable holding the bearer token. An answer over
+``max_answer_bytes`` is refused. Scores are cached in memory (at most ``cache_size`` entries, the
+oldest dropped) by (sha256 of the PNG, prompt, model, template, score mode): a judge at
+temperature 0 gives an image the same score again.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import hashlib
+import http.client
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+
+from diffrl.config import Range
+from diffrl.config.schema import MAX_SIDE
+from diffrl.rewards.base import Reward, RewardError
+from diffrl.rewards.remote import ENV_NAME, encode_png, exchange
+from diffrl.rewards.workers import seconds_left
+from diffrl.rollout import quantize
+
+LOG = logging.getLogger(__name__)
+
+UNIFIEDREWARD_QUESTION = (
+    "<image>\nYou are given a text caption and a generated image based on that caption. Your task is to "
+    "evaluate this image based on two key criteria:\n1. Alignment with the Caption: Assess how well this "
+    "image aligns with the provided caption. Consider the accuracy of depicted objects, their "
+    "relationships, and attributes as described in the caption.\n2. Overall Image Quality: Examine the "
+    "visual quality of this image, including clarity, detail preservation, color accuracy, and overall "
+    "aesthetic appeal.\nBased on the above criteria, assign a score from 1 to 5 after 'Final Score:'.\n"
+    "Your task is provided as follows:\nText Caption: [{prompt}]"
+)
+"""The question flow_grpo's ``unifiedreward_score_sglang`` asks UnifiedReward (``score: text``)."""
+FINAL_SCORE = r"Final Score:\s*([1-5](?:\.\d+)?)"
+"""flow_grpo's pattern for UnifiedReward's answer; group 1 is the score."""
+YES_NO_QUESTION = 'Does this figure show "{prompt}"? Please answer yes or no.'
+"""VQAScore's question (``score: yes_logprob``; see :mod:`diffrl.rewards.judge`)."""
+GROUP_QUESTION = (
+    "You are given {n} images generated from the caption below, labelled Image 1 to Image {n}. Rank "
+    "them from best to worst by how well they match the caption and by their visual quality. End your "
+    "answer with one line 'Ranking: i > j > ...' that lists every image number once, best first.\n"
+    "Caption: {prompt}"
+)
+RANKING = r"Ranking:\s*(\d+(?:\s*>\s*\d+)*)"
+"""The group answer's pattern: group 1 holds the image numbers, best first, joined by ``>``."""
+
+MAX_CACHE = 1_000_000
+MAX_QUOTE = 200
+"""The most characters of a judge's answer quoted in a message."""
+
+
+def quote(text: str, most: int = MAX_QUOTE) -> str:
+    return repr(text if len(text) <= most else text[:most] + "...")
+
+
+def template_problem(name: str, template: Any, **fields: Any) -> str | None:
+    """Why ``template`` is no ``str.format`` template of ``fields`` that uses ``{prompt}``."""
+    if not isinstance(template, str) or "{prompt}" not in template:
+        return f"{name} must be text holding {{prompt}} (other braces doubled: {{{{ }}}}), got {quote(str(template))}"
+    try:
+        template.format(prompt="", **fields)
+    except (ValueError, KeyError, IndexError) as e:
+        known = ", ".join("{" + f + "}" for f in ["prompt", *fields])
+        return f"{name} {quote(template)} is no template of {known} ({type(e).__name__}: {e}); double other braces"
+    return None
+
+
+def pattern_problem(name: str, pattern: Any) -> str | None:
+    """Why ``pattern`` is no regular expression with exactly one group."""
+    if not isinstance(pattern, str):
+        return f"{name} must be a regular expression (text), got {pattern!r}"
+    try:
+        compiled = re.compile(pattern)
+    except re.error as e:
+        return f"{name} {quote(pattern)} is no regular expression ({e})"
+    if compiled.groups != 1:
+        return (
+            f"{name} {quote(pattern)} has {compiled.groups} groups; it needs exactly one, around what "
+            "is read (e.g. 'Final Score:\\s*([0-9.]+)')"
+        )
+    return None
+
+
+def base_url_problem(url: Any) -> str | None:
+    if not isinstance(url, str):
+        return f"base_url must be the server's address, e.g. 'http://10.0.0.7:8000', got {url!r}"
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        return f"base_url must be http(s)://HOST[:PORT][/v1] of an OpenAI-compatible server, got {quote(url)}"
+    if parts.query or parts.fragment:
+        return f"base_url {quote(url)}: give the server's address without a query or fragment"
+    if parts.path.rstrip("/").endswith(("/chat/completions", "/completions")):
+        return f"base_url {quote(url)}: give the server's base address (the reward adds /v1/chat/completions)"
+    return None
+
+
+def completions_path(url: str) -> str:
+    """``/v1/chat/completions`` under ``url``'s path (which may end in ``/v1`` already)."""
+    path = urllib.parse.urlsplit(url).path.rstrip("/")
+    return (path if path.endswith("/v1") else path + "/v1") + "/chat/completions"
+
+
+def data_url(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def read_score(answer: str, pattern: re.Pattern, low: float, high: float) -> tuple[float | None, str]:
+    """``score: text``: ``(score in [0, 1], "")`` from the first match of ``pattern`` in ``answer``,
+    or ``(None, why)``."""
+    match = pattern.search(answer)
+    if match is None:
+        return None, f"no match of {quote(pattern.pattern)} in the answer {quote(answer)}"
+    try:
+        value = float(match.group(1))
+    except (TypeError, ValueError):
+        return None, f"{quote(str(match.group(1)))} in the answer is no number"
+    if not low <= value <= high:
+        return None, f"the answer's score {value:g} is outside [{low:g}, {high:g}] (score_min, score_max)"
+    return (value - low) / (high - low), ""
+
+
+def yes_probability(top: Any, yes: str, no: str) -> tuple[float | None, str]:
+    """``score: yes_logprob``: ``P(yes) / (P(yes) + P(no))`` from one token's ``top_logprobs`` (a
+    list of ``{"token", "logprob"}``), or ``(None, why)``."""
+    p = {yes.lower(): 0.0, no.lower(): 0.0}
+    for entry in top:
+        if not isinstance(entry, dict):
+            continue
+        token, logprob = entry.get("token"), entry.get("logprob")
+        if not isinstance(token, str) or not isinstance(logprob, int | float) or isinstance(logprob, bool):
+            continue
+        word = token.strip().lower()
+        if word in p and not math.isnan(logprob):
+            p[word] += math.exp(min(float(logprob), 0.0))
+    total = p[yes.lower()] + p[no.lower()]
+    if total <= 0.0:
+        shown = [e.get("token") for e in top[:20] if isinstance(e, dict)]
+        return None, f"neither {yes!r} nor {no!r} among the first answer token's top_logprobs {shown}"
+    return p[yes.lower()] / total, ""
+
+
+def read_ranking(answer: str, pattern: re.Pattern, n: int) -> tuple[list[float] | None, str]:
+    """``judging: group``: the ``n`` images' scores ``(n - position) / (n - 1)`` from the ranking
+    that ``pattern`` finds (image numbers 1..n, best first, each once), or ``(None, why)``."""
+    match = pattern.search(answer)
+    if match is None:
+        return None, f"no match of {quote(pattern.pattern)} in the answer {quote(answer)}"
+    order = [int(d) for d in re.findall(r"\d+", match.group(1) or "")]
+    if sorted(order) != list(range(1, n + 1)):
+        return None, f"the ranking {order} is not the numbers 1 to {n} each once (answer {quote(answer)})"
+    scores = [0.0] * n
+    for position, image in enumerate(order):
+        scores[image - 1] = (n - 1 - position) / (n - 1)
+    return scores, ""
+
+
+@dataclass
+class _Outcome:
+    """One request's result: ``scores`` (one per image it judged), or None and ``why``."""
+
+    scores: list[float] | None
+    why: str = ""
+
+
+class _Retry(Exception):
+    """An attempt that failed in a way worth trying again (connection, timeout, 429, 5xx)."""
+
+
+class _Fatal(Exception):
+    """An attempt that failed in a way the same request would fail again (401, 4xx, no logprobs)."""
+
+
+class OpenAIJudge(Reward):
+    """``images (B, 3, H, W)`` in [0, 1] + prompts -> ``(B,)`` scores from a VLM judge behind an
+    OpenAI-compatible chat-completions endpoint (module docstring)."""
+
+    name = "openai_judge"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        score: Literal["text", "yes_logprob"] = "text",
+        template: str | None = None,
+        pattern: str = FINAL_SCORE,
+        score_min: float = 0.0,
+        score_max: float = 5.0,
+        yes: str = "Yes",
+        no: str = "No",
+        top_logprobs: Annotated[int, Range(1, 100, hint="entries of the first token's top_logprobs")] = 20,
+        judging: Literal["single", "group"] = "single",
+        group_template: str = GROUP_QUESTION,
+        rank_pattern: str = RANKING,
+        max_tokens: Annotated[int, Range(1, 1_000_000, hint="tokens of the judge's answer")] = 1024,
+        temperature: Annotated[float, Range(0, 10)] = 0.0,
+        resize: Annotated[int, Range(1, MAX_SIDE, hint="pixels a side, or null: as sampled")] | None = None,
+        api_key_env: str | None = None,
+        concurrency: Annotated[int, Range(1, 1024, hint="requests at a time")] = 8,
+        timeout_s: Annotated[
+            float, Range(0, 604_800, lo_open=True, hint="seconds per attempt, at most a week")
+        ] = 120.0,
+        retries: Annotated[int, Range(0, 1000, hint="attempts after the first, within the deadline")] = 3,
+        backoff_s: Annotated[float, Range(0, 3600, hint="seconds, doubled after each retry")] = 0.5,
+        max_answer_bytes: Annotated[int, Range(1024, 64 * 2**20, hint="bytes")] = 2**20,
+        cache_size: Annotated[int, Range(0, MAX_CACHE, hint="scores kept, 0: no cache")] = 4096,
+    ):
+        params = dict(locals())
+        params.pop("self")
+        problems = self.param_problems(params, check_files=False)
+        problems += api_key_problems(api_key_env, check_env=True)
+        if problems:
+            raise RewardError(f"reward {self.name!r}: " + "; ".join(problems))
+        self.base_url, self.model, self.mode, self.judging = base_url.rstrip("/"), model, score, judging
+        if template is None:
+            template = YES_NO_QUESTION if score == "yes_logprob" else UNIFIEDREWARD_QUESTION
+        self.template = group_template if judging == "group" else template
+        self.pattern = re.compile(rank_pattern if judging == "group" else pattern)
+        self.low, self.high, self.yes, self.no = float(score_min), float(score_max), yes, no
+        self.top_logprobs, self.max_tokens, self.temperature = top_logprobs, max_tokens, float(temperature)
+        self.resize, self.concurrency = resize, concurrency
+        self.timeout_s, self.retries, self.backoff_s = float(timeout_s), retries, float(backoff_s)
+        self.max_answer_bytes, self.cache_size = max_answer_bytes, cache_size
+        self._path = completions_path(base_url)
+        self._token = os.environ[api_key_env] if api_key_env else None
+        self._cache: OrderedDict[tuple, list[float]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    @classmethod
+    def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
+        """The params' values; with ``check_files`` also that ``api_key_env`` is set here."""
+        problems = []
+        if "base_url" not in params:
+            problems.append("base_url is required: the judge server's address, e.g. 'http://10.0.0.7:8000'")
+        elif (p := base_url_problem(params["base_url"])) is not None:
+            problems.append(p)
+        model = params.get("model")
+        if not isinstance(model, str) or not model:
+            problems.append(
+                f"model is required: the model name the server serves (its /v1/models), got {model!r}"
+            )
+        mode, judging = params.get("score", "text"), params.get("judging", "single")
+        if judging == "group" and mode != "text":
+            problems.append(
+                "judging: group reads a ranking from the answer's text; it needs score: text (a yes/no "
+                "log-prob scores one image)"
+            )
+        template = params.get("template")
+        if template is not None and (p := template_problem("template", template)) is not None:
+            problems.append(p)
+        if judging == "group":
+            group = params.get("group_template", GROUP_QUESTION)
+            if (p := template_problem("group_template", group, n=2)) is not None:
+                problems.append(p)
+            if (p := pattern_problem("rank_pattern", params.get("rank_pattern", RANKING))) is not None:
+                problems.append(p)
+        elif (
+            mode == "text"
+            and (p := pattern_problem("pattern", params.get("pattern", FINAL_SCORE))) is not None
+        ):
+            problems.append(p)
+        low, high = params.get("score_min", 0.0), params.get("score_max", 5.0)
+        numbers = all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)
+        )
+        if not numbers:
+            problems.append(f"score_min and score_max must be finite numbers, got {low!r} and {high!r}")
+        elif low >= high:
+            problems.append(
+                f"score_min ({low:g}) must be below score_max ({high:g}): the judge's score range"
+            )
+        yes, no = params.get("yes", "Yes"), params.get("no", "No")
+        for name, word in (("yes", yes), ("no", no)):
+            if not isinstance(word, str) or not word.strip():
+                problems.append(
+                    f"{name} must be a word (the answer token, compared case-insensitively), got {word!r}"
+                )
+        if isinstance(yes, str) and isinstance(no, str) and yes.strip().lower() == no.strip().lower():
+            problems.append(f"yes and no are the same word ({yes!r}); the score would always be 0.5")
+        problems += api_key_problems(params.get("api_key_env"), check_env=check_files)
+        return problems
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str], metadata) -> torch.Tensor:
+        return self.call_by(images, prompts, metadata, None)
+
+    def call_by(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata: Sequence[dict],
+        deadline: float | None,
+    ) -> torch.Tensor:
+        """``(B,)`` scores, NaN where a sample failed; every request ends by ``deadline``
+        (``time.monotonic()``; None: ``retries`` and ``timeout_s`` alone bound it). A
+        :class:`RewardError` saying why when every sample failed."""
+        pngs = [encode_png(self._sized(a)) for a in quantize(images).permute(0, 2, 3, 1).numpy()]
+        prompts = list(prompts)
+        scores = torch.full((len(prompts),), float("nan"))
+        failures: list[tuple[list[int], str]] = []
+        pending: dict[cf.Future, tuple[list[int], tuple]] = {}
+        for rows, body, key in self._jobs(pngs, prompts):  # body: JSON bytes, or why there is none
+            cached = self._cached(key)
+            if cached is not None:
+                scores[rows] = torch.tensor(cached)
+            elif isinstance(body, str):
+                failures.append((rows, body))
+            else:
+                pending[self._executor().submit(self._run, body, len(rows), deadline)] = (rows, key)
+        for future, (rows, key) in pending.items():
+            outcome = future.result()  # _run returns by the deadline (each attempt is bounded)
+            if outcome.scores is None:
+                failures.append((rows, outcome.why))
+            else:
+                scores[rows] = torch.tensor(outcome.scores)
+                self._store(key, outcome.scores)
+        if failures:
+            failed = sum(len(r) for r, _ in failures)
+            rows, why = failures[0]
+            note = (
+                f"{self.name} at {self.base_url}: {failed} of {len(prompts)} sample(s) failed; sample "
+                f"{rows[0]} (prompt {quote(prompts[rows[0]], 80)}): {why}"
+            )
+            if failed == len(prompts):
+                raise RewardError(note)
+            LOG.warning(note)
+        return scores
+
+    def _jobs(self, pngs: list[bytes], prompts: list[str]) -> list[tuple[list[int], bytes | str, tuple]]:
+        """``(rows, request body or why none, cache key)`` per request: one per image, or (group
+        judging) one per prompt's group."""
+        mode = (self.mode, self.judging)
+        if self.judging == "single":
+            return [
+                (
+                    [i],
+                    self._single_request(png, prompt),
+                    (hashlib.sha256(png).hexdigest(), prompt, self.model, self.template, mode),
+                )
+                for i, (png, prompt) in enumerate(zip(pngs, prompts))
+            ]
+        groups: dict[str, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            groups.setdefault(prompt, []).append(i)
+        jobs = []
+        for prompt, rows in groups.items():
+            digests = tuple(hashlib.sha256(pngs[i]).hexdigest() for i in rows)
+            key = (digests, prompt, self.model, self.template, mode)
+            jobs.append((rows, self._group_request([pngs[i] for i in rows], prompt), key))
+        return jobs
+
+    def _single_request(self, png: bytes, prompt: str) -> bytes:
+        content = [
+            {"type": "image_url", "image_url": {"url": data_url(png)}},
+            {"type": "text", "text": self.template.format(prompt=prompt)},
+        ]
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+            "temperature": self.temperature,
+        }
+        if self.mode == "yes_logprob":
+            body.update(max_tokens=1, logprobs=True, top_logprobs=self.top_logprobs)
+        else:
+            body["max_tokens"] = self.max_tokens
+        return json.dumps(body).encode()
+
+    def _group_request(self, pngs: list[bytes], prompt: str) -> bytes | str:
+        n = len(pngs)
+        if n < 2:
+            return (
+                "judging: group needs at least 2 samples of a prompt in one call, and this one holds 1; "
+                "set rollout.micro_group_size to a multiple of rollout.n_samples_per_prompt"
+            )
+        content: list[dict] = []
+        for i, png in enumerate(pngs, 1):
+            content += [
+                {"type": "text", "text": f"Image {i}:"},
+                {"type": "image_url", "image_url": {"url": data_url(png)}},
+            ]
+        content.append({"type": "text", "text": self.template.format(prompt=prompt, n=n)})
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+        return json.dumps(body).encode()
+
+    def _run(self, body: bytes, n: int, deadline: float | None) -> _Outcome:
+        """One request, retried on :class:`_Retry` within ``deadline``; a failure as an outcome."""
+        attempt = 0
+        while True:
+            left = seconds_left(deadline)
+            wait = self.timeout_s if left is None else min(self.timeout_s, left)
+            try:
+                if wait <= 0:
+                    raise _Retry("no time left before the reward's deadline")
+                return self._attempt(body, n, wait)
+            except _Fatal as e:
+                return _Outcome(None, str(e))
+            except _Retry as e:
+                reason = str(e)
+            attempt += 1
+            pause = self.backoff_s * 2 ** (attempt - 1)
+            left = seconds_left(deadline)
+            if attempt > self.retries or (left is not None and left <= pause):
+                where = "" if attempt > self.retries else ", at the reward's deadline"
+                return _Outcome(None, f"failed after {attempt} attempt(s){where}: {reason}")
+            time.sleep(pause)
+
+    def _attempt(self, body: bytes, n: int, wait: float) -> _Outcome:
+        """One attempt of at most ``wait`` seconds: POST ``body``, read the answer's ``n`` score(s)."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        try:
+            status, data, _ = exchange(self.base_url, "POST", self._path, wait, body, headers)
+        except TimeoutError as e:
+            raise _Retry(f"no answer within {wait:.3g} s") from e
+        except (OSError, http.client.HTTPException) as e:
+            raise _Retry(f"{type(e).__name__}: {str(e)[:MAX_QUOTE]}") from e
+        if len(data) > self.max_answer_bytes:
+            raise _Fatal(
+                f"the answer is {len(data):,} bytes, over max_answer_bytes ({self.max_answer_bytes:,})"
+            )
+        detail = data[: 2 * MAX_QUOTE].decode("utf-8", "replace").strip() or "(empty body)"
+        if status == 429 or status >= 500:
+            raise _Retry(f"HTTP {status}: {quote(detail)}")
+        if status in (401, 403):
+            fix = (
+                "set api_key_env to a variable holding the server's key"
+                if self._token is None
+                else ("check the key in the api_key_env variable")
+            )
+            raise _Fatal(f"the server refused the request (HTTP {status}: {quote(detail)}); {fix}")
+        if status != 200:
+            raise _Fatal(
+                f"the server rejected the request (HTTP {status}: {quote(detail)}); check model "
+                f"({self.model!r}) against its /v1/models"
+            )
+        return self._outcome(data, n)
+
+    def _outcome(self, data: bytes, n: int) -> _Outcome:
+        try:
+            answer = json.loads(data)
+            choice = answer["choices"][0]
+            message = choice.get("message") or {}
+        except (ValueError, RecursionError, KeyError, IndexError, TypeError, AttributeError):
+            raise _Fatal(
+                f"the answer is no chat completion ({quote(data[:MAX_QUOTE].decode('utf-8', 'replace'))}); is "
+                f"{self.base_url} an OpenAI-compatible server?"
+            ) from None
+        if self.mode == "yes_logprob":
+            logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+            content = logprobs.get("content") if isinstance(logprobs, dict) else None
+            if not isinstance(content, list) or not content or not isinstance(content[0], dict):
+                raise _Fatal(
+                    f"the server at {self.base_url} answered without logprobs: it ignores logprobs/"
+                    "top_logprobs (transformers serve does); score: yes_logprob needs a server that returns "
+                    "them (vLLM, sglang, llama.cpp's), or use score: text"
+                )
+            top = content[0].get("top_logprobs")
+            if not isinstance(top, list):
+                raise _Fatal("the server answered logprobs without top_logprobs for the first token")
+            value, why = yes_probability(top, self.yes, self.no)
+            return _Outcome(None if value is None else [value], why)
+        text = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(text, str):
+            refusal = message.get("refusal") if isinstance(message, dict) else None
+            return _Outcome(None, f"the judge gave no answer text (refusal: {quote(str(refusal))})")
+        cut = " (cut at max_tokens)" if choice.get("finish_reason") == "length" else ""
+        if self.judging == "group":
+            scores, why = read_ranking(text, self.pattern, n)
+            return _Outcome(scores, why + cut if why else "")
+        value, why = read_score(text, self.pattern, self.low, self.high)
+        return _Outcome(None if value is None else [value], why + cut if why else "")
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _sized(self, pixels: np.ndarray) -> np.ndarray:
+        """``(H, W, 3)`` uint8, resized to ``resize x resize`` (bicubic, as flow_grpo) if asked."""
+        if self.resize is None:
+            return np.ascontiguousarray(pixels)
+        image = Image.fromarray(np.ascontiguousarray(pixels)).resize(
+            (self.resize, self.resize), Image.BICUBIC
+        )
+        return np.asarray(image)
+
+    def _executor(self) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"reward-{self.name}")
+            return self._pool
+
+    def _cached(self, key: tuple) -> list[float] | None:
+        with self._lock:
+            value = self._cache.get(key)
+            if value is not None:
+                self._cache.move_to_end(key)
+            return value
+
+    def _store(self, key: tuple, scores: list[float]) -> None:
+        if self.cache_size == 0:
+            return
+        with self._lock:
+            self._cache[key] = scores
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def api_key_problems(env: Any, check_env: bool) -> list[str]:
+    if env is None:
+        return []
+    if not isinstance(env, str) or not ENV_NAME.fullmatch(env):
+        return [f"api_key_env must be the name of an environment variable (e.g. JUDGE_API_KEY), got {env!r}"]
+    if check_env and not os.environ.get(env):
+        return [
+            f"api_key_env: the environment variable {env} is not set (or empty) here; export the judge "
+            "server's key in it before starting the run"
+        ]
+    return []
