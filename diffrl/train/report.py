@@ -23,6 +23,7 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -471,11 +472,15 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     return build_report(run_dir, out).path
 
 
-def build_report(run_dir: Path, out: Path | None = None) -> Report:
+def build_report(
+    run_dir: Path, out: Path | None = None, extra: Callable[[Path, list[str]], list[str]] | None = None
+) -> Report:
     """``report.html`` of a run folder (or ``out``): one page, images embedded as data URIs. The
     pictures are drawn first (into ``run_dir``), from the metrics and evals as they are now.
     A file of the folder that cannot be read (see :func:`read_run`) is left out: the page says
-    so in its first section, and the rest is written as ever."""
+    so in its first section, and the rest is written as ever. ``extra(run_dir, unread)``: more
+    of the page's parts (HTML), placed before the config (a layer above adds its own sections:
+    ``diffrl report`` the benchmarks', :mod:`diffrl.bench.report`)."""
     run_dir = Path(run_dir)
     check_run_folder(run_dir)
     record = read_run(run_dir)
@@ -548,6 +553,7 @@ def build_report(run_dir: Path, out: Path | None = None) -> Report:
         + (f": {_code(hint)}" if hint else "")
         + ".</p>",
         *(grids or ["<p>no eval grids</p>"]),
+        *(extra(run_dir, unread) if extra is not None else []),
         "<h2>Config</h2>",
         f"<pre>{html.escape(config_text)}</pre>" if config_text else "<p>no config.yaml</p>",
     ]
