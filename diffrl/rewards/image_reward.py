@@ -63,6 +63,7 @@ from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 from diffrl.config.schema import ImagesPerForward
 from diffrl.errors import EXIT_USER_ERROR, DiffrlError
+from diffrl.logging.quiet import quiet_libraries
 from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.pretrained import device_and_dtype, folder_problems, pil_images
@@ -163,9 +164,10 @@ def _heads(width: int, what: str) -> int:
     return width // HEAD_WIDTH
 
 
-def blip_config(model_state: dict[str, torch.Tensor]) -> BlipConfig:
+def blip_config(model_state: dict[str, torch.Tensor], token_ids: dict[str, int]) -> BlipConfig:
     """The ``BlipConfig`` of converted ImageReward weights (:func:`image_reward_to_transformers`):
-    every size from the tensors, 64-wide heads, BLIP's ViT and BERT settings."""
+    every size from the tensors, 64-wide heads, BLIP's ViT and BERT settings; ``token_ids`` the
+    tokenizer's ``pad_token_id``, ``bos_token_id``, ... (none is used in scoring)."""
     vision = {
         k.removeprefix("vision_model."): v for k, v in model_state.items() if k.startswith("vision_model.")
     }
@@ -219,6 +221,7 @@ def blip_config(model_state: dict[str, torch.Tensor]) -> BlipConfig:
             "hidden_act": "gelu",
             "layer_norm_eps": 1e-12,
             "is_decoder": True,  # transformers' switch for the cross-attention layers; called bidirectional
+            **token_ids,
         },
     )
 
@@ -274,11 +277,11 @@ def load_checkpoint(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def blip_model(model_state: dict[str, torch.Tensor]) -> BlipForImageTextRetrieval:
+def blip_model(model_state: dict[str, torch.Tensor], token_ids: dict[str, int]) -> BlipForImageTextRetrieval:
     """A ``BlipForImageTextRetrieval`` holding exactly ``model_state`` (a missing or extra tensor is
     an error) and a zero ``itm_head``. Built on the meta device and given the tensors: a random init
     of ViT-L + BERT-base would only be overwritten."""
-    config = blip_config(model_state)
+    config = blip_config(model_state, token_ids)
     with torch.device("meta"):
         model = BlipForImageTextRetrieval(config)
     hidden = config.text_config.hidden_size
@@ -338,28 +341,38 @@ def convert_checkpoint(checkpoint: str, tokenizer: str, out: str) -> Path:
         )
     fix = "a torch state dict of THUDM/ImageReward's ImageReward.pt"
     state = clip_embed.loading("image_reward", fix, checkpoint, lambda: load_checkpoint(checkpoint))
-
-    def build() -> tuple[BlipForImageTextRetrieval, nn.Sequential]:
-        model_state, head_state = image_reward_to_transformers(state)
-        return blip_model(model_state), head_mlp(head_state, "the checkpoint's mlp.layers")
-
-    model, head = clip_embed.loading("image_reward", fix, checkpoint, build)
-    text = model.config.text_config
-    if head[0].in_features != text.hidden_size:
-        raise RewardError(
-            f"{checkpoint!r}: the head takes {head[0].in_features}-d features but the text encoder makes "
-            f"{text.hidden_size}-d ones; not an ImageReward checkpoint"
-        )
     bert = clip_embed.loading(
         "image_reward",
         "bert-base-uncased's tokenizer (vocab.txt or tokenizer.json)",
         tokenizer,
         lambda: blip_tokenizer(tokenizer),
     )
-    if len(bert) != text.vocab_size:
+    model_state, head_state = clip_embed.loading(
+        "image_reward", fix, checkpoint, lambda: image_reward_to_transformers(state)
+    )
+    words = model_state.get("text_encoder.embeddings.word_embeddings.weight")
+    if words is not None and words.shape[0] != len(bert):
         raise RewardError(
             f"the tokenizer in {tokenizer!r} has {len(bert)} tokens with [DEC] and [ENC] but the checkpoint's "
-            f"text encoder has {text.vocab_size} rows; ImageReward needs bert-base-uncased's tokenizer (30522 + 2)"
+            f"text encoder has {words.shape[0]} rows; ImageReward needs bert-base-uncased's tokenizer (30522 + 2)"
+        )
+    ids = {
+        "pad_token_id": bert.pad_token_id,
+        "bos_token_id": bert.convert_tokens_to_ids("[DEC]"),  # BLIP's decoder starts with [DEC]
+        "sep_token_id": bert.sep_token_id,
+        "eos_token_id": bert.sep_token_id,
+    }
+    model, head = clip_embed.loading(
+        "image_reward",
+        fix,
+        checkpoint,
+        lambda: (blip_model(model_state, ids), head_mlp(head_state, "the checkpoint's mlp.layers")),
+    )
+    text = model.config.text_config
+    if head[0].in_features != text.hidden_size:
+        raise RewardError(
+            f"{checkpoint!r}: the head takes {head[0].in_features}-d features but the text encoder makes "
+            f"{text.hidden_size}-d ones; not an ImageReward checkpoint"
         )
     staging = target.parent / f".{target.name}.converting-{os.getpid()}"
     staging.mkdir()
@@ -513,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse printed its usage and an error line (or --help)
         return e.code if isinstance(e.code, int) else EXIT_USER_ERROR
+    quiet_libraries()  # no "Writing model shards" bars of transformers' between the lines
     try:
         out = convert_checkpoint(args.checkpoint, args.tokenizer, args.out)
     except DiffrlError as e:
