@@ -180,6 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--port", type=integer(0, 65535), help="default 8000 (with --ray: a free port); 0: a free port"
     )
+    v.add_argument(
+        "--protocol",
+        default="diffrl",
+        help="the wire protocol to answer: diffrl (msgpack POST /score, the default), flow_factory "
+        "(Flow-Factory's JSON POST /compute) or verl_omni (verl-omni's / flow_grpo's scorer fields "
+        "as JSON, POST / and /score); see diffrl/rewards/protocols.py",
+    )
     v.add_argument("--token-file", help="a file holding the token clients must send (Bearer)")
     v.add_argument("--token-env", help="an environment variable holding the token")
     for name, limit in limit_fields().items():  # one flag per limit (diffrl/rewards/server_limits.py)

@@ -10,12 +10,13 @@ from diffrl.cli.inputs import ServeInputs
 from diffrl.distributed.ray.cluster import import_ray, ray_address_problem
 from diffrl.distributed.ray.reward_server import start_reward_server
 from diffrl.errors import DiffrlError
-from diffrl.rewards.server import bind_problem, check_served_reward, serve
+from diffrl.rewards.server import bind_problem, check_served_reward, serve, served_protocol
 
 
-def _print_serving(name: str, url: str, token: str | None) -> None:
+def _print_serving(name: str, url: str, token: str | None, protocol: str = "diffrl") -> None:
     auth = "token required" if token else "no token: this machine only"
-    print(f"serving reward {name!r} at {url} ({auth}); Ctrl-C stops it", flush=True)
+    speaks = "" if protocol == "diffrl" else f", protocol {protocol}"
+    print(f"serving reward {name!r} at {url} ({auth}{speaks}); Ctrl-C stops it", flush=True)
 
 
 def _exit_on_sigterm(signum, frame) -> None:
@@ -34,9 +35,15 @@ def run(args: argparse.Namespace, inputs: ServeInputs) -> int:
             port,
             token,
             limits=inputs.limits,
-            on_ready=lambda s: _print_serving(args.reward, s.url, token),
+            on_ready=lambda s: _print_serving(args.reward, s.url, token, args.protocol),
+            protocol=args.protocol,
         )
         return 0
+    if served_protocol(args.protocol).name != "diffrl":
+        raise DiffrlError(
+            f"--protocol {args.protocol} with --ray: the Ray actor serves protocol diffrl only; serve a "
+            "peer's protocol without --ray"
+        )
     problem = bind_problem(args.host, token)  # before Ray starts: that takes seconds
     if problem:
         raise DiffrlError(problem)

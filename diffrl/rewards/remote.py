@@ -34,7 +34,6 @@ agree).
 from __future__ import annotations
 
 import http.client
-import io
 import json
 import math
 import os
@@ -46,21 +45,21 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-import msgpack
-import numpy as np
 import torch
-from PIL import Image
 
 from diffrl.config import Range
 from diffrl.rewards.base import Reward, RewardError
+from diffrl.rewards.protocols import DIFFRL, PROTOCOLS, AnswerError, Protocol, protocol_problem
+from diffrl.rewards.protocols import encode_png as encode_png
+from diffrl.rewards.protocols import encode_request as encode_request
 from diffrl.rewards.workers import seconds_left
-from diffrl.rollout import Audio, quantize
+from diffrl.rollout import Audio
 
 FORMATS = ("png", "raw")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def url_problem(url: Any) -> str | None:
+def url_problem(url: Any, protocol: Protocol = DIFFRL) -> str | None:
     if not isinstance(url, str):
         return f"url must be the server's address, e.g. 'http://10.0.0.7:8100', got {url!r}"
     parts = urllib.parse.urlsplit(url)
@@ -72,67 +71,13 @@ def url_problem(url: Any) -> str | None:
         return f"url must be http(s)://HOST:PORT of a reward server (diffrl serve-reward), got {url!r}"
     if parts.query or parts.fragment:
         return f"url {url!r}: give the server's address without a query or fragment"
-    if parts.path.rstrip("/").endswith(("/score", "/health")):
-        return f"url {url!r}: give the server's base address (the client adds /score), e.g. {url.rsplit('/', 1)[0]!r}"
+    ends = (*protocol.paths, "/health")
+    if not protocol.url_is_endpoint and parts.path.rstrip("/").endswith(ends):
+        return (
+            f"url {url!r}: give the server's base address (the client adds {protocol.paths[0]}), e.g. "
+            f"{url.rsplit('/', 1)[0]!r}"
+        )
     return None
-
-
-def encode_png(pixels: np.ndarray) -> bytes:
-    """``(H, W, 3)`` uint8 -> PNG bytes (lossless: the server decodes the same pixels)."""
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG", compress_level=1)  # speed over size: it is sent once
-    return out.getvalue()
-
-
-def encode_request(
-    images: torch.Tensor,
-    prompts: Sequence[str],
-    metadata: Sequence[dict],
-    fmt: str,
-    audio: Audio | None = None,
-) -> bytes:
-    """``images (B, 3, H, W)`` or clips ``(B, 3, F, H, W)`` in [0, 1], and their ``audio``, -> the
-    msgpack ``/score`` body (module docstring of :mod:`diffrl.rewards.server`), pixels through
-    :func:`quantize` (the rollout's uint8), sound as float16 (the rollout's precision)."""
-    pixels = quantize(images)
-    # an editing family's source images travel as PNGs beside the metadata (lossless, compact)
-    sources = [m.get("source_image") for m in metadata]
-    if any(isinstance(s, torch.Tensor) for s in sources):
-        metadata = [{k: v for k, v in m.items() if k != "source_image"} for m in metadata]
-    msg: dict[str, Any] = {"format": fmt, "prompts": list(prompts), "metadata": list(metadata)}
-    if any(isinstance(s, torch.Tensor) for s in sources):
-        msg["sources"] = [
-            encode_png(np.ascontiguousarray(s.permute(1, 2, 0).numpy()))
-            if isinstance(s, torch.Tensor)
-            else None
-            for s in sources
-        ]
-    if fmt == "png":
-        stills = pixels.transpose(1, 2).flatten(0, 1) if pixels.ndim == 5 else pixels  # video-major
-        msg["images"] = [encode_png(np.ascontiguousarray(a)) for a in stills.permute(0, 2, 3, 1).numpy()]
-        if pixels.ndim == 5:
-            msg["frames"] = pixels.shape[2]
-    else:
-        msg["images"] = pixels.contiguous().numpy().tobytes()
-        msg["shape"] = list(pixels.shape)
-    if audio is not None:
-        wave = audio.waveform.detach().to("cpu", torch.float16).contiguous()
-        msg["audio"] = wave.numpy().astype("<f2").tobytes()
-        msg["audio_shape"], msg["sample_rate"] = list(wave.shape), int(audio.sample_rate)
-    try:
-        return msgpack.packb(msg, default=_plain)
-    except (TypeError, ValueError) as e:
-        raise RewardError(
-            f"reward 'remote': cannot send the prompts' metadata ({e}); a remote reward's metadata "
-            "must hold only strings, numbers, bools, None, lists and dicts"
-        ) from e
-
-
-def _plain(value: Any) -> Any:
-    """Metadata values msgpack cannot pack itself: numpy and torch numbers and arrays."""
-    if isinstance(value, np.generic | np.ndarray | torch.Tensor):
-        return value.tolist()
-    raise TypeError(f"a {type(value).__name__} cannot be sent")
 
 
 def _json(body: bytes) -> Any:
@@ -147,7 +92,10 @@ def _json(body: bytes) -> Any:
 def _detail(body: bytes, most: int = 500) -> str:
     """A server's answer's ``detail`` (or its text), at most ``most`` characters."""
     answer = _json(body)
-    text = str(answer["detail"]) if isinstance(answer, dict) and "detail" in answer else None
+    text = None
+    if isinstance(answer, dict):  # FastAPI's {"detail"}; verl-omni's and Flow-Factory's {"error"}
+        key = "detail" if "detail" in answer else "error" if "error" in answer else None
+        text = None if key is None else str(answer[key])
     if text is None:
         text = body[: 4 * most].decode("utf-8", "replace").strip() or "(empty body)"
     return text if len(text) <= most else text[:most] + "..."
@@ -156,9 +104,13 @@ def _detail(body: bytes, most: int = 500) -> str:
 def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
     """What is wrong with the values of ``params`` (``check_env``: also that ``token_env`` is set)."""
     problems = []
+    name = params.get("protocol", "diffrl")
+    if (p := protocol_problem(name)) is not None:
+        problems.append(p)
+    protocol = PROTOCOLS.get(name, DIFFRL) if isinstance(name, str) else DIFFRL
     if "url" not in params:
         problems.append("url is required: the reward server's address, e.g. 'http://10.0.0.7:8100'")
-    elif (p := url_problem(params["url"])) is not None:
+    elif (p := url_problem(params["url"], protocol)) is not None:
         problems.append(p)
     env = params.get("token_env")
     if env is not None:
@@ -185,8 +137,14 @@ def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
         problems.append(
             f"audio must be true or false (does the server's reward hear?), got {params['audio']!r}"
         )
+    elif params.get("audio") and not protocol.hears:
+        problems.append(f"audio: protocol {protocol.name} carries no sound; only protocol diffrl does")
     if params.get("format", "png") not in FORMATS:
         problems.append(f"format must be png or raw, got {params['format']!r}")
+    elif params.get("format", "png") not in protocol.formats:
+        problems.append(
+            f"format {params['format']}: protocol {protocol.name} sends {' or '.join(protocol.formats)} only"
+        )
     return problems
 
 
@@ -281,11 +239,10 @@ def server_problems(
         return [
             f"url: {url}/health answered HTTP {status} {_detail(data, 200)!r}; is it a diffrl reward server?"
         ]
+    if (speaks := health.get("protocol", "diffrl")) != "diffrl":
+        return [_protocol_mismatch(url, speaks, DIFFRL)]
     if health.get("token_required") and token_env is None:
-        return [
-            f"token_env: the reward server at {url} needs a token; set token_env to the name of an "
-            "environment variable holding it"
-        ]
+        return [_token_needed(url)]
     most = health.get("max_timeout_s")
     if request_timeout_s is not None and isinstance(most, int | float) and request_timeout_s > most:
         return [
@@ -305,6 +262,58 @@ def server_problems(
     return []
 
 
+def _token_needed(url: str) -> str:
+    return (
+        f"token_env: the reward server at {url} needs a token; set token_env to the name of an "
+        "environment variable holding it"
+    )
+
+
+def _protocol_mismatch(url: str, speaks: Any, protocol: Protocol) -> str:
+    return (
+        f"protocol: the reward server at {url} is a diffrl reward server answering protocol "
+        f"{str(speaks)[:40]!r}, not {protocol.name!r}; set protocol: {str(speaks)[:40]} (or restart it "
+        f"with --protocol {protocol.name})"
+    )
+
+
+def peer_problems(
+    url: str, protocol: Protocol, token_env: str | None, timeout_s: float = PROBE_TIMEOUT_S
+) -> list[str]:
+    """Why no server of ``protocol`` (a peer's, not ``diffrl``) answers at ``url``: asks its health
+    path (a 2xx wanted), or, for a contract without one (``verl_omni``), the URL itself (any answer
+    but 404: a POST-only route answers 405), within ``timeout_s`` in all. A diffrl server's
+    ``/health`` also says which protocol it answers and whether it wants a token."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path.rstrip("/") + protocol.health if protocol.health else (parts.path or "/")
+    try:
+        status, data, _ = exchange(url, "GET", path, timeout_s)
+    except (OSError, http.client.HTTPException) as e:
+        reason = (
+            f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+        )
+        return [
+            f"url: no reward server answers at {url} ({reason}); start it first or fix the url "
+            f"(protocol {protocol.name})"
+        ]
+    health = _json(data)
+    if isinstance(health, dict) and "protocol" in health and health["protocol"] != protocol.name:
+        return [_protocol_mismatch(url, health["protocol"], protocol)]
+    if protocol.health is not None and not 200 <= status < 300:
+        return [
+            f"url: {url.rstrip('/')}{protocol.health} answered HTTP {status} {_detail(data, 200)!r}; is it "
+            f"a {protocol.name} reward server?"
+        ]
+    if protocol.health is None and status == 404:
+        return [
+            f"url: {url} answered HTTP 404 (no route there); give the scorer's endpoint itself, e.g. "
+            "http://HOST:PORT or http://HOST:PORT/score"
+        ]
+    if isinstance(health, dict) and health.get("token_required") and token_env is None:
+        return [_token_needed(url)]
+    return []
+
+
 class _Retry(Exception):
     """An attempt that failed in a way worth trying again (connection, timeout, 5xx)."""
 
@@ -316,7 +325,8 @@ class RemoteReward(Reward):
     none). ``timeout_s``: the most one attempt waits (per socket operation), within the call's
     deadline. ``retries``: attempts after the first, on connection errors, timeouts and 5xx,
     ``backoff_s * 2**k`` seconds apart. ``format``: ``png`` or ``raw`` (module docstring).
-    ``audio``: the server's reward hears; send each clip whole with its sound.
+    ``audio``: the server's reward hears; send each clip whole with its sound. ``protocol``: the
+    server's wire protocol, ``diffrl`` or a peer's (:mod:`diffrl.rewards.protocols`).
     """
 
     name = "remote"
@@ -334,9 +344,11 @@ class RemoteReward(Reward):
         backoff_s: Annotated[float, Range(0, 3600, hint="seconds, doubled after each retry")] = 0.5,
         format: str = "png",
         audio: bool = False,
+        protocol: str = "diffrl",
     ):
         params = dict(url=url, token_env=token_env, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s)
-        problems = param_value_problems({**params, "format": format, "audio": audio}, check_env=True)
+        params.update(format=format, audio=audio, protocol=protocol)
+        problems = param_value_problems(params, check_env=True)
         if problems:
             raise RewardError("reward 'remote': " + "; ".join(problems))
         parts = urllib.parse.urlsplit(url)
@@ -347,7 +359,8 @@ class RemoteReward(Reward):
             float(backoff_s),
             format,
         )
-        self._path = parts.path.rstrip("/") + "/score"
+        self.protocol = PROTOCOLS[protocol]
+        self._path = self.protocol.endpoint(parts.path)
         self._token = os.environ[token_env] if token_env else None
         self.audio = audio  # this instance hears when its server's reward does
 
@@ -359,9 +372,12 @@ class RemoteReward(Reward):
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
         """The params' values; with ``check_files``, also that ``token_env`` is set here and that
         a diffrl reward server answers at ``url`` (``/health``, in seconds), wanting a token only
-        if one is given."""
+        if one is given (a peer's protocol: :func:`peer_problems`)."""
         problems = param_value_problems(params, check_env=check_files)
-        if check_files and not problems:
+        protocol = PROTOCOLS.get(params.get("protocol", "diffrl"), DIFFRL)
+        if check_files and not problems and protocol is not DIFFRL:
+            problems += peer_problems(params["url"], protocol, params.get("token_env"))
+        elif check_files and not problems:
             problems += server_problems(
                 params["url"],
                 params.get("token_env"),
@@ -386,7 +402,7 @@ class RemoteReward(Reward):
         """``images (B, 3, H, W)`` (with ``audio``: clips ``(B, 3, F, H, W)`` and their sound) ->
         ``(B,)`` scores from the server, retried until ``deadline`` (``time.monotonic()``; None:
         only ``retries`` bound it)."""
-        body = encode_request(images, prompts, metadata, self.format, audio)
+        body = self.protocol.encode(images, prompts, metadata, self.format, audio)
         n, attempt = len(prompts), 0
         while True:
             left = seconds_left(deadline)
@@ -412,8 +428,8 @@ class RemoteReward(Reward):
     def _attempt(self, body: bytes, n: int, wait: float) -> torch.Tensor:
         # X-Timeout-S: the server skips the request if it is still queued when this attempt gave up
         headers = {
-            "Content-Type": "application/msgpack",
-            "Accept": "application/msgpack",
+            "Content-Type": self.protocol.content_type,
+            "Accept": self.protocol.content_type,
             "X-Timeout-S": f"{max(wait, 0.001):.3f}",  # the server's strict format: decimal seconds > 0
         }
         if self._token is not None:
@@ -447,16 +463,8 @@ class RemoteReward(Reward):
 
     def _scores(self, data: bytes, ctype: str, n: int) -> torch.Tensor:
         try:
-            scores = msgpack.unpackb(data)["scores"] if "msgpack" in ctype else json.loads(data)["scores"]
-            scores = torch.tensor(scores, dtype=torch.float64)
-        except Exception as e:  # anything unreadable: not a diffrl reward server, or a broken one
-            raise RewardError(
-                f"remote reward server {self.url} answered something that is not {{'scores': [...]}} "
-                f"({type(e).__name__}: {str(e)[:200]}); is it a diffrl reward server?"
-            ) from e
-        if scores.shape != (n,):
-            raise RewardError(
-                f"remote reward server {self.url} answered {scores.numel()} score(s) of shape "
-                f"{tuple(scores.shape)} for {n} images"
-            )
-        return scores.float()
+            scores = self.protocol.scores(data, ctype, n)
+        except AnswerError as e:
+            who = self.url if self.protocol is DIFFRL else f"{self.url} (protocol {self.protocol.name})"
+            raise RewardError(f"remote reward server {who} {e}") from e
+        return torch.tensor(scores, dtype=torch.float64).float()

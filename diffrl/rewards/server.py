@@ -128,6 +128,16 @@ from diffrl.config.binding import bind_signature
 from diffrl.errors import quoted
 from diffrl.registry import RegistryError, did_you_mean
 from diffrl.rewards.base import Reward, RewardError, build_reward, param_name_problems, submit_scores
+from diffrl.rewards.protocols import (
+    DIFFRL,
+    JSON_FIX,
+    PICKLE_WHY,
+    PROTOCOLS,
+    Protocol,
+    ProtocolError,
+    is_pickle,
+    protocol_problem,
+)
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.server_limits import ServerLimits
 from diffrl.rewards.workers import DeadlineExceeded, deadline_after, seconds_left
@@ -261,6 +271,15 @@ def check_served_reward(name: str, params: dict[str, Any]) -> dict[str, Any]:
     if problems:
         raise ServerError(f"reward {name!r}: " + "; ".join(problems))
     return bound
+
+
+def served_protocol(name: str) -> Protocol:
+    """The protocol ``--protocol name`` names, or :class:`ServerError` (an unknown name with a
+    did-you-mean; a peer's pickle protocol, refused saying why)."""
+    problem = protocol_problem(name)
+    if problem is not None:
+        raise ServerError(f"--protocol: {problem.removeprefix('protocol ')}")
+    return PROTOCOLS[name]
 
 
 def build_served_reward(name: str, params: dict[str, Any]) -> Reward:
@@ -549,13 +568,29 @@ def _unpack_error(e: BaseException, where: str) -> HTTPException:
     return _bad(f"{where} is not msgpack ({type(e).__name__}: {str(e)[:200]})")
 
 
-def decode_request(body: bytes | bytearray, limits: ServerLimits | None = None) -> ScoreRequest:
-    """The msgpack body -> :class:`ScoreRequest`, or :class:`HTTPException` 400 (a field is
-    wrong) or 413 (too many images, pixels or objects), never anything else. Every field and every
-    PNG header is checked before any image is decoded, so a request costs at most what
-    ``limits`` allow."""
+def decode_request(
+    body: bytes | bytearray, limits: ServerLimits | None = None, protocol: Protocol = DIFFRL
+) -> ScoreRequest:
+    """The body -> :class:`ScoreRequest`, or :class:`HTTPException` 400 (a field is wrong), 413
+    (too many images, pixels or objects) or 415 (a Python pickle), never anything else. Every field
+    and every PNG header is checked before any image is decoded, so a request costs at most what
+    ``limits`` allow. ``protocol``: diffrl's msgpack, or a peer's JSON, read into the same fields
+    (:meth:`~diffrl.rewards.protocols.Protocol.message`)."""
     limits = limits or ServerLimits()
-    msg = unpack(body)
+    if is_pickle(body):
+        raise HTTPException(
+            415,
+            detail=f"the body is a Python pickle (flow_grpo's and verl-omni's clients send pickle); "
+            f"{PICKLE_WHY}. Instead, {JSON_FIX}",
+        )
+    if protocol is DIFFRL:
+        msg = unpack(body)
+    else:
+        try:
+            msg = protocol.message(body, limits.max_images)
+        except ProtocolError as e:
+            prefix = {400: "bad request: ", 413: "request too large: "}.get(e.status, "")
+            raise HTTPException(e.status, detail=prefix + e.detail) from e
     if not isinstance(msg, dict):
         raise _bad(f"the body must be a msgpack map, got {type(msg).__name__}")
     field_problem(msg)
@@ -732,11 +767,13 @@ def decode_audio(msg: dict[str, Any], b: int) -> Audio | None:
     return Audio(wave, rate)
 
 
-def decode_checked(body: bytes | bytearray, limits: ServerLimits) -> ScoreRequest:
+def decode_checked(
+    body: bytes | bytearray, limits: ServerLimits, protocol: Protocol = DIFFRL
+) -> ScoreRequest:
     """:func:`decode_request`, where anything but its 4xx is the server's failure, not a crash:
     logged with its traceback for the operator, answered as JSON (503 for memory, 400 else)."""
     try:
-        return decode_request(body, limits)
+        return decode_request(body, limits, protocol)
     except HTTPException:
         raise
     except MemoryError as e:
@@ -821,9 +858,14 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytearray
 
 
 def create_app(
-    reward: Reward, name: str, token: str | None = None, limits: ServerLimits | None = None
+    reward: Reward,
+    name: str,
+    token: str | None = None,
+    limits: ServerLimits | None = None,
+    protocol: Protocol = DIFFRL,
 ) -> FastAPI:
-    """The FastAPI app serving ``reward`` (called ``name`` in answers and errors)."""
+    """The FastAPI app serving ``reward`` (called ``name`` in answers and errors) in ``protocol``:
+    ``POST`` at its paths (diffrl's: ``/score``), and ``GET /health``."""
     limits = limits or ServerLimits()
     app = FastAPI(title=f"diffrl reward {name}", docs_url=None, redoc_url=None, openapi_url=None)
     # the reward scores one batch at a time, first come first served
@@ -892,10 +934,11 @@ def create_app(
                 "max_request_pixels": limits.max_request_pixels,
                 "max_aspect_ratio": limits.max_aspect_ratio,
                 "audio": bool(reward.audio),
+                # a peer's protocol only: diffrl's health answer predates protocols
+                **({} if protocol is DIFFRL else {"protocol": protocol.name}),
             }
         )
 
-    @app.post("/score")
     async def score(request: Request) -> Response:
         received = time.monotonic()
         if (problem := header_problem(request.headers.getlist)) is not None:
@@ -932,7 +975,8 @@ def create_app(
 
     async def decode_and_score(body: bytearray, timeout: float, received: float, deadline: float) -> Response:
         try:
-            req = await asyncio.to_thread(decode_checked, body, limits)  # PNG decoding: off the loop thread
+            # PNG decoding: off the loop thread
+            req = await asyncio.to_thread(decode_checked, body, limits, protocol)
             del body
             req.timeout_s, req.received = timeout, received
             if reward.audio and req.audio is None:
@@ -960,8 +1004,10 @@ def create_app(
             raise HTTPException(500, detail=str(e)) from e
         except RuntimeError as e:  # the worker was shut down under us: the server is stopping
             raise HTTPException(503, detail="the reward server is stopping") from e
-        return Response(msgpack.packb({"scores": scores}), media_type=MSGPACK)
+        return Response(protocol.answer(scores), media_type=protocol.content_type)
 
+    for path in protocol.paths:
+        app.post(path)(score)
     return app
 
 
@@ -1130,10 +1176,17 @@ class RewardServer:
         log_level: str = "warning",
         sock: socket.socket | None = None,
         limits: ServerLimits | None = None,
+        protocol: str = "diffrl",
     ):
         problem = bind_problem(host, token)
         if problem:
             raise ServerError(problem)
+        self.protocol = served_protocol(protocol)
+        if reward.audio and not self.protocol.hears:
+            raise ServerError(
+                f"reward {name!r} hears (it scores sound), and protocol {protocol} carries none; serve it "
+                "with --protocol diffrl"
+            )
         self.limits = limits or ServerLimits()
         if max_request_mb is not None:
             self.limits = replace(self.limits, max_request_mb=max_request_mb)
@@ -1142,7 +1195,7 @@ class RewardServer:
         self.reward, self.name, self.host = reward, name, host
         self.sock = bind_socket(host, port) if sock is None else sock
         self.port = self.sock.getsockname()[1]
-        self.app = create_app(reward, name, token, self.limits)
+        self.app = create_app(reward, name, token, self.limits, self.protocol)
         config = uvicorn.Config(
             self.app,
             log_level=log_level,
@@ -1206,13 +1259,15 @@ def serve(
     token: str | None = None,
     on_ready: Callable[[RewardServer], None] | None = None,
     limits: ServerLimits | None = None,
+    protocol: str = "diffrl",
 ) -> None:
     """Build the reward ``name`` and serve it until SIGINT/SIGTERM (what ``diffrl serve-reward``
     runs). The address, token and limits are checked before the reward loads (a model may take
-    minutes)."""
+    minutes), and so is ``protocol``."""
     problem = bind_problem(host, token)
     if problem:
         raise ServerError(problem)
+    served_protocol(protocol)
     limits = limits or ServerLimits()
     if problems := limits.problems():
         raise ServerError("reward server limits: " + "; ".join(problems))
@@ -1222,7 +1277,12 @@ def serve(
     except BaseException:
         sock.close()
         raise
-    server = RewardServer(reward, name, host, port, token, sock=sock, limits=limits)
+    try:
+        server = RewardServer(reward, name, host, port, token, sock=sock, limits=limits, protocol=protocol)
+    except BaseException:
+        reward.close()
+        sock.close()
+        raise
     if on_ready is not None:
         threading.Thread(target=server.when_started, args=(on_ready,), daemon=True).start()
     server.run()
