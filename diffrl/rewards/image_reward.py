@@ -464,8 +464,11 @@ class ImageReward(Reward):
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
         folder = params.get("model")
         problems = folder_problems(cls.name, "model", folder, {"blip"}, WHAT, check_files)
-        if problems and isinstance(folder, str) and folder.endswith((".pt", ".pth")):
-            problems = [f"model: {folder!r} is a checkpoint file; convert it once into a folder: {CONVERT}"]
+        if problems and isinstance(folder, str) and Path(folder).expanduser().is_file():
+            problems = [
+                f"model: {folder!r} is a file, not a folder; ImageReward.pt is converted once into the "
+                f"folder this reward loads: {CONVERT}"
+            ]
         elif not problems and check_files:
             path = Path(folder).expanduser()
             if not (path / HEAD_FILE).is_file():

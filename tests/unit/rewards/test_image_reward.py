@@ -305,7 +305,7 @@ def test_registered_and_preflight_checks_the_folder(files, tmp_path):
     assert preflight_problems("image_reward", {"model": str(root / "converted")}) == []
     [pt] = preflight_problems("image_reward", {"model": str(root / "ImageReward.pt")})
     assert (
-        "is a checkpoint file; convert it once into a folder: python -m diffrl.rewards.image_reward convert"
+        "is a file, not a folder; ImageReward.pt is converted once into the folder this reward loads: python -m diffrl.rewards.image_reward convert"
         in pt
     )
     (tmp_path / "blip").mkdir()
@@ -411,7 +411,7 @@ def test_the_module_runs_as_a_command(tmp_path):
 # fmt: off
 IR_REWARD = "rewards=[{name: image_reward, params: {model: '{tmp}/ir'}}]"
 CASES = [
-    Case("ir-reward-given-the-checkpoint-file", ["train", GRPO, "rewards=[{name: image_reward, params: {model: '{tmp}/ImageReward.pt'}}]"], BAD, "(image_reward).params: model: '{tmp}/ImageReward.pt' is a checkpoint file; convert it once into a folder: python -m diffrl.rewards.image_reward convert ImageReward.pt OUT --tokenizer BERT_FOLDER", files={"ImageReward.pt": b"x"}),
+    Case("ir-reward-given-the-checkpoint-file", ["train", GRPO, "rewards=[{name: image_reward, params: {model: '{tmp}/ImageReward.pt'}}]"], BAD, "(image_reward).params: model: '{tmp}/ImageReward.pt' is a file, not a folder; ImageReward.pt is converted once into the folder this reward loads: python -m diffrl.rewards.image_reward convert ImageReward.pt OUT --tokenizer BERT_FOLDER", files={"ImageReward.pt": b"x"}),
     Case("ir-folder-without-head", ["train", GRPO, IR_REWARD], BAD, f"model: '{{tmp}}/ir' has no {HEAD_FILE} (ImageReward's MLP head)", files={"ir/config.json": '{"model_type": "blip"}', "ir/model.safetensors": b"", "ir/vocab.txt": "[PAD]\n"}),
     Case("ir-folder-of-another-model", ["train", GRPO, IR_REWARD], BAD, "model: '{tmp}/ir' holds a 'clip' model; reward 'image_reward' expects an ImageReward folder", files={"ir/config.json": '{"model_type": "clip"}'}),
 ]
