@@ -118,8 +118,9 @@ class Detector:
             text=[[QUERY.format(name=n) for n in names]], images=image, return_tensors="pt", truncation=True
         )
         out = self.model(**{k: v.to(self.device) for k, v in inputs.items()})
-        probs = out.logits[0].float().sigmoid()  # (patches, queries)
-        scores, labels = probs.max(-1)
+        # the best query on the logits (a sigmoid saturated at 1.0 would tie), then its confidence
+        best, labels = out.logits[0].float().max(-1)  # (patches, queries) -> (patches,)
+        scores = best.sigmoid()
         w, h = image.size
         sx, sy = (max(w, h), max(w, h)) if self.padded else (w, h)
         cx, cy, bw, bh = out.pred_boxes[0].float().cpu().unbind(-1)
