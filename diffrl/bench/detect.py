@@ -147,13 +147,14 @@ def crop_box(box: Sequence[float], width: int, height: int) -> tuple[int, int, i
 
 def suppress(detections: list[Detection], iou: float) -> list[Detection]:
     """Greedy non-maximum suppression: the most confident first, each dropping the later ones
-    that overlap it by ``iou`` or more."""
+    that overlap it by ``iou`` or more (1: none)."""
     order = sorted(detections, key=lambda d: -d.score)
     kept: list[Detection] = []
     while order:
         best = order.pop(0)
         kept.append(best)
-        order = [d for d in order if compute_iou(best.box, d.box) < iou]
+        if iou < 1:  # 1: none dropped, as GenEval's max_overlap
+            order = [d for d in order if compute_iou(best.box, d.box) < iou]
     return kept
 
 
