@@ -217,6 +217,22 @@ def test_serve_reward_answers_a_verl_omni_style_client_and_refuses_its_pickle(tm
         )
 
 
+def test_a_json_body_over_the_limit_is_refused_before_it_is_read():
+    server = RewardServer(
+        build_served_reward("tests.rewards:pixel_sum", {}), "px", protocol="flow_factory", max_request_mb=0.01
+    ).start()
+    try:
+        noise = torch.randint(0, 256, (4, 3, 64, 64), dtype=torch.uint8)  # ~12 KB a PNG
+        payload = {"prompt": ["a"] * 4, "image": pngs_b64(noise)}
+        status, body = request(server.url, "POST", "/compute", json.dumps(payload).encode())
+    finally:
+        server.stop()
+    assert (
+        status == 413
+        and "request of 0.1 MB is over this server's --max-request-mb" in json.loads(body)["detail"]
+    )
+
+
 class Touch:
     """Unpickling this creates a file: proof that a body was (not) unpickled."""
 
