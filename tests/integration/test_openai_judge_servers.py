@@ -1,0 +1,205 @@
+"""The openai_judge reward against real OpenAI-compatible servers on loopback, tiny models built
+here (tests/integration/judge_models.py).
+
+- ``score: text`` and ``judging: group`` against ``transformers serve`` (5.24; started in about 5 s):
+  a scripted LLaVA writes "Final Score: 4", a refusal, or "Ranking: 2 > 1", as the user's text asks.
+  The same server ignores ``logprobs``, so ``score: yes_logprob`` on it must say so.
+- ``score: yes_logprob`` against llama.cpp's server (llama-cpp-python, ``.ci/llama-env`` builds it;
+  ``DIFFRL_LLAMA_PYTHON`` is its python): a tiny Qwen2.5-VL converted to GGUF + mmproj, compared with
+  the in-process judge (:class:`~diffrl.rewards.judge.JudgeReward`, ``normalize: true``, the same
+  P(Yes) / (P(Yes) + P(No))) on the transformers model. Images are 84 x 84: llama.cpp resizes Qwen
+  images to at least 6272 pixels and the HF processor here to 784, so only sides that both keep
+  (multiples of 28 above 6272 pixels) give both the same patches; text log-probs are compared too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffrl.config import RewardConfig
+from diffrl.rewards.base import RewardError, RewardSet
+from diffrl.rewards.openai_judge import YES_NO_QUESTION, OpenAIJudge
+from tests.integration.judge_models import REFUSE, to_gguf, yes_no_qwen
+
+START_S = 120.0
+LLAMA = os.environ.get("DIFFRL_LLAMA_PYTHON")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def started(cmd: list[str], url: str, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """``cmd`` started in a session of its own, once ``url`` answers 200 (within :data:`START_S`)."""
+    out = log.open("wb")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    end = time.monotonic() + START_S
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.2)
+    stop(proc)
+    raise RuntimeError(f"{url} did not answer within {START_S:g} s:\n{log.read_text()[-3000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """``(base_url, model)`` of ``transformers serve`` serving the scripted LLaVA."""
+    from tests.integration.judge_models import scripted_llava
+
+    folder = scripted_llava(tmp_path_factory.mktemp("llava"))
+    port = free_port()
+    serve = Path(sys.executable).parent / "transformers"
+    cmd = [str(serve), "serve", str(folder), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    proc = started(cmd, f"http://127.0.0.1:{port}/health", folder / "serve.log")
+    try:
+        yield f"http://127.0.0.1:{port}", str(folder)
+    finally:
+        stop(proc)
+
+
+def judge(served, **params) -> OpenAIJudge:
+    url, model = served
+    return OpenAIJudge(base_url=url, model=model, template="Rate {prompt}", timeout_s=30, **params)
+
+
+def pictures(n: int, side: int = 16, seed: int = 0) -> torch.Tensor:
+    return torch.rand(n, 3, side, side, generator=torch.Generator().manual_seed(seed))
+
+
+def test_text_score_parsed_from_the_servers_answer(served):
+    # "Final Score: 4" / 5 = 0.8 (flow_grpo's scaling); the refused samples fail alone
+    reward = judge(served)
+    prompts = ["a cat", f"{REFUSE} a dog", "a red dog", f"{REFUSE}"]
+    scores = reward.call_by(pictures(4), prompts, [{}] * 4, time.monotonic() + 60)
+    assert scores[0].item() == pytest.approx(0.8) and scores[2].item() == pytest.approx(0.8)
+    assert scores[1].isnan() and scores[3].isnan()
+    reward.close()
+
+
+def test_refused_samples_are_counted_failed_in_a_reward_set(served):
+    url, model = served
+    params = {
+        "base_url": url + "/v1",
+        "model": model,
+        "template": "Rate {prompt}",
+        "score_min": 1,
+        "score_max": 5,
+    }
+    rewards = RewardSet([RewardConfig(name="openai_judge", params=params, timeout_s=60)])
+    try:
+        out = rewards.submit(pictures(3), ["a cat", f"{REFUSE} it", "a dog"], [{}] * 3).result()
+    finally:
+        rewards.close()
+    scores = out.per_reward["openai_judge"]
+    assert scores[0].item() == pytest.approx(0.75) and scores[2].item() == pytest.approx(0.75)  # (4 - 1) / 4
+    assert scores[1].isnan() and out.metrics("rollout")["rollout/openai_judge/failed"] == 1.0
+    assert any("non-finite" in e for e in out.errors)
+
+
+def test_an_answer_refused_everywhere_says_what_the_judge_wrote(served):
+    with pytest.raises(RewardError, match=r"I cannot judge this image"):
+        judge(served)(pictures(2), [f"{REFUSE} a", f"{REFUSE} b"], [{}] * 2)
+
+
+def test_yes_logprob_on_a_server_that_ignores_logprobs_is_an_error(served):
+    reward = judge(served, score="yes_logprob")
+    with pytest.raises(RewardError, match="answered without logprobs: it ignores logprobs"):
+        reward(pictures(1), ["a cat"], [{}])
+
+
+def test_group_judging_reads_the_ranking(served):
+    # one request per prompt: 2 images answered "Ranking: 2 > 1" -> image 2 best (1.0), image 1 worst
+    # (0.0); the same answer for 3 images names 2 of 3 and fails the group; a lone image fails
+    reward = judge(served, judging="group", group_template="RANK the {n} images of {prompt}")
+    prompts = ["a cat", "a cat", "a dog", "a dog", "a dog", "a bird"]
+    scores = reward.call_by(pictures(6), prompts, [{}] * 6, time.monotonic() + 60)
+    assert scores[:2].tolist() == [0.0, 1.0]
+    assert scores[2:].isnan().all()
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """``(base_url, hf folder)`` of llama.cpp's server serving the Yes/No Qwen2.5-VL."""
+    if not LLAMA:
+        pytest.skip(
+            "no llama.cpp server environment: run .ci/llama-env and set DIFFRL_LLAMA_PYTHON to what it prints"
+        )
+    folder = tmp_path_factory.mktemp("qwen")
+    yes_no_qwen(folder / "hf")
+    model, mmproj = to_gguf(folder / "hf", Path(LLAMA).parent.parent / "share" / "llama-convert", folder)
+    port = free_port()
+    cmd = [LLAMA, "-m", "llama_cpp.server", "--model", str(model), "--clip_model_path", str(mmproj)]
+    cmd += ["--chat_format", "mtmd", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512"]
+    proc = started(cmd, f"http://127.0.0.1:{port}/v1/models", folder / "llama.log")
+    try:
+        yield f"http://127.0.0.1:{port}", folder / "hf"
+    finally:
+        stop(proc)
+
+
+def test_yes_logprob_equals_the_in_process_judge(llama):
+    from diffrl.rewards.judge import JudgeReward
+
+    url, hf = llama
+    prompts = ["a cat", "a dog", "a red dog", "a cat on a red dog"]
+    images = pictures(4, side=84)
+    reward = OpenAIJudge(base_url=url, model="tiny", score="yes_logprob", top_logprobs=5, timeout_s=60)
+    served = reward.call_by(images, prompts, [{}] * 4, time.monotonic() + 120)
+    local = JudgeReward(model=str(hf), question=YES_NO_QUESTION, normalize=True)(images, prompts, [{}] * 4)
+    assert torch.isfinite(served).all()
+    assert (served - local).abs().max().item() < 1e-3  # measured 2.4e-5
+    assert served.std().item() > 1e-5  # the images move the score: not one constant
+
+
+def test_text_logprobs_equal_a_transformers_forward(llama):
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    url, hf = llama
+    messages = [{"role": "user", "content": "Does this figure show a cat? Please answer yes or no."}]
+    body = {"model": "tiny", "messages": messages, "max_tokens": 1, "logprobs": True, "top_logprobs": 5}
+    request = urllib.request.Request(
+        url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        top = json.loads(answer.read())["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    tok = AutoTokenizer.from_pretrained(hf)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(hf).eval()
+    inputs = tok.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(**inputs).logits[0, -1].double(), dim=-1)
+    words = {e["token"]: e["logprob"] for e in top}
+    assert list(words)[:2] == ["Yes", "No"]  # the fixture's bias puts them on top
+    for word in ("Yes", "No"):
+        [token] = tok.encode(word, add_special_tokens=False)
+        assert words[word] == pytest.approx(logprobs[token].item(), abs=1e-4)  # measured 2e-6
