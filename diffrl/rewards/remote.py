@@ -25,6 +25,10 @@ on. A NaN score from the server fails its sample in the same way.
 Videos: ``remote`` is an image reward; a video's frames are sent (and scored) one image each and
 the video gets their mean (:func:`~diffrl.rewards.base.submit_scores`).
 
+Peers' servers: ``protocol: flow_factory`` or ``verl_omni`` speaks their JSON contracts instead
+(:mod:`diffrl.rewards.protocols`, which cites them), with the same deadlines, retries, token and
+answer limit; a peer's pickle protocol (flow_grpo's) is refused at validation, saying why.
+
 Sound: with ``audio: true`` it is a reward that hears (``Reward.audio``): each clip goes whole, its
 frames and its sound (float16, as the rollout keeps it), for a server whose reward hears (``diffrl
 serve-reward --reward clap``; its ``/health`` says ``"audio": true``, and preflight checks the two

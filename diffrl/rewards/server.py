@@ -5,6 +5,12 @@ trainer's side is :class:`~diffrl.rewards.remote.RemoteReward`. The server is a 
 uvicorn; the reward is built as a recipe builds it (:func:`~diffrl.rewards.base.build_reward`: a
 registry name or a user's dotted path, with its params checked first).
 
+Peers' protocols: ``--protocol flow_factory`` or ``verl_omni`` answers Flow-Factory's or
+verl-omni's JSON contract instead (:mod:`diffrl.rewards.protocols`: their paths, fields and answers)
+with the same limits, token and deadlines; their bodies are read into the fields below, bounded
+before parsing and decoding. A pickled body (flow_grpo's and verl-omni's clients send pickle) is a
+415 on any protocol, never unpickled. ``/health`` then also says ``"protocol"``.
+
 Wire format (any language can be a client)
 -------------------------------------------
 ``POST /score``, body ``application/msgpack``, a map::
