@@ -1,0 +1,308 @@
+"""The openai_judge reward's reading of answers (golden values from the formulas its docstring
+cites) and its error paths against a small real HTTP server in the test (http.server on loopback,
+scripted answers): a server ignoring logprobs, 500 then success, 429, a stuck server, an oversize
+answer, a refused answer, 401, the cache, the concurrency bound, and its params' refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from diffrl.rewards.base import RewardError
+from diffrl.rewards.openai_judge import (
+    FINAL_SCORE,
+    RANKING,
+    OpenAIJudge,
+    completions_path,
+    read_ranking,
+    read_score,
+    yes_probability,
+)
+
+
+def completion(text: str | None = None, top: list | None = None) -> dict:
+    choice: dict = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+    if top is not None:
+        choice["logprobs"] = {
+            "content": [{"token": top[0]["token"], "logprob": top[0]["logprob"], "top_logprobs": top}]
+        }
+    return {"choices": [choice]}
+
+
+class Script:
+    """What the server answers: ``answers`` in turn (the last one repeats): ``(status, body bytes)``
+    or ``("sleep", seconds)``; it records each request's JSON and how many ran at once."""
+
+    def __init__(self, answers):
+        self.answers, self.requests, self.lock = list(answers), [], threading.Lock()
+        self.running = self.most = 0
+
+
+@pytest.fixture
+def server():
+    scripts: list[Script] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            script = scripts[0]
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with script.lock:
+                script.requests.append((self.path, dict(self.headers), body))
+                answer = script.answers.pop(0) if len(script.answers) > 1 else script.answers[0]
+                script.running += 1
+                script.most = max(script.most, script.running)
+            try:
+                if answer[0] == "sleep":
+                    time.sleep(answer[1])
+                    answer = (200, json.dumps(completion("Final Score: 3")).encode())
+                status, data = answer
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            finally:
+                with script.lock:
+                    script.running -= 1
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+
+    def serve(*answers) -> tuple[str, Script]:
+        scripts[:] = [Script(answers)]
+        return f"http://127.0.0.1:{httpd.server_address[1]}", scripts[0]
+
+    yield serve
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def ok(payload: dict) -> tuple[int, bytes]:
+    return 200, json.dumps(payload).encode()
+
+
+def images(n: int) -> torch.Tensor:
+    return torch.rand(n, 3, 8, 8, generator=torch.Generator().manual_seed(n))
+
+
+# -- reading answers --------------------------------------------------------------------------------
+
+
+def test_text_score_as_flow_grpo_reads_unifiedreward():
+    pattern = re.compile(FINAL_SCORE)
+    assert read_score("The image is sharp.\nFinal Score: 4", pattern, 0, 5) == (0.8, "")  # 4 / 5
+    assert read_score("Final Score:3.5 and more", pattern, 1, 5) == (0.625, "")  # (3.5 - 1) / 4
+    assert read_score("Final Score: 2 then Final Score: 5", pattern, 0, 5)[0] == 0.4  # the first match
+    for refused in ("I cannot help with that.", "Final Score: 7", "Final Score:"):
+        score, why = read_score(refused, pattern, 0, 5)
+        assert score is None and "no match" in why
+    score, why = read_score("Score = 9", re.compile(r"Score = (\d)"), 0, 5)
+    assert score is None and "outside [0, 5]" in why
+
+
+def test_yes_probability_sums_the_spellings_of_each_word():
+    top = [
+        {"token": " Yes", "logprob": math.log(0.5)},
+        {"token": "yes", "logprob": math.log(0.1)},
+        {"token": "No", "logprob": math.log(0.2)},
+        {"token": "Maybe", "logprob": math.log(0.2)},
+    ]
+    assert yes_probability(top, "Yes", "No")[0] == pytest.approx(0.6 / 0.8)
+    assert yes_probability(top[:2], "Yes", "No")[0] == 1.0  # no "No" in the top-K counts as 0
+    score, why = yes_probability([{"token": "Maybe", "logprob": -0.1}], "Yes", "No")
+    assert score is None and "neither 'Yes' nor 'No'" in why
+
+
+def test_ranking_scores_best_one_worst_zero_and_is_strict():
+    pattern = re.compile(RANKING)
+    assert read_ranking("Image 3 is sharpest.\nRanking: 3 > 1 > 2", pattern, 3) == ([0.5, 0.0, 1.0], "")
+    for bad in ("Ranking: 3 > 1", "Ranking: 1 > 1 > 2", "Ranking: 1 > 2 > 4", "no ranking"):
+        assert read_ranking(bad, pattern, 3)[0] is None
+
+
+def test_the_endpoint_path_takes_a_base_url_with_or_without_v1():
+    assert completions_path("http://h:1") == "/v1/chat/completions"
+    assert completions_path("http://h:1/v1/") == "/v1/chat/completions"
+    assert completions_path("http://h:1/judge") == "/judge/v1/chat/completions"
+
+
+# -- against a server -------------------------------------------------------------------------------
+
+
+def test_request_carries_the_image_the_question_and_the_key(server, monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", "s3cret")
+    url, script = server(ok(completion("Final Score: 5")))
+    reward = OpenAIJudge(base_url=url, model="judge-7b", template="Rate {prompt}", api_key_env="JUDGE_KEY")
+    assert reward(images(1), ["a cat"], [{}]).tolist() == [1.0]
+    path, headers, body = script.requests[0]
+    assert path == "/v1/chat/completions" and headers["Authorization"] == "Bearer s3cret"
+    image, text = body["messages"][0]["content"]
+    assert image["image_url"]["url"].startswith("data:image/png;base64,")
+    assert text == {"type": "text", "text": "Rate a cat"} and body["model"] == "judge-7b"
+    assert body["temperature"] == 0.0
+
+
+def test_yes_logprob_asks_for_one_token_with_top_logprobs(server):
+    top = [{"token": "Yes", "logprob": math.log(0.3)}, {"token": "No", "logprob": math.log(0.1)}]
+    url, script = server(ok(completion("Yes", top)))
+    reward = OpenAIJudge(base_url=url, model="m", score="yes_logprob", top_logprobs=7)
+    assert reward(images(1), ["a"], [{}]).item() == pytest.approx(0.75)
+    body = script.requests[0][2]
+    assert (body["max_tokens"], body["logprobs"], body["top_logprobs"]) == (1, True, 7)
+
+
+def test_a_server_without_logprobs_is_an_error_not_a_half(server):
+    url, _ = server(ok(completion("Yes")))
+    reward = OpenAIJudge(base_url=url, model="m", score="yes_logprob")
+    with pytest.raises(RewardError, match="answered without logprobs"):
+        reward(images(2), ["a", "b"], [{}] * 2)
+
+
+def test_500_and_429_are_retried(server):
+    url, script = server((500, b"busy"), (429, b"slow down"), ok(completion("Final Score: 2")))
+    reward = OpenAIJudge(base_url=url, model="m", retries=2, backoff_s=0.01)
+    assert reward(images(1), ["a"], [{}]).item() == pytest.approx(0.4)
+    assert len(script.requests) == 3
+
+
+def test_retries_run_out(server):
+    url, script = server((503, b"down"))
+    reward = OpenAIJudge(base_url=url, model="m", retries=1, backoff_s=0.01)
+    with pytest.raises(RewardError, match=r"failed after 2 attempt\(s\): HTTP 503"):
+        reward(images(1), ["a"], [{}])
+    assert len(script.requests) == 2
+
+
+def test_401_is_not_retried_and_names_the_fix(server):
+    url, script = server((401, b"bad key"))
+    reward = OpenAIJudge(base_url=url, model="m", retries=3, backoff_s=0.01)
+    with pytest.raises(RewardError, match="HTTP 401.*set api_key_env"):
+        reward(images(1), ["a"], [{}])
+    assert len(script.requests) == 1
+
+
+def test_a_stuck_server_costs_the_deadline_not_more(server):
+    url, _ = server(("sleep", 5.0))
+    reward = OpenAIJudge(base_url=url, model="m", timeout_s=30, retries=5, backoff_s=0.01)
+    start = time.monotonic()
+    with pytest.raises(RewardError, match="deadline|no answer within"):
+        reward.call_by(images(2), ["a", "b"], [{}] * 2, time.monotonic() + 0.5)
+    assert time.monotonic() - start < 2.5
+    reward.close()
+
+
+def test_an_oversize_answer_is_refused(server):
+    url, _ = server(ok(completion("Final Score: 4 " + "x" * 5000)))
+    reward = OpenAIJudge(base_url=url, model="m", max_answer_bytes=1024)
+    with pytest.raises(RewardError, match="over max_answer_bytes"):
+        reward(images(1), ["a"], [{}])
+
+
+def test_a_refused_answer_fails_its_sample_only(server):
+    url, _ = server(
+        ok(completion("Final Score: 3")),
+        ok(completion("I can't rate people.")),
+        ok(completion("Final Score: 3")),
+    )
+    reward = OpenAIJudge(base_url=url, model="m", concurrency=1)
+    scores = reward(images(3), ["a", "b", "c"], [{}] * 3)
+    assert (
+        scores[0].item() == pytest.approx(0.6)
+        and scores[1].isnan()
+        and scores[2].item() == pytest.approx(0.6)
+    )
+
+
+def test_no_answer_text_fails_the_sample(server):
+    url, _ = server(ok(completion(None)))
+    with pytest.raises(RewardError, match="no answer text"):
+        OpenAIJudge(base_url=url, model="m")(images(1), ["a"], [{}])
+
+
+def test_not_a_chat_completion_is_named(server):
+    url, _ = server((200, b"<html>hello</html>"))
+    with pytest.raises(RewardError, match="no chat completion.*OpenAI-compatible"):
+        OpenAIJudge(base_url=url, model="m")(images(1), ["a"], [{}])
+
+
+def test_scores_are_cached_by_image_and_prompt(server):
+    url, script = server(ok(completion("Final Score: 1")))
+    reward = OpenAIJudge(base_url=url, model="m", cache_size=2)
+    x = images(3)
+    reward(x[:2], ["a", "b"], [{}] * 2)
+    reward(x[:2], ["a", "b"], [{}] * 2)
+    assert len(script.requests) == 2
+    reward(x[2:], ["c"], [{}])  # a third entry drops the oldest ("a")
+    reward(x[:1], ["a"], [{}])
+    assert len(script.requests) == 4
+    reward(x[:1], ["other prompt"], [{}])  # same image, other prompt: asked
+    assert len(script.requests) == 5
+
+
+def test_requests_at_a_time_are_bounded_by_concurrency(server):
+    url, script = server(("sleep", 0.2))
+    reward = OpenAIJudge(base_url=url, model="m", concurrency=2, cache_size=0)
+    reward(images(6), [f"p{i}" for i in range(6)], [{}] * 6)
+    assert script.most == 2 and len(script.requests) == 6
+    reward.close()
+
+
+def test_group_judging_sends_a_prompts_images_in_one_request(server):
+    url, script = server(ok(completion("Image 2 is best.\nRanking: 2 > 3 > 1")))
+    reward = OpenAIJudge(base_url=url, model="m", judging="group", group_template="Rank {n} of {prompt}")
+    assert reward(images(3), ["a"] * 3, [{}] * 3).tolist() == [0.0, 1.0, 0.5]
+    content = script.requests[0][2]["messages"][0]["content"]
+    assert [c["type"] for c in content] == ["text", "image_url"] * 3 + ["text"]
+    assert content[0]["text"] == "Image 1:" and content[-1]["text"] == "Rank 3 of a"
+
+
+# -- params ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        ({"model": "m"}, "base_url is required"),
+        ({"base_url": "ftp://x", "model": "m"}, "base_url must be http"),
+        ({"base_url": "http://h:1/v1/chat/completions", "model": "m"}, "base address"),
+        ({"base_url": "http://h:1"}, "model is required"),
+        ({"base_url": "http://h:1", "model": "m", "template": "Rate it"}, "holding {prompt}"),
+        ({"base_url": "http://h:1", "model": "m", "template": "{prompt} {x}"}, "no template"),
+        ({"base_url": "http://h:1", "model": "m", "pattern": "Score: \\d"}, "has 0 groups"),
+        ({"base_url": "http://h:1", "model": "m", "pattern": "(("}, "no regular expression"),
+        ({"base_url": "http://h:1", "model": "m", "score_min": 5, "score_max": 1}, "must be below"),
+        ({"base_url": "http://h:1", "model": "m", "yes": "no", "no": "No"}, "same word"),
+        (
+            {"base_url": "http://h:1", "model": "m", "judging": "group", "score": "yes_logprob"},
+            "needs score: text",
+        ),
+        ({"base_url": "http://h:1", "model": "m", "api_key_env": "1BAD"}, "name of an environment variable"),
+    ],
+)
+def test_param_problems(params, expected):
+    problems = OpenAIJudge.param_problems(params, check_files=False)
+    assert any(expected in p for p in problems), problems
+
+
+def test_an_unset_key_variable_is_named_before_the_run(monkeypatch):
+    monkeypatch.delenv("NO_SUCH_JUDGE_KEY", raising=False)
+    params = {"base_url": "http://h:1", "model": "m", "api_key_env": "NO_SUCH_JUDGE_KEY"}
+    assert OpenAIJudge.param_problems(params, check_files=False) == []
+    [problem] = OpenAIJudge.param_problems(params, check_files=True)
+    assert "NO_SUCH_JUDGE_KEY is not set" in problem
+    with pytest.raises(RewardError, match="NO_SUCH_JUDGE_KEY is not set"):
+        OpenAIJudge(**params)
