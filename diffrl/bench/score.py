@@ -30,7 +30,7 @@ from diffrl.config import Config
 from diffrl.data.prompts import PromptSet
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardError, RewardSet
-from diffrl.rewards.ocr import OCRReward, ocr_reward_from_text
+from diffrl.rewards.ocr import OCRReward, default_num_workers, ocr_reward_from_text
 from diffrl.rewards.pretrained import pil_images
 from diffrl.train.evaluate import generate
 
@@ -58,8 +58,14 @@ class OcrScorer:
 
     overall = OVERALL_MEAN
 
-    def __init__(self, num_workers: int | None = None):
-        self.ocr = OCRReward(num_workers)
+    IMAGES_PER_WORKER = 16
+    """A worker's PP-OCR engine takes seconds to load: a pool worker per 16 images at least."""
+
+    def __init__(self, num_images: int):
+        """``num_images``: how many images will be read (the pool is sized to them: a handful are
+        read in this process)."""
+        workers = min(default_num_workers(), num_images // self.IMAGES_PER_WORKER)
+        self.ocr = OCRReward(max(1, workers))
         self.ocr.start()
 
     def score(self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> Scored:

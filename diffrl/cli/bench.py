@@ -52,7 +52,8 @@ def run(args: argparse.Namespace, inputs: BenchInputs) -> int:
 def _scorer(args: argparse.Namespace, inputs: BenchInputs) -> Scorer:
     suite, config = inputs.prompts.suite, inputs.eval.target.config
     if suite == "ocr":
-        return OcrScorer()
+        drawn = len(inputs.prompts.prompts) * inputs.samples_per_prompt
+        return OcrScorer(drawn * (2 if inputs.eval.baseline is not None else 1))
     if suite == "drawbench":
         if not config.eval.rewards:
             raise DiffrlError(
