@@ -12,6 +12,19 @@ and optimises PPO's clipped surrogate of ``exp(log p − log p_old)`` with the g
 gradient is the advantage-weighted flow-matching gradient), plus an optional velocity-space KL
 ``kl_beta·mean((v_θ − v_ref)²)`` to the reference (LoRA disabled). Timesteps are stratified: one per
 stratum of a logit-normal (shifted), a uniform (shifted) or the sampler's own grid.
+
+Two options of the reference's training loop (its shipped configs, ``config/dgx_awm.py``, set both;
+here they are off by default, which keeps the shipped tiny results):
+
+- ``advantage_max`` (the reference's ``train.advantage_max``): the clamped advantage is rescaled
+  to ``[−advantage_max, advantage_max]``, ``A ← clamp(A, ±adv_clip_max) / adv_clip_max ·
+  advantage_max`` (:func:`scaled_advantages`).
+- EMA-KL (``ema_kl_beta``, the reference's ``train.ema_beta``): a second copy of the trainable
+  weights (its ``"ema"`` LoRA adapter, a copy of the starting ones) moves after every iteration
+  as ``θ_ema ← d·θ_ema + (1 − d)·θ`` with ``d = min(ema_kl_decay, 0.001·step)`` (``linear``,
+  ``step`` the optimizer steps so far) or ``d = ema_kl_decay`` (``constant``), and the loss adds
+  ``ema_kl_beta·mean((v_θ − v_ema)²)`` (its ``kl_ema_weight: Uniform``). Rollouts still sample
+  with the live weights (the reference's ``off_policy: False``).
 """
 
 from __future__ import annotations
@@ -45,6 +58,8 @@ from diffrl.config.binding import value_problems
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 
 GHUBER_DELTA = 1e-10
+EMA_KL_RAMP = 0.001
+"""``linear`` EMA-KL decay: ``min(ema_kl_decay, 0.001·step)``, as the reference's loop."""
 
 
 def awm_log_prob(
@@ -64,6 +79,28 @@ def awm_log_prob(
     if weighting == "t":
         return -t * mse
     return -t * ((mse + GHUBER_DELTA) ** power - GHUBER_DELTA**power) / power
+
+
+def scaled_advantages(
+    advantages: torch.Tensor, adv_clip_max: float, advantage_max: float | None
+) -> torch.Tensor:
+    """``advantages (B,)`` clamped to ``±adv_clip_max`` and, with ``advantage_max``, rescaled to
+    ``±advantage_max``: the reference's ``clamp(A, −c, c) / c · advantage_max``."""
+    clamped = advantages.clamp(-adv_clip_max, adv_clip_max)
+    return clamped if advantage_max is None else clamped / adv_clip_max * advantage_max
+
+
+def velocity_kl(v: torch.Tensor, v_other: torch.Tensor) -> torch.Tensor:
+    """``v, v_other: (B, *latent)`` -> the batch mean of each row's ``mean((v − v_other)²)``,
+    float64: the reference's ``Uniform`` KL (to the base model, or to the EMA)."""
+    return (v - v_other).pow(2).flatten(1).mean(1).mean().double()
+
+
+def ema_kl_decay(schedule: str, decay: float, step: int) -> float:
+    """``d`` of the EMA-KL anchor after ``step`` optimizer steps: ``linear`` ``min(decay,
+    0.001·step)`` (near 0 early: the anchor is about the last iteration's weights), ``constant``
+    ``decay``."""
+    return min(decay, EMA_KL_RAMP * step) if schedule == "linear" else decay
 
 
 def stratified_timesteps(
@@ -129,8 +166,19 @@ class AWM(DiffusionAlgorithm):
         ] = 0.25
         clip_range: ClipRange = 1.0
         adv_clip_max: AdvClip = 5.0
+        advantage_max: Annotated[float, Range(0, 1e4, lo_open=True, hint="e.g. 1.0, or null")] | None = None
+        """Rescale the clamped advantages to ``±advantage_max`` (the reference's ``advantage_max``:
+        1 in its shipped configs); null: not rescaled."""
         kl_beta: KlBeta = 0.0
         """Weight of the velocity-space KL to the reference (the base model: LoRA disabled)."""
+        ema_kl_beta: Annotated[float, Range(0, 100, hint="0: no KL to the EMA; e.g. 1.0")] = 0.0
+        """Weight of the velocity-space KL to an EMA of the policy (the reference's ``ema_beta``:
+        1 in its shipped configs); > 0 keeps that EMA, a second copy of the trainable weights."""
+        ema_kl_decay: Annotated[float, Range(0, 1, hint="the EMA's decay, e.g. 0.3")] = 0.3
+        """Cap (``linear``) or value (``constant``) of the EMA's decay (the reference's ``kl_ema_decay``)."""
+        ema_kl_decay_schedule: Literal["linear", "constant"] = "linear"
+        """``linear``: ``min(ema_kl_decay, 0.001·step)``; ``constant``: ``ema_kl_decay`` (the
+        reference's ``kl_ema_decay_type``)."""
         global_std: bool = True
         """Divide advantages by the std of the whole batch (the reference's OCR setting)."""
         advantage_aggregation: Literal["sum", "per_reward"] = "sum"
@@ -162,12 +210,23 @@ class AWM(DiffusionAlgorithm):
     def needs_reference(self) -> bool:
         return self.params.kl_beta > 0
 
+    @property
+    def keeps_old_policy(self) -> bool:
+        """The EMA-KL anchor is the actor's old-policy copy, kept only for the loss."""
+        return self.params.ema_kl_beta > 0
+
+    samples_with_old_policy = False
+
+    def old_policy_decay(self, optimizer_step: int) -> float:
+        p = self.params
+        return ema_kl_decay(p.ema_kl_decay_schedule, p.ema_kl_decay, optimizer_step)
+
     def train_cost(self) -> TrainCost:
         """``num_timesteps`` drawn per sample, each replayed once without gradient before the
-        update (the old log-likelihood) and, when kept, by the reference; CFG only with ``train_cfg``."""
-        return TrainCost(
-            self.params.num_timesteps, self.params.train_cfg, 1 + int(bool(self.needs_reference))
-        )
+        update (the old log-likelihood) and, when kept, by the reference and the EMA; CFG only
+        with ``train_cfg``."""
+        extra = 1 + int(bool(self.needs_reference)) + int(bool(self.keeps_old_policy))
+        return TrainCost(self.params.num_timesteps, self.params.train_cfg, extra)
 
     def collection_spec(self) -> CollectionSpec:
         return x0_only_spec(self.params.sampler, self.params.noise_level)
@@ -202,9 +261,14 @@ class AWM(DiffusionAlgorithm):
             cond=batch.cond.select(idx),
         )
 
-    def _velocity(self, policy, examples: AWMExamples, reference: bool = False) -> torch.Tensor:
+    def _velocity(self, policy, examples: AWMExamples, of: str = "live") -> torch.Tensor:
+        """The velocity of the ``live`` policy (with gradients), the ``reference`` or the ``ema``."""
         x_t = noised(examples.x0, examples.noise, examples.t)
-        forward = policy.reference_velocity if reference else policy.velocity
+        forward = {
+            "live": policy.velocity,
+            "reference": policy.reference_velocity,
+            "ema": policy.old_velocity,
+        }[of]
         if not self.params.train_cfg:
             return forward(x_t, examples.t, examples.cond)
         return forward(
@@ -231,16 +295,17 @@ class AWM(DiffusionAlgorithm):
             raise RuntimeError("AWM: old log-likelihoods missing; the loop must call before_update first")
         v = self._velocity(policy, examples)
         log_prob = self._log_prob(v, examples)
-        terms = ppo_clip_loss(
-            log_prob, examples.old_log_prob, examples.advantages.double(), p.clip_range, p.adv_clip_max
-        )
+        advantages = scaled_advantages(examples.advantages.double(), p.adv_clip_max, p.advantage_max)
+        clip = p.adv_clip_max if p.advantage_max is None else p.advantage_max  # already within it
+        terms = ppo_clip_loss(log_prob, examples.old_log_prob, advantages, p.clip_range, clip)
         loss = terms.policy_loss
         kl = torch.zeros((), dtype=loss.dtype)
         if p.kl_beta > 0:
-            v_ref = self._velocity(policy, examples, reference=True)
-            kl = (v - v_ref).pow(2).flatten(1).mean(1).mean().double()
+            kl = velocity_kl(v, self._velocity(policy, examples, "reference"))
             loss = loss + p.kl_beta * kl
-        return loss, {
-            **terms.metrics(kl),
-            "train/awm_log_prob": log_prob.detach().mean().item(),
-        }
+        metrics = {**terms.metrics(kl), "train/awm_log_prob": log_prob.detach().mean().item()}
+        if p.ema_kl_beta > 0:
+            ema_kl = velocity_kl(v, self._velocity(policy, examples, "ema"))
+            loss = loss + p.ema_kl_beta * ema_kl
+            metrics["train/ema_kl_loss"] = ema_kl.detach().item()
+        return loss, metrics

@@ -61,7 +61,7 @@ class Policy(Protocol):
         """The base model's velocity (no gradient); needs ``needs_reference``."""
 
     def old_velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
-        """The old (sampling) policy's velocity (no gradient); needs ``keeps_old_policy``."""
+        """The old policy's velocity (no gradient); needs ``keeps_old_policy``."""
 
     def negative(self, cond: Conditioning) -> Conditioning | None:
         """The negative-prompt conditioning for CFG of the rows of ``cond``, one row each (None
@@ -133,8 +133,13 @@ class DiffusionAlgorithm(ABC):
 
     keeps_old_policy: bool = False
     """True: the actor keeps a trailing copy of the weights (``policy.old_velocity``), rollouts
-    sample from it, and after each iteration it moves towards the live weights by
-    :meth:`old_policy_decay`."""
+    sample from it (unless :attr:`samples_with_old_policy` is False), and after each iteration it
+    moves towards the live weights by :meth:`old_policy_decay`."""
+
+    samples_with_old_policy: bool = True
+    """With :attr:`keeps_old_policy`: True, rollouts sample from the old copy (DiffusionNFT's
+    sampling policy); False, the copy only anchors the loss (AWM's EMA-KL) and rollouts sample
+    from the live weights."""
 
     requires: ClassVar[frozenset[str]] = frozenset()
     """Optional :class:`RolloutBatch` fields ``build_train_data`` reads (e.g. ``traj_log_prob``);

@@ -103,6 +103,7 @@ class Policy:
         config: Config,
         reference: nn.Module | None = None,
         old: OldPolicy | None = None,
+        sample_with_old: bool = True,
     ):
         self.family = family
         self.sigmas = sampling_sigmas(config, family)
@@ -112,6 +113,8 @@ class Policy:
         self.lora = config.model.lora is not None
         self._reference = reference
         self.old = old
+        self.sampling_old = old if sample_with_old else None
+        """The old policy when rollouts sample from it (None: they sample with the live weights)."""
         self.train_config = config.train
         self.micro_batch_count: int | None = None
         """Set on FSDP2 ranks: every rank splits its share into this many micro-batches, so all
@@ -125,16 +128,16 @@ class Policy:
 
     @torch.no_grad()
     def old_velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
-        """The velocity of the old (sampling) policy, no gradient."""
+        """The velocity of the old policy (the sampling one, or AWM's EMA anchor), no gradient."""
         if self.old is None:
             raise RuntimeError("this algorithm asked for the old policy but the actor keeps none")
         with self.old.weights() as module:
             return self.family.velocity(x_t, sigma, cond, module=module, **kw)
 
     def sampling_weights(self):
-        """Context yielding the ``module`` rollouts sample with: the old policy when kept, else
-        None (the live weights)."""
-        return self.old.weights() if self.old is not None else contextlib.nullcontext(None)
+        """Context yielding the ``module`` rollouts sample with: the old policy when kept for
+        sampling, else None (the live weights)."""
+        return self.sampling_old.weights() if self.sampling_old is not None else contextlib.nullcontext(None)
 
     def velocity(self, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning, **kw) -> torch.Tensor:
         """``x_t (B, *latent)``, ``sigma (B,)`` -> velocity ``(B, *latent)`` float32, with grad."""
@@ -215,6 +218,7 @@ class Actor:
         keep_reference: bool = False,
         keep_old: bool = False,
         dist: DistContext | None = None,
+        sample_with_old: bool = True,
     ):
         self.family = family
         self.config = config
@@ -248,7 +252,7 @@ class Actor:
             self.optimizer, lr_lambda(t.lr_schedule, t.warmup_steps, t.iterations)
         )
         self.ema = EMA(self.params, t.ema_decay) if t.ema_decay else None
-        self.policy = Policy(family, config, reference, old)
+        self.policy = Policy(family, config, reference, old, sample_with_old)
         self.step = 0
 
     @property

@@ -131,6 +131,7 @@ class LocalRunner:
             config,
             keep_reference=algorithm.needs_reference,
             keep_old=algorithm.keeps_old_policy,
+            sample_with_old=algorithm.samples_with_old_policy,
         )
         self.collector = build_collector(config, self.family, spec)
         self.online = spec.online

@@ -129,6 +129,7 @@ class TrainerRank:
             keep_reference=self.algorithm.needs_reference,
             keep_old=self.algorithm.keeps_old_policy,
             dist=ctx,
+            sample_with_old=self.algorithm.samples_with_old_policy,
         )
         return self.actor.num_trainable()
 

@@ -42,9 +42,9 @@ def _gather(named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 
 def sampling_state(actor) -> dict[str, torch.Tensor]:
-    """The weights rollouts sample with (the old policy when the algorithm keeps one), named as
-    an engine's module names them (one LoRA adapter, ``default``). A collective on FSDP2 ranks."""
-    old = actor.policy.old
+    """The weights rollouts sample with (the old policy when the algorithm samples with one), named
+    as an engine's module names them (one LoRA adapter, ``default``). A collective on FSDP2 ranks."""
+    old = actor.policy.sampling_old
     module = actor.family.transformer
     if actor.config.model.lora is not None:
         adapter = OLD_ADAPTER if old is not None else LIVE_ADAPTER
