@@ -120,11 +120,13 @@ def test_a_verl_omni_scorer_and_a_flow_factory_server_score_a_diffrl_run(tmp_pat
             f"[{{name: remote, params: {{url: '{verl_url}/score', protocol: verl_omni, retries: 0}}}}, "
             f"{{name: remote, params: {{url: '{ff_url}', protocol: flow_factory, retries: 0}}}}]"
         )
-        result = train(grpo(tmp_path / "run", rewards=rewards))
+        # one prompt x 4 samples: one micro-group, one request to each (the run's cost is its rollout)
+        result = train(
+            grpo(tmp_path / "run", rewards=rewards, **{"rollout.batch_size": 1, "train.batch_size": 4})
+        )
     (m,) = result.history
-    assert m["rollout/reward_failed"] == 0
-    # 2 prompts x 4 samples in micro-groups of 4: two requests each, at the contract's paths
-    assert verl.seen == ["/score", "/score"] and ff.seen == ["/compute", "/compute"]
+    assert m["rollout/reward_failed"] == 0 and m["train/grad_norm"] > 0
+    assert verl.seen == ["/score"] and ff.seen == ["/compute"]  # the contracts' paths
     assert all(len(b["images"]) == 4 and len(b["metadata"]) == 4 for b in verl.batches)
     assert all(b["video"] is None and b["condition_images"] is None for b in ff.batches)
     assert [b["prompts"] for b in verl.batches] == [b["prompt"] for b in ff.batches]
@@ -251,6 +253,9 @@ def test_preflight_names_a_server_answering_another_protocol():
             "'flow_factory', not 'diffrl'; set protocol: flow_factory (or restart it with --protocol diffrl)"
         ]
         assert RemoteReward.param_problems({"url": server.url, "protocol": "flow_factory"}, True) == []
+    with serving("verl_omni") as server:  # its / and /score are POST routes: a GET gets 405, not 404
+        for url in (server.url, f"{server.url}/score"):
+            assert RemoteReward.param_problems({"url": url, "protocol": "verl_omni"}, True) == []
     with peer(VerlOmniScorer) as (url, _):  # no health route in its contract: the URL must answer
         assert RemoteReward.param_problems({"url": url, "protocol": "verl_omni"}, True) == []
         (problem,) = RemoteReward.param_problems({"url": url, "protocol": "flow_factory"}, True)
