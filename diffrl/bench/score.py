@@ -28,6 +28,7 @@ from diffrl.bench.suites import BenchPrompts
 from diffrl.bench.table import OVERALL_MEAN, OVERALL_OF_CATEGORIES, Row, rows_json, table
 from diffrl.config import Config
 from diffrl.data.prompts import PromptSet
+from diffrl.errors import DiffrlError
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.ocr import OCRReward, default_num_workers, ocr_reward_from_text
@@ -143,6 +144,11 @@ def draw_and_score(
     e = config.eval
     prompt_set = PromptSet(list(prompts.prompts), source=prompts.source)
     index, media = generate(family, config, prompt_set, samples_per_prompt, e.seed, e.batch_size, label)
+    if media.images.ndim != 4:  # (N, 3, F, H, W): the benchmarks judge pictures
+        raise DiffrlError(
+            f"{prompts.suite} scores images; model family {family.name!r} draws videos (frames "
+            f"{tuple(media.images.shape[2:3])}): bench a text-to-image model"
+        )
     texts = [prompts.prompts[i] for i in index]
     metadata = [prompts.metadata[i] for i in index]
     return Drawn(index, media.images, scorer.score(media.images, texts, metadata))

@@ -4,11 +4,16 @@ benchmarks write them, and a clear error for each malformed line."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from diffrl.bench.suites import SHIPPED, SUITES, SuiteError, load_suite, ocr_target, suite_name
 from diffrl.user_files import UserFileError
+
+ROOT = Path(__file__).resolve().parents[3]
 
 # lines as the benchmarks ship them (flow_grpo dataset/ocr/test.txt, GenEval's
 # evaluation_metadata.jsonl, DrawBench's csv with a quoted prompt holding a comma)
@@ -137,3 +142,16 @@ def test_head():
     assert load_suite("geneval").head(2).prompts == prompts.prompts[:2]
     with pytest.raises(SuiteError, match="ask for 1 to"):
         prompts.head(len(prompts.prompts) + 1)
+
+
+def test_a_bad_suite_or_file_answers_before_torch_loads():
+    probe = (
+        "import sys\nfrom diffrl.cli import main\n"
+        "codes = [main(['bench', 'base', '--suite', 'genevl']), main(['bench', 'base', '--suite', 'ocr', '--prompts', '/nope'])]\n"
+        "print(codes, [m for m in ('torch', 'transformers', 'diffusers', 'diffrl.models') if m in sys.modules])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.stdout.strip() == "[2, 2] []", proc.stdout + proc.stderr
+    assert "Did you mean 'geneval'?" in proc.stderr and "'/nope' does not exist" in proc.stderr
