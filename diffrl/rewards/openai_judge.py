@@ -252,8 +252,8 @@ class OpenAIJudge(Reward):
         score: Literal["text", "yes_logprob"] = "text",
         template: str | None = None,
         pattern: str = FINAL_SCORE,
-        score_min: float = 0.0,
-        score_max: float = 5.0,
+        score_min: Annotated[float, Range(-1e6, 1e6, hint="the judge's lowest score")] = 0.0,
+        score_max: Annotated[float, Range(-1e6, 1e6, hint="the judge's highest score")] = 5.0,
         yes: str = "Yes",
         no: str = "No",
         top_logprobs: Annotated[int, Range(1, 100, hint="entries of the first token's top_logprobs")] = 20,
@@ -297,7 +297,10 @@ class OpenAIJudge(Reward):
 
     @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
-        """The params' values; with ``check_files`` also that ``api_key_env`` is set here."""
+        """The params' values; with ``check_files`` also that ``api_key_env`` is set here and that
+        an OpenAI-compatible server answers ``GET {base_url}/v1/models`` (within seconds; the model
+        name is not checked against its list: llama.cpp's and ``transformers serve``'s lists name
+        other things)."""
         problems = []
         if "base_url" not in params:
             problems.append("base_url is required: the judge server's address, e.g. 'http://10.0.0.7:8000'")
@@ -347,6 +350,8 @@ class OpenAIJudge(Reward):
         if isinstance(yes, str) and isinstance(no, str) and yes.strip().lower() == no.strip().lower():
             problems.append(f"yes and no are the same word ({yes!r}); the score would always be 0.5")
         problems += api_key_problems(params.get("api_key_env"), check_env=check_files)
+        if check_files and not problems:
+            problems += server_problems(params["base_url"], params.get("api_key_env"))
         return problems
 
     # -- calls ------------------------------------------------------------------------------------
@@ -584,6 +589,39 @@ class OpenAIJudge(Reward):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+PROBE_TIMEOUT_S = 3.0
+"""How long preflight waits for a judge server's ``/v1/models``, in all."""
+
+
+def server_problems(base_url: str, api_key_env: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
+    """Why no OpenAI-compatible server answers ``GET /v1/models`` at ``base_url`` (with the key)."""
+    path = completions_path(base_url).removesuffix("/chat/completions") + "/models"
+    headers = {"Authorization": f"Bearer {os.environ[api_key_env]}"} if api_key_env else {}
+    try:
+        status, data, _ = exchange(base_url, "GET", path, timeout_s, headers=headers)
+    except (OSError, http.client.HTTPException) as e:
+        reason = (
+            f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+        )
+        return [
+            f"base_url: no judge server answers at {base_url} ({reason}); start it first (vLLM, sglang, "
+            "llama.cpp's or transformers serve, with the judge model) or fix base_url"
+        ]
+    if status in (401, 403):
+        fix = (
+            "check the key in " + api_key_env
+            if api_key_env
+            else "set api_key_env to a variable holding its key"
+        )
+        return [f"api_key_env: the judge server at {base_url} refused {path} (HTTP {status}); {fix}"]
+    if status != 200:
+        detail = data[:MAX_QUOTE].decode("utf-8", "replace")
+        return [
+            f"base_url: GET {path} at {base_url} answered HTTP {status} {quote(detail)}; is it an OpenAI-compatible server?"
+        ]
+    return []
 
 
 def api_key_problems(env: Any, check_env: bool) -> list[str]:

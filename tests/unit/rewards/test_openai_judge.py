@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +24,7 @@ from diffrl.rewards.openai_judge import (
     completions_path,
     read_ranking,
     read_score,
+    server_problems,
     yes_probability,
 )
 
@@ -55,7 +57,8 @@ def server():
 
         def do_POST(self):
             script = scripts[0]
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
             with script.lock:
                 script.requests.append((self.path, dict(self.headers), body))
                 answer = script.answers.pop(0) if len(script.answers) > 1 else script.answers[0]
@@ -76,6 +79,8 @@ def server():
             finally:
                 with script.lock:
                     script.running -= 1
+
+        do_GET = do_POST
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
@@ -306,3 +311,25 @@ def test_an_unset_key_variable_is_named_before_the_run(monkeypatch):
     assert "NO_SUCH_JUDGE_KEY is not set" in problem
     with pytest.raises(RewardError, match="NO_SUCH_JUDGE_KEY is not set"):
         OpenAIJudge(**params)
+
+
+def test_preflight_asks_the_server_for_its_models(server, monkeypatch):
+    url, script = server(ok({"object": "list", "data": [{"id": "judge-7b"}]}))
+    params = {"base_url": url + "/v1", "model": "judge-7b"}
+    assert OpenAIJudge.param_problems(params, check_files=True) == []
+    assert script.requests[0][0] == "/v1/models"
+    monkeypatch.setenv("JUDGE_KEY", "k")
+    server((401, b"no key"))
+    [problem] = server_problems(url, None)
+    assert "HTTP 401" in problem and "set api_key_env" in problem
+    server((404, b"not here"))
+    [problem] = server_problems(url, "JUDGE_KEY")
+    assert "answered HTTP 404 'not here'" in problem
+
+
+def test_preflight_names_a_server_that_is_not_there():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    [problem] = server_problems(f"http://127.0.0.1:{port}", None, timeout_s=1.0)
+    assert f"no judge server answers at http://127.0.0.1:{port}" in problem and "start it first" in problem
