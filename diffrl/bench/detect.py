@@ -19,15 +19,19 @@ How this differs from the benchmark's detector (docs/bench.md says it for users)
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from PIL import Image
 from transformers import (
+    AutoTokenizer,
     Owlv2ForObjectDetection,
+    Owlv2ImageProcessorPil,
     Owlv2Processor,
     OwlViTForObjectDetection,
+    OwlViTImageProcessorPil,
     OwlViTProcessor,
 )
 
@@ -62,9 +66,11 @@ COCO_CLASSES = (
 """The 80 COCO class names as GenEval's prompts spell them (its ``object_names.txt``)."""
 
 DETECTORS = {
-    "owlvit": (OwlViTForObjectDetection, OwlViTProcessor),
-    "owlv2": (Owlv2ForObjectDetection, Owlv2Processor),
+    "owlvit": (OwlViTForObjectDetection, OwlViTProcessor, OwlViTImageProcessorPil),
+    "owlv2": (Owlv2ForObjectDetection, Owlv2Processor, Owlv2ImageProcessorPil),
 }
+"""model_type -> the model, its processor and its image processor's PIL backend (named: without
+torchvision transformers 5 falls back to it with a warning)."""
 DETECTOR_WHAT = "an OWL-ViT or OWLv2 detector (OwlViTForObjectDetection / Owlv2ForObjectDetection)"
 CLIP_WHAT = "a CLIPModel with its tokenizer and preprocessor_config.json"
 COLOUR_TEMPLATES = ("a photo of a {c} {name}", "a photo of a {c}-colored {name}", "a photo of a {c} object")
@@ -98,13 +104,24 @@ class Detector:
             raise DiffrlError(problems[0])
         path = str(Path(folder).expanduser())
         model_type = read_json_object(Path(path, "config.json"), "--detector", DETECTOR_WHAT)["model_type"]
-        model_class, processor_class = DETECTORS[model_type]
+        model_class, processor_class, image_processor_class = DETECTORS[model_type]
+        if model_type == "owlv2" and importlib.util.find_spec("scipy") is None:
+            raise DiffrlError(
+                f"--detector {folder!r} is an OWLv2 folder, whose image processor needs scipy, which is "
+                "not installed: pip install scipy, or give an OWL-ViT folder (e.g. google/owlvit-base-patch32)"
+            )
         self.padded = model_type == "owlv2"  # OWLv2 pads to a square, OWL-ViT stretches
         what = f"{DETECTOR_WHAT} (its processor: tokenizer and preprocessor_config.json)"
         self.model = loading("geneval --detector", what, path, lambda: model_class.from_pretrained(path))
         self.model = self.model.to(device).eval().requires_grad_(False)
         self.processor = loading(
-            "geneval --detector", what, path, lambda: processor_class.from_pretrained(path)
+            "geneval --detector",
+            what,
+            path,
+            lambda: processor_class(
+                image_processor=image_processor_class.from_pretrained(path),
+                tokenizer=AutoTokenizer.from_pretrained(path),
+            ),
         )
         self.device, self.nms = device, nms
 

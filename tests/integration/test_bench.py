@@ -5,6 +5,7 @@ refused with one clear line (rows of test_bad_inputs' kind)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -192,3 +193,15 @@ def test_bad_bench_input(case: Case, tmp_path, request, capsys, monkeypatch):
     argv = _setup(case, tmp_path, request)
     case = Case(case.id, argv, case.code, case.message.replace("{tmp}", str(tmp_path)))
     _check(case, *run_row(case, argv, monkeypatch, capsys))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("scipy") is not None, reason="scipy is installed here")
+def test_an_owlv2_folder_without_scipy_is_refused_by_name(tmp_path, capsys, geneval_models):
+    owl = tmp_path / "owlv2"
+    owl.mkdir()
+    (owl / "config.json").write_text('{"model_type": "owlv2"}')
+    (owl / "model.safetensors").write_bytes(b"")  # never read: refused before anything loads
+    argv = ["bench", "base", "--suite", "geneval", "--detector", str(owl), "--clip", str(geneval_models[1])]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == BAD
+    err = capsys.readouterr().err
+    assert "is an OWLv2 folder, whose image processor needs scipy" in err and "Traceback" not in err
