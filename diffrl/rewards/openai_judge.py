@@ -294,6 +294,9 @@ class OpenAIJudge(Reward):
         self._cache: OrderedDict[tuple, list[float]] = OrderedDict()
         self._lock = threading.Lock()
         self._pool: cf.ThreadPoolExecutor | None = None
+        # a group is a prompt's samples: videos come whole (and are refused) rather than as frames,
+        # which would pool every frame of a prompt's clips into one ranking
+        self.video = judging == "group"
 
     @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
@@ -369,6 +372,11 @@ class OpenAIJudge(Reward):
         """``(B,)`` scores, NaN where a sample failed; every request ends by ``deadline``
         (``time.monotonic()``; None: ``retries`` and ``timeout_s`` alone bound it). A
         :class:`RewardError` saying why when every sample failed."""
+        if images.ndim == 5:
+            raise RewardError(
+                f"reward {self.name!r}: judging: group ranks still images, and this run makes videos; use "
+                "judging: single (each frame is judged and a video scores their mean)"
+            )
         pngs = [encode_png(self._sized(a)) for a in quantize(images).permute(0, 2, 3, 1).numpy()]
         prompts = list(prompts)
         scores = torch.full((len(prompts),), float("nan"))

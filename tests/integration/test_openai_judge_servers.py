@@ -30,7 +30,9 @@ import torch
 from diffrl.config import RewardConfig
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.openai_judge import YES_NO_QUESTION, OpenAIJudge
+from tests.conftest import ROOT
 from tests.integration.judge_models import REFUSE, to_gguf, yes_no_qwen
+from tests.integration.test_bad_inputs import BAD, GRPO, Case, _check, run_row
 
 START_S = 120.0
 LLAMA = os.environ.get("DIFFRL_LLAMA_PYTHON")
@@ -203,3 +205,28 @@ def test_text_logprobs_equal_a_transformers_forward(llama):
     for word in ("Yes", "No"):
         [token] = tok.encode(word, add_special_tokens=False)
         assert words[word] == pytest.approx(logprobs[token].item(), abs=1e-4)  # measured 2e-6
+
+
+# -- refusals at the command line ----------------------------------------------------------------
+
+JUDGE = "rewards=[{{name: openai_judge, params: {{base_url: 'http://127.0.0.1:9', model: judge{}}}}}]"
+# fmt: off
+CASES = [
+    Case("judge-server-down", ["train", GRPO, JUDGE.format("")], BAD, "rewards[0] (openai_judge).params: base_url: no judge server answers at http://127.0.0.1:9"),
+    Case("judge-no-model", ["train", GRPO, "rewards=[{name: openai_judge, params: {base_url: 'http://127.0.0.1:9'}}]"], BAD, "(openai_judge).params: model is required: the model name the server serves"),
+    Case("judge-endpoint-as-base-url", ["train", GRPO, "rewards=[{name: openai_judge, params: {base_url: 'http://127.0.0.1:9/v1/chat/completions', model: m}}]"], BAD, "give the server's base address (the reward adds /v1/chat/completions)"),
+    Case("judge-pattern-without-group", ["train", GRPO, JUDGE.format(", pattern: 'Score: [0-9]'")], BAD, "has 0 groups; it needs exactly one"),
+    Case("judge-template-without-prompt", ["train", GRPO, JUDGE.format(", template: 'Rate this image'")], BAD, "template must be text holding {prompt}"),
+    Case("judge-group-by-logprob", ["train", GRPO, JUDGE.format(", judging: group, score: yes_logprob")], BAD, "judging: group reads a ranking from the answer's text; it needs score: text"),
+    Case("judge-unknown-mode", ["train", GRPO, JUDGE.format(", score: logprob")], BAD, "params.score: 'logprob' is not one of ['text', 'yes_logprob']"),
+    Case("judge-key-unset", ["train", GRPO, JUDGE.format(", api_key_env: DIFFRL_NO_SUCH_JUDGE_KEY")], BAD, "the environment variable DIFFRL_NO_SUCH_JUDGE_KEY is not set"),
+    Case("judge-range-upside-down", ["train", GRPO, JUDGE.format(", score_min: 5, score_max: 1")], BAD, "score_min (5) must be below score_max (1)"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+def test_refused(case, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
+    monkeypatch.delenv("DIFFRL_NO_SUCH_JUDGE_KEY", raising=False)
+    _check(case, *run_row(case, case.argv, monkeypatch, capsys))

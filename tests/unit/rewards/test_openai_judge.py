@@ -275,6 +275,19 @@ def test_group_judging_sends_a_prompts_images_in_one_request(server):
     assert content[0]["text"] == "Image 1:" and content[-1]["text"] == "Rank 3 of a"
 
 
+def test_group_judging_refuses_videos_and_single_judging_scores_their_frames(server):
+    from diffrl.rewards.base import submit_scores
+
+    url, script = server(ok(completion("Final Score: 5")))
+    clips = torch.rand(2, 3, 3, 8, 8)  # (B, 3, F, H, W)
+    grouped = OpenAIJudge(base_url=url, model="m", judging="group")
+    with pytest.raises(RewardError, match="ranks still images"):
+        submit_scores(grouped, clips, ["a", "a"], [{}] * 2).result()
+    single = OpenAIJudge(base_url=url, model="m")
+    assert submit_scores(single, clips, ["a", "b"], [{}] * 2).result().tolist() == [1.0, 1.0]
+    assert len(script.requests) == 6  # each frame judged
+
+
 # -- params ----------------------------------------------------------------------------------------
 
 
