@@ -64,6 +64,7 @@ def test_the_wheel_installs_and_evaluates_the_base_outside_the_source_tree(tmp_p
         "diffrl/data/tiny_text/train.txt",
         "diffrl/data/tiny_text/test.txt",
         "diffrl/recipes/tiny_demo.yaml",
+        "diffrl/bench/data/geneval_metadata.jsonl",  # diffrl bench's shipped test prompts
     ):
         assert shipped in names, f"the wheel lacks {shipped}"
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
