@@ -107,6 +107,11 @@ def test_text_score_parsed_from_the_servers_answer(served):
     reward.close()
 
 
+def test_preflight_finds_both_servers(served, llama_or_none):
+    for url in [served[0], *([llama_or_none[0]] if llama_or_none else [])]:
+        assert OpenAIJudge.param_problems({"base_url": url, "model": "m"}, check_files=True) == []
+
+
 def test_refused_samples_are_counted_failed_in_a_reward_set(served):
     url, model = served
     params = {
@@ -166,6 +171,11 @@ def llama(tmp_path_factory):
         yield f"http://127.0.0.1:{port}", folder / "hf"
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="module")
+def llama_or_none(request):
+    return request.getfixturevalue("llama") if LLAMA else None
 
 
 def test_yes_logprob_equals_the_in_process_judge(llama):
