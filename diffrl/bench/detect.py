@@ -125,29 +125,50 @@ class Detector:
         )
         self.device, self.nms = device, nms
 
-    @torch.no_grad()
     def detect(self, image: Image.Image, classes: Sequence[str]) -> dict[str, list[Detection]]:
         """Every box the detector proposes, labelled with its best query among ``classes`` and
         the COCO classes, with that query's sigmoid score; per class, the most confident first,
         boxes overlapping a more confident one by ``nms`` IoU or more dropped."""
+        return self.detect_many([image], classes)[0]
+
+    @torch.no_grad()
+    def detect_many(
+        self, images: Sequence[Image.Image], classes: Sequence[str]
+    ) -> list[dict[str, list[Detection]]]:
+        """:meth:`detect` of each image, in one forward (a prompt's samples ask the same classes:
+        the queries are encoded once per image of the batch, not once per call)."""
         names = list(dict.fromkeys([*classes, *COCO_CLASSES]))
+        queries = [QUERY.format(name=n) for n in names]
         inputs = self.processor(
-            text=[[QUERY.format(name=n) for n in names]], images=image, return_tensors="pt", truncation=True
+            text=[queries] * len(images), images=list(images), return_tensors="pt", truncation=True
         )
         out = self.model(**{k: v.to(self.device) for k, v in inputs.items()})
         # the best query on the logits (a sigmoid saturated at 1.0 would tie), then its confidence
-        best, labels = out.logits[0].float().max(-1)  # (patches, queries) -> (patches,)
-        scores = best.sigmoid()
+        best, labels = out.logits.float().max(-1)  # (B, patches, queries) -> (B, patches)
+        return [
+            self._found(image, best[b].sigmoid(), labels[b], out.pred_boxes[b], names, set(classes))
+            for b, image in enumerate(images)
+        ]
+
+    def _found(
+        self,
+        image: Image.Image,
+        scores: torch.Tensor,
+        labels: torch.Tensor,
+        pred_boxes: torch.Tensor,
+        names: list[str],
+        wanted: set[str],
+    ) -> dict[str, list[Detection]]:
+        """One image's boxes ``(patches, 4)`` (centre, size; relative) in pixels, by class."""
         w, h = image.size
         sx, sy = (max(w, h), max(w, h)) if self.padded else (w, h)
-        cx, cy, bw, bh = out.pred_boxes[0].float().cpu().unbind(-1)
+        cx, cy, bw, bh = pred_boxes.float().cpu().unbind(-1)
         boxes = torch.stack(
             [(cx - bw / 2) * sx, (cy - bh / 2) * sy, (cx + bw / 2) * sx, (cy + bh / 2) * sy], -1
         )
         boxes[:, 0::2] = boxes[:, 0::2].clamp(0, w)
         boxes[:, 1::2] = boxes[:, 1::2].clamp(0, h)
         found: dict[str, list[Detection]] = {}
-        wanted = set(classes)
         for box, score, label in zip(boxes.tolist(), scores.tolist(), labels.tolist()):
             if names[label] in wanted:
                 found.setdefault(names[label], []).append(Detection(tuple(box), score))

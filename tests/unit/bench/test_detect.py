@@ -117,3 +117,16 @@ def test_model_folders_that_are_not_ones(folders, tmp_path):
     assert "--clip" in swapped[1] and "holds a 'owlvit' model" in swapped[1]
     (tmp_path / "empty").mkdir()
     assert "has no config.json" in model_problems(str(tmp_path / "empty"), str(clip_folder))[0]
+
+
+def test_a_batch_detects_as_one_image_at_a_time(folders):
+    detector = Detector(str(folders[0]), CPU)
+    images, asked = [picture(seed=3), picture(seed=4)], list(COCO_CLASSES[:20])
+    for batched, alone in zip(
+        detector.detect_many(images, asked), [detector.detect(i, asked) for i in images]
+    ):
+        assert batched.keys() == alone.keys()
+        for name in alone:
+            assert len(batched[name]) == len(alone[name])
+            for a, b in zip(batched[name], alone[name]):
+                assert a.score == pytest.approx(b.score, abs=1e-5) and np.allclose(a.box, b.box, atol=1e-3)
