@@ -135,8 +135,8 @@ class Detector:
     def detect_many(
         self, images: Sequence[Image.Image], classes: Sequence[str]
     ) -> list[dict[str, list[Detection]]]:
-        """:meth:`detect` of each image, in one forward (a prompt's samples ask the same classes:
-        the queries are encoded once per image of the batch, not once per call)."""
+        """:meth:`detect` of each image, in one batched forward (a prompt's samples ask the same
+        classes; OWL-ViT's forward still encodes the queries once per image of the batch)."""
         names = list(dict.fromkeys([*classes, *COCO_CLASSES]))
         queries = [QUERY.format(name=n) for n in names]
         inputs = self.processor(
