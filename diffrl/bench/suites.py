@@ -57,6 +57,8 @@ MAX_CLAUSES = 64
 MAX_COUNT = 1000
 """A GenEval clause's ``count`` at most (GenEval asks for 1 to 4; the detector keeps 16 a class)."""
 MAX_CLASS_CHARS = 200
+MAX_PROBLEMS = 100
+"""Malformed lines a file is read for at most (its first 10 are named)."""
 MAX_FILE_BYTES = 64 * 2**20
 """A benchmark prompt file at most (GenEval's is ~100 KB, flow_grpo's OCR test set ~250 KB)."""
 
@@ -115,7 +117,10 @@ def load_suite(suite: str, path: str | Path | None = None) -> BenchPrompts:
     problems: list[str] = []
     prompts, categories, metadata = reader(lines, problems)
     if problems:
-        shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        more = len(problems) - 10
+        shown = "; ".join(problems[:10]) + (
+            f"; and {'at least ' if len(problems) >= MAX_PROBLEMS else ''}{more} more" if more > 0 else ""
+        )
         raise SuiteError(f"--prompts {str(file)!r} is not {FORMATS[suite]}: {shown}")
     if not prompts:
         raise SuiteError(f"--prompts {str(file)!r} holds no prompt; {fix}")
@@ -142,6 +147,8 @@ def ocr_target(prompt: str) -> str | None:
 def _ocr(lines: list[str], problems: list[str]) -> tuple[list[str], list[str], list[dict]]:
     prompts = []
     for n, line in enumerate(lines, 1):
+        if len(problems) >= MAX_PROBLEMS:
+            break
         if not line.strip():
             continue
         if (text := _prompt(line.strip(), f"line {n}", problems)) is None:
@@ -161,7 +168,7 @@ def _drawbench(lines: list[str], problems: list[str]) -> tuple[list[str], list[s
     header: list[str] | None = None
     rows = csv.reader(lines)
     n = 0
-    while True:
+    while len(problems) < MAX_PROBLEMS:
         n += 1
         try:
             row = next(rows)
@@ -200,6 +207,8 @@ def _drawbench(lines: list[str], problems: list[str]) -> tuple[list[str], list[s
 def _geneval(lines: list[str], problems: list[str]) -> tuple[list[str], list[str], list[dict]]:
     prompts, categories, metadata = [], [], []
     for n, line in enumerate(lines, 1):
+        if len(problems) >= MAX_PROBLEMS:
+            break
         if not line.strip():
             continue
         where = f"line {n}"

@@ -155,3 +155,11 @@ def test_a_bad_suite_or_file_answers_before_torch_loads():
     )
     assert proc.stdout.strip() == "[2, 2] []", proc.stdout + proc.stderr
     assert "Did you mean 'geneval'?" in proc.stderr and "'/nope' does not exist" in proc.stderr
+
+
+def test_a_file_of_bad_lines_is_read_only_so_far(tmp_path):
+    f = tmp_path / "many.txt"
+    f.write_text("no quotes here\n" * 100_000)
+    with pytest.raises(SuiteError) as e:
+        load_suite("ocr", f)
+    assert "line 1 " in str(e.value) and "; and at least 90 more" in str(e.value) and len(str(e.value)) < 2000
