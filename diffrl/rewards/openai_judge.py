@@ -275,8 +275,7 @@ class OpenAIJudge(Reward):
     ):
         params = dict(locals())
         params.pop("self")
-        problems = self.param_problems(params, check_files=False)
-        problems += api_key_problems(api_key_env, check_env=True)
+        problems = self.param_problems(params, check_files=False) or api_key_problems(api_key_env, True)
         if problems:
             raise RewardError(f"reward {self.name!r}: " + "; ".join(problems))
         self.base_url, self.model, self.mode, self.judging = base_url.rstrip("/"), model, score, judging

@@ -64,11 +64,13 @@ def server():
                 answer = script.answers.pop(0) if len(script.answers) > 1 else script.answers[0]
                 script.running += 1
                 script.most = max(script.most, script.running)
+            if answer[0] == "sleep":
+                time.sleep(answer[1])
+                answer = (200, json.dumps(completion("Final Score: 3")).encode())
+            with script.lock:  # done before answering: the client's next request comes after
+                script.running -= 1
+            status, data = answer
             try:
-                if answer[0] == "sleep":
-                    time.sleep(answer[1])
-                    answer = (200, json.dumps(completion("Final Score: 3")).encode())
-                status, data = answer
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -76,9 +78,6 @@ def server():
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):
                 pass
-            finally:
-                with script.lock:
-                    script.running -= 1
 
         do_GET = do_POST
 
