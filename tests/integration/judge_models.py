@@ -251,21 +251,23 @@ from conversion import base, qwenvl
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
 qwenvl.Qwen2VLModel.set_vocab = lambda self: self._set_vocab_gpt2()  # it tries sentencepiece's import first
 import convert_hf_to_gguf
-sys.argv = ["convert_hf_to_gguf.py", *{args!r}]
-convert_hf_to_gguf.main()
+for args in {runs!r}:
+    sys.argv = ["convert_hf_to_gguf.py", *args]
+    convert_hf_to_gguf.main()
 """
 
 
 def to_gguf(folder: Path, convert_dir: Path, out: Path) -> tuple[Path, Path]:
     """``folder`` (a Qwen2.5-VL) -> ``(model.gguf, mmproj.gguf)`` in ``out``, fp32, by llama.cpp's
-    converter in ``convert_dir`` run with this interpreter (it needs torch and transformers)."""
+    converter in ``convert_dir``, run in one process of this interpreter (it needs torch and
+    transformers)."""
     model, mmproj = out / "model.gguf", out / "mmproj.gguf"
-    for args in (
+    runs = [
         [str(folder), "--outfile", str(model), "--outtype", "f32"],
         [str(folder), "--outfile", str(mmproj), "--outtype", "f32", "--mmproj"],
-    ):
-        code = CONVERT.format(convert=str(convert_dir), gguf=str(convert_dir / "gguf-py"), args=args)
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"convert_hf_to_gguf.py {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    ]
+    code = CONVERT.format(convert=str(convert_dir), gguf=str(convert_dir / "gguf-py"), runs=runs)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
     return model, mmproj
