@@ -67,9 +67,11 @@ def keep_detections(
     threshold = settings.counting_threshold if tag == "counting" else settings.threshold
     kept: dict[str, list[Detection]] = {}
     for name, found in detections.items():
-        # a stable sort, most confident first (numpy's argsort reversed would list ties backwards)
-        order = sorted((d for d in found if d.score > threshold), key=lambda d: -d.score)
-        order = order[: settings.max_objects]
+        # numpy's ascending argsort reversed, as GenEval orders them: of equal scores the later
+        # detection comes first (the same ties GenEval breaks, the same objects judged)
+        scores = np.array([d.score for d in found], dtype=np.float64)
+        ranked = np.argsort(scores)[::-1]
+        order = [found[i] for i in ranked if scores[i] > threshold][: settings.max_objects]
         chosen: list[Detection] = []
         while order:
             best = order.pop(0)
