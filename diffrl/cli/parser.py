@@ -271,7 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--clip", help="geneval: a local CLIP folder for colours (e.g. openai/clip-vit-large-patch14)"
     )
     b.add_argument(
-        "--threshold", type=number(0, 1), default=0.3, help="geneval: a detection's score above (0.3)"
+        "--threshold",
+        type=number(0, 1),
+        default=0.3,
+        help="geneval: keep detections scoring above this (0.3)",
     )
     b.add_argument(
         "--counting-threshold", type=number(0, 1), default=0.9, help="geneval: ... for the counting tag (0.9)"
