@@ -57,18 +57,22 @@ def test_ocr_paired_against_itself_into_a_run_folder(tmp_path, capsys):
 
 def test_geneval_prints_every_tags_row(tmp_path, capsys, geneval_models):
     detector, clip = geneval_models
-    argv = [
-        "bench",
-        "base",
-        "--suite",
-        "geneval",
-        "--samples-per-prompt",
-        "1",
-        "--out",
-        str(tmp_path / "b"),
-        *FEW_STEPS,
-    ]
-    assert main([*argv, "--detector", str(detector), "--clip", str(clip)]) == 0
+    argv = ["bench", "base", "--suite", "geneval", "--num-prompts", "6", "--samples-per-prompt", "1"]
+    assert (
+        main(
+            [
+                *argv,
+                "--out",
+                str(tmp_path / "b"),
+                "--detector",
+                str(detector),
+                "--clip",
+                str(clip),
+                *FEW_STEPS,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     print(out)
     tags = ["single_object", "two_object", "counting", "colors", "position", "color_attr"]
