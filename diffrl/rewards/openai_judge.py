@@ -33,17 +33,25 @@ A word absent from the top K counts as 0; neither there fails the sample. A serv
 without ``logprobs`` (``transformers serve`` 5.24 ignores the field) is an error that says so,
 never a silent 0.5.
 
-``judging: group`` (Pref-GRPO / UnifiedReward-Think style: the judge compares the images of a
-prompt): a call's samples are grouped by prompt text (the collector lays a prompt's samples out
-together), and each group of K >= 2 images is one request: a text part ``Image i:`` before each
-image, then ``group_template.format(prompt=..., n=K)``. The answer must hold ``rank_pattern``
-(default ``Ranking: 2 > 1 > 3``, best first) naming each of 1..K exactly once; image i at
-position p (1-based) scores ``(K - p) / (K - 1)`` (best 1, worst 0). Anything else fails the
-whole group. A group is what one call holds: ``rollout.micro_group_size`` must be a multiple of
+Judging a prompt's images together (Pref-GRPO / UnifiedReward-Think style): a call's samples are
+grouped by prompt text (the collector lays a prompt's samples out together), and a group of K >= 2
+images is shown as a text part ``Image i:`` before each image, then a question.
+
+- ``judging: pairwise``, as Pref-GRPO (CodeGoat24/Pref-GRPO,
+  ``fastvideo/rewards/unifiedreward_think.py``, ``cal_win_rate_images``): every pair of the group
+  is one request (Image 1 and Image 2, ``pair_template.format(prompt=...)``), the verdict is read
+  with ``pair_pattern`` (default: "Image 1 is better" or "Image 2 is better" inside the answer's
+  first ``<answer>`` block), and each image scores its win rate, wins / (K - 1). Pref-GRPO scores an
+  unreadable verdict as a tie (half a win each); here it fails the group.
+- ``judging: group``: the whole group is one request (``group_template.format(prompt=..., n=K)``);
+  the answer must hold ``rank_pattern`` (default ``Ranking: 2 > 1 > 3``, best first) naming each of
+  1..K exactly once, and the image at position p (1-based) scores ``(K - p) / (K - 1)`` (best 1,
+  worst 0). Anything else fails the group. One request instead of K(K-1)/2.
+
+A group is what one call holds: ``rollout.micro_group_size`` must be a multiple of
 ``rollout.n_samples_per_prompt`` so micro-groups hold whole prompts (a prompt alone in a call
-fails: there is nothing to compare it with). Pref-GRPO itself judges every pair of a group
-(``fastvideo/rewards/unifiedreward_think.py``, win rates) and scores an unreadable comparison as
-a tie; one ranking per group costs one request instead of K(K-1)/2.
+fails: there is nothing to compare it with). Videos are refused (their frames would pool into one
+group); ``judging: single`` scores each frame.
 
 Calls: ``concurrency`` requests at a time (a thread pool), each attempt at most ``min(timeout_s,
 what is left of the call's deadline)`` in all; connection errors, timeouts, HTTP 429 and 5xx are
@@ -60,6 +68,7 @@ import base64
 import concurrent.futures as cf
 import hashlib
 import http.client
+import itertools
 import json
 import logging
 import math
@@ -108,6 +117,15 @@ GROUP_QUESTION = (
 )
 RANKING = r"Ranking:\s*(\d+(?:\s*>\s*\d+)*)"
 """The group answer's pattern: group 1 holds the image numbers, best first, joined by ``>``."""
+PAIR_QUESTION = (
+    "You are given two images generated from the caption below, Image 1 and Image 2. Compare them by how "
+    "well they match the caption, their aesthetics and their authenticity, reasoning inside <think> and "
+    "</think>. Then give your judgment inside <answer> and </answer>: exactly 'Image 1 is better' or "
+    "'Image 2 is better'.\nCaption: {prompt}"
+)
+PAIR_ANSWER = r"(?s)\A(?:(?!<answer>).)*<answer>(?:(?!</answer>).)*?Image ([12]) is better"
+"""Pref-GRPO's reading of UnifiedReward-Think: group 1 is the better image of the two (1 or 2), said
+inside the first ``<answer>`` block."""
 
 MAX_CACHE = 1_000_000
 MAX_QUOTE = 200
@@ -223,6 +241,29 @@ def read_ranking(answer: str, pattern: re.Pattern, n: int) -> tuple[list[float] 
     return scores, ""
 
 
+def read_pair(answer: str, pattern: re.Pattern) -> tuple[list[float] | None, str]:
+    """``judging: pairwise``: ``[1, 0]`` when the answer says image 1 is better, ``[0, 1]`` for
+    image 2, or ``(None, why)`` (Pref-GRPO scores such an answer a tie)."""
+    match = pattern.search(answer)
+    winner = match.group(1) if match is not None else None
+    if winner not in ("1", "2"):
+        found = "no match" if match is None else f"the match {quote(str(winner))} (not 1 or 2)"
+        return None, f"{found} of {quote(pattern.pattern)} in the answer {quote(answer)}"
+    return ([1.0, 0.0] if winner == "1" else [0.0, 1.0]), ""
+
+
+@dataclass
+class _Job:
+    """One request: the samples it judges (``rows``), its JSON body (or why there is none), its
+    cache key, and the samples that fail with it (``fails``: its group, for group and pairwise
+    judging)."""
+
+    rows: list[int]
+    body: bytes | str
+    key: tuple
+    fails: list[int]
+
+
 @dataclass
 class _Outcome:
     """One request's result: ``scores`` (one per image it judged), or None and ``why``."""
@@ -257,9 +298,11 @@ class OpenAIJudge(Reward):
         yes: str = "Yes",
         no: str = "No",
         top_logprobs: Annotated[int, Range(1, 100, hint="entries of the first token's top_logprobs")] = 20,
-        judging: Literal["single", "group"] = "single",
+        judging: Literal["single", "group", "pairwise"] = "single",
         group_template: str = GROUP_QUESTION,
         rank_pattern: str = RANKING,
+        pair_template: str = PAIR_QUESTION,
+        pair_pattern: str = PAIR_ANSWER,
         max_tokens: Annotated[int, Range(1, 1_000_000, hint="tokens of the judge's answer")] = 1024,
         temperature: Annotated[float, Range(0, 10)] = 0.0,
         resize: Annotated[int, Range(1, MAX_SIDE, hint="pixels a side, or null: as sampled")] | None = None,
@@ -281,8 +324,8 @@ class OpenAIJudge(Reward):
         self.base_url, self.model, self.mode, self.judging = base_url.rstrip("/"), model, score, judging
         if template is None:
             template = YES_NO_QUESTION if score == "yes_logprob" else UNIFIEDREWARD_QUESTION
-        self.template = group_template if judging == "group" else template
-        self.pattern = re.compile(rank_pattern if judging == "group" else pattern)
+        self.template = {"group": group_template, "pairwise": pair_template}.get(judging, template)
+        self.pattern = re.compile({"group": rank_pattern, "pairwise": pair_pattern}.get(judging, pattern))
         self.low, self.high, self.yes, self.no = float(score_min), float(score_max), yes, no
         self.top_logprobs, self.max_tokens, self.temperature = top_logprobs, max_tokens, float(temperature)
         self.resize, self.concurrency = resize, concurrency
@@ -295,7 +338,7 @@ class OpenAIJudge(Reward):
         self._pool: cf.ThreadPoolExecutor | None = None
         # a group is a prompt's samples: videos come whole (and are refused) rather than as frames,
         # which would pool every frame of a prompt's clips into one ranking
-        self.video = judging == "group"
+        self.video = judging != "single"
 
     @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
@@ -314,10 +357,10 @@ class OpenAIJudge(Reward):
                 f"model is required: the model name the server serves (its /v1/models), got {model!r}"
             )
         mode, judging = params.get("score", "text"), params.get("judging", "single")
-        if judging == "group" and mode != "text":
+        if judging in ("group", "pairwise") and mode != "text":
             problems.append(
-                "judging: group reads a ranking from the answer's text; it needs score: text (a yes/no "
-                "log-prob scores one image)"
+                f"judging: {judging} reads its verdict from the answer's text; it needs score: text (a "
+                "yes/no log-prob scores one image)"
             )
         template = params.get("template")
         if template is not None and (p := template_problem("template", template)) is not None:
@@ -327,6 +370,12 @@ class OpenAIJudge(Reward):
             if (p := template_problem("group_template", group, n=2)) is not None:
                 problems.append(p)
             if (p := pattern_problem("rank_pattern", params.get("rank_pattern", RANKING))) is not None:
+                problems.append(p)
+        elif judging == "pairwise":
+            pair = params.get("pair_template", PAIR_QUESTION)
+            if (p := template_problem("pair_template", pair)) is not None:
+                problems.append(p)
+            if (p := pattern_problem("pair_pattern", params.get("pair_pattern", PAIR_ANSWER))) is not None:
                 problems.append(p)
         elif (
             mode == "text"
@@ -373,31 +422,38 @@ class OpenAIJudge(Reward):
         :class:`RewardError` saying why when every sample failed."""
         if images.ndim == 5:
             raise RewardError(
-                f"reward {self.name!r}: judging: group ranks still images, and this run makes videos; use "
-                "judging: single (each frame is judged and a video scores their mean)"
+                f"reward {self.name!r}: judging: {self.judging} compares still images, and this run makes "
+                "videos; use judging: single (each frame is judged and a video scores their mean)"
             )
         pngs = [encode_png(self._sized(a)) for a in quantize(images).permute(0, 2, 3, 1).numpy()]
         prompts = list(prompts)
-        scores = torch.full((len(prompts),), float("nan"))
+        # a sample's score: the mean of what its requests gave it (one request each, except in
+        # pairwise judging: its K - 1 comparisons, whose mean is its win rate)
+        sums, counts = torch.zeros(len(prompts), dtype=torch.float64), torch.zeros(len(prompts))
         failures: list[tuple[list[int], str]] = []
-        pending: dict[cf.Future, tuple[list[int], tuple]] = {}
-        for rows, body, key in self._jobs(pngs, prompts):  # body: JSON bytes, or why there is none
-            cached = self._cached(key)
+        pending: dict[cf.Future, _Job] = {}
+        for job in self._jobs(pngs, prompts):
+            cached = self._cached(job.key)
             if cached is not None:
-                scores[rows] = torch.tensor(cached)
-            elif isinstance(body, str):
-                failures.append((rows, body))
+                sums[job.rows] += torch.tensor(cached, dtype=torch.float64)
+                counts[job.rows] += 1
+            elif isinstance(job.body, str):
+                failures.append((job.fails, job.body))
             else:
-                pending[self._executor().submit(self._run, body, len(rows), deadline)] = (rows, key)
-        for future, (rows, key) in pending.items():
+                pending[self._executor().submit(self._run, job.body, len(job.rows), deadline)] = job
+        for future, job in pending.items():
             outcome = future.result()  # _run returns by the deadline (each attempt is bounded)
             if outcome.scores is None:
-                failures.append((rows, outcome.why))
+                failures.append((job.fails, outcome.why))
             else:
-                scores[rows] = torch.tensor(outcome.scores)
-                self._store(key, outcome.scores)
+                sums[job.rows] += torch.tensor(outcome.scores, dtype=torch.float64)
+                counts[job.rows] += 1
+                self._store(job.key, outcome.scores)
+        scores = (sums / counts.clamp(min=1)).float()
+        for rows, _ in failures:
+            scores[rows] = float("nan")
         if failures:
-            failed = sum(len(r) for r, _ in failures)
+            failed = int(scores.isnan().sum())
             rows, why = failures[0]
             note = (
                 f"{self.name} at {self.base_url}: {failed} of {len(prompts)} sample(s) failed; sample "
@@ -408,16 +464,18 @@ class OpenAIJudge(Reward):
             LOG.warning(note)
         return scores
 
-    def _jobs(self, pngs: list[bytes], prompts: list[str]) -> list[tuple[list[int], bytes | str, tuple]]:
-        """``(rows, request body or why none, cache key)`` per request: one per image, or (group
-        judging) one per prompt's group."""
+    def _jobs(self, pngs: list[bytes], prompts: list[str]) -> list[_Job]:
+        """The call's requests: one per image, one per prompt's group (``group``), or one per pair
+        of a prompt's images (``pairwise``)."""
         mode = (self.mode, self.judging)
+        digests = [hashlib.sha256(png).hexdigest() for png in pngs]
         if self.judging == "single":
             return [
-                (
+                _Job(
                     [i],
                     self._single_request(png, prompt),
-                    (hashlib.sha256(png).hexdigest(), prompt, self.model, self.template, mode),
+                    (digests[i], prompt, self.model, self.template, mode),
+                    [i],
                 )
                 for i, (png, prompt) in enumerate(zip(pngs, prompts))
             ]
@@ -426,9 +484,23 @@ class OpenAIJudge(Reward):
             groups.setdefault(prompt, []).append(i)
         jobs = []
         for prompt, rows in groups.items():
-            digests = tuple(hashlib.sha256(pngs[i]).hexdigest() for i in rows)
-            key = (digests, prompt, self.model, self.template, mode)
-            jobs.append((rows, self._group_request([pngs[i] for i in rows], prompt), key))
+            if len(rows) < 2:
+                why = (
+                    f"judging: {self.judging} needs at least 2 samples of a prompt in one call, and this one "
+                    "holds 1; set rollout.micro_group_size to a multiple of rollout.n_samples_per_prompt"
+                )
+                jobs.append(_Job(rows, why, (), rows))
+            elif self.judging == "group":
+                key = (tuple(digests[i] for i in rows), prompt, self.model, self.template, mode)
+                body = self._many_request(
+                    [pngs[i] for i in rows], self.template.format(prompt=prompt, n=len(rows))
+                )
+                jobs.append(_Job(rows, body, key, rows))
+            else:
+                for a, b in itertools.combinations(rows, 2):
+                    key = ((digests[a], digests[b]), prompt, self.model, self.template, mode)
+                    body = self._many_request([pngs[a], pngs[b]], self.template.format(prompt=prompt))
+                    jobs.append(_Job([a, b], body, key, rows))
         return jobs
 
     def _single_request(self, png: bytes, prompt: str) -> bytes:
@@ -447,20 +519,15 @@ class OpenAIJudge(Reward):
             body["max_tokens"] = self.max_tokens
         return json.dumps(body).encode()
 
-    def _group_request(self, pngs: list[bytes], prompt: str) -> bytes | str:
-        n = len(pngs)
-        if n < 2:
-            return (
-                "judging: group needs at least 2 samples of a prompt in one call, and this one holds 1; "
-                "set rollout.micro_group_size to a multiple of rollout.n_samples_per_prompt"
-            )
+    def _many_request(self, pngs: list[bytes], text: str) -> bytes:
+        """A request showing ``pngs`` as Image 1, Image 2, ..., then asking ``text``."""
         content: list[dict] = []
         for i, png in enumerate(pngs, 1):
             content += [
                 {"type": "text", "text": f"Image {i}:"},
                 {"type": "image_url", "image_url": {"url": data_url(png)}},
             ]
-        content.append({"type": "text", "text": self.template.format(prompt=prompt, n=n)})
+        content.append({"type": "text", "text": text})
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": content}],
@@ -554,6 +621,9 @@ class OpenAIJudge(Reward):
         cut = " (cut at max_tokens)" if choice.get("finish_reason") == "length" else ""
         if self.judging == "group":
             scores, why = read_ranking(text, self.pattern, n)
+            return _Outcome(scores, why + cut if why else "")
+        if self.judging == "pairwise":
+            scores, why = read_pair(text, self.pattern)
             return _Outcome(scores, why + cut if why else "")
         value, why = read_score(text, self.pattern, self.low, self.high)
         return _Outcome(None if value is None else [value], why + cut if why else "")

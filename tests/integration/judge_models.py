@@ -29,10 +29,11 @@ import torch
 SCORE_SCRIPT = "Final Score: 4"
 REFUSAL_SCRIPT = "I cannot judge this image."
 RANKING_SCRIPT = "Ranking: 2 > 1"
-REFUSE, RANK = "REFUSE", "RANK"
-"""Words in the user's text that switch the scripted model to the refusal or the ranking script."""
+PAIR_SCRIPT = "<answer>Image 2 is better</answer>"
+REFUSE, RANK, PAIR = "REFUSE", "RANK", "PAIR"
+"""Words in the user's text that switch the scripted model to the refusal, ranking or pair script."""
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<|refuse|>", "<|rank|>"]
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<|refuse|>", "<|rank|>", "<|pair|>"]
 QWEN_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
 QWEN_SPECIAL += ["<|image_pad|>", "<|video_pad|>"]
 
@@ -61,14 +62,15 @@ LLAVA_TEMPLATE = (
     "{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% set said = messages[-1]['content'] | string %}"
-    "{% if 'REFUSE' in said %}<|refuse|>{% elif 'RANK' in said %}<|rank|>{% endif %}{% endif %}"
+    "{% if 'REFUSE' in said %}<|refuse|>{% elif 'RANK' in said %}<|rank|>{% elif 'PAIR' in said %}<|pair|>{% endif %}"
+    "{% endif %}"
 )
 
 
 def scripted_llava(folder: Path) -> Path:
     """The scripted LLaVA (module docstring) saved with its processor in ``folder``: it answers
-    :data:`SCORE_SCRIPT`, or :data:`REFUSAL_SCRIPT` / :data:`RANKING_SCRIPT` when the user's text holds
-    :data:`REFUSE` / :data:`RANK`."""
+    :data:`SCORE_SCRIPT`, or :data:`REFUSAL_SCRIPT` / :data:`RANKING_SCRIPT` / :data:`PAIR_SCRIPT` when
+    the user's text holds :data:`REFUSE` / :data:`RANK` / :data:`PAIR`."""
     from transformers import (
         CLIPVisionConfig,
         LlamaConfig,
@@ -78,10 +80,10 @@ def scripted_llava(folder: Path) -> Path:
     )
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-    scripts = [SCORE_SCRIPT, REFUSAL_SCRIPT, RANKING_SCRIPT]
-    tok = byte_bpe([*scripts, "user assistant", "a cat on a red dog"], SPECIAL, vocab_size=300)
+    corpus = [SCORE_SCRIPT, REFUSAL_SCRIPT, RANKING_SCRIPT, "user assistant", "a cat on a red dog"]
+    tok = byte_bpe(corpus, SPECIAL, vocab_size=300)
     # whole tokens, so that the scripts share none (a token's successor is fixed)
-    tok.add_tokens(["Final Score:", "Ranking:"])
+    tok.add_tokens(["Final Score:", "Ranking:", "<answer>", "Image 2 is better", "</answer>"])
     hidden = 64
     text = LlamaConfig(
         vocab_size=len(tok),
@@ -139,6 +141,7 @@ def scripted_llava(folder: Path) -> Path:
         script(newline, SCORE_SCRIPT)
         script(tok.convert_tokens_to_ids("<|refuse|>"), REFUSAL_SCRIPT)
         script(tok.convert_tokens_to_ids("<|rank|>"), RANKING_SCRIPT)
+        script(tok.convert_tokens_to_ids("<|pair|>"), PAIR_SCRIPT)
     model.generation_config.do_sample = False
     model.save_pretrained(folder)
     processor = LlavaProcessor(

@@ -1,8 +1,9 @@
 """The openai_judge reward against real OpenAI-compatible servers on loopback, tiny models built
 here (tests/integration/judge_models.py).
 
-- ``score: text`` and ``judging: group`` against ``transformers serve`` (5.24; started in about 5 s):
-  a scripted LLaVA writes "Final Score: 4", a refusal, or "Ranking: 2 > 1", as the user's text asks.
+- ``score: text``, ``judging: group`` and ``judging: pairwise`` against ``transformers serve`` (5.24;
+  started in about 5 s): a scripted LLaVA writes "Final Score: 4", a refusal, "Ranking: 2 > 1" or
+  "<answer>Image 2 is better</answer>", as the user's text asks.
   The same server ignores ``logprobs``, so ``score: yes_logprob`` on it must say so.
 - ``score: yes_logprob`` against llama.cpp's server (llama-cpp-python, ``.ci/llama-env`` builds it;
   ``DIFFRL_LLAMA_PYTHON`` is its python): a tiny Qwen2.5-VL converted to GGUF + mmproj, compared with
@@ -143,6 +144,14 @@ def test_yes_logprob_on_a_server_that_ignores_logprobs_is_an_error(served):
         reward(pictures(1), ["a cat"], [{}])
 
 
+def test_pairwise_judging_scores_win_rates(served):
+    # every pair answered "<answer>Image 2 is better</answer>": of three images, the first loses both
+    # comparisons, the second wins one of two, the third wins both (Pref-GRPO's win rates)
+    reward = judge(served, judging="pairwise", pair_template="PAIR: which image shows {prompt}?")
+    scores = reward.call_by(pictures(3), ["a cat"] * 3, [{}] * 3, time.monotonic() + 60)
+    assert scores.tolist() == [0.0, 0.5, 1.0]
+
+
 def test_group_judging_reads_the_ranking(served):
     # one request per prompt: 2 images answered "Ranking: 2 > 1" -> image 2 best (1.0), image 1 worst
     # (0.0); the same answer for 3 images names 2 of 3 and fails the group; a lone image fails
@@ -227,7 +236,7 @@ CASES = [
     Case("judge-endpoint-as-base-url", ["train", GRPO, "rewards=[{name: openai_judge, params: {base_url: 'http://127.0.0.1:9/v1/chat/completions', model: m}}]"], BAD, "give the server's base address (the reward adds /v1/chat/completions)"),
     Case("judge-pattern-without-group", ["train", GRPO, JUDGE.format(", pattern: 'Score: [0-9]'")], BAD, "has 0 groups; it needs exactly one"),
     Case("judge-template-without-prompt", ["train", GRPO, JUDGE.format(", template: 'Rate this image'")], BAD, "template must be text holding {prompt}"),
-    Case("judge-group-by-logprob", ["train", GRPO, JUDGE.format(", judging: group, score: yes_logprob")], BAD, "judging: group reads a ranking from the answer's text; it needs score: text"),
+    Case("judge-group-by-logprob", ["train", GRPO, JUDGE.format(", judging: group, score: yes_logprob")], BAD, "judging: group reads its verdict from the answer's text; it needs score: text"),
     Case("judge-unknown-mode", ["train", GRPO, JUDGE.format(", score: logprob")], BAD, "params.score: 'logprob' is not one of ['text', 'yes_logprob']"),
     Case("judge-key-unset", ["train", GRPO, JUDGE.format(", api_key_env: DIFFRL_NO_SUCH_JUDGE_KEY")], BAD, "the environment variable DIFFRL_NO_SUCH_JUDGE_KEY is not set"),
     Case("judge-range-upside-down", ["train", GRPO, JUDGE.format(", score_min: 5, score_max: 1")], BAD, "score_min (5) must be below score_max (1)"),

@@ -19,9 +19,11 @@ import torch
 from diffrl.rewards.base import RewardError
 from diffrl.rewards.openai_judge import (
     FINAL_SCORE,
+    PAIR_ANSWER,
     RANKING,
     OpenAIJudge,
     completions_path,
+    read_pair,
     read_ranking,
     read_score,
     server_problems,
@@ -136,6 +138,16 @@ def test_ranking_scores_best_one_worst_zero_and_is_strict():
     assert read_ranking("Image 3 is sharpest.\nRanking: 3 > 1 > 2", pattern, 3) == ([0.5, 0.0, 1.0], "")
     for bad in ("Ranking: 3 > 1", "Ranking: 1 > 1 > 2", "Ranking: 1 > 2 > 4", "no ranking"):
         assert read_ranking(bad, pattern, 3)[0] is None
+
+
+def test_pair_verdict_as_pref_grpo_reads_unifiedreward_think():
+    pattern = re.compile(PAIR_ANSWER)
+    think = "<think>Image 1 (9/10) ... Image 2 is better lit but</think>\n"
+    assert read_pair(think + "<answer>Image 1 is better</answer>", pattern) == ([1.0, 0.0], "")
+    assert read_pair("<answer>\nImage 2 is better\n</answer>", pattern) == ([0.0, 1.0], "")
+    # only the first <answer> block counts, and a verdict outside one is none
+    assert read_pair("<answer>tie</answer><answer>Image 2 is better</answer>", pattern)[0] is None
+    assert read_pair(think + "Image 1 is better", pattern)[0] is None
 
 
 def test_the_endpoint_path_takes_a_base_url_with_or_without_v1():
@@ -280,11 +292,26 @@ def test_group_judging_refuses_videos_and_single_judging_scores_their_frames(ser
     url, script = server(ok(completion("Final Score: 5")))
     clips = torch.rand(2, 3, 3, 8, 8)  # (B, 3, F, H, W)
     grouped = OpenAIJudge(base_url=url, model="m", judging="group")
-    with pytest.raises(RewardError, match="ranks still images"):
+    with pytest.raises(RewardError, match="judging: group compares still images"):
         submit_scores(grouped, clips, ["a", "a"], [{}] * 2).result()
     single = OpenAIJudge(base_url=url, model="m")
     assert submit_scores(single, clips, ["a", "b"], [{}] * 2).result().tolist() == [1.0, 1.0]
     assert len(script.requests) == 6  # each frame judged
+
+
+def test_pairwise_judging_scores_win_rates_and_fails_a_group_together(server):
+    url, script = server(ok(completion("<answer>Image 2 is better</answer>")))
+    reward = OpenAIJudge(base_url=url, model="m", judging="pairwise", concurrency=1)
+    x = images(5)
+    scores = reward(x[:3], ["a"] * 3, [{}] * 3)
+    # the second image of every pair wins: image 1 loses both (0), 2 wins one of two, 3 wins both
+    assert scores.tolist() == [0.0, 0.5, 1.0] and len(script.requests) == 3
+    content = script.requests[0][2]["messages"][0]["content"]
+    assert [c["type"] for c in content] == ["text", "image_url", "text", "image_url", "text"]
+    url, script = server(ok(completion("<answer>Image 1 is better</answer>")), ok(completion("no verdict")))
+    reward = OpenAIJudge(base_url=url, model="m", judging="pairwise", concurrency=1, cache_size=0)
+    scores = reward(x[:4], ["a", "a", "b", "b"], [{}] * 4)  # group a answered, group b not
+    assert scores[:2].tolist() == [1.0, 0.0] and scores[2:].isnan().all()
 
 
 # -- params ----------------------------------------------------------------------------------------
