@@ -80,8 +80,9 @@ def served(tmp_path_factory):
 
     folder = scripted_llava(tmp_path_factory.mktemp("llava"))
     port = free_port()
-    serve = Path(sys.executable).parent / "transformers"
-    cmd = [str(serve), "serve", str(folder), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
+    cli = "from transformers.cli.transformers import main; main()"  # the `transformers` command
+    cmd = [sys.executable, "-c", cli, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--device", "cpu"]
     proc = started(cmd, f"http://127.0.0.1:{port}/health", folder / "serve.log")
     try:
         yield f"http://127.0.0.1:{port}", str(folder)
