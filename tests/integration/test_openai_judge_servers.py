@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -45,14 +46,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def started(cmd: list[str], url: str, log: Path, env: dict | None = None) -> subprocess.Popen:
+class PortTaken(RuntimeError):
+    pass
+
+
+def started(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
     """``cmd`` started in a session of its own, once ``url`` answers 200 (within :data:`START_S`)."""
-    out = log.open("wb")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     end = time.monotonic() + START_S
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            text = log.read_text(errors="replace")
+            taken = "address already in use" in text.lower()
+            raise (PortTaken if taken else RuntimeError)(
+                f"{cmd[0]} exited with {proc.returncode}:\n{text[-3000:]}"
+            )
         try:
             with urllib.request.urlopen(url, timeout=2) as answer:
                 if answer.status == 200:
@@ -60,7 +69,22 @@ def started(cmd: list[str], url: str, log: Path, env: dict | None = None) -> sub
         except OSError:
             time.sleep(0.2)
     stop(proc)
-    raise RuntimeError(f"{url} did not answer within {START_S:g} s:\n{log.read_text()[-3000:]}")
+    raise RuntimeError(
+        f"{url} did not answer within {START_S:g} s:\n{log.read_text(errors='replace')[-3000:]}"
+    )
+
+
+def serving(command: Callable[[int], list[str]], path: str, log: Path) -> tuple[subprocess.Popen, str]:
+    """A server ``command(port)`` answering ``path`` on loopback, and its base URL; a port taken
+    between drawing and binding it (an outgoing connection may take it) is drawn again (3 tries)."""
+    for attempt in range(3):
+        port = free_port()
+        try:
+            return started(command(port), f"http://127.0.0.1:{port}{path}", log), f"http://127.0.0.1:{port}"
+        except PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -79,13 +103,26 @@ def served(tmp_path_factory):
     from tests.integration.judge_models import scripted_llava
 
     folder = scripted_llava(tmp_path_factory.mktemp("llava"))
-    port = free_port()
     cli = "from transformers.cli.transformers import main; main()"  # the `transformers` command
-    cmd = [sys.executable, "-c", cli, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--device", "cpu"]
-    proc = started(cmd, f"http://127.0.0.1:{port}/health", folder / "serve.log")
+
+    def command(port: int) -> list[str]:
+        return [
+            sys.executable,
+            "-c",
+            cli,
+            "serve",
+            str(folder),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ]
+
+    proc, url = serving(command, "/health", folder / "serve.log")
     try:
-        yield f"http://127.0.0.1:{port}", str(folder)
+        yield url, str(folder)
     finally:
         stop(proc)
 
@@ -173,12 +210,14 @@ def llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen")
     yes_no_qwen(folder / "hf")
     model, mmproj = to_gguf(folder / "hf", Path(LLAMA).parent.parent / "share" / "llama-convert", folder)
-    port = free_port()
-    cmd = [LLAMA, "-m", "llama_cpp.server", "--model", str(model), "--clip_model_path", str(mmproj)]
-    cmd += ["--chat_format", "mtmd", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512"]
-    proc = started(cmd, f"http://127.0.0.1:{port}/v1/models", folder / "llama.log")
+
+    def command(port: int) -> list[str]:
+        cmd = [LLAMA, "-m", "llama_cpp.server", "--model", str(model), "--clip_model_path", str(mmproj)]
+        return cmd + ["--chat_format", "mtmd", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512"]
+
+    proc, url = serving(command, "/v1/models", folder / "llama.log")
     try:
-        yield f"http://127.0.0.1:{port}", folder / "hf"
+        yield url, folder / "hf"
     finally:
         stop(proc)
 
