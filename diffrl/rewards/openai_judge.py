@@ -89,7 +89,7 @@ from PIL import Image
 from diffrl.config import Range
 from diffrl.config.schema import MAX_SIDE
 from diffrl.rewards.base import Reward, RewardError
-from diffrl.rewards.remote import ENV_NAME, encode_png, exchange
+from diffrl.rewards.remote import ENV_NAME, AnswerTooLarge, encode_png, exchange
 from diffrl.rewards.workers import seconds_left
 from diffrl.rollout import quantize
 
@@ -564,15 +564,15 @@ class OpenAIJudge(Reward):
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
         try:
-            status, data, _ = exchange(self.base_url, "POST", self._path, wait, body, headers)
+            status, data, _ = exchange(
+                self.base_url, "POST", self._path, wait, body, headers, max_bytes=self.max_answer_bytes
+            )
         except TimeoutError as e:
             raise _Retry(f"no answer within {wait:.3g} s") from e
+        except AnswerTooLarge as e:  # read no further than the bound: the same answer would come again
+            raise _Fatal(f"the answer is over max_answer_bytes ({self.max_answer_bytes:,})") from e
         except (OSError, http.client.HTTPException) as e:
             raise _Retry(f"{type(e).__name__}: {str(e)[:MAX_QUOTE]}") from e
-        if len(data) > self.max_answer_bytes:
-            raise _Fatal(
-                f"the answer is {len(data):,} bytes, over max_answer_bytes ({self.max_answer_bytes:,})"
-            )
         detail = data[: 2 * MAX_QUOTE].decode("utf-8", "replace").strip() or "(empty body)"
         if status == 429 or status >= 500:
             raise _Retry(f"HTTP {status}: {quote(detail)}")

@@ -159,13 +159,24 @@ MAX_ANSWER_BYTES = 64 * 2**20
 answer is refused, so a broken or hostile server cannot fill the trainer's memory."""
 
 
+class AnswerTooLarge(http.client.HTTPException):
+    """An answer over the bound :func:`exchange` reads."""
+
+
 def exchange(
-    url: str, method: str, path: str, timeout_s: float, body: bytes | None = None, headers: dict | None = None
+    url: str,
+    method: str,
+    path: str,
+    timeout_s: float,
+    body: bytes | None = None,
+    headers: dict | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[int, bytes, str]:
     """One HTTP request to ``url``'s host: ``(status, body, Content-Type)``, all of it within
     ``timeout_s`` seconds in total (connecting, sending, the answer's head and body), or
     ``TimeoutError``. ``OSError`` / ``http.client.HTTPException`` when the exchange fails, also
-    for an answer over :data:`MAX_ANSWER_BYTES`.
+    (:class:`AnswerTooLarge`) for an answer over ``max_bytes`` (None: :data:`MAX_ANSWER_BYTES`), of
+    which at most one byte more is read.
 
     Socket timeouts bound each operation, not the whole: a server that sends a byte every second
     would hold the caller for as long as it likes. A timer shuts the socket down at the deadline,
@@ -199,9 +210,10 @@ def exchange(
             if expired.is_set():
                 raise
         response = conn.getresponse()
-        data = response.read(MAX_ANSWER_BYTES + 1)
-        if len(data) > MAX_ANSWER_BYTES:
-            raise http.client.HTTPException(f"the answer is over {MAX_ANSWER_BYTES:,} bytes")
+        most = MAX_ANSWER_BYTES if max_bytes is None else max_bytes
+        data = response.read(most + 1)
+        if len(data) > most:
+            raise AnswerTooLarge(f"the answer is over {most:,} bytes")
         if expired.is_set():  # a body without a length ends at the shutdown: cut short, not whole
             raise TimeoutError
         return response.status, data, response.getheader("Content-Type", "")

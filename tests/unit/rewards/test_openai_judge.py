@@ -221,11 +221,12 @@ def test_a_stuck_server_costs_the_deadline_not_more(server):
     reward.close()
 
 
-def test_an_oversize_answer_is_refused(server):
-    url, _ = server(ok(completion("Final Score: 4 " + "x" * 5000)))
-    reward = OpenAIJudge(base_url=url, model="m", max_answer_bytes=1024)
+def test_an_oversize_answer_is_refused_not_retried(server):
+    url, script = server(ok(completion("Final Score: 4 " + "x" * 5000)))
+    reward = OpenAIJudge(base_url=url, model="m", max_answer_bytes=1024, retries=3, backoff_s=0.01)
     with pytest.raises(RewardError, match="over max_answer_bytes"):
         reward(images(1), ["a"], [{}])
+    assert len(script.requests) == 1
 
 
 def test_a_refused_answer_fails_its_sample_only(server):
