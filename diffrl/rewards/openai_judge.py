@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
+import functools
 import hashlib
 import http.client
 import itertools
@@ -78,7 +79,7 @@ import threading
 import time
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -254,12 +255,13 @@ def read_pair(answer: str, pattern: re.Pattern) -> tuple[list[float] | None, str
 
 @dataclass
 class _Job:
-    """One request: the samples it judges (``rows``), its JSON body (or why there is none), its
-    cache key, and the samples that fail with it (``fails``: its group, for group and pairwise
+    """One request: the samples it judges (``rows``), what makes its JSON body (or why there is
+    none; made on the pool's thread, so a call holds ``concurrency`` bodies, not one per request),
+    its cache key, and the samples that fail with it (``fails``: its group, for group and pairwise
     judging)."""
 
     rows: list[int]
-    body: bytes | str
+    body: Callable[[], bytes] | str
     key: tuple
     fails: list[int]
 
@@ -473,7 +475,7 @@ class OpenAIJudge(Reward):
             return [
                 _Job(
                     [i],
-                    self._single_request(png, prompt),
+                    functools.partial(self._single_request, png, prompt),
                     (digests[i], prompt, self.model, self.template, mode),
                     [i],
                 )
@@ -492,15 +494,21 @@ class OpenAIJudge(Reward):
                 jobs.append(_Job(rows, why, (), rows))
             elif self.judging == "group":
                 key = (tuple(digests[i] for i in rows), prompt, self.model, self.template, mode)
-                body = self._many_request(
-                    [pngs[i] for i in rows], self.template.format(prompt=prompt, n=len(rows))
+                text = self.template.format(prompt=prompt, n=len(rows))
+                jobs.append(
+                    _Job(
+                        rows, functools.partial(self._many_request, [pngs[i] for i in rows], text), key, rows
+                    )
                 )
-                jobs.append(_Job(rows, body, key, rows))
             else:
                 for a, b in itertools.combinations(rows, 2):
                     key = ((digests[a], digests[b]), prompt, self.model, self.template, mode)
-                    body = self._many_request([pngs[a], pngs[b]], self.template.format(prompt=prompt))
-                    jobs.append(_Job([a, b], body, key, rows))
+                    text = self.template.format(prompt=prompt)
+                    jobs.append(
+                        _Job(
+                            [a, b], functools.partial(self._many_request, [pngs[a], pngs[b]], text), key, rows
+                        )
+                    )
         return jobs
 
     def _single_request(self, png: bytes, prompt: str) -> bytes:
@@ -536,9 +544,9 @@ class OpenAIJudge(Reward):
         }
         return json.dumps(body).encode()
 
-    def _run(self, body: bytes, n: int, deadline: float | None) -> _Outcome:
+    def _run(self, request: Callable[[], bytes], n: int, deadline: float | None) -> _Outcome:
         """One request, retried on :class:`_Retry` within ``deadline``; a failure as an outcome."""
-        attempt = 0
+        body, attempt = request(), 0
         while True:
             left = seconds_left(deadline)
             wait = self.timeout_s if left is None else min(self.timeout_s, left)
