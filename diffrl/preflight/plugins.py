@@ -19,7 +19,7 @@ from diffrl.preflight.algorithm import algorithm_problems
 from diffrl.preflight.data import data_problems, eval_prompt_problems, prompt_set
 from diffrl.preflight.editing import editing_problems
 from diffrl.preflight.model import guidance_problems, model_problems, resolve_guidance
-from diffrl.preflight.rewards import hearing_problems, reward_problems
+from diffrl.preflight.rewards import group_problems, hearing_problems, reward_problems
 from diffrl.preflight.run import output_dir_problems, run_problems, runner_problems
 from diffrl.preflight.schema import check_sections, schema_problems
 
@@ -95,6 +95,7 @@ def plugin_problems(
     if "eval" in on and config.eval.enabled:
         errors += reward_problems("eval.rewards", config.eval.rewards, check_files)
         errors += eval_prompt_problems(config.eval, check_files)
+    errors += group_problems(config, "rewards" in on, "eval" in on and config.eval.enabled)
     if "data" in on:
         errors += data_problems(config, spec, check_files)
     if "model" in on:

@@ -73,3 +73,38 @@ def hearing_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[
                     "drop this reward"
                 )
     return errors
+
+
+def group_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[str]:
+    """A reward that judges a prompt's samples together (:meth:`Reward.judges_groups`) gets them
+    whole in one call: in training a micro-group (``rollout.micro_group_size``, else
+    ``train.micro_batch_size``) must hold whole prompts, at least 2 samples each; in eval, the
+    whole eval set is one call, and a prompt needs ``eval.samples_per_prompt >= 2``."""
+    r = config.rollout
+    micro = r.micro_group_size if r.micro_group_size is not None else config.train.micro_batch_size
+    n = r.n_samples_per_prompt
+    where_micro = "rollout.micro_group_size" if r.micro_group_size is not None else "train.micro_batch_size"
+    checks = [("rewards", config.rewards)] * rewards + [("eval.rewards", config.eval.rewards)] * eval_rewards
+    errors = []
+    for where, configs in checks:
+        for i, c in enumerate(configs):
+            try:
+                obj = REWARDS.resolve(c.name)
+            except RegistryError:
+                continue  # reported by reward_problems
+            if not (isinstance(obj, type) and issubclass(obj, Reward) and isinstance(c.params, dict)):
+                continue
+            if not obj.judges_groups(c.params):
+                continue
+            if where == "eval.rewards" and config.eval.samples_per_prompt < 2:
+                errors.append(
+                    f"{where}[{i}] ({c.name}) judges a prompt's samples together and eval.samples_per_prompt "
+                    f"is {config.eval.samples_per_prompt}; set it to 2 or more (or judging: single)"
+                )
+            elif where == "rewards" and (n < 2 or micro % n):
+                errors.append(
+                    f"{where}[{i}] ({c.name}) judges a prompt's samples together, so each call must hold "
+                    f"whole prompts: {where_micro} ({micro}) must be a multiple of rollout.n_samples_per_prompt "
+                    f"({n}), which must be 2 or more"
+                )
+    return errors

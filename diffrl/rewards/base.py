@@ -134,6 +134,13 @@ class Reward(ABC):
         return cls.audio
 
     @classmethod
+    def judges_groups(cls, params: dict[str, Any]) -> bool:
+        """Whether the reward built from ``params`` scores a prompt's samples together (ranks or
+        compares them: ``openai_judge`` with ``judging: group``), so that one call must hold each
+        prompt's samples whole; preflight then checks the batch arithmetic gives it that."""
+        return False
+
+    @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
         """What is wrong with ``params`` (the recipe's ``params:`` mapping), found without loading
         anything: preflight reports it, under the reward's place in the config, before any model

@@ -343,6 +343,10 @@ class OpenAIJudge(Reward):
         self.video = judging != "single"
 
     @classmethod
+    def judges_groups(cls, params: dict[str, Any]) -> bool:
+        return params.get("judging", "single") != "single"
+
+    @classmethod
     def param_problems(cls, params: dict[str, Any], check_files: bool) -> list[str]:
         """The params' values; with ``check_files`` also that ``api_key_env`` is set here and that
         an OpenAI-compatible server answers ``GET {base_url}/v1/models`` (within seconds; the model

@@ -279,6 +279,8 @@ CASES = [
     Case("judge-group-by-logprob", ["train", GRPO, JUDGE.format(", judging: group, score: yes_logprob")], BAD, "judging: group reads its verdict from the answer's text; it needs score: text"),
     Case("judge-unknown-mode", ["train", GRPO, JUDGE.format(", score: logprob")], BAD, "params.score: 'logprob' is not one of ['text', 'yes_logprob']"),
     Case("judge-key-unset", ["train", GRPO, JUDGE.format(", api_key_env: DIFFRL_NO_SUCH_JUDGE_KEY")], BAD, "the environment variable DIFFRL_NO_SUCH_JUDGE_KEY is not set"),
+    Case("judge-group-split-prompts", ["train", GRPO, JUDGE.format(", judging: group"), "rollout.micro_group_size=12"], BAD, "judges a prompt's samples together, so each call must hold whole prompts: rollout.micro_group_size (12) must be a multiple of rollout.n_samples_per_prompt (8)"),
+    Case("judge-group-eval-one-sample", ["train", GRPO, "eval.rewards=[{name: openai_judge, params: {base_url: 'http://127.0.0.1:9', model: j, judging: pairwise}}]"], BAD, "eval.rewards[0] (openai_judge) judges a prompt's samples together and eval.samples_per_prompt is 1; set it to 2 or more"),
     Case("judge-range-upside-down", ["train", GRPO, JUDGE.format(", score_min: 5, score_max: 1")], BAD, "score_min (5) must be below score_max (1)"),
 ]
 # fmt: on
