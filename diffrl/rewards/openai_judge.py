@@ -49,8 +49,9 @@ images is shown as a text part ``Image i:`` before each image, then a question.
   worst 0). Anything else fails the group. One request instead of K(K-1)/2.
 
 A group is what one call holds: ``rollout.micro_group_size`` must be a multiple of
-``rollout.n_samples_per_prompt`` so micro-groups hold whole prompts (a prompt alone in a call
-fails: there is nothing to compare it with). Videos are refused (their frames would pool into one
+``rollout.n_samples_per_prompt`` so micro-groups hold whole prompts, and preflight refuses a config
+where it is not (:meth:`judges_groups`; a prompt alone in a call would fail: there is nothing to
+compare it with). Videos are refused (their frames would pool into one
 group); ``judging: single`` scores each frame.
 
 Calls: ``concurrency`` requests at a time (a thread pool), each attempt at most ``min(timeout_s,
