@@ -63,23 +63,62 @@ FORMATS = ("png", "raw")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def _shown(value: Any, most: int = 200) -> str:
+    """``repr(value)``, at most ``most`` characters of it (a config's value may be any length)."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most] + "..."
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` (a URL's host name) cannot be looked up (None when it can): the resolver
+    encodes it with IDNA, which refuses an empty label (``judge..host``) or one over 63 characters
+    with a UnicodeError that no caller expects."""
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return (
+            f"the host {_shown(host, 100)} is no valid host name (each dot-separated part must be 1 to 63 "
+            "characters); fix the host"
+        )
+    return None
+
+
+def token_value_problem(env: str, token: str) -> str | None:
+    """Why the token in ``$env`` (surrounding whitespace dropped) cannot go in an HTTP header
+    (None when it can). The message never shows the token: it is a secret."""
+    if not token:
+        return (
+            f"token_env: the environment variable {env} is not set (or empty) here; export it with "
+            "the server's token before starting the run"
+        )
+    if not all(33 <= ord(c) <= 126 for c in token):
+        return (
+            f"token_env: the token in {env} holds a character other than printable ASCII (a space, tab, "
+            "line break, control or non-ASCII character inside it), which an HTTP header cannot carry "
+            "(diffrl serve-reward accepts no such token either); export the token alone"
+        )
+    return None
+
+
 def url_problem(url: Any, protocol: Protocol = DIFFRL) -> str | None:
     if not isinstance(url, str):
-        return f"url must be the server's address, e.g. 'http://10.0.0.7:8100', got {url!r}"
+        return f"url must be the server's address, e.g. 'http://10.0.0.7:8100', got {_shown(url)}"
     parts = urllib.parse.urlsplit(url)
     try:
         port = parts.port
     except ValueError:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
-        return f"url must be http(s)://HOST:PORT of a reward server (diffrl serve-reward), got {url!r}"
+        return f"url must be http(s)://HOST:PORT of a reward server (diffrl serve-reward), got {_shown(url)}"
+    if (p := host_problem(parts.hostname)) is not None:
+        return f"url {_shown(url)}: {p}"
     if parts.query or parts.fragment:
-        return f"url {url!r}: give the server's address without a query or fragment"
+        return f"url {_shown(url)}: give the server's address without a query or fragment"
     ends = (*protocol.paths, "/health")
     if not protocol.url_is_endpoint and parts.path.rstrip("/").endswith(ends):
         return (
-            f"url {url!r}: give the server's base address (the client adds {protocol.paths[0]}), e.g. "
-            f"{url.rsplit('/', 1)[0]!r}"
+            f"url {_shown(url)}: give the server's base address (the client adds {protocol.paths[0]}), e.g. "
+            f"{_shown(url.rsplit('/', 1)[0])}"
         )
     return None
 
@@ -122,11 +161,8 @@ def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
             problems.append(
                 f"token_env must be the name of an environment variable (e.g. REWARD_TOKEN), got {env!r}"
             )
-        elif check_env and not os.environ.get(env):
-            problems.append(
-                f"token_env: the environment variable {env} is not set (or empty) here; export it with "
-                "the server's token before starting the run"
-            )
+        elif check_env and (p := token_value_problem(env, os.environ.get(env, "").strip())) is not None:
+            problems.append(p)
     for key, positive in (("timeout_s", True), ("backoff_s", False)):
         value = params.get(key, 1.0)
         ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
@@ -176,7 +212,9 @@ def exchange(
     ``timeout_s`` seconds in total (connecting, sending, the answer's head and body), or
     ``TimeoutError``. ``OSError`` / ``http.client.HTTPException`` when the exchange fails, also
     (:class:`AnswerTooLarge`) for an answer over ``max_bytes`` (None: :data:`MAX_ANSWER_BYTES`), of
-    which at most one byte more is read.
+    which at most one byte more is read, and for what http.client and the resolver raise as
+    ``ValueError``: a header value it cannot send (its message would quote the value, a token: the
+    ``OSError`` does not) or a host name IDNA refuses (``UnicodeError``).
 
     Socket timeouts bound each operation, not the whole: a server that sends a byte every second
     would hold the caller for as long as it likes. A timer shuts the socket down at the deadline,
@@ -199,16 +237,19 @@ def exchange(
     timer = threading.Timer(timeout_s, expire)
     timer.daemon = True
     timer.start()
+    stage = "connecting to"
     try:
         conn.connect()  # bounded by timeout_s itself; the timer may have found no socket yet
         if expired.is_set():
             raise TimeoutError
+        stage = "sending the request to"
         try:
             conn.request(method, path, body=body, headers=headers or {})
         except (BrokenPipeError, ConnectionResetError):
             # the server may answer (413, 401) and close before the whole body is sent: read it
             if expired.is_set():
                 raise
+        stage = "reading the answer of"
         response = conn.getresponse()
         most = MAX_ANSWER_BYTES if max_bytes is None else max_bytes
         data = response.read(most + 1)
@@ -221,9 +262,24 @@ def exchange(
         if expired.is_set() and not isinstance(e, TimeoutError):
             raise TimeoutError(f"no complete answer within {timeout_s:.3g} s") from e
         raise
+    except ValueError as e:  # not chained: its message may quote a header's value, the token
+        if expired.is_set():
+            raise TimeoutError(f"no complete answer within {timeout_s:.3g} s") from None
+        raise OSError(f"{type(e).__name__} while {stage} the server ({_value_error(e, stage)})") from None
     finally:
         timer.cancel()
         conn.close()
+
+
+def _value_error(e: ValueError, stage: str) -> str:
+    """What a ValueError of http.client or the resolver means, without its message."""
+    if isinstance(e, UnicodeError) and stage == "connecting to":
+        return "its host name is no valid IDNA name: an empty label or one over 63 characters"
+    if stage == "sending the request to":
+        return "a header value holds a character an HTTP header cannot carry"
+    if stage == "reading the answer of":
+        return "a malformed HTTP answer"
+    return "a value http.client refused"
 
 
 def server_problems(
@@ -377,7 +433,7 @@ class RemoteReward(Reward):
         )
         self.protocol = PROTOCOLS[protocol]
         self._path = self.protocol.endpoint(parts.path)
-        self._token = os.environ[token_env] if token_env else None
+        self._token = os.environ[token_env].strip() if token_env else None  # as serve-reward strips its own
         self.audio = audio  # this instance hears when its server's reward does
 
     @classmethod
