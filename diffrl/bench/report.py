@@ -12,7 +12,9 @@ from typing import Any
 from diffrl.user_files import UserFileError, read_bytes, read_json
 
 BENCH_JSON = "bench.json"
+"""The file ``diffrl bench`` writes into ``--out`` (a run folder's: this page shows it)."""
 MAX_BENCH_JSON = 64 * 2**20
+"""The most of a ``bench.json`` read (by this page, and by ``diffrl bench`` adding a suite to it)."""
 MAX_SUITES = 50
 MAX_ROWS = 1000
 FIX = "run `diffrl bench ... --out RUN_DIR` again to rewrite it"
@@ -22,10 +24,30 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None: not a number, NaN or infinite, or an integer past
+    float's range (JSON's ``1e400`` is inf, but ``1`` and 400 zeros is an int that
+    ``math.isfinite`` and ``:.4f`` would raise OverflowError on)."""
+    if not _number(value):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _fmt(value: Any, signed: bool = False) -> str:
-    if not _number(value) or not math.isfinite(value):
+    number = _finite(value)
+    if number is None:
         return "" if value is None else "nan"
-    return f"{value:+.4f}" if signed else f"{value:.4f}"
+    return f"{number:+.4f}" if signed else f"{number:.4f}"
+
+
+def _count(value: Any) -> str:
+    """A row's ``n``: a count, shown when it is one (an int of at most 18 digits)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**18
+    return str(value) if ok else ""
 
 
 def _table(metric: str, rows: list[Any], paired: bool) -> str:
@@ -37,7 +59,7 @@ def _table(metric: str, rows: list[Any], paired: bool) -> str:
             continue
         cells = (
             f"<td>{html.escape(str(r.get('category', ''))[:200])}</td>"
-            f"<td class=num>{r.get('n') if _number(r.get('n')) else ''}</td>"
+            f"<td class=num>{_count(r.get('n'))}</td>"
             f"<td class=num>{_fmt(r.get('target'))}</td>"
         )
         if paired:
@@ -88,7 +110,8 @@ def bench_section(run_dir: Path, unread: list[str]) -> list[str]:
             unread.append(f"{str(path)!r}: suite {str(suite)[:60]!r} holds no tables; {FIX}")
             continue
         meta = {k: html.escape(str(result.get(k))[:300]) for k in ("target", "baseline", "prompts")}
-        counts = f"{result.get('num_prompts')} prompts × {result.get('samples_per_prompt')} samples, seed {result.get('seed')}"
+        n, k, seed = (str(result.get(key))[:40] for key in ("num_prompts", "samples_per_prompt", "seed"))
+        counts = f"{n} prompts × {k} samples, seed {seed}"
         parts.append(f"<h3>{html.escape(str(suite)[:60])}</h3>")
         parts.append(
             f'<p class="meta">target <code>{meta["target"]}</code>'

@@ -57,3 +57,15 @@ def test_what_cannot_be_read_is_said(tmp_path):
     os.mkfifo(tmp_path / "bench.json")  # never waited on
     unread.clear()
     assert bench_section(tmp_path, unread) == [] and "FIFO" in unread[0]
+
+
+def test_an_integer_past_floats_range_is_no_number_not_a_crash(tmp_path):
+    huge = 10**400  # valid JSON (under Python's 4,300 digits) that float() cannot hold
+    row = {"category": "ocr", "n": huge, "target": huge, "baseline": -huge, "difference": huge, "se": huge}
+    result = {**RESULT, "num_prompts": huge, "tables": {"accuracy": [row]}}
+    (tmp_path / "bench.json").write_text(json.dumps({"suites": {"ocr": result}}))
+    unread: list[str] = []
+    page = "".join(bench_section(tmp_path, unread))
+    assert unread == [] and len(page) < 5000
+    assert "<td>ocr</td><td class=num></td><td class=num>nan</td><td class=num>nan</td>" in page
+    assert "<td class=num>nan ± nan</td>" in page
