@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,20 +30,7 @@ from diffrl.data.lines import LINE_BREAK, MAX_PROMPTS, prompt_problem, separator
 from diffrl.errors import DiffrlError, quoted
 from diffrl.user_files import read_text
 
-SUITES = ("ocr", "geneval", "drawbench")
 DATA = Path(__file__).parent / "data"
-SHIPPED = {
-    "ocr": DATA / "ocr_test.txt",
-    "geneval": DATA / "geneval_metadata.jsonl",
-    "drawbench": DATA / "drawbench.csv",
-}
-"""A handful of prompts of each suite in its format, shipped so a suite runs without a file of
-the user's (the benchmarks' own files are the user's to bring: ``--prompts``)."""
-FORMATS = {
-    "ocr": "one prompt a line with the text to render in double quotes (flow_grpo's dataset/ocr/test.txt)",
-    "geneval": 'GenEval\'s evaluation_metadata.jsonl: one {"tag", "include", "prompt"} object a line',
-    "drawbench": "DrawBench's csv: a header row with Prompts and Category columns, one prompt a row",
-}
 
 GENEVAL_SAMPLES = 4
 """Images per prompt GenEval draws (its ``generation/diffusers_generate.py``: ``--n_samples 4``),
@@ -65,6 +53,30 @@ MAX_FILE_BYTES = 64 * 2**20
 
 class SuiteError(DiffrlError, ValueError):
     """A benchmark prompt file that cannot be read in its suite's format."""
+
+
+Reader = Callable[[list[str], list[str]], tuple[list[str], list[str], list[dict[str, Any]]]]
+"""A suite's file reader: its lines, a list to append problems to -> (prompts, categories, metadata)."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A benchmark: how its prompt file reads, how many images a prompt gets, and what its scoring
+    needs (its scorer is :data:`diffrl.bench.scorers.SCORERS` ``[name]``, on the torch side)."""
+
+    name: str
+    format: str
+    """The prompt file's format, as an error's fix names it."""
+    shipped: Path
+    """A handful of the suite's prompts in its format, shipped so it runs without a file of the
+    user's (the benchmarks' own files are the user's to bring: ``--prompts``)."""
+    read: Reader
+    samples_per_prompt: int = 1
+    """``--samples-per-prompt``'s default (the benchmark's own protocol)."""
+    models: bool = False
+    """Scored by GenEval's detector and colour classifier: needs ``--detector`` and ``--clip``."""
+    rewards: bool = False
+    """Scored by ``eval.rewards`` (``--rewards``), which must name one or more."""
 
 
 @dataclass(frozen=True)
@@ -105,23 +117,23 @@ def load_suite(suite: str, path: str | Path | None = None) -> BenchPrompts:
     """The prompts of ``suite`` from ``path`` (None: the shipped test prompts), every malformed
     line reported with its number (the first 10)."""
     suite = suite_name(suite)
-    file = Path(path).expanduser() if path is not None else SHIPPED[suite]
-    fix = f"give {FORMATS[suite]}"
+    spec = SUITES[suite]
+    file = Path(path).expanduser() if path is not None else spec.shipped
+    fix = f"give {spec.format}"
     text = read_text(file, f"--prompts ({suite})", fix, MAX_FILE_BYTES)
     lines = LINE_BREAK.split(text)
     if len(lines) > MAX_PROMPTS + 1:
         raise SuiteError(
             f"--prompts {str(file)!r} has {len(lines):,} lines, more than {MAX_PROMPTS:,}; {fix}"
         )
-    reader = {"ocr": _ocr, "geneval": _geneval, "drawbench": _drawbench}[suite]
     problems: list[str] = []
-    prompts, categories, metadata = reader(lines, problems)
+    prompts, categories, metadata = spec.read(lines, problems)
     if problems:
         more = len(problems) - 10
         shown = "; ".join(problems[:10]) + (
             f"; and {'at least ' if len(problems) >= MAX_PROBLEMS else ''}{more} more" if more > 0 else ""
         )
-        raise SuiteError(f"--prompts {str(file)!r} is not {FORMATS[suite]}: {shown}")
+        raise SuiteError(f"--prompts {str(file)!r} is not {spec.format}: {shown}")
     if not prompts:
         raise SuiteError(f"--prompts {str(file)!r} holds no prompt; {fix}")
     return BenchPrompts(suite, prompts, categories, metadata, str(file))
@@ -294,3 +306,32 @@ def _clauses(row: dict, key: str, where: str, problems: list[str], positions: bo
                     f'{at}: "position" must be [relation, index] with relation one of {", ".join(POSITIONS)} '
                     f"and index that of an earlier include entry, got {quoted(position, 60)}"
                 )
+
+
+SUITES: dict[str, Suite] = {
+    s.name: s
+    for s in (
+        Suite(
+            "ocr",
+            "one prompt a line with the text to render in double quotes (flow_grpo's dataset/ocr/test.txt)",
+            DATA / "ocr_test.txt",
+            _ocr,
+        ),
+        Suite(
+            "geneval",
+            'GenEval\'s evaluation_metadata.jsonl: one {"tag", "include", "prompt"} object a line',
+            DATA / "geneval_metadata.jsonl",
+            _geneval,
+            samples_per_prompt=GENEVAL_SAMPLES,
+            models=True,
+        ),
+        Suite(
+            "drawbench",
+            "DrawBench's csv: a header row with Prompts and Category columns, one prompt a row",
+            DATA / "drawbench.csv",
+            _drawbench,
+            rewards=True,
+        ),
+    )
+}
+"""The benchmark suites by name (``--suite``); defined after their readers."""

@@ -14,27 +14,17 @@ from typing import Any
 
 import torch
 
-from diffrl.bench.detect import ColourClassifier, Detector, model_problems
 from diffrl.bench.geneval import GenevalSettings
-from diffrl.bench.score import (
-    GenevalScorer,
-    OcrScorer,
-    RewardsScorer,
-    Scorer,
-    draw_and_score,
-    tabulate,
-)
+from diffrl.bench.report import BENCH_JSON, MAX_BENCH_JSON
+from diffrl.bench.score import Scorer, draw_and_score, tabulate
+from diffrl.bench.scorers import SCORERS, ScorerSetup
 from diffrl.bench.table import finite, render
 from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import BenchInputs
 from diffrl.cli.outputs import claim_out_folder
-from diffrl.errors import DiffrlError
-from diffrl.rewards.base import RewardSet
 from diffrl.train.evaluate import Caption, save_grid
 from diffrl.user_files import UserFileError, read_json
 
-BENCH_JSON = "bench.json"
-MAX_BENCH_JSON = 64 * 2**20
 GRID_IMAGES = 32
 
 
@@ -50,26 +40,21 @@ def run(args: argparse.Namespace, inputs: BenchInputs) -> int:
 
 
 def _scorer(args: argparse.Namespace, inputs: BenchInputs) -> Scorer:
-    suite, config = inputs.prompts.suite, inputs.eval.target.config
-    if suite == "ocr":
-        drawn = len(inputs.prompts.prompts) * inputs.samples_per_prompt
-        return OcrScorer(drawn * (2 if inputs.eval.baseline is not None else 1))
-    if suite == "drawbench":
-        if not config.eval.rewards:
-            raise DiffrlError(
-                "--suite drawbench scores with eval.rewards, which is empty; give --rewards NAMES"
-            )
-        return RewardsScorer(RewardSet(config.eval.rewards))
-    if problems := model_problems(args.detector, args.clip):
-        raise DiffrlError("; ".join(problems))
+    config, drawn = inputs.eval.target.config, len(inputs.prompts.prompts) * inputs.samples_per_prompt
     auto = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(auto if config.run.device == "auto" else config.run.device)
     settings = GenevalSettings(
         args.threshold, args.counting_threshold, args.max_objects, args.max_overlap, args.position_threshold
     )
-    return GenevalScorer(
-        Detector(args.detector, device, args.nms), ColourClassifier(args.clip, device), settings
+    setup = ScorerSetup(
+        num_images=drawn * (2 if inputs.eval.baseline is not None else 1),
+        rewards=config.eval.rewards,
+        device=torch.device(auto if config.run.device == "auto" else config.run.device),
+        detector=args.detector,
+        clip=args.clip,
+        nms=args.nms,
+        geneval=settings,
     )
+    return SCORERS[inputs.prompts.suite](setup)
 
 
 def _run(args: argparse.Namespace, inputs: BenchInputs) -> int:

@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from diffrl.bench.suites import GENEVAL_SAMPLES, BenchPrompts, load_suite, suite_name
+from diffrl.bench.report import BENCH_JSON
+from diffrl.bench.suites import SUITES, BenchPrompts, load_suite, suite_name
 from diffrl.cli.outputs import (
     check_inputs_outside,
     check_links_inside,
@@ -439,7 +440,7 @@ def server_token(args: argparse.Namespace) -> str | None:
     return None
 
 
-BENCH_WRITES = ("bench.json",)
+BENCH_WRITES = (BENCH_JSON,)
 """What ``diffrl bench`` writes into a run folder given as ``--out`` (and ``bench_SUITE.png``)."""
 
 
@@ -463,9 +464,19 @@ def is_run_folder(path: Path) -> bool:
 
 
 def bench_inputs(args: argparse.Namespace) -> BenchInputs:
-    suite = suite_name(args.suite)
-    prompts = load_suite(suite, args.prompts).head(args.num_prompts)
-    samples = args.samples_per_prompt or (GENEVAL_SAMPLES if suite == "geneval" else 1)
+    suite = SUITES[suite_name(args.suite)]
+    for flag, given, used in (
+        ("--detector", args.detector, suite.models),
+        ("--clip", args.clip, suite.models),
+        ("--rewards", args.rewards, suite.rewards),
+    ):
+        if given is not None and not used:
+            users = [s.name for s in SUITES.values() if (s.rewards if flag == "--rewards" else s.models)]
+            raise DiffrlError(
+                f"{flag}: --suite {suite.name} does not use it (only {', '.join(users)} does); leave it out"
+            )
+    prompts = load_suite(suite.name, args.prompts).head(args.num_prompts)
+    samples = args.samples_per_prompt or suite.samples_per_prompt
     overrides = [*args.overrides, "eval.enabled=true"]
     if args.rewards is not None:
         names = [n.strip() for n in args.rewards.split(",") if n.strip()]
@@ -493,6 +504,10 @@ def bench_inputs(args: argparse.Namespace) -> BenchInputs:
         if problems := schema_problems(config, EVAL_SECTIONS):
             raise ConfigError(problems, f"--baseline {args.baseline}")
         paired = Target(config, baseline.checkpoint, f"--baseline {args.baseline}", EVAL_SECTIONS)
+    if suite.rewards and not target.config.eval.rewards:
+        raise DiffrlError(
+            f"--suite {suite.name} scores with eval.rewards, which is empty; give --rewards NAMES"
+        )
     if target.config.eval.batch_size < 1:
         raise DiffrlError(
             f"eval.batch_size (images per sampling forward) must be >= 1, got {target.config.eval.batch_size}"
@@ -500,7 +515,7 @@ def bench_inputs(args: argparse.Namespace) -> BenchInputs:
     run_folder = is_run_folder(out)
     if run_folder:  # only bench's own files are written there, each a file of its own (no link out)
         check_out_dir(out, "--out", inputs=folders)
-        for name in (*BENCH_WRITES, f"bench_{suite}.png"):
+        for name in (*BENCH_WRITES, f"bench_{suite.name}.png"):
             path = out / name
             if path.is_symlink() or (os.path.lexists(path) and not path.is_file()):
                 raise DiffrlError(

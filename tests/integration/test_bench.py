@@ -161,6 +161,24 @@ CASES = [
         "scores with eval.rewards, which is empty",
     ),
     Case(
+        "detector-for-ocr",
+        ["bench", "base", "--suite", "ocr", "--detector", "{tmp}/owlvit"],
+        BAD,
+        "--detector: --suite ocr does not use it (only geneval does); leave it out",
+    ),
+    Case(
+        "clip-for-drawbench",
+        ["bench", "base", "--suite", "drawbench", "--clip", "{tmp}/clip"],
+        BAD,
+        "--clip: --suite drawbench does not use it (only geneval does); leave it out",
+    ),
+    Case(
+        "rewards-for-geneval",
+        ["bench", "base", "--suite", "geneval", "--rewards", "pickscore"],
+        BAD,
+        "--rewards: --suite geneval does not use it (only drawbench does); leave it out",
+    ),
+    Case(
         "out-is-another-commands",
         ["bench", "base", "--suite", "ocr", "--out", "{tmp}/o"],
         BAD,
@@ -182,6 +200,18 @@ def test_bad_bench_input(case: Case, tmp_path, request, capsys, monkeypatch):
     argv = _setup(case, tmp_path, request)
     case = Case(case.id, argv, case.code, case.message.replace("{tmp}", str(tmp_path)))
     _check(case, *run_row(case, argv, monkeypatch, capsys))
+
+
+def test_report_of_a_bench_json_holding_an_integer_past_floats_range(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "train/loss": 0.5}\n')
+    row = {"category": "ocr", "n": 1, "target": 10**400, "baseline": 0.5, "difference": 10**400, "se": 0}
+    result = {"target": "base", "baseline": "base", "num_prompts": 1, "tables": {"accuracy": [row]}}
+    (run / "bench.json").write_text(json.dumps({"suites": {"ocr": result}}))
+    assert main(["report", str(run)]) == 0  # was exit 70: OverflowError in math.isfinite
+    page = (run / "report.html").read_text()
+    assert "<td class=num>nan</td><td class=num>0.5000</td><td class=num>nan ± 0.0000</td>" in page
 
 
 @pytest.mark.skipif(importlib.util.find_spec("scipy") is not None, reason="scipy is installed here")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from diffrl.bench.suites import SHIPPED, SUITES, SuiteError, load_suite, ocr_target, suite_name
+from diffrl.bench.scorers import SCORERS
+from diffrl.bench.suites import SUITES, SuiteError, load_suite, ocr_target, suite_name
 from diffrl.user_files import UserFileError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -41,7 +42,13 @@ def test_the_shipped_prompts_load_and_cover_each_suite():
         "color_attr",
     }
     assert geneval.metadata[0]["include"] == [{"class": "bench", "count": 1}]
-    assert len(set(drawbench.categories)) >= 3 and drawbench.source == str(SHIPPED["drawbench"])
+    assert len(set(drawbench.categories)) >= 3 and drawbench.source == str(SUITES["drawbench"].shipped)
+
+
+def test_every_suite_has_its_scorer_and_its_own_name():
+    assert list(SCORERS) == list(SUITES) and all(name == s.name for name, s in SUITES.items())
+    # GenEval draws 4 images a prompt (generation/diffusers_generate.py --n_samples 4); the others 1
+    assert {n: s.samples_per_prompt for n, s in SUITES.items()} == {"ocr": 1, "geneval": 4, "drawbench": 1}
 
 
 def test_flow_grpos_ocr_format(tmp_path):
