@@ -49,7 +49,12 @@ class Scorer(Protocol):
     overall: str
     """How the overall row is made (:data:`~diffrl.bench.table.OVERALL_MEAN` or ``_OF_CATEGORIES``)."""
 
-    def score(self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> Scored: ...
+    def score(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], groups: Sequence[int]
+    ) -> Scored:
+        """``groups``: each sample's prompt index (rewards that judge a prompt's samples together
+        group by it, never by the prompt's text)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -69,7 +74,9 @@ class OcrScorer:
         self.ocr = OCRReward(max(1, workers))
         self.ocr.start()
 
-    def score(self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> Scored:
+    def score(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], groups: Sequence[int]
+    ) -> Scored:
         texts = self.ocr.recognize(images)
         accuracy = [ocr_reward_from_text(t, p) for t, p in zip(texts, prompts, strict=True)]
         return Scored(
@@ -90,7 +97,9 @@ class GenevalScorer:
     def __init__(self, detector: Detector, colour: ColourClassifier, settings: GenevalSettings):
         self.detector, self.colour, self.settings = detector, colour, settings
 
-    def score(self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> Scored:
+    def score(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], groups: Sequence[int]
+    ) -> Scored:
         correct, notes = [], []
         pictures = pil_images(images)
         found: list[dict[str, list[Detection]]] = []
@@ -122,8 +131,10 @@ class RewardsScorer:
     def __init__(self, rewards: RewardSet):
         self.rewards = rewards
 
-    def score(self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]) -> Scored:
-        out = self.rewards.submit(images, list(prompts), list(metadata)).result()
+    def score(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], groups: Sequence[int]
+    ) -> Scored:
+        out = self.rewards.submit(images, list(prompts), list(metadata), groups=groups).result()
         if out.errors:
             raise RewardError(f"bench: {len(out.errors)} reward call(s) failed: " + "; ".join(out.errors[:3]))
         return Scored({name: s.double() for name, s in out.per_reward.items()})
@@ -161,7 +172,7 @@ def draw_and_score(
         )
     texts = [prompts.prompts[i] for i in index]
     metadata = [prompts.metadata[i] for i in index]
-    return Drawn(index, media.images, scorer.score(media.images, texts, metadata))
+    return Drawn(index, media.images, scorer.score(media.images, texts, metadata, index))
 
 
 @dataclass

@@ -16,6 +16,12 @@ True``, or ``my_reward.audio = True`` on a function). It is then called with ``a
 ``sample_rate``) and gets videos whole, one clip per row; every other reward sees the frames as
 before and never the sound. The preflight refuses a reward that hears on a silent family.
 
+Prompt groups: a reward that judges a prompt's samples together (ranks or compares them:
+``openai_judge`` with ``judging: group``; ``Reward.judges_groups(params)``, and on the built reward
+:attr:`Reward.by_group`) is also given ``groups=``, one int per sample (equal ints: the same
+prompt group), by the callers that know them (the collector's ``group_id``, eval's prompt index).
+Samples are never grouped by their prompt text: two prompts of the same text are two groups.
+
 Deadlines: every call has ``timeout_s`` seconds (its :class:`RewardConfig`) from submit; a call
 still unfinished then fails its samples (NaN, "timed out") and the run goes on. An in-process
 reward is called on a daemon thread of its own (:class:`~diffrl.rewards.workers.CallThread`), so
@@ -83,6 +89,11 @@ class Reward(ABC):
     """True: the reward hears. ``submit``, ``call_by`` and ``__call__`` take ``audio=`` (an
     :class:`~diffrl.rollout.Audio`, float32, one clip per row) and videos come whole, as for a video
     reward. False: it never sees the sound."""
+    by_group: bool = False
+    """True: this reward judges a prompt's samples together (:meth:`judges_groups` of its params;
+    :func:`build_reward` sets it). ``submit``, ``call_by`` and ``__call__`` take ``groups=``: one
+    int per sample, equal for the samples of one prompt group (None: the caller knows none).
+    False: it is never given ``groups``."""
 
     @abstractmethod
     def __call__(
@@ -97,18 +108,20 @@ class Reward(ABC):
         metadata: Sequence[dict[str, Any]],
         timeout: float | None = None,
         audio: Audio | None = None,
+        groups: Sequence[int] | None = None,
     ) -> Pending:
         """Start scoring and return at once; the call has ``timeout`` seconds from now (``None``:
         no limit). By default ``__call__`` runs on this reward's call thread, one call at a time in
         submit order. A reward that runs elsewhere (worker processes, a remote server) overrides
         this; its :class:`Pending` must give up at the deadline. ``audio`` is given only to a
-        reward that hears (:attr:`audio`)."""
+        reward that hears (:attr:`audio`), ``groups`` only to one that judges groups
+        (:attr:`by_group`)."""
         calls = self.__dict__.get("_calls")  # made here: subclasses need not call super().__init__()
         if calls is None:
             calls = self._calls = CallThread(f"reward-{self.name}")
         deadline = deadline_after(timeout)
         future = calls.submit(
-            _without_grad, self, images, prompts, metadata, deadline, audio, timeout=timeout
+            _without_grad, self, images, prompts, metadata, deadline, audio, groups, timeout=timeout
         )
         return Pending(lambda: result_by(future, deadline))
 
@@ -119,13 +132,13 @@ class Reward(ABC):
         metadata: Sequence[dict[str, Any]],
         deadline: float | None,
         audio: Audio | None = None,
+        groups: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """What :meth:`submit` runs on the call thread: ``__call__``, told the call's deadline
         (``time.monotonic()``; None: no limit). A reward that can use it (the ``remote`` reward's
-        retries stop by it) overrides this. ``audio`` is passed on to a reward that hears."""
-        if self.audio:
-            return self(images, prompts, metadata, audio=audio)
-        return self(images, prompts, metadata)
+        retries stop by it) overrides this. ``audio`` is passed on to a reward that hears,
+        ``groups`` to one that judges groups."""
+        return self(images, prompts, metadata, **_extras(self, audio, groups))
 
     @classmethod
     def hears(cls, params: dict[str, Any]) -> bool:
@@ -137,7 +150,8 @@ class Reward(ABC):
     def judges_groups(cls, params: dict[str, Any]) -> bool:
         """Whether the reward built from ``params`` scores a prompt's samples together (ranks or
         compares them: ``openai_judge`` with ``judging: group``), so that one call must hold each
-        prompt's samples whole; preflight then checks the batch arithmetic gives it that."""
+        prompt's samples whole; preflight then checks the batch arithmetic gives it that. The
+        built reward's :attr:`by_group` is then set, and it is given ``groups=``."""
         return False
 
     @classmethod
@@ -163,6 +177,17 @@ class Reward(ABC):
         reward's call thread)."""
 
 
+def _extras(reward: Reward, audio: Audio | None, groups: Sequence[int] | None) -> dict[str, Any]:
+    """The keyword arguments ``reward`` takes beyond images, prompts and metadata: ``audio`` if it
+    hears, ``groups`` if it judges groups (a reward that does neither keeps its plain signature)."""
+    extras: dict[str, Any] = {}
+    if reward.audio:
+        extras["audio"] = audio
+    if reward.by_group:
+        extras["groups"] = groups
+    return extras
+
+
 def _without_grad(
     reward: Reward,
     images: torch.Tensor,
@@ -170,13 +195,12 @@ def _without_grad(
     metadata,
     deadline: float | None,
     audio: Audio | None,
+    groups: Sequence[int] | None,
 ) -> torch.Tensor:
     # grad mode is per thread: the call thread's would be on, where the collector samples without;
     # the process-wide settings are the run's (a reward's change is its error: torch_state)
     with torch.no_grad(), torch_state.guarding(lambda: _named(reward), grad=False):
-        if reward.audio:
-            return reward.call_by(images, prompts, metadata, deadline, audio=audio)
-        return reward.call_by(images, prompts, metadata, deadline)
+        return reward.call_by(images, prompts, metadata, deadline, **_extras(reward, audio, groups))
 
 
 def _named(reward: Reward) -> str:
@@ -292,18 +316,28 @@ def submit_scores(
     metadata: Sequence[dict[str, Any]],
     timeout: float | None = None,
     audio: Audio | None = None,
+    groups: Sequence[int] | None = None,
 ) -> Pending:
     """``reward.submit`` for images ``(B, 3, H, W)`` or videos ``(B, 3, F, H, W)``: an image reward
     given videos scores their ``B * F`` frames and the ``(B,)`` result is each video's mean. A
-    reward that hears gets the videos whole and ``audio``; no other reward sees ``audio``."""
-    if reward.audio:
-        return reward.submit(images, prompts, metadata, timeout, audio=audio)
-    if images.ndim != 5 or reward.video:
-        return reward.submit(images, prompts, metadata, timeout)
+    reward that hears gets the videos whole and ``audio``; no other reward sees ``audio``. A reward
+    that judges groups (:attr:`Reward.by_group`) gets ``groups`` (one int per sample, a frame
+    that of its video); no other reward sees it."""
+    if reward.audio or images.ndim != 5 or reward.video:
+        return reward.submit(images, prompts, metadata, timeout, **_extras(reward, audio, groups))
     b, f = images.shape[0], images.shape[2]
     frames = images.transpose(1, 2).flatten(0, 1)  # (B * F, 3, H, W), video-major
+    per_frame = (
+        {}
+        if not reward.by_group
+        else {"groups": None if groups is None else [g for g in groups for _ in range(f)]}
+    )
     pending = reward.submit(
-        frames, [p for p in prompts for _ in range(f)], [m for m in metadata for _ in range(f)], timeout
+        frames,
+        [p for p in prompts for _ in range(f)],
+        [m for m in metadata for _ in range(f)],
+        timeout,
+        **per_frame,
     )
 
     def mean_per_video() -> torch.Tensor:
@@ -416,12 +450,15 @@ def build_reward(cfg: RewardConfig) -> Reward:
                 "must give up `timeout` seconds after submit (raise DeadlineExceeded)"
             )
         try:
-            return obj(**_bound(obj.__init__, cfg))
+            reward = obj(**_bound(obj.__init__, cfg))
         except TypeError as e:
             params = ", ".join(p for p in inspect.signature(obj.__init__).parameters if p != "self")
             raise RegistryError(
                 f"reward {cfg.name!r}: bad params {cfg.params} ({e}); it takes: {params}"
             ) from e
+        if obj.judges_groups(cfg.params):
+            reward.by_group = True
+        return reward
     if callable(obj):
         return FunctionReward(obj, cfg.name, **_bound(obj, cfg))
     raise RegistryError(
@@ -504,19 +541,23 @@ class RewardSet:
         prompts: Sequence[str],
         metadata: Sequence[dict],
         audio: Audio | None = None,
+        groups: Sequence[int] | torch.Tensor | None = None,
     ) -> PendingRewards:
         """Start every reward on ``images``: float in [0, 1], or uint8 (:func:`quantize`, what
         rollouts keep); every reward gets float32 in [0, 1] on the CPU, a copy of its own (it may
         read it on another thread while the caller goes on). ``audio`` (the rollout's sound, any
-        float dtype) goes, as float32 copies, to the rewards that hear. Each reward's deadline
-        starts now."""
+        float dtype) goes, as float32 copies, to the rewards that hear. ``groups``: one int per
+        sample, equal for one prompt's samples (a rollout's ``group_id``), given to the rewards that
+        judge groups (:attr:`Reward.by_group`; one given none refuses to judge). Each reward's
+        deadline starts now."""
+        ids = None if groups is None else group_ids(groups, len(prompts))
         images = images.detach().cpu()
         images = (
             images.float() / 255.0 if images.dtype == torch.uint8 else images.to(torch.float32, copy=True)
         )
         pending = [
             _submitted(
-                r, images, prompts, metadata, c.timeout_s, audio.float() if r.audio and audio else None
+                r, images, prompts, metadata, c.timeout_s, audio.float() if r.audio and audio else None, ids
             )
             for r, c in zip(self.rewards, self.configs)
         ]
@@ -528,9 +569,10 @@ class RewardSet:
         prompts: Sequence[str],
         metadata: Sequence[dict],
         audio: Audio | None = None,
+        groups: Sequence[int] | torch.Tensor | None = None,
     ) -> RewardOutput:
         """Score now; raise :class:`RewardError` if any reward fails, returns NaN or times out."""
-        out = self.submit(images, prompts, metadata, audio).result()
+        out = self.submit(images, prompts, metadata, audio, groups).result()
         if out.errors:
             raise RewardError("; ".join(out.errors))
         return out
@@ -541,11 +583,20 @@ class RewardSet:
             self._own.close()
 
 
-def _submitted(reward: Reward, images, prompts, metadata, timeout, audio) -> Pending:
+def group_ids(groups: Sequence[int] | torch.Tensor, n: int) -> list[int]:
+    """``groups`` (a caller's: a rollout's ``group_id`` tensor, a list of prompt indices) as ``n``
+    ints; a ``ValueError`` when they are not (a caller's bug, not a user's input)."""
+    ids = groups.tolist() if isinstance(groups, torch.Tensor) else list(groups)
+    if len(ids) != n or not all(isinstance(g, int) and not isinstance(g, bool) for g in ids):
+        raise ValueError(f"groups must be {n} ints, one per sample, got {str(ids)[:200]}")
+    return ids
+
+
+def _submitted(reward: Reward, images, prompts, metadata, timeout, audio, groups) -> Pending:
     """:func:`submit_scores`; what a reward's own ``submit`` raises (it runs on the caller's
     thread), ``sys.exit()`` included, is handed to its :class:`Pending`: that reward's failure."""
     try:
-        return submit_scores(reward, images, prompts, metadata, timeout, audio)
+        return submit_scores(reward, images, prompts, metadata, timeout, audio, groups)
     except BaseException as e:
         if isinstance(e, Abandoned) or is_real_interrupt(e):
             raise

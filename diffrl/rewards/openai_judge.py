@@ -34,8 +34,10 @@ without ``logprobs`` (``transformers serve`` 5.24 ignores the field) is an error
 never a silent 0.5.
 
 Judging a prompt's images together (Pref-GRPO / UnifiedReward-Think style): a call's samples are
-grouped by prompt text (the collector lays a prompt's samples out together), and a group of K >= 2
-images is shown as a text part ``Image i:`` before each image, then a question.
+grouped by the ``groups=`` its caller gives (one int per sample, equal for one prompt's samples:
+the collector's ``group_id``, eval's prompt index; never by prompt text, so two prompts of the same
+text are two groups; a call without ``groups`` is refused), and a group of K >= 2 images is shown
+as a text part ``Image i:`` before each image, then a question.
 
 - ``judging: pairwise``, as Pref-GRPO (CodeGoat24/Pref-GRPO,
   ``fastvideo/rewards/unifiedreward_think.py``, ``cal_win_rate_images``): every pair of the group
@@ -57,7 +59,12 @@ group); ``judging: single`` scores each frame.
 Calls: ``concurrency`` requests at a time (a thread pool), each attempt at most ``min(timeout_s,
 what is left of the call's deadline)`` in all; connection errors, timeouts, HTTP 429 and 5xx are
 retried ``retries`` times ``backoff_s * 2**k`` apart, within the deadline; 401 / 403 and other 4xx
-are not. ``api_key_env`` names the environment variable holding the bearer token. An answer over
+are not. ``api_key_env`` names the environment variable holding the bearer token (stripped of
+surrounding whitespace; a key with other control or non-ASCII characters is refused, unquoted).
+
+A param the chosen mode does not use (``pattern`` with ``judging: group``, ``rank_pattern`` with
+``judging: single``, ``score_min`` with ``score: yes_logprob``, ...) is refused, naming the ones it
+uses. An answer over
 ``max_answer_bytes`` is refused. Scores are cached in memory (at most ``cache_size`` entries, the
 oldest dropped) by (sha256 of the PNG, prompt, model, template, score mode): a judge at
 temperature 0 gives an image the same score again.
@@ -70,12 +77,14 @@ import concurrent.futures as cf
 import functools
 import hashlib
 import http.client
+import inspect
 import itertools
 import json
 import logging
 import math
 import os
 import re
+import string
 import threading
 import time
 import urllib.parse
@@ -139,14 +148,28 @@ def quote(text: str, most: int = MAX_QUOTE) -> str:
 
 
 def template_problem(name: str, template: Any, **fields: Any) -> str | None:
-    """Why ``template`` is no ``str.format`` template of ``fields`` that uses ``{prompt}``."""
+    """Why ``template`` is no ``str.format`` template of ``fields`` that uses ``{prompt}``: each
+    field must be a plain ``{name}`` of them (no attribute, index, conversion or format spec,
+    which could fail or make a huge text at every call)."""
     if not isinstance(template, str) or "{prompt}" not in template:
         return f"{name} must be text holding {{prompt}} (other braces doubled: {{{{ }}}}), got {quote(str(template))}"
+    known = ["prompt", *fields]
+    names = ", ".join("{" + f + "}" for f in known)
     try:
-        template.format(prompt="", **fields)
-    except (ValueError, KeyError, IndexError) as e:
-        known = ", ".join("{" + f + "}" for f in ["prompt", *fields])
-        return f"{name} {quote(template)} is no template of {known} ({type(e).__name__}: {e}); double other braces"
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        return f"{name} {quote(template)} is no template of {names} ({e}); double other braces"
+    for _, field, spec, conversion in parsed:
+        if field is None:
+            continue
+        if field not in known or spec or conversion:
+            whole = (
+                "{" + field + ("!" + conversion if conversion else "") + (":" + spec if spec else "") + "}"
+            )
+            return (
+                f"{name} {quote(template)} is no template of {names}: {quote(whole, 60)} is none of them "
+                "(plain, without attributes, indices or formats); double other braces"
+            )
     return None
 
 
@@ -176,6 +199,10 @@ def base_url_problem(url: Any) -> str | None:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
         return f"base_url must be http(s)://HOST[:PORT][/v1] of an OpenAI-compatible server, got {quote(url)}"
+    try:
+        parts.hostname.encode("idna")
+    except UnicodeError as e:
+        return f"base_url {quote(url)}: its host is no valid host name ({e}); fix base_url"
     if parts.query or parts.fragment:
         return f"base_url {quote(url)}: give the server's address without a query or fragment"
     if parts.path.rstrip("/").endswith(("/chat/completions", "/completions")):
@@ -211,6 +238,7 @@ def read_score(answer: str, pattern: re.Pattern, low: float, high: float) -> tup
 def yes_probability(top: Any, yes: str, no: str) -> tuple[float | None, str]:
     """``score: yes_logprob``: ``P(yes) / (P(yes) + P(no))`` from one token's ``top_logprobs`` (a
     list of ``{"token", "logprob"}``), or ``(None, why)``."""
+    yes, no = yes.strip(), no.strip()  # tokens are compared stripped: " Yes" is "Yes"
     p = {yes.lower(): 0.0, no.lower(): 0.0}
     for entry in top:
         if not isinstance(entry, dict):
@@ -234,9 +262,13 @@ def read_ranking(answer: str, pattern: re.Pattern, n: int) -> tuple[list[float] 
     match = pattern.search(answer)
     if match is None:
         return None, f"no match of {quote(pattern.pattern)} in the answer {quote(answer)}"
-    order = [int(d) for d in re.findall(r"\d+", match.group(1) or "")]
+    # a number of more digits than n's names no image (and int() refuses over 4,300 digits)
+    order = [int(d) if len(d) <= len(str(n)) else 0 for d in re.findall(r"\d+", match.group(1) or "")]
     if sorted(order) != list(range(1, n + 1)):
-        return None, f"the ranking {order} is not the numbers 1 to {n} each once (answer {quote(answer)})"
+        return None, (
+            f"the ranking {quote(match.group(1) or '', 80)} is not the numbers 1 to {n} each once "
+            f"(answer {quote(answer)})"
+        )
     scores = [0.0] * n
     for position, image in enumerate(order):
         scores[image - 1] = (n - 1 - position) / (n - 1)
@@ -273,6 +305,40 @@ class _Outcome:
 
     scores: list[float] | None
     why: str = ""
+
+
+QUESTIONS = ("template", "group_template", "pair_template")
+READINGS = ("pattern", "score_min", "score_max", "yes", "no", "top_logprobs", "rank_pattern", "pair_pattern")
+USES = {
+    ("text", "single"): ("template", "pattern", "score_min", "score_max", "max_tokens"),
+    ("yes_logprob", "single"): ("template", "yes", "no", "top_logprobs"),
+    ("text", "group"): ("group_template", "rank_pattern", "max_tokens"),
+    ("text", "pairwise"): ("pair_template", "pair_pattern", "max_tokens"),
+}
+"""The params each (score, judging) mode uses, of those that belong to one mode or another."""
+MODE_PARAMS = frozenset(p for used in USES.values() for p in used)
+
+
+def unused_problems(params: dict[str, Any]) -> list[str]:
+    """Each param given that the (``score``, ``judging``) mode never reads, naming what it reads."""
+    mode = (params.get("score", "text"), params.get("judging", "single"))
+    used = USES.get(mode)
+    if used is None:  # a mode of another's refusal (judging: group with yes_logprob, a bad name)
+        return []
+    question = next(p for p in used if p in QUESTIONS)
+    reading = ", ".join(p for p in used if p in READINGS) + (", max_tokens" if "max_tokens" in used else "")
+    return [
+        f"{name}: score: {mode[0]} with judging: {mode[1]} does not use it (it asks {question} and "
+        f"reads with {reading}); drop {name}"
+        for name in params
+        if name in MODE_PARAMS and name not in used
+    ]
+
+
+def api_key(env: str) -> str:
+    """The key in the environment variable ``env``, without surrounding whitespace (a key file
+    read with its newline)."""
+    return os.environ.get(env, "").strip()
 
 
 class _Retry(Exception):
@@ -321,7 +387,10 @@ class OpenAIJudge(Reward):
     ):
         params = dict(locals())
         params.pop("self")
-        problems = self.param_problems(params, check_files=False) or api_key_problems(api_key_env, True)
+        defaults = inspect.signature(type(self).__init__).parameters
+        given = {k: v for k, v in params.items() if v is not defaults[k].default and v != defaults[k].default}
+        given.update(base_url=base_url, model=model)
+        problems = self.param_problems(given, check_files=False) or api_key_problems(api_key_env, True)
         if problems:
             raise RewardError(f"reward {self.name!r}: " + "; ".join(problems))
         self.base_url, self.model, self.mode, self.judging = base_url.rstrip("/"), model, score, judging
@@ -335,13 +404,14 @@ class OpenAIJudge(Reward):
         self.timeout_s, self.retries, self.backoff_s = float(timeout_s), retries, float(backoff_s)
         self.max_answer_bytes, self.cache_size = max_answer_bytes, cache_size
         self._path = completions_path(base_url)
-        self._token = os.environ[api_key_env] if api_key_env else None
+        self._token = api_key(api_key_env) if api_key_env else None
         self._cache: OrderedDict[tuple, list[float]] = OrderedDict()
         self._lock = threading.Lock()
         self._pool: cf.ThreadPoolExecutor | None = None
         # a group is a prompt's samples: videos come whole (and are refused) rather than as frames,
         # which would pool every frame of a prompt's clips into one ranking
         self.video = judging != "single"
+        self.by_group = judging != "single"  # given groups= (Reward.by_group)
 
     @classmethod
     def judges_groups(cls, params: dict[str, Any]) -> bool:
@@ -369,6 +439,7 @@ class OpenAIJudge(Reward):
                 f"judging: {judging} reads its verdict from the answer's text; it needs score: text (a "
                 "yes/no log-prob scores one image)"
             )
+        problems += unused_problems(params)
         template = params.get("template")
         if template is not None and (p := template_problem("template", template)) is not None:
             problems.append(p)
@@ -414,8 +485,14 @@ class OpenAIJudge(Reward):
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def __call__(self, images: torch.Tensor, prompts: Sequence[str], metadata) -> torch.Tensor:
-        return self.call_by(images, prompts, metadata, None)
+    def __call__(
+        self,
+        images: torch.Tensor,
+        prompts: Sequence[str],
+        metadata,
+        groups: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        return self.call_by(images, prompts, metadata, None, groups=groups)
 
     def call_by(
         self,
@@ -423,14 +500,24 @@ class OpenAIJudge(Reward):
         prompts: Sequence[str],
         metadata: Sequence[dict],
         deadline: float | None,
+        groups: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """``(B,)`` scores, NaN where a sample failed; every request ends by ``deadline``
         (``time.monotonic()``; None: ``retries`` and ``timeout_s`` alone bound it). A
-        :class:`RewardError` saying why when every sample failed."""
+        :class:`RewardError` saying why when every sample failed. ``groups`` (group and pairwise
+        judging; one int per sample, equal for one prompt's samples) says which samples are
+        judged together."""
         if images.ndim == 5:
             raise RewardError(
                 f"reward {self.name!r}: judging: {self.judging} compares still images, and this run makes "
                 "videos; use judging: single (each frame is judged and a video scores their mean)"
+            )
+        if self.judging != "single" and (groups is None or len(groups) != len(prompts)):
+            given = "none" if groups is None else f"{len(groups)} for {len(prompts)} samples"
+            raise RewardError(
+                f"reward {self.name!r}: judging: {self.judging} needs each sample's prompt group (groups=, "
+                f"one per sample), and this caller gave {given}; samples are never grouped by prompt "
+                "text. Use judging: single here, or call it through RewardSet.submit(..., groups=...)"
             )
         pngs = [encode_png(self._sized(a)) for a in quantize(images).permute(0, 2, 3, 1).numpy()]
         prompts = list(prompts)
@@ -439,7 +526,7 @@ class OpenAIJudge(Reward):
         sums, counts = torch.zeros(len(prompts), dtype=torch.float64), torch.zeros(len(prompts))
         failures: list[tuple[list[int], str]] = []
         pending: dict[cf.Future, _Job] = {}
-        for job in self._jobs(pngs, prompts):
+        for job in self._jobs(pngs, prompts, groups):
             cached = self._cached(job.key)
             if cached is not None:
                 sums[job.rows] += torch.tensor(cached, dtype=torch.float64)
@@ -471,9 +558,9 @@ class OpenAIJudge(Reward):
             LOG.warning(note)
         return scores
 
-    def _jobs(self, pngs: list[bytes], prompts: list[str]) -> list[_Job]:
-        """The call's requests: one per image, one per prompt's group (``group``), or one per pair
-        of a prompt's images (``pairwise``)."""
+    def _jobs(self, pngs: list[bytes], prompts: list[str], groups: Sequence[int] | None) -> list[_Job]:
+        """The call's requests: one per image, one per group of samples (``group``: the samples of
+        equal ``groups``), or one per pair of a group's images (``pairwise``)."""
         mode = (self.mode, self.judging)
         digests = [hashlib.sha256(png).hexdigest() for png in pngs]
         if self.judging == "single":
@@ -486,11 +573,12 @@ class OpenAIJudge(Reward):
                 )
                 for i, (png, prompt) in enumerate(zip(pngs, prompts))
             ]
-        groups: dict[str, list[int]] = {}
-        for i, prompt in enumerate(prompts):
-            groups.setdefault(prompt, []).append(i)
+        members: dict[int, list[int]] = {}
+        for i, group in enumerate(groups or []):
+            members.setdefault(int(group), []).append(i)
         jobs = []
-        for prompt, rows in groups.items():
+        for rows in members.values():
+            prompt = prompts[rows[0]]  # a group is one prompt's samples
             if len(rows) < 2:
                 why = (
                     f"judging: {self.judging} needs at least 2 samples of a prompt in one call, and this one "
@@ -688,7 +776,7 @@ PROBE_TIMEOUT_S = 3.0
 def server_problems(base_url: str, api_key_env: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
     """Why no OpenAI-compatible server answers ``GET /v1/models`` at ``base_url`` (with the key)."""
     path = completions_path(base_url).removesuffix("/chat/completions") + "/models"
-    headers = {"Authorization": f"Bearer {os.environ[api_key_env]}"} if api_key_env else {}
+    headers = {"Authorization": f"Bearer {api_key(api_key_env)}"} if api_key_env else {}
     try:
         status, data, _ = exchange(base_url, "GET", path, timeout_s, headers=headers)
     except (OSError, http.client.HTTPException) as e:
@@ -719,9 +807,17 @@ def api_key_problems(env: Any, check_env: bool) -> list[str]:
         return []
     if not isinstance(env, str) or not ENV_NAME.fullmatch(env):
         return [f"api_key_env must be the name of an environment variable (e.g. JUDGE_API_KEY), got {env!r}"]
-    if check_env and not os.environ.get(env):
+    if not check_env:
+        return []
+    key = api_key(env)
+    if not key:
         return [
             f"api_key_env: the environment variable {env} is not set (or empty) here; export the judge "
             "server's key in it before starting the run"
+        ]
+    if not (key.isascii() and key.isprintable()):  # never quoted: it is a secret
+        return [
+            f"api_key_env: the key in {env} holds a control or non-ASCII character inside it (surrounding "
+            "whitespace is stripped), which an HTTP header cannot carry; export the key alone"
         ]
     return []

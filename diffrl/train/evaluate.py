@@ -149,7 +149,7 @@ def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> 
     result.seed, result.index, result.source = e.seed, index, e.prompts  # for the grid's captions
     meta = prompts.reward_metadata(index, *size)
     if rewards is not None:  # a reward that fails costs its samples' scores, not the run
-        out = rewards.submit(media.images, names, meta, audio=media.audio).result()
+        out = rewards.submit(media.images, names, meta, audio=media.audio, groups=index).result()
         result.rewards, result.total, result.errors = out.per_reward, out.total, out.errors
         if out.errors:
             warnings.warn(

@@ -171,7 +171,8 @@ class LocalRunner:
     def score(self, part: RolloutBatch) -> PendingRewards | None:
         if self.train_rewards is None:
             return None
-        return self.train_rewards.submit(part.images, part.prompts, part.metadata, part.audio)
+        groups = part.group_id  # a prompt's samples: rewards that judge groups need them whole
+        return self.train_rewards.submit(part.images, part.prompts, part.metadata, part.audio, groups)
 
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
         return self.actor.optimize(chunks, self.algorithm)

@@ -239,4 +239,4 @@ class Dispatch:
 
 
 def _submit(worker, part: RolloutBatch):
-    return worker.score.remote(part.images, part.prompts, part.metadata, part.audio)
+    return worker.score.remote(part.images, part.prompts, part.metadata, part.audio, part.group_id.tolist())

@@ -25,7 +25,14 @@ class RewardWorker:
         self.rewards = RewardSet([reward], in_process=True, labels=[label or reward.name])
 
     def score(
-        self, images: torch.Tensor, prompts: list[str], metadata: list[dict], audio: Audio | None = None
+        self,
+        images: torch.Tensor,
+        prompts: list[str],
+        metadata: list[dict],
+        audio: Audio | None = None,
+        groups: list[int] | None = None,
     ) -> RewardOutput:
-        """``audio``: the rollout's sound (reaches the reward only if it hears)."""
-        return self.rewards.submit(images, prompts, metadata, audio).result()
+        """``audio``: the rollout's sound (reaches the reward only if it hears); ``groups``: each
+        sample's prompt group, the rollout's ``group_id`` (reaches the reward only if it judges
+        groups)."""
+        return self.rewards.submit(images, prompts, metadata, audio, groups).result()

@@ -212,12 +212,12 @@ def test_401_is_not_retried_and_names_the_fix(server):
 
 
 def test_a_stuck_server_costs_the_deadline_not_more(server):
-    url, _ = server(("sleep", 5.0))
+    url, script = server(("sleep", 5.0))
     reward = OpenAIJudge(base_url=url, model="m", timeout_s=30, retries=5, backoff_s=0.01)
-    start = time.monotonic()
-    with pytest.raises(RewardError, match="deadline|no answer within"):
+    with pytest.raises(RewardError, match="at the reward's deadline: no answer within"):
         reward.call_by(images(2), ["a", "b"], [{}] * 2, time.monotonic() + 0.5)
-    assert time.monotonic() - start < 2.5
+    # each attempt ends at the deadline (the timer), which leaves no time for the 5 retries
+    assert len(script.requests) <= 2
     reward.close()
 
 
@@ -274,14 +274,14 @@ def test_requests_at_a_time_are_bounded_by_concurrency(server):
     url, script = server(("sleep", 0.2))
     reward = OpenAIJudge(base_url=url, model="m", concurrency=2, cache_size=0)
     reward(images(6), [f"p{i}" for i in range(6)], [{}] * 6)
-    assert script.most == 2 and len(script.requests) == 6
+    assert script.most <= 2 and len(script.requests) == 6
     reward.close()
 
 
 def test_group_judging_sends_a_prompts_images_in_one_request(server):
     url, script = server(ok(completion("Image 2 is best.\nRanking: 2 > 3 > 1")))
     reward = OpenAIJudge(base_url=url, model="m", judging="group", group_template="Rank {n} of {prompt}")
-    assert reward(images(3), ["a"] * 3, [{}] * 3).tolist() == [0.0, 1.0, 0.5]
+    assert reward(images(3), ["a"] * 3, [{}] * 3, groups=[7, 7, 7]).tolist() == [0.0, 1.0, 0.5]
     content = script.requests[0][2]["messages"][0]["content"]
     assert [c["type"] for c in content] == ["text", "image_url"] * 3 + ["text"]
     assert content[0]["text"] == "Image 1:" and content[-1]["text"] == "Rank 3 of a"
@@ -304,14 +304,14 @@ def test_pairwise_judging_scores_win_rates_and_fails_a_group_together(server):
     url, script = server(ok(completion("<answer>Image 2 is better</answer>")))
     reward = OpenAIJudge(base_url=url, model="m", judging="pairwise", concurrency=1)
     x = images(5)
-    scores = reward(x[:3], ["a"] * 3, [{}] * 3)
+    scores = reward(x[:3], ["a"] * 3, [{}] * 3, groups=[0, 0, 0])
     # the second image of every pair wins: image 1 loses both (0), 2 wins one of two, 3 wins both
     assert scores.tolist() == [0.0, 0.5, 1.0] and len(script.requests) == 3
     content = script.requests[0][2]["messages"][0]["content"]
     assert [c["type"] for c in content] == ["text", "image_url", "text", "image_url", "text"]
     url, script = server(ok(completion("<answer>Image 1 is better</answer>")), ok(completion("no verdict")))
     reward = OpenAIJudge(base_url=url, model="m", judging="pairwise", concurrency=1, cache_size=0)
-    scores = reward(x[:4], ["a", "a", "b", "b"], [{}] * 4)  # group a answered, group b not
+    scores = reward(x[:4], ["a", "a", "b", "b"], [{}] * 4, groups=[0, 0, 1, 1])  # 0 answered, 1 not
     assert scores[:2].tolist() == [1.0, 0.0] and scores[2:].isnan().all()
 
 
@@ -373,3 +373,132 @@ def test_preflight_names_a_server_that_is_not_there():
         port = s.getsockname()[1]  # closed again: nothing listens there
     [problem] = server_problems(f"http://127.0.0.1:{port}", None, timeout_s=1.0)
     assert f"no judge server answers at http://127.0.0.1:{port}" in problem and "start it first" in problem
+
+
+# -- groups: by the caller's ids, never by prompt text ----------------------------------------------
+
+
+def test_two_prompts_of_the_same_text_are_two_groups(server):
+    # an epoch boundary (or a prompt file's duplicate line) brings one text twice into a call
+    url, script = server(ok(completion("Ranking: 2 > 1")))
+    reward = OpenAIJudge(base_url=url, model="m", judging="group", group_template="{n} of {prompt}")
+    scores = reward(images(4), ["a cat"] * 4, [{}] * 4, groups=[10, 10, 11, 11])
+    assert scores.tolist() == [0.0, 1.0, 0.0, 1.0] and len(script.requests) == 2
+    assert all(r[2]["messages"][0]["content"][-1]["text"] == "2 of a cat" for r in script.requests)
+    url, script = server(ok(completion("<answer>Image 1 is better</answer>")))
+    pairwise = OpenAIJudge(base_url=url, model="m", judging="pairwise", concurrency=1)
+    scores = pairwise(images(4), ["a cat"] * 4, [{}] * 4, groups=[3, 3, 4, 4])
+    assert scores.tolist() == [1.0, 0.0, 1.0, 0.0] and len(script.requests) == 2  # not 4 * 3 / 2
+
+
+def test_group_judging_without_groups_is_refused_not_guessed_from_text(server):
+    url, script = server(ok(completion("Ranking: 2 > 1")))
+    reward = OpenAIJudge(base_url=url, model="m", judging="group")
+    with pytest.raises(RewardError, match="needs each sample's prompt group.*gave none"):
+        reward(images(2), ["a", "a"], [{}] * 2)
+    with pytest.raises(RewardError, match="gave 1 for 2 samples"):
+        reward(images(2), ["a", "a"], [{}] * 2, groups=[0])
+    assert script.requests == []
+
+
+def test_a_reward_set_gives_groups_to_a_group_judge_only(server, tmp_path):
+    from diffrl.config import RewardConfig
+    from diffrl.rewards.base import RewardSet
+
+    url, script = server(ok(completion("Ranking: 1 > 2")))
+    judge = RewardConfig(name="openai_judge", params={"base_url": url, "model": "m", "judging": "group"})
+    other = RewardConfig(name="jpeg_compressibility")  # its call takes no groups: it must get none
+    rewards = RewardSet([judge, other])
+    try:
+        assert rewards.rewards[0].by_group and not rewards.rewards[1].by_group
+        out = rewards(images(4), ["a"] * 4, [{}] * 4, groups=torch.tensor([5, 5, 6, 6]))
+        assert out.per_reward["openai_judge"].tolist() == [1.0, 0.0, 1.0, 0.0] and len(script.requests) == 2
+        assert torch.isfinite(out.per_reward["jpeg_compressibility"]).all()
+        out = rewards.submit(images(2), ["a"] * 2, [{}] * 2).result()  # a caller that knows no groups
+        assert out.per_reward["openai_judge"].isnan().all() and "gave none" in out.errors[0]
+    finally:
+        rewards.close()
+
+
+def test_the_ray_reward_worker_passes_groups(server):
+    from diffrl.config import RewardConfig
+    from diffrl.distributed.ray.reward_worker import RewardWorker
+
+    url, script = server(ok(completion("Ranking: 2 > 1")))
+    cfg = RewardConfig(name="openai_judge", params={"base_url": url, "model": "m", "judging": "group"})
+    worker = RewardWorker(cfg, threads=1)
+    try:
+        out = worker.score(images(4), ["a"] * 4, [{}] * 4, None, [0, 0, 1, 1])
+        assert out.per_reward["openai_judge"].tolist() == [0.0, 1.0, 0.0, 1.0] and len(script.requests) == 2
+    finally:
+        worker.rewards.close()
+
+
+# -- review findings: answers and params that used to crash or be ignored ----------------------------
+
+
+def test_a_ranking_with_a_huge_number_fails_its_group_only():
+    pattern = re.compile(RANKING)
+    scores, why = read_ranking("Ranking: " + "9" * 5000 + " > 1", pattern, 2)
+    assert scores is None and "not the numbers 1 to 2" in why and len(why) < 2000
+
+
+def test_yes_and_no_are_compared_stripped():
+    top = [{"token": "Yes", "logprob": math.log(0.3)}, {"token": " no", "logprob": math.log(0.1)}]
+    assert yes_probability(top, " Yes", "No ")[0] == pytest.approx(0.75)
+
+
+def test_a_key_is_stripped_and_one_with_a_control_character_is_refused_unquoted(server, monkeypatch):
+    url, script = server(ok(completion("Final Score: 5")))
+    monkeypatch.setenv("JUDGE_KEY", "sk-abc\r\n")  # a key file read with its line end
+    OpenAIJudge(base_url=url, model="m", api_key_env="JUDGE_KEY")(images(1), ["a"], [{}])
+    assert script.requests[0][1]["Authorization"] == "Bearer sk-abc"
+    monkeypatch.setenv("JUDGE_KEY", "sk-a\nbc")
+    params = {"base_url": url, "model": "m", "api_key_env": "JUDGE_KEY"}
+    [problem] = OpenAIJudge.param_problems(params, check_files=True)
+    assert "control or non-ASCII character" in problem and "sk-a" not in problem
+    with pytest.raises(RewardError, match="control or non-ASCII") as e:
+        OpenAIJudge(**params)
+    assert "sk-a" not in str(e.value)
+
+
+P = {"base_url": "http://h:1", "model": "m"}
+
+
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        ({**P, "base_url": "http://judge..host:8000"}, "its host is no valid host name"),
+        ({**P, "base_url": f"http://{'a' * 64}.example:8000"}, "its host is no valid host name"),
+        (
+            {**P, "judging": "group", "group_template": "{prompt} {n.x}"},
+            "of {prompt}, {n}: '{n.x}' is none of them",
+        ),
+        ({**P, "judging": "group", "group_template": "{prompt} {n[0]}"}, "'{n[0]}' is none of"),
+        ({**P, "template": "{prompt} {prompt:>999999999}"}, "{prompt}: '{prompt:>999999999}' is none of"),
+        ({**P, "template": "{prompt} {"}, "is no template of {prompt}"),
+        ({**P, "judging": "group", "pattern": "S: (\\d)"}, "pattern: score: text with judging: group does"),
+        (
+            {**P, "judging": "group", "template": "{prompt}"},
+            "(it asks group_template and reads with rank_pattern",
+        ),
+        ({**P, "rank_pattern": "R: (.*)"}, "rank_pattern: score: text with judging: single does not use it"),
+        ({**P, "judging": "pairwise", "group_template": "{prompt}"}, "it asks pair_template"),
+        ({**P, "score": "yes_logprob", "pattern": "(x)"}, "reads with yes, no, top_logprobs)"),
+        ({**P, "score": "yes_logprob", "score_min": 1}, "score_min: score: yes_logprob"),
+        ({**P, "yes": "Oui"}, "yes: score: text with judging: single does not use it"),
+    ],
+)
+def test_params_that_used_to_crash_or_be_ignored_are_refused(params, expected):
+    problems = OpenAIJudge.param_problems(params, check_files=False)
+    assert any(expected in p for p in problems), problems
+
+
+def test_the_params_each_mode_uses_are_accepted():
+    for params in (
+        {**P, "template": "{prompt}", "pattern": "(x)", "score_min": 1, "max_tokens": 9},
+        {**P, "score": "yes_logprob", "template": "{prompt}", "yes": "Oui", "no": "Non", "top_logprobs": 5},
+        {**P, "judging": "group", "group_template": "{n} {prompt}", "rank_pattern": "R: (.*)"},
+        {**P, "judging": "pairwise", "pair_template": "{prompt}", "pair_pattern": "(1)"},
+    ):
+        assert OpenAIJudge.param_problems(params, check_files=False) == [], params
