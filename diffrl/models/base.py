@@ -292,6 +292,12 @@ class ModelFamily(ABC):
         return bind_dataclass(cls.Options, config.model.options, "model.options", [])
 
     @classmethod
+    def makes_videos(cls, config: Config) -> bool:
+        """Whether this config's samples are videos ``(B, 3, F, H, W)`` (one frame or many), not
+        still images ``(B, 3, H, W)``: preflight refuses rewards that compare still images on them."""
+        return False
+
+    @classmethod
     def size_rule(cls, config: Config, check_files: bool = True) -> SizeRule | None:
         """The family's :class:`SizeRule` for this config's model, read before any weights load
         (from the family's built-in config or the model folder's JSON files); None when it cannot

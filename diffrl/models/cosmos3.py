@@ -166,6 +166,10 @@ class Cosmos3Family(DiffusersFolderFamily):
         ]
 
     @classmethod
+    def makes_videos(cls, config) -> bool:
+        return cls.bound_options(config).num_frames != 1  # 1: still images
+
+    @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
         errors = super().validate_config(config, check_files)
         options = cls.bound_options(config)  # a value out of its range is reported above, once

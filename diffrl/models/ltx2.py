@@ -376,6 +376,10 @@ class LTX2Family(DiffusersFolderFamily):
         return int(spatial), int(temporal)
 
     @classmethod
+    def makes_videos(cls, config) -> bool:
+        return True
+
+    @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
         errors = super().validate_config(config, check_files)
         o = cls.bound_options(config)  # a value out of its range is reported above, once

@@ -237,6 +237,10 @@ class WanFamily(DiffusersFolderFamily):
         ]
 
     @classmethod
+    def makes_videos(cls, config) -> bool:
+        return True  # (B, 3, F, H, W) even for num_frames: 1
+
+    @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
         errors = super().validate_config(config, check_files)
         frames = cls.bound_options(config).num_frames

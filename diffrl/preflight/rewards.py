@@ -79,7 +79,13 @@ def group_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[st
     """A reward that judges a prompt's samples together (:meth:`Reward.judges_groups`) gets them
     whole in one call: in training a micro-group (``rollout.micro_group_size``, else
     ``train.micro_batch_size``) must hold whole prompts, at least 2 samples each; in eval, the
-    whole eval set is one call, and a prompt needs ``eval.samples_per_prompt >= 2``."""
+    whole eval set is one call, and a prompt needs ``eval.samples_per_prompt >= 2``. It compares
+    still images: a family that makes videos (``ModelFamily.makes_videos``) is refused."""
+    try:
+        family_cls = FAMILIES.resolve(config.model.family)
+    except RegistryError:
+        family_cls = None  # reported by the model checks
+    videos = family_cls is not None and family_cls.makes_videos(config) is True
     r = config.rollout
     micro = r.micro_group_size if r.micro_group_size is not None else config.train.micro_batch_size
     n = r.n_samples_per_prompt
@@ -96,7 +102,13 @@ def group_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[st
                 continue
             if not obj.judges_groups(c.params):
                 continue
-            if where == "eval.rewards" and config.eval.samples_per_prompt < 2:
+            if videos:
+                errors.append(
+                    f"{where}[{i}] ({c.name}) compares a prompt's still images, and model family "
+                    f"{config.model.family!r} makes videos; use judging: single (each frame is judged and "
+                    "a video scores their mean)"
+                )
+            elif where == "eval.rewards" and config.eval.samples_per_prompt < 2:
                 errors.append(
                     f"{where}[{i}] ({c.name}) judges a prompt's samples together and eval.samples_per_prompt "
                     f"is {config.eval.samples_per_prompt}; set it to 2 or more (or judging: single)"
