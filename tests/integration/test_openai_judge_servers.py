@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import pytest
 import torch
 
 from diffrl.config import RewardConfig
+from diffrl.parallel import listen_port
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.openai_judge import YES_NO_QUESTION, OpenAIJudge
 from tests.conftest import ROOT
@@ -40,18 +40,25 @@ START_S = 120.0
 LLAMA = os.environ.get("DIFFRL_LLAMA_PYTHON")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PortTaken(RuntimeError):
     pass
 
 
-def started(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
-    """``cmd`` started in a session of its own, once ``url`` answers 200 (within :data:`START_S`)."""
+def lists_model(base_url: str, model: str) -> bool:
+    """Whether ``GET {base_url}/v1/models`` answers a list naming ``model`` (a folder or file path
+    of the test's own: no other server on the machine serves it)."""
+    try:
+        with urllib.request.urlopen(base_url + "/v1/models", timeout=2) as answer:
+            listed = json.loads(answer.read(2**20)).get("data", [])
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(isinstance(m, dict) and m.get("id") == model for m in listed)
+
+
+def started(cmd: list[str], url: str, base_url: str, model: str, log: Path) -> subprocess.Popen:
+    """``cmd`` started in a session of its own, once it is alive, ``url`` answers 200 and its
+    ``/v1/models`` lists ``model`` (within :data:`START_S`): another process answering on the port
+    (it was free when drawn, and may be taken before the server binds it) is not taken for it."""
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     end = time.monotonic() + START_S
@@ -64,23 +71,30 @@ def started(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
             )
         try:
             with urllib.request.urlopen(url, timeout=2) as answer:
-                if answer.status == 200:
-                    return proc
+                ready = answer.status == 200
         except OSError:
-            time.sleep(0.2)
+            ready = False
+        if ready and lists_model(base_url, model) and proc.poll() is None:
+            return proc
+        time.sleep(0.2)
     stop(proc)
     raise RuntimeError(
         f"{url} did not answer within {START_S:g} s:\n{log.read_text(errors='replace')[-3000:]}"
     )
 
 
-def serving(command: Callable[[int], list[str]], path: str, log: Path) -> tuple[subprocess.Popen, str]:
-    """A server ``command(port)`` answering ``path`` on loopback, and its base URL; a port taken
-    between drawing and binding it (an outgoing connection may take it) is drawn again (3 tries)."""
+def serving(
+    command: Callable[[int], list[str]], path: str, model: str, log: Path
+) -> tuple[subprocess.Popen, str]:
+    """A server ``command(port)`` answering ``path`` on loopback and listing ``model``, and its base
+    URL. The port is drawn below the ephemeral range (:func:`~diffrl.parallel.listen_port`), and
+    drawn again (3 tries) when another program took it between drawing and binding."""
     for attempt in range(3):
-        port = free_port()
+        base_url = f"http://127.0.0.1:{listen_port('127.0.0.1')}"
         try:
-            return started(command(port), f"http://127.0.0.1:{port}{path}", log), f"http://127.0.0.1:{port}"
+            return started(
+                command(int(base_url.rsplit(":", 1)[1])), base_url + path, base_url, model, log
+            ), base_url
         except PortTaken:
             if attempt == 2:
                 raise
@@ -120,7 +134,7 @@ def served(tmp_path_factory):
             "cpu",
         ]
 
-    proc, url = serving(command, "/health", folder / "serve.log")
+    proc, url = serving(command, "/health", str(folder), folder / "serve.log")
     try:
         yield url, str(folder)
     finally:
@@ -129,7 +143,9 @@ def served(tmp_path_factory):
 
 def judge(served, **params) -> OpenAIJudge:
     url, model = served
-    return OpenAIJudge(base_url=url, model=model, template="Rate {prompt}", timeout_s=30, **params)
+    if params.get("judging", "single") == "single":
+        params.setdefault("template", "Rate {prompt}")
+    return OpenAIJudge(base_url=url, model=model, timeout_s=30, **params)
 
 
 def pictures(n: int, side: int = 16, seed: int = 0) -> torch.Tensor:
@@ -186,7 +202,7 @@ def test_pairwise_judging_scores_win_rates(served):
     # every pair answered "<answer>Image 2 is better</answer>": of three images, the first loses both
     # comparisons, the second wins one of two, the third wins both (Pref-GRPO's win rates)
     reward = judge(served, judging="pairwise", pair_template="PAIR: which image shows {prompt}?")
-    scores = reward.call_by(pictures(3), ["a cat"] * 3, [{}] * 3, time.monotonic() + 60)
+    scores = reward.call_by(pictures(3), ["a cat"] * 3, [{}] * 3, time.monotonic() + 60, groups=[0, 0, 0])
     assert scores.tolist() == [0.0, 0.5, 1.0]
 
 
@@ -195,9 +211,38 @@ def test_group_judging_reads_the_ranking(served):
     # (0.0); the same answer for 3 images names 2 of 3 and fails the group; a lone image fails
     reward = judge(served, judging="group", group_template="RANK the {n} images of {prompt}")
     prompts = ["a cat", "a cat", "a dog", "a dog", "a dog", "a bird"]
-    scores = reward.call_by(pictures(6), prompts, [{}] * 6, time.monotonic() + 60)
+    groups = [0, 0, 1, 1, 1, 2]
+    scores = reward.call_by(pictures(6), prompts, [{}] * 6, time.monotonic() + 60, groups=groups)
     assert scores[:2].tolist() == [0.0, 1.0]
     assert scores[2:].isnan().all()
+
+
+def test_a_grpo_run_ranks_each_prompts_samples_by_their_group(served, tmp_path):
+    # the collector's group_id reaches the judge: 2 prompts x 2 samples in one micro-group are two
+    # requests "Ranking: 2 > 1" (scores 0 and 1 each), none failed; without groups every call fails
+    from diffrl.train.loop import train
+    from tests.integration.test_flow_grpo import grpo
+
+    url, model = served
+    template = "RANK the {n} images of {prompt}"
+    params = f"{{base_url: '{url}', model: '{model}', judging: group, group_template: '{template}', timeout_s: 60}}"
+    cfg = grpo(
+        tmp_path,
+        **{
+            "rewards": f"[{{name: openai_judge, timeout_s: 120, params: {params}}}]",
+            "rollout.n_samples_per_prompt": 2,
+            "train.batch_size": 4,
+            "sampling.num_steps": 2,
+            "algorithm.params": "{step_strategy: {name: sde_window, size: 1, range: [0, 1]}}",
+        },
+    )
+    m = train(cfg).history[0]
+    assert m["rollout/reward_failed"] == 0 and m["rollout/reward/openai_judge/failed"] == 0
+    assert (m["rollout/reward/raw_min"], m["rollout/reward/raw_mean"], m["rollout/reward/raw_max"]) == (
+        0,
+        0.5,
+        1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +260,7 @@ def llama(tmp_path_factory):
         cmd = [LLAMA, "-m", "llama_cpp.server", "--model", str(model), "--clip_model_path", str(mmproj)]
         return cmd + ["--chat_format", "mtmd", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "512"]
 
-    proc, url = serving(command, "/v1/models", folder / "llama.log")
+    proc, url = serving(command, "/v1/models", str(model), folder / "llama.log")
     try:
         yield url, folder / "hf"
     finally:
@@ -282,6 +327,12 @@ CASES = [
     Case("judge-group-split-prompts", ["train", GRPO, JUDGE.format(", judging: group"), "rollout.micro_group_size=12"], BAD, "judges a prompt's samples together, so each call must hold whole prompts: rollout.micro_group_size (12) must be a multiple of rollout.n_samples_per_prompt (8)"),
     Case("judge-group-eval-one-sample", ["train", GRPO, "eval.rewards=[{name: openai_judge, params: {base_url: 'http://127.0.0.1:9', model: j, judging: pairwise}}]"], BAD, "eval.rewards[0] (openai_judge) judges a prompt's samples together and eval.samples_per_prompt is 1; set it to 2 or more"),
     Case("judge-range-upside-down", ["train", GRPO, JUDGE.format(", score_min: 5, score_max: 1")], BAD, "score_min (5) must be below score_max (1)"),
+    Case("judge-key-with-a-line-break", ["train", GRPO, JUDGE.format(", api_key_env: DIFFRL_JUDGE_KEY_BROKEN")], BAD, "the key in DIFFRL_JUDGE_KEY_BROKEN holds a control or non-ASCII character", absent="sk-secret"),
+    Case("judge-key-with-a-line-end", ["train", GRPO, JUDGE.format(", api_key_env: DIFFRL_JUDGE_KEY_LINE")], BAD, "base_url: no judge server answers at http://127.0.0.1:9", absent="sk-secret"),
+    Case("judge-host-idna-refuses", ["train", GRPO, "rewards=[{name: openai_judge, params: {base_url: 'http://judge..host:8000', model: m}}]"], BAD, "its host is no valid host name"),
+    Case("judge-template-attribute", ["train", GRPO, JUDGE.format(", judging: group, group_template: '{prompt} {n.x}'")], BAD, "'{n.x}' is none of them"),
+    Case("judge-param-the-mode-ignores", ["train", GRPO, JUDGE.format(", judging: group, pattern: 'S: (.)'")], BAD, "pattern: score: text with judging: group does not use it (it asks group_template and reads with rank_pattern, max_tokens)"),
+    Case("judge-group-on-videos", ["train", GRPO, JUDGE.format(", judging: group"), "model.family=wan"], BAD, "rewards[0] (openai_judge) compares a prompt's still images, and model family 'wan' makes videos"),
 ]
 # fmt: on
 
@@ -290,4 +341,6 @@ CASES = [
 def test_refused(case, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
     monkeypatch.delenv("DIFFRL_NO_SUCH_JUDGE_KEY", raising=False)
+    monkeypatch.setenv("DIFFRL_JUDGE_KEY_BROKEN", "sk-secret\nsk-secret")  # two keys, one a line
+    monkeypatch.setenv("DIFFRL_JUDGE_KEY_LINE", "sk-secret\r\n")  # stripped: a good key
     _check(case, *run_row(case, case.argv, monkeypatch, capsys))
