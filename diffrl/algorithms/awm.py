@@ -24,7 +24,8 @@ here they are off by default, which keeps the shipped tiny results):
   as ``θ_ema ← d·θ_ema + (1 − d)·θ`` with ``d = min(ema_kl_decay, 0.001·step)`` (``linear``,
   ``step`` the optimizer steps so far) or ``d = ema_kl_decay`` (``constant``), and the loss adds
   ``ema_kl_beta·mean((v_θ − v_ema)²)`` (its ``kl_ema_weight: Uniform``). Rollouts still sample
-  with the live weights (the reference's ``off_policy: False``).
+  with the live weights (the reference's ``off_policy: False``). The reference adds it only inside
+  ``if beta > 0``; with ``kl_beta = 0`` it applies here too, an extension (not the reference's).
 """
 
 from __future__ import annotations

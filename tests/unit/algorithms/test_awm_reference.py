@@ -57,7 +57,8 @@ def reference_loss(
     theta, theta_ref, theta_ema, ex, old_log_prob, clip_range, adv_clip_max, advantage_max, beta, ema_beta
 ):
     """The reference's loss, written from its loop for one micro-batch (``weighting='Uniform'``,
-    ``loss_type='exp_first'``, ``kl_weight = kl_ema_weight = 'Uniform'``)."""
+    ``loss_type='exp_first'``, ``kl_weight = kl_ema_weight = 'Uniform'``); with ``beta = 0`` and
+    ``ema_beta > 0``, diffrl's extension (the reference adds neither term then)."""
     s = ex.t.view(-1, 1, 1, 1)
     noised = (1 - s) * ex.x0 + s * ex.noise
     model_output = (theta * noised + s).double()
@@ -73,7 +74,10 @@ def reference_loss(
     ema = (theta_ema * noised + s).double()
     kl_loss = ((model_output - ref) ** 2).mean(dim=(1, 2, 3)).mean()
     ema_kl_loss = ((model_output - ema) ** 2).mean(dim=(1, 2, 3)).mean()
-    return policy_loss + beta * kl_loss + ema_beta * ema_kl_loss, ema_kl_loss
+    if beta > 0:  # the reference: both KL terms, only inside `if beta > 0`
+        return policy_loss + beta * kl_loss + ema_beta * ema_kl_loss, ema_kl_loss
+    # the reference adds neither; diffrl's extension adds EMA-KL alone (the same term)
+    return policy_loss + ema_beta * ema_kl_loss, ema_kl_loss
 
 
 def test_advantage_max_scales_the_clamped_advantages():
@@ -97,7 +101,14 @@ def test_ema_decay_schedules_follow_the_reference():
 
 @pytest.mark.parametrize(
     "advantage_max, beta, ema_beta",
-    [(1.0, 0.003, 1.0), (None, 0.0, 0.5), (2.5, 0.0, 0.0), (None, 0.0, 0.0)],
+    [
+        pytest.param(1.0, 0.003, 1.0, id="reference"),
+        # an extension: the reference adds EMA-KL only inside `if beta > 0`, so it cannot run this
+        # case; diffrl applies the same term alone, checked against the reference's formula for it
+        pytest.param(None, 0.0, 0.5, id="ema_kl_without_kl-extension"),
+        pytest.param(2.5, 0.0, 0.0, id="reference-no_kl"),
+        pytest.param(None, 0.0, 0.0, id="reference-plain"),
+    ],
 )
 def test_loss_and_gradient_are_the_references(advantage_max, beta, ema_beta):
     ex = _examples([-7.0, -0.4, 0.0, 1.3, 6.0])
