@@ -502,3 +502,25 @@ def test_the_params_each_mode_uses_are_accepted():
         {**P, "judging": "pairwise", "pair_template": "{prompt}", "pair_pattern": "(1)"},
     ):
         assert OpenAIJudge.param_problems(params, check_files=False) == [], params
+
+
+def test_eval_judges_each_prompt_apart_even_where_two_share_their_text(server, tmp_path):
+    from diffrl.models.registry import load_family
+    from diffrl.preflight import load_config
+    from diffrl.rewards.base import RewardSet
+    from diffrl.train.evaluate import evaluate
+    from tests.conftest import tiny_overrides
+
+    url, script = server(ok(completion("Ranking: 2 > 1")))
+    (tmp_path / "prompts.txt").write_text("a cat\na cat\n")  # a prompt file's repeated line
+    judge = f"{{name: openai_judge, params: {{base_url: '{url}', model: m, judging: group}}}}"
+    overrides = {"eval.rewards": f"[{judge}]", "eval.prompts": str(tmp_path / "prompts.txt")}
+    overrides.update({"eval.samples_per_prompt": 2, "eval.batch_size": 4})
+    config = load_config("recipes/tiny_sft.yaml", tiny_overrides(tmp_path, **overrides))
+    rewards = RewardSet(config.eval.rewards)
+    try:
+        result = evaluate(load_family(config), config, rewards)
+    finally:
+        rewards.close()
+    assert result.errors == [] and result.rewards["openai_judge"].tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert [r[0] for r in script.requests].count("/v1/chat/completions") == 2
