@@ -86,7 +86,6 @@ import os
 import re
 import string
 import threading
-import time
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -100,8 +99,17 @@ from PIL import Image
 from diffrl.config import Range
 from diffrl.config.schema import MAX_SIDE
 from diffrl.rewards.base import Reward, RewardError
-from diffrl.rewards.remote import ENV_NAME, AnswerTooLarge, encode_png, exchange
-from diffrl.rewards.workers import seconds_left
+from diffrl.rewards.remote import (
+    ENV_NAME,
+    AnswerTooLarge,
+    GaveUp,
+    Retry,
+    encode_png,
+    exchange,
+    host_problem,
+    probe,
+    with_retries,
+)
 from diffrl.rollout import quantize
 
 LOG = logging.getLogger(__name__)
@@ -199,10 +207,8 @@ def base_url_problem(url: Any) -> str | None:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
         return f"base_url must be http(s)://HOST[:PORT][/v1] of an OpenAI-compatible server, got {quote(url)}"
-    try:
-        parts.hostname.encode("idna")
-    except UnicodeError as e:
-        return f"base_url {quote(url)}: its host is no valid host name ({e}); fix base_url"
+    if (p := host_problem(parts.hostname)) is not None:
+        return f"base_url {quote(url)}: {p}"
     if parts.query or parts.fragment:
         return f"base_url {quote(url)}: give the server's address without a query or fragment"
     if parts.path.rstrip("/").endswith(("/chat/completions", "/completions")):
@@ -339,10 +345,6 @@ def api_key(env: str) -> str:
     """The key in the environment variable ``env``, without surrounding whitespace (a key file
     read with its newline)."""
     return os.environ.get(env, "").strip()
-
-
-class _Retry(Exception):
-    """An attempt that failed in a way worth trying again (connection, timeout, 429, 5xx)."""
 
 
 class _Fatal(Exception):
@@ -638,26 +640,21 @@ class OpenAIJudge(Reward):
         return json.dumps(body).encode()
 
     def _run(self, request: Callable[[], bytes], n: int, deadline: float | None) -> _Outcome:
-        """One request, retried on :class:`_Retry` within ``deadline``; a failure as an outcome."""
-        body, attempt = request(), 0
-        while True:
-            left = seconds_left(deadline)
-            wait = self.timeout_s if left is None else min(self.timeout_s, left)
-            try:
-                if wait <= 0:
-                    raise _Retry("no time left before the reward's deadline")
-                return self._attempt(body, n, wait)
-            except _Fatal as e:
-                return _Outcome(None, str(e))
-            except _Retry as e:
-                reason = str(e)
-            attempt += 1
-            pause = self.backoff_s * 2 ** (attempt - 1)
-            left = seconds_left(deadline)
-            if attempt > self.retries or (left is not None and left <= pause):
-                where = "" if attempt > self.retries else ", at the reward's deadline"
-                return _Outcome(None, f"failed after {attempt} attempt(s){where}: {reason}")
-            time.sleep(pause)
+        """One request, retried on :class:`~diffrl.rewards.remote.Retry` within ``deadline``
+        (:func:`~diffrl.rewards.remote.with_retries`, as the remote reward's); a failure as an outcome."""
+        body = request()
+        try:
+            return with_retries(
+                lambda wait: self._attempt(body, n, wait),
+                self.timeout_s,
+                self.retries,
+                self.backoff_s,
+                deadline,
+            )
+        except _Fatal as e:
+            return _Outcome(None, str(e))
+        except GaveUp as e:
+            return _Outcome(None, f"failed after {e}")
 
     def _attempt(self, body: bytes, n: int, wait: float) -> _Outcome:
         """One attempt of at most ``wait`` seconds: POST ``body``, read the answer's ``n`` score(s)."""
@@ -669,14 +666,14 @@ class OpenAIJudge(Reward):
                 self.base_url, "POST", self._path, wait, body, headers, max_bytes=self.max_answer_bytes
             )
         except TimeoutError as e:
-            raise _Retry(f"no answer within {wait:.3g} s") from e
+            raise Retry(f"no answer within {wait:.3g} s") from e
         except AnswerTooLarge as e:  # read no further than the bound: the same answer would come again
             raise _Fatal(f"the answer is over max_answer_bytes ({self.max_answer_bytes:,})") from e
         except (OSError, http.client.HTTPException) as e:
-            raise _Retry(f"{type(e).__name__}: {str(e)[:MAX_QUOTE]}") from e
+            raise Retry(f"{type(e).__name__}: {str(e)[:MAX_QUOTE]}") from e
         detail = data[: 2 * MAX_QUOTE].decode("utf-8", "replace").strip() or "(empty body)"
         if status == 429 or status >= 500:
-            raise _Retry(f"HTTP {status}: {quote(detail)}")
+            raise Retry(f"HTTP {status}: {quote(detail)}")
         if status in (401, 403):
             fix = (
                 "set api_key_env to a variable holding the server's key"
@@ -777,16 +774,13 @@ def server_problems(base_url: str, api_key_env: str | None, timeout_s: float = P
     """Why no OpenAI-compatible server answers ``GET /v1/models`` at ``base_url`` (with the key)."""
     path = completions_path(base_url).removesuffix("/chat/completions") + "/models"
     headers = {"Authorization": f"Bearer {api_key(api_key_env)}"} if api_key_env else {}
-    try:
-        status, data, _ = exchange(base_url, "GET", path, timeout_s, headers=headers)
-    except (OSError, http.client.HTTPException) as e:
-        reason = (
-            f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
-        )
+    answer = probe(base_url, path, timeout_s, headers)
+    if isinstance(answer, str):
         return [
-            f"base_url: no judge server answers at {base_url} ({reason}); start it first (vLLM, sglang, "
+            f"base_url: no judge server answers at {base_url} ({answer}); start it first (vLLM, sglang, "
             "llama.cpp's or transformers serve, with the judge model) or fix base_url"
         ]
+    status, data = answer
     if status in (401, 403):
         fix = (
             "check the key in " + api_key_env

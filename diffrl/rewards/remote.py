@@ -46,8 +46,8 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
-from typing import Annotated, Any
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, TypeVar
 
 import torch
 
@@ -271,6 +271,17 @@ def exchange(
         conn.close()
 
 
+def probe(url: str, path: str, timeout_s: float, headers: dict | None = None) -> tuple[int, bytes] | str:
+    """``GET path`` at ``url``'s host within ``timeout_s`` in all (preflight's look at a server):
+    ``(status, body)``, or why nothing answered (``no answer in 3 s``, ``ConnectionRefusedError:
+    ...``)."""
+    try:
+        status, data, _ = exchange(url, "GET", path, timeout_s, headers=headers)
+    except (OSError, http.client.HTTPException) as e:
+        return f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+    return status, data
+
+
 def _value_error(e: ValueError, stage: str) -> str:
     """What a ValueError of http.client or the resolver means, without its message."""
     if isinstance(e, UnicodeError) and stage == "connecting to":
@@ -292,17 +303,13 @@ def server_problems(
     """Why ``url`` is no usable reward server (asks its ``/health``, within ``timeout_s`` in all;
     no token needed). ``request_timeout_s``: the client's ``timeout_s``, which the server's
     ``max_timeout_s`` must allow."""
-    parts = urllib.parse.urlsplit(url)
-    try:
-        status, data, _ = exchange(url, "GET", parts.path.rstrip("/") + "/health", timeout_s)
-    except (OSError, http.client.HTTPException) as e:
-        reason = (
-            f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
-        )
+    answer = probe(url, urllib.parse.urlsplit(url).path.rstrip("/") + "/health", timeout_s)
+    if isinstance(answer, str):
         return [
-            f"url: no reward server answers at {url} ({reason}); start it first (diffrl serve-reward "
+            f"url: no reward server answers at {url} ({answer}); start it first (diffrl serve-reward "
             "--reward NAME --host HOST --port PORT ...) or fix the url"
         ]
+    status, data = answer
     health = _json(data)
     ok = status == 200 and isinstance(health, dict) and health.get("status") == "ok"
     if status == 503 and isinstance(health, dict) and health.get("status") == "broken":
@@ -358,16 +365,13 @@ def peer_problems(
     ``/health`` also says which protocol it answers and whether it wants a token."""
     parts = urllib.parse.urlsplit(url)
     path = parts.path.rstrip("/") + protocol.health if protocol.health else (parts.path or "/")
-    try:
-        status, data, _ = exchange(url, "GET", path, timeout_s)
-    except (OSError, http.client.HTTPException) as e:
-        reason = (
-            f"no answer in {timeout_s:g} s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
-        )
+    answer = probe(url, path, timeout_s)
+    if isinstance(answer, str):
         return [
-            f"url: no reward server answers at {url} ({reason}); start it first or fix the url "
+            f"url: no reward server answers at {url} ({answer}); start it first or fix the url "
             f"(protocol {protocol.name})"
         ]
+    status, data = answer
     health = _json(data)
     if isinstance(health, dict) and "protocol" in health and health["protocol"] != protocol.name:
         return [_protocol_mismatch(url, health["protocol"], protocol)]
@@ -386,8 +390,44 @@ def peer_problems(
     return []
 
 
-class _Retry(Exception):
-    """An attempt that failed in a way worth trying again (connection, timeout, 5xx)."""
+class Retry(Exception):
+    """An attempt that failed in a way worth trying again (connection, timeout, 5xx; for a judge
+    also 429): :func:`with_retries` tries again."""
+
+
+class GaveUp(Exception):
+    """:func:`with_retries` ran out of attempts or of time; its text is ``N attempt(s)[, at the
+    reward's deadline]: <the last attempt's reason>``."""
+
+
+T = TypeVar("T")
+
+
+def with_retries(
+    attempt: Callable[[float], T], timeout_s: float, retries: int, backoff_s: float, deadline: float | None
+) -> T:
+    """``attempt(wait)``, each try given ``wait = min(timeout_s, what is left of deadline)``
+    seconds, tried again on :class:`Retry` after ``backoff_s * 2**k`` (k = 0, 1, ...) at most
+    ``retries`` times; no try or pause goes past ``deadline`` (``time.monotonic()``; None: only
+    ``retries`` bound it). :class:`GaveUp` when the tries or the time run out; anything else
+    ``attempt`` raises goes through. The remote and openai_judge rewards' requests."""
+    tries = 0
+    while True:
+        left = seconds_left(deadline)
+        wait = timeout_s if left is None else min(timeout_s, left)
+        try:
+            if wait <= 0:
+                raise Retry("no time left before the reward's deadline")
+            return attempt(wait)
+        except Retry as e:
+            reason = str(e)
+        tries += 1
+        pause = backoff_s * 2 ** (tries - 1)
+        left = seconds_left(deadline)
+        if tries > retries or (left is not None and left <= pause):
+            where = "" if tries > retries else ", at the reward's deadline"
+            raise GaveUp(f"{tries} attempt(s){where}: {reason}")
+        time.sleep(pause)
 
 
 class RemoteReward(Reward):
@@ -475,27 +515,16 @@ class RemoteReward(Reward):
         ``(B,)`` scores from the server, retried until ``deadline`` (``time.monotonic()``; None:
         only ``retries`` bound it)."""
         body = self.protocol.encode(images, prompts, metadata, self.format, audio)
-        n, attempt = len(prompts), 0
-        while True:
-            left = seconds_left(deadline)
-            wait = self.timeout_s if left is None else min(self.timeout_s, left)
-            try:
-                if wait <= 0:
-                    raise _Retry("no time left before the reward's deadline")
-                return self._attempt(body, n, wait)
-            except _Retry as e:
-                reason = str(e)
-            attempt += 1
-            pause = self.backoff_s * 2 ** (attempt - 1)
-            left = seconds_left(deadline)
-            if attempt > self.retries or (left is not None and left <= pause):
-                why = (
-                    f"{attempt} attempt(s)"
-                    if attempt > self.retries
-                    else f"{attempt} attempt(s), at the reward's deadline"
-                )
-                raise RewardError(f"remote reward server {self.url} failed after {why}: {reason}")
-            time.sleep(pause)
+        try:
+            return with_retries(
+                lambda wait: self._attempt(body, len(prompts), wait),
+                self.timeout_s,
+                self.retries,
+                self.backoff_s,
+                deadline,
+            )
+        except GaveUp as e:
+            raise RewardError(f"remote reward server {self.url} failed after {e}") from None
 
     def _attempt(self, body: bytes, n: int, wait: float) -> torch.Tensor:
         # X-Timeout-S: the server skips the request if it is still queued when this attempt gave up
@@ -509,9 +538,9 @@ class RemoteReward(Reward):
         try:
             status, data, ctype = exchange(self.url, "POST", self._path, wait, body, headers)
         except TimeoutError as e:
-            raise _Retry(f"no answer within {wait:.3g} s") from e
+            raise Retry(f"no answer within {wait:.3g} s") from e
         except (OSError, http.client.HTTPException) as e:
-            raise _Retry(f"{type(e).__name__}: {e}") from e
+            raise Retry(f"{type(e).__name__}: {e}") from e
         if status == 200:
             return self._scores(data, ctype, n)
         detail = _detail(data)
@@ -530,7 +559,7 @@ class RemoteReward(Reward):
                 f"rollout.micro_group_size{', or send format: png' if self.format == 'raw' else ''}"
             )
         if status >= 500:
-            raise _Retry(f"HTTP {status}: {detail}")
+            raise Retry(f"HTTP {status}: {detail}")
         raise RewardError(f"remote reward server {self.url} rejected the request (HTTP {status}: {detail})")
 
     def _scores(self, data: bytes, ctype: str, n: int) -> torch.Tensor:

@@ -329,7 +329,7 @@ CASES = [
     Case("judge-range-upside-down", ["train", GRPO, JUDGE.format(", score_min: 5, score_max: 1")], BAD, "score_min (5) must be below score_max (1)"),
     Case("judge-key-with-a-line-break", ["train", GRPO, JUDGE.format(", api_key_env: DIFFRL_JUDGE_KEY_BROKEN")], BAD, "the key in DIFFRL_JUDGE_KEY_BROKEN holds a control or non-ASCII character", absent="sk-secret"),
     Case("judge-key-with-a-line-end", ["train", GRPO, JUDGE.format(", api_key_env: DIFFRL_JUDGE_KEY_LINE")], BAD, "base_url: no judge server answers at http://127.0.0.1:9", absent="sk-secret"),
-    Case("judge-host-idna-refuses", ["train", GRPO, "rewards=[{name: openai_judge, params: {base_url: 'http://judge..host:8000', model: m}}]"], BAD, "its host is no valid host name"),
+    Case("judge-host-idna-refuses", ["train", GRPO, "rewards=[{name: openai_judge, params: {base_url: 'http://judge..host:8000', model: m}}]"], BAD, "is no valid host name (each dot-separated part must be 1 to 63"),
     Case("judge-template-attribute", ["train", GRPO, JUDGE.format(", judging: group, group_template: '{prompt} {n.x}'")], BAD, "'{n.x}' is none of them"),
     Case("judge-param-the-mode-ignores", ["train", GRPO, JUDGE.format(", judging: group, pattern: 'S: (.)'")], BAD, "pattern: score: text with judging: group does not use it (it asks group_template and reads with rank_pattern, max_tokens)"),
     Case("judge-group-on-videos", ["train", GRPO, JUDGE.format(", judging: group"), "model.family=wan"], BAD, "rewards[0] (openai_judge) compares a prompt's still images, and model family 'wan' makes videos"),

@@ -468,8 +468,14 @@ P = {"base_url": "http://h:1", "model": "m"}
 @pytest.mark.parametrize(
     "params, expected",
     [
-        ({**P, "base_url": "http://judge..host:8000"}, "its host is no valid host name"),
-        ({**P, "base_url": f"http://{'a' * 64}.example:8000"}, "its host is no valid host name"),
+        (
+            {**P, "base_url": "http://judge..host:8000"},
+            "is no valid host name (each dot-separated part must be 1 to 63",
+        ),
+        (
+            {**P, "base_url": f"http://{'a' * 64}.example:8000"},
+            "is no valid host name (each dot-separated part must be 1 to 63",
+        ),
         (
             {**P, "judging": "group", "group_template": "{prompt} {n.x}"},
             "of {prompt}, {n}: '{n.x}' is none of them",
