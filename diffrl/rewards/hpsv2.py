@@ -34,18 +34,16 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PILImageResampling
 
 from diffrl.config.schema import ImagesPerForward
 from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward
-from diffrl.rewards.pretrained import device_and_dtype, file_problems, pil_images
+from diffrl.rewards.pretrained import device_and_dtype, file_problems, load_state_dict, pil_images
 
 VISION_HEAD_WIDTH = 80
 """open_clip ViT-H-14: ``vision_cfg.head_width`` (1280 wide = 16 heads)."""
@@ -172,23 +170,9 @@ def open_clip_config(state: dict[str, torch.Tensor]) -> CLIPConfig:
 
 
 def load_checkpoint(path: str) -> dict[str, torch.Tensor]:
-    """The open_clip state dict in ``path``: HPSv2's ``.pt`` (``{"state_dict": ...}``, loaded with
-    ``weights_only=True``), a bare state dict, or a ``.safetensors`` file; a DistributedDataParallel
-    ``module.`` prefix is dropped."""
-    file = Path(path).expanduser()
-    if file.suffix == ".safetensors":
-        state = load_file(str(file))
-    else:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-            state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(
-            "expected an open_clip state dict (name -> tensor), or a dict with one under 'state_dict'"
-        )
-    if state and all(k.startswith("module.") for k in state):
-        state = {k.removeprefix("module."): v for k, v in state.items()}
-    return state
+    """The open_clip state dict in ``path``: HPSv2's ``.pt`` (``{"state_dict": ...}``), a bare
+    state dict, or a ``.safetensors`` file (:func:`~diffrl.rewards.pretrained.load_state_dict`)."""
+    return load_state_dict(path, "an open_clip state dict")
 
 
 def open_clip_model(state: dict[str, torch.Tensor]) -> CLIPModel:

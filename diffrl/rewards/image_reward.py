@@ -66,7 +66,7 @@ from diffrl.errors import EXIT_USER_ERROR, DiffrlError
 from diffrl.logging.quiet import quiet_libraries
 from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward, RewardError
-from diffrl.rewards.pretrained import device_and_dtype, folder_problems, pil_images
+from diffrl.rewards.pretrained import device_and_dtype, folder_problems, load_state_dict, pil_images
 from diffrl.user_files import UserFileError, check_file
 
 MEAN = 0.16717362830052426
@@ -258,23 +258,9 @@ def head_mlp(state: dict[str, torch.Tensor], where: str) -> nn.Sequential:
 
 
 def load_checkpoint(path: str) -> dict[str, torch.Tensor]:
-    """ImageReward's state dict in ``path``: the published ``ImageReward.pt`` (loaded with
-    ``weights_only=True``), one under ``"state_dict"``, or a ``.safetensors`` file; a
-    DistributedDataParallel ``module.`` prefix is dropped."""
-    file = Path(path).expanduser()
-    if file.suffix == ".safetensors":
-        state = load_file(str(file))
-    else:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-            state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(
-            "expected ImageReward's state dict (name -> tensor), or a dict with one under 'state_dict'"
-        )
-    if state and all(k.startswith("module.") for k in state):
-        state = {k.removeprefix("module."): v for k, v in state.items()}
-    return state
+    """ImageReward's state dict in ``path``: the published ``ImageReward.pt``, one under
+    ``"state_dict"``, or a ``.safetensors`` file (:func:`~diffrl.rewards.pretrained.load_state_dict`)."""
+    return load_state_dict(path, "ImageReward's state dict")
 
 
 def blip_model(model_state: dict[str, torch.Tensor], token_ids: dict[str, int]) -> BlipForImageTextRetrieval:

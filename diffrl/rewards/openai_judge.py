@@ -107,6 +107,7 @@ from diffrl.rewards.remote import (
     encode_png,
     exchange,
     host_problem,
+    http_url,
     probe,
     with_retries,
 )
@@ -200,12 +201,8 @@ def pattern_problem(name: str, pattern: Any) -> str | None:
 def base_url_problem(url: Any) -> str | None:
     if not isinstance(url, str):
         return f"base_url must be the server's address, e.g. 'http://10.0.0.7:8000', got {url!r}"
-    parts = urllib.parse.urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+    parts = http_url(url)
+    if parts is None:
         return f"base_url must be http(s)://HOST[:PORT][/v1] of an OpenAI-compatible server, got {quote(url)}"
     if (p := host_problem(parts.hostname)) is not None:
         return f"base_url {quote(url)}: {p}"

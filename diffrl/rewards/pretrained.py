@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from safetensors.torch import load_file
 
 from diffrl.rollout import quantize
 from diffrl.user_files import UserFileError, read_json_object
@@ -92,3 +93,22 @@ def pil_images(images: torch.Tensor) -> list[Image.Image]:
 def chunks(n: int, size: int) -> Sequence[slice]:
     """``range(n)`` cut into slices of at most ``size`` (a reward's ``batch_size``)."""
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def load_state_dict(path: str, what: str) -> dict[str, torch.Tensor]:
+    """The state dict (name -> tensor) in the checkpoint ``path``: a ``.pt`` loaded with
+    ``weights_only=True`` (bare, or under ``"state_dict"``), or a ``.safetensors`` file; a
+    DistributedDataParallel ``module.`` prefix is dropped. ``what``: the reward's name for its
+    weights in the error (e.g. "an open_clip state dict")."""
+    file = Path(path).expanduser()
+    if file.suffix == ".safetensors":
+        state = load_file(str(file))
+    else:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+            state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"expected {what} (name -> tensor), or a dict with one under 'state_dict'")
+    if state and all(k.startswith("module.") for k in state):
+        state = {k.removeprefix("module."): v for k, v in state.items()}
+    return state

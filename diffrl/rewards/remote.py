@@ -100,15 +100,21 @@ def token_value_problem(env: str, token: str) -> str | None:
     return None
 
 
+def http_url(url: str) -> urllib.parse.SplitResult | None:
+    """``url`` split, if it is ``http(s)://HOST[:PORT]...`` with a valid port; else None."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises on a port out of range or not a number
+    except ValueError:
+        return None
+    return parts if parts.scheme in ("http", "https") and parts.hostname else None
+
+
 def url_problem(url: Any, protocol: Protocol = DIFFRL) -> str | None:
     if not isinstance(url, str):
         return f"url must be the server's address, e.g. 'http://10.0.0.7:8100', got {_shown(url)}"
-    parts = urllib.parse.urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+    parts = http_url(url)
+    if parts is None:
         return f"url must be http(s)://HOST:PORT of a reward server (diffrl serve-reward), got {_shown(url)}"
     if (p := host_problem(parts.hostname)) is not None:
         return f"url {_shown(url)}: {p}"
