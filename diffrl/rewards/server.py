@@ -274,6 +274,11 @@ def check_served_reward(name: str, params: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise ServerError(f"--params must be a mapping of name: value, got {quoted(params)}")
     bound, problems = served_params(obj, params)
+    if isinstance(obj, type) and issubclass(obj, Reward) and obj.judges_groups(params):
+        problems.append(
+            "it judges a prompt's samples together, and a request to this server carries no groups "
+            "(the wire format has none); serve it with single-image judging, or use it in the trainer"
+        )
     if problems:
         raise ServerError(f"reward {name!r}: " + "; ".join(problems))
     return bound

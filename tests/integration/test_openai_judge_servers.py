@@ -326,6 +326,7 @@ CASES = [
     Case("judge-key-unset", ["train", GRPO, JUDGE.format(", api_key_env: DIFFRL_NO_SUCH_JUDGE_KEY")], BAD, "the environment variable DIFFRL_NO_SUCH_JUDGE_KEY is not set"),
     Case("judge-group-split-prompts", ["train", GRPO, JUDGE.format(", judging: group"), "rollout.micro_group_size=12"], BAD, "judges a prompt's samples together, so each call must hold whole prompts: rollout.micro_group_size (12) must be a multiple of rollout.n_samples_per_prompt (8)"),
     Case("judge-group-eval-one-sample", ["train", GRPO, "eval.rewards=[{name: openai_judge, params: {base_url: 'http://127.0.0.1:9', model: j, judging: pairwise}}]"], BAD, "eval.rewards[0] (openai_judge) judges a prompt's samples together and eval.samples_per_prompt is 1; set it to 2 or more"),
+    Case("judge-group-served", ["serve-reward", "--reward", "openai_judge", "--params", "{base_url: 'http://127.0.0.1:9', model: j, judging: group}"], BAD, "it judges a prompt's samples together, and a request to this server carries no groups"),
     Case("judge-range-upside-down", ["train", GRPO, JUDGE.format(", score_min: 5, score_max: 1")], BAD, "score_min (5) must be below score_max (1)"),
     Case("judge-key-with-a-line-break", ["train", GRPO, JUDGE.format(", api_key_env: DIFFRL_JUDGE_KEY_BROKEN")], BAD, "the key in DIFFRL_JUDGE_KEY_BROKEN holds a control or non-ASCII character", absent="sk-secret"),
     Case("judge-key-with-a-line-end", ["train", GRPO, JUDGE.format(", api_key_env: DIFFRL_JUDGE_KEY_LINE")], BAD, "base_url: no judge server answers at http://127.0.0.1:9", absent="sk-secret"),
