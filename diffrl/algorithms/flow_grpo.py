@@ -59,20 +59,35 @@ from diffrl.sampling.step_strategies import build_step_strategy
 
 @dataclass
 class PPOTerms:
-    """Scalars of the clipped objective for one micro-batch."""
+    """Scalars of the clipped objective for one micro-batch; ``ratio, advantages: (B,)`` (the
+    advantages clamped to ±adv_clip_max)."""
 
     policy_loss: torch.Tensor
     approx_kl: torch.Tensor
     clipfrac: torch.Tensor
     ratio: torch.Tensor
+    clip_range: float = 0.0
+    advantages: torch.Tensor | None = None
 
     def metrics(self, kl_loss: torch.Tensor) -> dict[str, float]:
+        """The loss terms and the group health (issue 38): the share of transitions clipped on
+        each side (ratio > 1 + ε, < 1 − ε), the ratio's mean, std and max, the advantages' std.
+        Like every metric of a micro-batch, the driver averages them over the micro-batches
+        (so ``ratio_max`` is the mean of the micro-batches' maxima)."""
+        r = self.ratio.double()
+        adv = self.advantages.double() if self.advantages is not None else torch.zeros(1)
         return {
             "train/policy_loss": self.policy_loss.item(),
             "train/kl_loss": kl_loss.item(),
             "train/approx_kl": self.approx_kl.item(),
             "train/clipfrac": self.clipfrac.item(),
-            "train/ratio_abs_minus_1": (self.ratio - 1).abs().mean().item(),
+            "train/ratio_abs_minus_1": (r - 1).abs().mean().item(),
+            "train/clip_frac_high": (r > 1.0 + self.clip_range).double().mean().item(),
+            "train/clip_frac_low": (r < 1.0 - self.clip_range).double().mean().item(),
+            "train/ratio_mean": r.mean().item(),
+            "train/ratio_std": r.std(unbiased=False).item(),
+            "train/ratio_max": r.max().item(),
+            "train/adv_std": adv.std(unbiased=False).item(),
         }
 
 
@@ -101,6 +116,8 @@ def ppo_clip_loss(
         approx_kl=0.5 * ((log_prob - old_log_prob) ** 2).mean().detach(),
         clipfrac=((ratio - 1.0).abs() > clip_range).float().mean().detach(),
         ratio=ratio.detach(),
+        clip_range=clip_range,
+        advantages=adv.detach(),
     )
 
 
@@ -384,6 +401,8 @@ class FlowGRPO(DiffusionAlgorithm):
                 )
             kl = mean_kl(out.mean, ref.mean, out.std)
             loss = loss + p.kl_beta * kl
+        if p.kl_beta > 0:
+            guard["monitor/kl_to_base"] = kl.item()  # the policy's drift from the base, for free here
         return loss, {
             **terms.metrics(kl),
             **guard,

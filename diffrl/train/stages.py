@@ -22,6 +22,7 @@ from diffrl.rollout import CollectionSpec, RewardScores, RolloutBatch, RolloutSt
 from diffrl.seeding import generator
 from diffrl.train.evaluate import EvalResult, eval_grid_path
 from diffrl.train.guard import Guard
+from diffrl.train.monitors import collapse_warning, diversity_metrics
 from diffrl.train.run_folder import write_atomic
 from diffrl.train.runner import PendingScore, Runner
 
@@ -78,7 +79,28 @@ def collect_rollout(
 
 
 def rollout_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) -> dict[str, float]:
-    """The rollout's reward statistics (failed samples are counted, not averaged)."""
+    """The rollout's reward statistics (failed samples are counted, not averaged) and its
+    diversity monitors (:mod:`diffrl.train.monitors`; a warning when the collapse alarm fires)."""
+    metrics = {**reward_metrics(batch, stats, iteration), **diversity(batch)}
+    line = collapse_warning(metrics, iteration)
+    if line is not None:
+        warnings.warn(line, stacklevel=2)
+    return metrics
+
+
+def diversity(batch: RolloutBatch) -> dict[str, float]:
+    """The monitors of the samples whose reward could be had (all of them without rewards)."""
+    if batch.images is None:
+        return {}
+    ok = (
+        torch.isfinite(batch.rewards)
+        if batch.rewards is not None
+        else torch.ones(len(batch), dtype=torch.bool)
+    )
+    return diversity_metrics(batch.images[ok], batch.group_id[ok])
+
+
+def reward_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) -> dict[str, float]:
     if stats.errors:
         warnings.warn(
             f"iteration {iteration}: {stats.reward_failed} sample(s) dropped: {stats.errors[0]}"
@@ -93,8 +115,12 @@ def rollout_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) ->
     if batch.rewards is None:
         return metrics
     ok = torch.isfinite(batch.rewards)
+    failed = {
+        "rollout/reward_failed": float(stats.reward_failed),
+        "rollout/reward_failed_frac": stats.reward_failed / max(len(batch), 1),
+    }
     if not ok.any():
-        return {"rollout/reward_failed": float(stats.reward_failed), **metrics}
+        return {**failed, **metrics}
     r, group_id = batch.rewards[ok], batch.group_id[ok]
     groups = group_id.unique()
     zero = sum(bool((r[group_id == g] == r[group_id == g][0]).all()) for g in groups)
@@ -104,7 +130,7 @@ def rollout_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) ->
         "rollout/reward/raw_min": r.min().item(),
         "rollout/reward/raw_max": r.max().item(),
         "rollout/zero_std_ratio": zero / len(groups),
-        "rollout/reward_failed": float(stats.reward_failed),
+        **failed,
         **metrics,
     }
 

@@ -113,3 +113,21 @@ def test_guard_options_need_the_sde_sampler(option):
             }
         )
     load_config("recipes/tiny_grpo_ocr_small.yaml", [f"algorithm.params.{option}=true"])  # sde: fine
+
+
+def test_group_health_splits_the_clip_fraction_by_side():
+    """Issue 38's group health: ratios 1.5, 1.0, 0.5, 1.05 with ε = 0.1 -> one clipped above,
+    one below; the ratio's mean/std/max and the clamped advantages' std."""
+    log_ratio = torch.log(torch.tensor([1.5, 1.0, 0.5, 1.05], dtype=torch.float64))
+    old = torch.zeros(4, dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0, 3.0, -9.0], dtype=torch.float64)  # -9 clamps to -5
+    terms = ppo_clip_loss(log_ratio, old, adv, clip_range=0.1, adv_clip_max=5.0)
+    m = terms.metrics(torch.zeros(()))
+    assert m["train/clip_frac_high"] == 0.25 and m["train/clip_frac_low"] == 0.25
+    assert m["train/clipfrac"] == m["train/clip_frac_high"] + m["train/clip_frac_low"]
+    r = torch.tensor([1.5, 1.0, 0.5, 1.05], dtype=torch.float64)
+    assert m["train/ratio_mean"] == pytest.approx(r.mean().item())
+    assert m["train/ratio_std"] == pytest.approx(r.std(unbiased=False).item())
+    assert m["train/ratio_max"] == pytest.approx(1.5)
+    clamped = torch.tensor([1.0, -1.0, 3.0, -5.0], dtype=torch.float64)
+    assert m["train/adv_std"] == pytest.approx(clamped.std(unbiased=False).item())
