@@ -75,17 +75,23 @@ def hearing_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[
     return errors
 
 
+def _makes_videos(config: Config) -> bool:
+    """Whether the config's family makes videos (``ModelFamily.makes_videos``); False for a family
+    that cannot be resolved or is no ModelFamily (the model checks report those)."""
+    try:
+        family_cls = FAMILIES.resolve(config.model.family)
+    except RegistryError:
+        return False
+    makes_videos = getattr(family_cls, "makes_videos", None) if isinstance(family_cls, type) else None
+    return callable(makes_videos) and makes_videos(config) is True
+
+
 def group_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[str]:
     """A reward that judges a prompt's samples together (:meth:`Reward.judges_groups`) gets them
     whole in one call: in training a micro-group (``rollout.micro_group_size``, else
     ``train.micro_batch_size``) must hold whole prompts, at least 2 samples each; in eval, the
     whole eval set is one call, and a prompt needs ``eval.samples_per_prompt >= 2``. It compares
     still images: a family that makes videos (``ModelFamily.makes_videos``) is refused."""
-    try:
-        family_cls = FAMILIES.resolve(config.model.family)
-    except RegistryError:
-        family_cls = None  # reported by the model checks
-    videos = family_cls is not None and family_cls.makes_videos(config) is True
     r = config.rollout
     micro = r.micro_group_size if r.micro_group_size is not None else config.train.micro_batch_size
     n = r.n_samples_per_prompt
@@ -102,7 +108,7 @@ def group_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[st
                 continue
             if not obj.judges_groups(c.params):
                 continue
-            if videos:
+            if _makes_videos(config):
                 errors.append(
                     f"{where}[{i}] ({c.name}) compares a prompt's still images, and model family "
                     f"{config.model.family!r} makes videos; use judging: single (each frame is judged and "
