@@ -47,11 +47,18 @@ from typing import Annotated, Any, Literal
 
 import torch
 
-from diffrl.algorithms.advantages import aggregation_problems, batch_advantages
+from diffrl.algorithms.advantages import (
+    aggregation_problems,
+    batch_advantages,
+    diversity_weights,
+    gardo_gate,
+    pixel_features,
+)
 from diffrl.algorithms.base import AdvClip, ClipRange, DiffusionAlgorithm, KlBeta
 from diffrl.algorithms.rollout_correction import correction_problems, correction_weights
 from diffrl.config import Config, Range
 from diffrl.config.binding import value_problems
+from diffrl.rewards.base import reward_labels
 from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.sampling.kernels import FlowSDE, kernel_problems, resolve_kernel
 from diffrl.sampling.step_strategies import build_step_strategy
@@ -150,6 +157,7 @@ class GRPOExamples(TrainExamples):
     ``x_t, x_next: (N, *latent)``; ``sigma, sigma_next, old_log_prob, advantages: (N,)``;
     ``sample_id, step: (N,)`` the rollout row and the step index each transition came from;
     ``old_mean: (N, *latent)`` the rollout's transition mean (GRPO-Guard's RatioNorm only, else None).
+    ``kl_gate (N,)`` bool: GARDO's gate, the rows the KL applies to (``kl_gate > 0`` only, else None).
     ``behaviour_log_prob (N,)``: with rollout correction, the log-probs the rollout recorded (μ),
     while ``old_log_prob`` (and ``old_mean``) become the trainer's replay at the update's start
     (filled in by ``before_update``); else None.
@@ -166,6 +174,7 @@ class GRPOExamples(TrainExamples):
     cond: Conditioning
     old_mean: torch.Tensor | None = None
     behaviour_log_prob: torch.Tensor | None = None
+    kl_gate: torch.Tensor | None = None
 
 
 class FlowGRPO(DiffusionAlgorithm):
@@ -204,6 +213,19 @@ class FlowGRPO(DiffusionAlgorithm):
         grad_reweight: bool = False
         """GRPO-Guard's gradient reweighting: divide each transition's clipped term by its step's
         σ − σ' (see the module docstring; ``sampler: sde`` only)."""
+        kl_gate: Annotated[
+            float, Range(0, 1, hi_open=True, hint="a share of the batch, e.g. 0.1 (GARDO's base)")
+        ] = 0.0
+        """GARDO's gated KL: > 0 applies ``kl_beta`` only to this share of the samples the trained
+        reward and the ``kl_gate_rewards`` disagree on most (see
+        :func:`diffrl.algorithms.advantages.gardo_gate`); 0: the KL applies to every sample."""
+        kl_gate_rewards: list[str] = field(default_factory=list)
+        """The auxiliary rewards of ``kl_gate``: labels of the run's ``rewards`` (give them
+        ``weight: 0`` to score them without training on them)."""
+        diversity_bonus: bool = False
+        """GARDO's diversity-aware advantages: a sample at or above its group's mean reward has its
+        advantage multiplied by its distance to the nearest other sample of the group over the
+        group's mean such distance (see :mod:`diffrl.algorithms.advantages`), against mode collapse."""
         rollout_correction: Literal["none", "tis", "mask"] = "none"
         """``none`` (the recorded log-probs are π_old), ``tis`` (truncated importance weights
         min(π_old/μ, cap)) or ``mask`` (transitions with π_old/μ outside [1/cap, cap] drop out),
@@ -239,6 +261,7 @@ class FlowGRPO(DiffusionAlgorithm):
                 "rollout.n_samples_per_prompt must be >= 2 for group-relative advantages "
                 "(set algorithm.params.allow_single_sample=true to override)"
             )
+        errors += self._gate_problems(config)
         errors += correction_problems(p.rollout_correction, p.rollout_correction_cap, "algorithm.params.")
         guard = p.ratio_norm or p.grad_reweight
         if guard and not sampler_problems and not isinstance(resolve_kernel(p.sampler), FlowSDE):
@@ -246,6 +269,29 @@ class FlowGRPO(DiffusionAlgorithm):
                 f"algorithm.params.ratio_norm / grad_reweight (GRPO-Guard) are derived for Flow-GRPO's "
                 f"SDE and need algorithm.params.sampler=sde, got {p.sampler!r}; set sampler=sde or turn "
                 "them off"
+            )
+        return errors
+
+    def _gate_problems(self, config) -> list[str]:
+        p = self.params
+        if p.kl_gate == 0:
+            if p.kl_gate_rewards:
+                return ["algorithm.params.kl_gate_rewards is set but kl_gate is 0; set kl_gate (e.g. 0.1)"]
+            return []
+        labels = reward_labels(config.rewards)
+        errors = []
+        if p.kl_beta <= 0:
+            errors.append("algorithm.params.kl_gate gates the KL penalty: set kl_beta > 0 (e.g. 0.04)")
+        if not p.kl_gate_rewards:
+            errors.append(
+                "algorithm.params.kl_gate needs kl_gate_rewards: the labels of the auxiliary rewards "
+                f"among the run's rewards ({', '.join(labels)}); add one with weight: 0 to watch it"
+            )
+        unknown = [r for r in p.kl_gate_rewards if r not in labels]
+        if unknown:
+            errors.append(
+                f"algorithm.params.kl_gate_rewards: {', '.join(repr(r)[:80] for r in unknown[:5])} "
+                f"not among the run's rewards ({', '.join(labels)})"
             )
         return errors
 
@@ -266,8 +312,20 @@ class FlowGRPO(DiffusionAlgorithm):
         adv = batch_advantages(
             batch, rewards, self.config.rewards, p.advantage_aggregation, p.global_std, p.scale_by_std
         )
+        advantages = adv.advantages
+        if p.diversity_bonus:
+            if batch.images is None:
+                raise ValueError("diversity_bonus needs the rollout's decoded images; the rollout has none")
+            features = pixel_features(batch.images)
+            advantages = advantages * diversity_weights(features, rewards, batch.group_id)
         keep = ~adv.zero_std if p.drop_zero_std_groups else torch.ones_like(adv.zero_std)
-        return TrainSignals({"advantages": adv.advantages.float(), "keep": keep, "zero_std": adv.zero_std})
+        values = {"advantages": advantages.float(), "keep": keep, "zero_std": adv.zero_std}
+        if p.kl_gate > 0:
+            if batch.reward_scores is None:
+                raise ValueError("kl_gate needs each reward's scores; the batch has none (reward_scores)")
+            aux = [batch.reward_scores.scores[label] for label in p.kl_gate_rewards]
+            values["kl_gate"] = gardo_gate(rewards, aux, p.kl_gate)
+        return TrainSignals(values)
 
     def build_train_data(self, batch: RolloutBatch, signals: TrainSignals, iteration: int) -> GRPOExamples:
         if batch.traj_x is None or batch.traj_log_prob is None:
@@ -295,6 +353,7 @@ class FlowGRPO(DiffusionAlgorithm):
             advantages=signals.values["advantages"][r_idx],
             cond=batch.cond.select(r_idx),
             old_mean=batch.traj_mean[r_idx, k_idx] if self.params.ratio_norm else None,
+            kl_gate=signals.values["kl_gate"][r_idx] if "kl_gate" in signals.values else None,
         )
 
     def _replay(self, policy, examples: GRPOExamples):
@@ -399,7 +458,12 @@ class FlowGRPO(DiffusionAlgorithm):
                     sigma_max=sigma_max,
                     prev_sample=examples.x_next,
                 )
-            kl = mean_kl(out.mean, ref.mean, out.std)
+            if examples.kl_gate is None:
+                kl = mean_kl(out.mean, ref.mean, out.std)
+            else:  # GARDO: the mean KL of the gated rows (none gated: no KL term), as its script
+                gate = examples.kl_gate
+                kl = mean_kl(out.mean[gate], ref.mean[gate], out.std[gate]) if gate.any() else kl
+                guard["train/kl_gated_frac"] = gate.float().mean().item()
             loss = loss + p.kl_beta * kl
         if p.kl_beta > 0:
             guard["monitor/kl_to_base"] = kl.item()  # the policy's drift from the base, for free here

@@ -111,6 +111,28 @@ class ServeInputs:
     """From the limit flags (``--max-request-mb``, ``--max-image-pixels``, ...); the rest defaults."""
 
 
+RUN_ALIASES = ("best", "final")
+"""``RUN_DIR/best`` and ``RUN_DIR/final`` name a run folder's ``checkpoints/best`` (kept by
+``train.keep_best``) and ``checkpoints/final``, wherever a checkpoint is expected."""
+
+
+def run_checkpoint(target: str) -> str:
+    """``RUN_DIR/best`` (or ``RUN_DIR/final``), where no such file exists and ``RUN_DIR`` is a run
+    folder -> ``RUN_DIR/checkpoints/best``; any other target as given. A run with no best
+    checkpoint yet is said: none of its evals beat its first by more than the paired SE."""
+    path = Path(target).expanduser()
+    if path.name not in RUN_ALIASES or os.path.lexists(path) or not is_run_folder(path.parent):
+        return target
+    checkpoint = path.parent / "checkpoints" / path.name
+    if path.name == "best" and not os.path.lexists(checkpoint / CHECKPOINT_INFO):
+        raise DiffrlError(
+            f"{target!r}: run folder {str(path.parent)!r} has no best checkpoint ({str(checkpoint)!r}): "
+            "it keeps one with train.keep_best, once an eval beats the run's first eval by more than "
+            f"its paired standard error; give one of its checkpoints instead{run_folder_hint(path.parent)}"
+        )
+    return str(checkpoint)
+
+
 def resolve_target(
     target: str, overrides: list[str], sections: Sequence[str] = SAMPLE_SECTIONS, trust: bool = False
 ) -> Target:
@@ -275,6 +297,7 @@ def eval_inputs(args: argparse.Namespace) -> EvalInputs:
     if args.prompts:
         overrides.append(f"eval.prompts={json.dumps(args.prompts)}")  # quoted: any path is a string
     trust = getattr(args, "trust_checkpoint_code", False)
+    args.target, args.baseline = run_checkpoint(args.target), args.baseline and run_checkpoint(args.baseline)
     target = resolve_target(args.target, overrides, EVAL_SECTIONS, trust)
     read = [("the target", args.target), ("eval.prompts", target.config.eval.prompts)]
     if not args.baseline:
@@ -337,6 +360,7 @@ def sample_inputs(args: argparse.Namespace) -> SampleInputs:
 
 
 def export_inputs(args: argparse.Namespace) -> ExportInputs:
+    args.checkpoint = run_checkpoint(args.checkpoint)
     checkpoint = Path(args.checkpoint).expanduser()
     if not os.path.lexists(checkpoint / CHECKPOINT_INFO):  # one that is no file: described when read
         what = "no such folder" if not checkpoint.exists() else "no checkpoint.json inside"

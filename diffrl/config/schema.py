@@ -272,6 +272,8 @@ class TrainConfig:
     and LR schedule, EMA and old policy. Rollout ids, prompts and noise continue as if the run
     had not stopped. The time budget counts this process's training time only. ``latest``: the
     newest verified checkpoint in the run's output folder, or a fresh start when there is none."""
+    keep_best: KeepBestConfig | None = None
+    """Keep the best checkpoint by a paired eval (``checkpoints/best``); see :class:`KeepBestConfig`."""
     keep_last: Annotated[int, Range(1, 10**6, hint="or null to keep all")] | None = None
     """Keep only the newest N ``step_*`` checkpoints (``final`` is always kept); ``None`` keeps all."""
     max_failed_iterations: Annotated[int, Range(1, 10**6)] = 3
@@ -314,6 +316,36 @@ class EvalConfig:
     grid_images: Annotated[int, Range(1, 1024)] = 32
     rewards: list[RewardConfig] = field(default_factory=lambda: [RewardConfig()])
     enabled: bool = True
+    watch: list[RewardConfig] = field(default_factory=list)
+    """Held-out judges: rewards scored on every eval's samples and never trained on (nor in the eval
+    total); each is logged as ``eval/watch/<label>_mean`` with its paired gain over the first eval
+    (``_gain``, ``_gain_se``). ``weight`` is not used."""
+    watch_alarm: WatchAlarmConfig | None = None
+    """Warn (and optionally stop) when the eval total rises while a watched reward falls."""
+
+
+@dataclass
+class WatchAlarmConfig:
+    """The reward-hacking alarm (``eval.watch_alarm``): at each eval, paired against the eval
+    ``window`` evals earlier (same prompts and seeds), it fires when the eval total rose while a
+    watched reward fell by more than ``k_se`` of its paired standard error."""
+
+    k_se: Annotated[float, Range(0, 1000, lo_open=True, hint="e.g. 2.0")] = 2.0
+    window: Annotated[int, Range(1, 10**6, hint="evals back to compare with")] = 1
+    stop: bool = False
+    """True: the run stops at the eval where it fires, as at the time budget (eval, save, report)."""
+
+
+@dataclass
+class KeepBestConfig:
+    """``train.keep_best``: every ``every`` iterations an eval (paired with the best so far: same
+    prompts and seeds); ``checkpoints/best`` moves to the new weights only when they beat the best
+    by more than the paired standard error."""
+
+    metric: str = "eval/reward_mean"
+    """An eval metric: ``eval/reward_mean`` (the eval total), ``eval/<label>_mean`` (one of
+    ``eval.rewards``) or ``eval/watch/<label>_mean`` (one of ``eval.watch``)."""
+    every: Annotated[int, Range(1, MAX_COUNT)] = 1
 
 
 @dataclass

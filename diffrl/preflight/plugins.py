@@ -94,6 +94,7 @@ def plugin_problems(
         errors += reward_problems("rewards", config.rewards, check_files)
     if "eval" in on and config.eval.enabled:
         errors += reward_problems("eval.rewards", config.eval.rewards, check_files)
+        errors += reward_problems("eval.watch", config.eval.watch, check_files)  # held-out judges
         errors += eval_prompt_problems(config.eval, check_files)
     errors += group_problems(config, "rewards" in on, "eval" in on and config.eval.enabled)
     if "data" in on:

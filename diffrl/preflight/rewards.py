@@ -1,4 +1,4 @@
-"""Plugin stage: the rewards a config names (``rewards``, ``eval.rewards``), their params, and
+"""Plugin stage: the rewards a config names (``rewards``, ``eval.rewards``, ``eval.watch``), their params, and
 whether the model family makes the sound a reward hears."""
 
 from __future__ import annotations
@@ -53,7 +53,10 @@ def hearing_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[
         return []  # reported by the model checks
     if getattr(family_cls, "sound", False):
         return []
-    lists = [("rewards", config.rewards)] * rewards + [("eval.rewards", config.eval.rewards)] * eval_rewards
+    lists = [("rewards", config.rewards)] * rewards + [
+        ("eval.rewards", config.eval.rewards),
+        ("eval.watch", config.eval.watch),
+    ] * eval_rewards
     errors = []
     for where, configs in lists:
         for i, r in enumerate(configs):
@@ -96,7 +99,10 @@ def group_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[st
     micro = r.micro_group_size if r.micro_group_size is not None else config.train.micro_batch_size
     n = r.n_samples_per_prompt
     where_micro = "rollout.micro_group_size" if r.micro_group_size is not None else "train.micro_batch_size"
-    checks = [("rewards", config.rewards)] * rewards + [("eval.rewards", config.eval.rewards)] * eval_rewards
+    checks = [("rewards", config.rewards)] * rewards + [
+        ("eval.rewards", config.eval.rewards),
+        ("eval.watch", config.eval.watch),
+    ] * eval_rewards
     errors = []
     for where, configs in checks:
         for i, c in enumerate(configs):
@@ -114,7 +120,7 @@ def group_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[st
                     f"{config.model.family!r} makes videos; use judging: single (each frame is judged and "
                     "a video scores their mean)"
                 )
-            elif where == "eval.rewards" and config.eval.samples_per_prompt < 2:
+            elif where.startswith("eval.") and config.eval.samples_per_prompt < 2:
                 errors.append(
                     f"{where}[{i}] ({c.name}) judges a prompt's samples together and eval.samples_per_prompt "
                     f"is {config.eval.samples_per_prompt}; set it to 2 or more (or judging: single)"

@@ -56,6 +56,46 @@ def schema_problems(config: Config, sections: Collection[str] = SECTIONS) -> lis
         errors += _run_problems(config, on)
     if "train" in on:
         errors += _train_problems(config)
+    if "train" in on and "eval" in on:
+        errors += trust_problems(config)
+    return errors
+
+
+def _labels(rewards: list) -> list[str]:
+    """Each reward's label, as :func:`diffrl.rewards.base.reward_labels` gives it (no torch here)."""
+    names = [r.name for r in rewards]
+    return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
+
+
+def trust_problems(config: Config) -> list[str]:
+    """``eval.watch``, ``eval.watch_alarm`` and ``train.keep_best`` together: each needs evals, the
+    alarm needs a watched reward, and ``keep_best.metric`` must be a metric evals log."""
+    e, errors = config.eval, []
+    metrics = ["eval/reward_mean", *(f"eval/{x}_mean" for x in _labels(e.rewards))]
+    metrics += [f"eval/watch/{x}_mean" for x in _labels(e.watch)]
+    if e.watch_alarm is not None and not e.watch:
+        errors.append(
+            "eval.watch_alarm compares the trained reward with watched ones, and eval.watch is empty: "
+            "add a reward to eval.watch (e.g. eval.watch=[{name: aesthetic}]) or remove eval.watch_alarm"
+        )
+    if (e.watch or e.watch_alarm is not None) and not e.enabled:
+        errors.append(
+            "eval.watch and eval.watch_alarm score the evals, and eval.enabled is false: set it true"
+        )
+    if e.watch and config.runner != "local":
+        errors.append(
+            f"eval.watch is scored by runner: local only (runner is {quoted(config.runner)}); "
+            "use runner: local or remove eval.watch"
+        )
+    keep = config.train.keep_best
+    if keep is not None:
+        if not e.enabled:
+            errors.append("train.keep_best compares evals, and eval.enabled is false: set it true")
+        if keep.metric not in metrics:
+            errors.append(
+                f"train.keep_best.metric {quoted(keep.metric)} is no metric this run's evals log; "
+                f"use one of: {', '.join(metrics)}"
+            )
     return errors
 
 

@@ -461,6 +461,7 @@ RESUMABLE = (
     "eval.grid_images",
     "rewards[*].timeout_s",
     "eval.rewards[*].timeout_s",
+    "eval.watch[*].timeout_s",
 )
 """Settings a resumed run may change: where and how it runs (device, runner, workers, micro-batch
 layout, gradient checkpointing, which results do not depend on), how long and how often it saves, logs and evaluates, and

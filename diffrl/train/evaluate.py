@@ -48,6 +48,10 @@ class EvalResult:
     seed: int | None = None
     index: list[int] | None = None
     source: str | None = None
+    watch: dict[str, torch.Tensor] = field(default_factory=dict)
+    """``eval.watch``'s scores, reward label -> ``(N,)``: judged, never in ``total``."""
+    extra: dict[str, float] = field(default_factory=dict)
+    """Metrics measured against other evals (paired gains, alarms, keep-best), logged with it."""
 
     def captions(self) -> list[Caption]:
         """Each sample's grid caption: its prompt, total reward (none when unscored) and, when
@@ -90,6 +94,16 @@ class EvalResult:
             out[f"{prefix}/reward_failed"] = float((~torch.isfinite(self.total)).sum())
         for name, scores in self.rewards.items():
             out[f"{prefix}/{name}_mean"] = _finite_mean(scores)
+        for name, scores in self.watch.items():
+            out[f"{prefix}/watch/{name}_mean"] = _finite_mean(scores)
+        return {**out, **self.extra}
+
+    def per_sample(self) -> dict[str, torch.Tensor]:
+        """Each sample's scores by the key of their mean in :meth:`metrics`: ``eval/reward_mean``
+        (the total), ``eval/<label>_mean``, ``eval/watch/<label>_mean``."""
+        out = {"eval/reward_mean": self.total} if self.total is not None else {}
+        out.update({f"eval/{k}_mean": v for k, v in self.rewards.items()})
+        out.update({f"eval/watch/{k}_mean": v for k, v in self.watch.items()})
         return out
 
 
@@ -139,7 +153,11 @@ def generate(
     return [i for i, _ in jobs], Media.cat(out)
 
 
-def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> EvalResult:
+def evaluate(
+    family: ModelFamily, config: Config, rewards: RewardSet | None, watch: RewardSet | None = None
+) -> EvalResult:
+    """Sample the eval prompts (:func:`generate`) and score them with ``rewards`` (the total) and
+    ``watch`` (``eval.watch``: held-out judges, scored on the same images, not in the total)."""
     e = config.eval
     prompts = load_prompts(e.prompts, EVAL_SPLITS).head(e.num_prompts)  # a datasets folder: its test split
     index, media = generate(family, config, prompts, e.samples_per_prompt, e.seed, e.batch_size, "eval")
@@ -148,7 +166,9 @@ def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> 
     result = EvalResult(names, media.images, media.audio, prompts.source_images(index, *size))
     result.seed, result.index, result.source = e.seed, index, e.prompts  # for the grid's captions
     meta = prompts.reward_metadata(index, *size)
-    if rewards is not None:  # a reward that fails costs its samples' scores, not the run
+    # both sets score at once; a reward that fails costs its samples' scores, not the run
+    watched = watch.submit(media.images, names, meta, audio=media.audio, groups=index) if watch else None
+    if rewards is not None:
         out = rewards.submit(media.images, names, meta, audio=media.audio, groups=index).result()
         result.rewards, result.total, result.errors = out.per_reward, out.total, out.errors
         if out.errors:
@@ -156,6 +176,11 @@ def evaluate(family: ModelFamily, config: Config, rewards: RewardSet | None) -> 
                 f"eval: {int((~torch.isfinite(out.total)).sum())} sample(s) unscored: {out.errors[0]}",
                 stacklevel=2,
             )
+    if watched is not None:
+        seen = watched.result()
+        result.watch = seen.per_reward
+        if seen.errors:
+            warnings.warn(f"eval.watch: some samples unscored: {seen.errors[0]}", stacklevel=2)
     return result
 
 

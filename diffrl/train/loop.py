@@ -9,6 +9,7 @@ the run folder's life around the loop (lock, resume, loggers, runner, report):
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
@@ -20,6 +21,7 @@ from diffrl.logging import Progress, console
 from diffrl.rollout import RolloutBatch, RolloutStats
 from diffrl.train import stages
 from diffrl.train.checkpoint import iteration_of, storage_failure
+from diffrl.train.evaluate import EvalResult
 from diffrl.train.pipeline import RolloutAhead
 from diffrl.train.session import TrainSession
 from diffrl.train.stages import TrainResult
@@ -99,8 +101,13 @@ class Driver:
                 if step < t.iterations:
                     console(f"time budget of {t.time_budget_minutes} min reached after {step} iterations")
                 break
-            if due.eval:
+            if due.eval or (self.session.best is not None and self.session.best.due(step)):
                 self.eval_point(step)
+                if self.session.watch.stop:  # eval.watch_alarm.stop: ends as at the time budget
+                    console(
+                        f"stopping after iteration {step}: the reward-hacking alarm fired (eval.watch_alarm.stop)"
+                    )
+                    break
             if due.save:
                 self.session.save(step)
         self.state.guard.finished(self.step - start)
@@ -172,9 +179,26 @@ class Driver:
         result = self.runner.evaluate()
         if result is not None:
             seconds = time.time() - t0
+            moved = self.judge(step, result)
             self.state.record_eval(
                 step, result, self.session.out, self.config.eval.grid_images, self.logger, seconds
             )
+            if moved:
+                console(f"best checkpoint: {self.session.save_best(step)}")
+
+    def judge(self, step: int, result: EvalResult) -> bool:
+        """The eval at ``step`` against the run's others: the watch curves' paired gains and the
+        alarm (into ``result.extra``), and whether it is the new best (``train.keep_best``)."""
+        scores = result.per_sample()
+        metrics, alarms = self.session.watch.observe(step, scores)
+        for alarm in alarms:
+            warnings.warn(alarm.message(self.config.eval.watch_alarm.k_se), stacklevel=2)
+        moved, best = False, self.session.best
+        if best is not None and (best.due(step) or best.iteration < 0):
+            moved, kept = best.consider(step, scores)
+            metrics.update(kept)
+        result.extra.update(metrics)
+        return moved
 
     def interrupted(self) -> Interrupted:
         """Save the last completed iteration (unless it is saved already) and say how to go on."""

@@ -143,6 +143,11 @@ class LocalRunner:
             self.eval_rewards = (
                 RewardSet(config.eval.rewards, shared=self.rewards) if config.eval.enabled else None
             )
+            self.watch_rewards = (  # held-out judges: scored at each eval, never trained on
+                RewardSet(config.eval.watch, shared=self.rewards)
+                if config.eval.enabled and config.eval.watch
+                else None
+            )
         except BaseException:  # a reward that fails to build: no workers or servers left behind
             self.rewards.close()
             self.collector.close()
@@ -196,7 +201,7 @@ class LocalRunner:
         if self.eval_rewards is None:
             return None
         with self.actor.eval_weights():
-            return evaluate(self.family, self.config, self.eval_rewards)
+            return evaluate(self.family, self.config, self.eval_rewards, self.watch_rewards)
 
     def save(self, path: Path, iteration: int, run_id: str, loop_state: dict[str, Any]) -> Path:
         return save_checkpoint(path, self.actor, self.config, iteration, run_id=run_id, loop_state=loop_state)

@@ -32,6 +32,8 @@ from diffrl.config import Config, dump_config
 from diffrl.logging import MetricsLogger, TrackerRun, start_trackers
 from diffrl.rollout import CollectionSpec
 from diffrl.train import report, stages
+from diffrl.train.alarms import Watch
+from diffrl.train.best import BEST, Best
 from diffrl.train.checkpoint import config_changes, prune_checkpoints
 from diffrl.train.run_folder import RunFolder, write_atomic
 from diffrl.train.runner import Runner, build_runner
@@ -73,6 +75,10 @@ class TrainSession:
         self.resume_from, info, self.run_id = self.folder.begin(config)  # before any model loads
         self.start = int(info["iteration"]) if info else 0
         self.state = LoopState.resumed(info, config.train)
+        loop = info["loop"] if info else {}
+        self.watch = Watch.resumed(config.eval.watch_alarm, loop.get("watch"))
+        keep = config.train.keep_best
+        self.best = Best.resumed(keep, loop.get("best")) if keep is not None else None
         self.result = TrainResult(self.out, self.out / "checkpoints" / "final", evals=self.state.evals)
         self.last_saved: Path | None = self.resume_from
         self.finished = self.folder.finished
@@ -126,9 +132,18 @@ class TrainSession:
     def save(self, step: int, final: bool = False) -> Path:
         """A checkpoint of iteration ``step`` (``final``: the run's last), then ``train.keep_last``."""
         path = self.result.checkpoint if final else self.out / "checkpoints" / f"step_{step:05d}"
-        self.last_saved = self.runner.save(path, step, self.run_id, self.state.saved(final))
+        self.last_saved = self.runner.save(path, step, self.run_id, self.loop_state(final))
         prune_checkpoints(self.out, self.config.train.keep_last, step)
         return self.last_saved
+
+    def save_best(self, step: int) -> Path:
+        """``checkpoints/best``: iteration ``step``, which just became the best (``train.keep_best``)."""
+        return self.runner.save(self.out / "checkpoints" / BEST, step, self.run_id, self.loop_state(False))
+
+    def loop_state(self, final: bool) -> dict:
+        """What a checkpoint keeps for the driver: the loop's state, the watch's and the best's."""
+        extra = {"best": self.best.state()} if self.best is not None else {}
+        return {**self.state.saved(final), "watch": self.watch.state(), **extra}
 
     # ---- finish ----------------------------------------------------------------------------------
     def close(self, ok: bool) -> None:

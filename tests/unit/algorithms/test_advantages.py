@@ -2,7 +2,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffrl.algorithms.advantages import aggregation_problems, batch_advantages, group_advantages
+from diffrl.algorithms.advantages import (
+    FEATURE_POOL,
+    aggregation_problems,
+    batch_advantages,
+    descending_ranks,
+    diversity_weights,
+    gardo_gate,
+    group_advantages,
+    pixel_features,
+)
 from diffrl.config import RewardConfig
 from diffrl.rollout import Conditioning, RewardScores, RolloutBatch
 
@@ -102,3 +111,39 @@ def test_per_reward_layout_zero_std_and_problems():
     assert "must be one of sum, per_reward" in aggregation_problems("mean")[0]
     assert "equal the plain sum" in aggregation_problems("per_reward", scale_by_std=False)[0]
     assert aggregation_problems("per_reward") == [] == aggregation_problems("sum", scale_by_std=False)
+
+
+def test_gardo_diversity_weights_golden():
+    """GARDO's diversity-aware shaping (tinnerhrhe/GARDO stat_tracking.py, type gardo), by hand:
+    group 0 = (1,0), (1,0), (0,1) with rewards 1, 2, 3 (mean 2): nearest cosine distances 0, 0, 1
+    (mean 1/3), so the below-mean sample keeps 1 and the others get 0/(1/3) and 1/(1/3); group 1
+    has one sample (1)."""
+    features = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
+    rewards = torch.tensor([1.0, 2.0, 3.0, 7.0])
+    w = diversity_weights(features, rewards, torch.tensor([0, 0, 0, 1]))
+    assert w.tolist() == pytest.approx([1.0, 0.0, 3.0, 1.0])
+    # identical samples: no distance to share out, the advantages stay as they are
+    same = diversity_weights(torch.ones(2, 4), torch.tensor([0.0, 1.0]), torch.tensor([0, 0]))
+    assert same.tolist() == [1.0, 1.0]
+
+
+def test_pixel_features_are_centred_and_pooled():
+    images = torch.full((2, 3, 64, 64), 255, dtype=torch.uint8)
+    images[1] = 0
+    f = pixel_features(images)
+    assert f.shape == (2, 3 * FEATURE_POOL * FEATURE_POOL)
+    assert f[0].eq(1.0).all() and f[1].eq(-1.0).all()
+
+
+def test_gardo_gate_golden():
+    """GARDO's gate as its script computes it: trained ranks 1..4, auxiliary ranks 4..1, so
+    u = -3, -1, 1, 3; of u >= 0 (1, 3) the median is 2 (share 0.5): only the last is gated. Two
+    auxiliary rewards are averaged rank by rank."""
+    trained = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    aux = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    assert descending_ranks(trained).tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert gardo_gate(trained, [aux], 0.5).tolist() == [False, False, False, True]
+    # an auxiliary reward that agrees with the trained one halves u: -1.5, -0.5, 0.5, 1.5
+    assert gardo_gate(trained, [aux, trained], 0.5).tolist() == [False, False, False, True]
+    # the rewards all agree: u = 0 everywhere, nothing above the threshold
+    assert not gardo_gate(trained, [trained], 0.1).any()

@@ -131,3 +131,25 @@ def test_group_health_splits_the_clip_fraction_by_side():
     assert m["train/ratio_max"] == pytest.approx(1.5)
     clamped = torch.tensor([1.0, -1.0, 3.0, -5.0], dtype=torch.float64)
     assert m["train/adv_std"] == pytest.approx(clamped.std(unbiased=False).item())
+
+
+REWARDS = "rewards=[{name: ocr}, {name: jpeg_incompressibility, weight: 0}]"
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"kl_gate": 0.1, "kl_gate_rewards": "[jpeg_incompressibility]"}, "set kl_beta > 0"),
+        ({"kl_gate": 0.1, "kl_beta": 0.04}, "kl_gate needs kl_gate_rewards: .*ocr, jpeg_incompressibility"),
+        ({"kl_gate": 0.1, "kl_beta": 0.04, "kl_gate_rewards": "[aesthetic]"}, "'aesthetic' not among"),
+        ({"kl_gate_rewards": "[ocr]"}, "kl_gate_rewards is set but kl_gate is 0"),
+        ({"kl_gate": 1.0, "kl_beta": 0.04, "kl_gate_rewards": "[ocr]"}, "kl_gate"),
+    ],
+)
+def test_kl_gate_refusals(params, message):
+    """GARDO's gate needs a KL to gate and auxiliary rewards the run scores."""
+    overrides = [REWARDS, *(f"algorithm.params.{k}={v}" for k, v in params.items())]
+    with pytest.raises(ConfigError, match=message):
+        load_config("recipes/tiny_grpo_ocr_small.yaml", overrides)
+    ok = ["kl_gate=0.1", "kl_beta=0.04", "kl_gate_rewards=[jpeg_incompressibility]"]
+    load_config("recipes/tiny_grpo_ocr_small.yaml", [REWARDS, *(f"algorithm.params.{o}" for o in ok)])

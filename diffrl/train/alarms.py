@@ -1,0 +1,153 @@
+"""Held-out judges (``eval.watch``) and the reward-hacking alarm (``eval.watch_alarm``).
+
+Every eval samples the same prompts with the same noise (:func:`diffrl.train.evaluate.generate`),
+so two evals of one run are paired sample by sample: the difference of their per-sample scores
+has a standard error far smaller than either mean's (:func:`paired`). :class:`Watch` keeps the
+per-sample scores of the run's first eval (the base, for each curve's gain and SE band) and of the
+last ``window`` evals (for the alarm), and saves them in the checkpoint, so a resumed run decides
+exactly as an uninterrupted one.
+
+The alarm is the comparison reward-hacking reports make by eye (a trained reward that climbs while
+a held-out judge of the same images drops, e.g. flow_grpo's GARDO discussion; DDPO's
+jpeg-compressibility runs): at an eval, paired against the eval ``window`` evals earlier, the eval
+total rose (mean difference > 0) while a watched reward fell by more than ``k_se`` paired SE.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from diffrl.config.schema import WatchAlarmConfig
+
+TOTAL = "eval/reward_mean"
+"""The per-sample key of the eval total (the trained reward, as eval weighs it)."""
+WATCH_PREFIX = "eval/watch/"
+ALARM_METRIC = "alarm/reward_hacking"
+
+
+def paired(scores: torch.Tensor, baseline: torch.Tensor) -> tuple[float, float, int]:
+    """Two evals' per-sample scores ``(N,)`` of the same prompts and noise -> the mean of their
+    difference, its standard error and the pairs counted: samples a reward failed (NaN in either)
+    are left out. The SE is NaN for fewer than 2 pairs, the mean for none."""
+    if scores.shape != baseline.shape:
+        raise ValueError(
+            f"paired scores need equal shapes, got {tuple(scores.shape)} and {tuple(baseline.shape)}"
+        )
+    d = (scores.double() - baseline.double())[torch.isfinite(scores) & torch.isfinite(baseline)]
+    n = len(d)
+    mean = d.mean().item() if n else float("nan")
+    se = d.std(unbiased=True).item() / n**0.5 if n > 1 else float("nan")
+    return mean, se, n
+
+
+def gain_name(key: str) -> str:
+    """``eval/watch/aesthetic_mean`` -> ``eval/watch/aesthetic_gain`` (its paired gain's metric)."""
+    return key.removesuffix("_mean") + "_gain"
+
+
+def to_json(scores: torch.Tensor) -> list[float | None]:
+    """Per-sample scores for ``checkpoint.json``: floats (float32 values round-trip exactly), None
+    for a failed sample (JSON has no NaN)."""
+    return [v if math.isfinite(v) else None for v in scores.double().tolist()]
+
+
+def from_json(values: list[float | None]) -> torch.Tensor:
+    return torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float64)
+
+
+@dataclass
+class Alarm:
+    """One firing: at ``step``, over the evals since ``since``, the trained reward rose by
+    ``trained_gain`` while ``watched`` fell by ``-watched_gain`` (``watched_se`` its paired SE)."""
+
+    step: int
+    since: int
+    watched: str
+    trained_gain: float
+    trained_se: float
+    watched_gain: float
+    watched_se: float
+
+    def message(self, k_se: float) -> str:
+        return (
+            f"reward-hacking alarm at iteration {self.step}: since iteration {self.since} the trained "
+            f"reward (eval total) rose {self.trained_gain:+.4f} ± {self.trained_se:.4f} while the watched "
+            f"reward {self.watched!r} fell {self.watched_gain:+.4f} ± {self.watched_se:.4f} "
+            f"(more than {k_se:g} SE, paired on the same prompts and seeds)"
+        )
+
+
+@dataclass
+class Watch:
+    """The per-sample scores the watch curves and the alarm compare (see the module docstring)."""
+
+    alarm: WatchAlarmConfig | None
+    base: dict[str, list[float | None]] | None = None
+    base_step: int = 0
+    recent: list[tuple[int, dict[str, list[float | None]]]] = field(default_factory=list)
+    fired: list[dict[str, Any]] = field(default_factory=list)
+    stop: bool = False
+    """Set by :meth:`observe` when an alarm with ``stop: true`` fired: the driver ends the run."""
+
+    @classmethod
+    def resumed(cls, alarm: WatchAlarmConfig | None, saved: dict[str, Any] | None) -> Watch:
+        if not saved:
+            return cls(alarm)
+        recent = [(int(s), dict(v)) for s, v in saved.get("recent", [])]
+        return cls(
+            alarm, saved.get("base"), int(saved.get("base_step", 0)), recent, list(saved.get("fired", []))
+        )
+
+    def state(self) -> dict[str, Any]:
+        return {"base": self.base, "base_step": self.base_step, "recent": self.recent, "fired": self.fired}
+
+    def observe(self, step: int, scores: dict[str, torch.Tensor]) -> tuple[dict[str, float], list[Alarm]]:
+        """An eval at ``step`` with its per-sample ``scores`` (metric key -> ``(N,)``: the total
+        under :data:`TOTAL`, watched rewards under ``eval/watch/<label>_mean``): the paired gains
+        over the base (``..._gain``, ``..._gain_se``), ``alarm/reward_hacking`` when an alarm is
+        set, and the alarms that fired."""
+        keys = [k for k in scores if k == TOTAL or k.startswith(WATCH_PREFIX)]
+        now = {k: to_json(scores[k]) for k in keys}
+        metrics: dict[str, float] = {}
+        if self.base is None:
+            self.base, self.base_step = now, step
+        else:
+            for k in keys:
+                if k in self.base and len(self.base[k]) == len(now[k]):
+                    gain, se, _ = paired(scores[k], from_json(self.base[k]))
+                    metrics[gain_name(k)], metrics[gain_name(k) + "_se"] = gain, se
+        alarms: list[Alarm] = []
+        if self.alarm is not None:
+            if len(self.recent) >= self.alarm.window:
+                since, then = self.recent[-self.alarm.window]
+                alarms = _check(self.alarm.k_se, step, since, scores, then)
+            metrics[ALARM_METRIC] = 1.0 if alarms else 0.0
+            self.recent = [*self.recent, (step, now)][-self.alarm.window :]
+        for a in alarms:
+            self.fired.append({"step": a.step, "since": a.since, "watched": a.watched})
+        self.stop = bool(alarms) and self.alarm is not None and self.alarm.stop
+        return metrics, alarms
+
+
+def _check(
+    k_se: float, step: int, since: int, scores: dict[str, torch.Tensor], then: dict[str, list[float | None]]
+) -> list[Alarm]:
+    """The alarms of an eval at ``step`` (``scores``) against the one at ``since`` (``then``)."""
+    if TOTAL not in scores or TOTAL not in then or len(then[TOTAL]) != len(scores[TOTAL]):
+        return []
+    t_gain, t_se, _ = paired(scores[TOTAL], from_json(then[TOTAL]))
+    if not t_gain > 0:
+        return []
+    out = []
+    for k, now in scores.items():
+        if not k.startswith(WATCH_PREFIX) or k not in then or len(then[k]) != len(now):
+            continue
+        w_gain, w_se, n = paired(now, from_json(then[k]))
+        if n > 1 and math.isfinite(w_se) and -w_gain > k_se * w_se:
+            label = k.removeprefix(WATCH_PREFIX).removesuffix("_mean")
+            out.append(Alarm(step, since, label, t_gain, t_se, w_gain, w_se))
+    return out

@@ -1,0 +1,72 @@
+"""The reward-hacking alarm and the watch curves' paired gains (diffrl/train/alarms.py), on
+hand-made per-sample scores: it fires only when the total rose while a watched reward fell by more
+than k paired SE, against the eval ``window`` evals back, and its state survives a checkpoint."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from diffrl.config.schema import WatchAlarmConfig
+from diffrl.train.alarms import ALARM_METRIC, TOTAL, Watch, paired
+
+W = "eval/watch/aesthetic_mean"
+
+
+def scores(total, watched):
+    return {TOTAL: torch.tensor(total, dtype=torch.float32), W: torch.tensor(watched, dtype=torch.float32)}
+
+
+def test_paired_leaves_out_failed_samples_and_has_no_se_for_one_pair():
+    mean, se, n = paired(torch.tensor([1.0, 2.0, float("nan"), 4.0]), torch.tensor([0.0, 1.0, 5.0, 2.0]))
+    assert n == 3 and mean == pytest.approx(4 / 3)
+    assert se == pytest.approx(torch.tensor([1.0, 1.0, 2.0], dtype=torch.float64).std().item() / 3**0.5)
+    assert math.isnan(paired(torch.tensor([1.0]), torch.tensor([0.0]))[1])
+
+
+def test_fires_when_the_total_rises_and_a_watched_reward_falls_beyond_k_se():
+    watch = Watch(WatchAlarmConfig(k_se=2.0, window=1))
+    assert watch.observe(0, scores([0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]))[1] == []
+    # watched falls by 0.5 with a paired SE of 0.5/sqrt(4)*std([.4,.6,.5,.5]): far beyond 2 SE
+    metrics, alarms = watch.observe(2, scores([0.1, 0.1, 0.1, 0.1], [0.6, 0.4, 0.5, 0.5]))
+    assert [a.watched for a in alarms] == ["aesthetic"] and alarms[0].since == 0
+    assert metrics[ALARM_METRIC] == 1.0
+    assert metrics["eval/watch/aesthetic_gain"] == pytest.approx(-0.5)
+    assert metrics["eval/reward_gain"] == pytest.approx(0.1, abs=1e-6)
+    assert "aesthetic" in alarms[0].message(2.0) and "iteration 2" in alarms[0].message(2.0)
+
+
+@pytest.mark.parametrize(
+    ("total", "watched"),
+    [
+        ([0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]),  # the total did not rise
+        ([0.1, 0.1, 0.1, 0.1], [1.2, 0.8, 1.0, 1.0]),  # the watched one did not fall
+        ([0.1, 0.1, 0.1, 0.1], [1.5, 0.5, 1.0, 0.8]),  # fell 0.05 with an SE of ~0.2: noise
+    ],
+)
+def test_stays_quiet_otherwise(total, watched):
+    watch = Watch(WatchAlarmConfig(k_se=2.0, window=1))
+    watch.observe(0, scores([0.0] * 4, [1.0] * 4))
+    metrics, alarms = watch.observe(1, scores(total, watched))
+    assert alarms == [] and metrics[ALARM_METRIC] == 0.0 and not watch.stop
+
+
+def test_the_window_compares_with_the_eval_that_many_evals_back_and_stop_is_set():
+    watch = Watch(WatchAlarmConfig(k_se=1.0, window=2, stop=True))
+    watch.observe(0, scores([0.0] * 3, [1.0, 1.1, 0.9]))
+    # one eval later: too few evals for a window of 2 (no comparison, no alarm)
+    assert watch.observe(1, scores([1.0] * 3, [0.0, 0.1, -0.1]))[1] == []
+    # two evals later: against step 0 (fell by 1.0 exactly, SE 0 -> beyond any k)
+    _, alarms = watch.observe(2, scores([1.0] * 3, [0.0, 0.1, -0.1]))
+    assert [(a.since, a.step) for a in alarms] == [(0, 2)] and watch.stop
+
+
+def test_its_state_round_trips_through_json_exactly():
+    watch = Watch(WatchAlarmConfig(window=2))
+    watch.observe(0, scores([0.1, float("nan"), 0.3], [0.5, 0.25, 1 / 3]))
+    watch.observe(1, scores([0.2, 0.2, 0.4], [0.4, 0.2, 0.3]))
+    again = Watch.resumed(WatchAlarmConfig(window=2), json.loads(json.dumps(watch.state())))
+    later = scores([0.3, 0.3, 0.5], [0.1, 0.1, 0.1])
+    assert again.state() == watch.state()
+    assert again.observe(2, later) == watch.observe(2, later)
