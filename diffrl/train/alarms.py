@@ -72,10 +72,12 @@ class Alarm:
     watched_gain: float
     watched_se: float
 
-    def message(self, k_se: float) -> str:
+    def message(self, k_se: float, trained: str = "") -> str:
+        """The warning line; ``trained``: what the eval total sums (``eval.rewards``' names)."""
+        total = f"eval total: {trained}" if trained else "eval total"
         return (
             f"reward-hacking alarm at iteration {self.step}: since iteration {self.since} the trained "
-            f"reward (eval total) rose {self.trained_gain:+.4f} ± {self.trained_se:.4f} while the watched "
+            f"reward ({total}) rose {self.trained_gain:+.4f} ± {self.trained_se:.4f} while the watched "
             f"reward {self.watched!r} fell {self.watched_gain:+.4f} ± {self.watched_se:.4f} "
             f"(more than {k_se:g} SE, paired on the same prompts and seeds)"
         )

@@ -16,7 +16,7 @@ import torch
 from diffrl import torch_state
 from diffrl.algorithms.returns import checked_examples, checked_signals
 from diffrl.config import Config
-from diffrl.errors import Abandoned, Interrupted
+from diffrl.errors import Abandoned, Interrupted, quoted
 from diffrl.logging import Progress, console
 from diffrl.rollout import RolloutBatch, RolloutStats
 from diffrl.train import stages
@@ -191,8 +191,10 @@ class Driver:
         alarm (into ``result.extra``), and whether it is the new best (``train.keep_best``)."""
         scores = result.per_sample()
         metrics, alarms = self.session.watch.observe(step, scores)
-        for alarm in alarms:
-            warnings.warn(alarm.message(self.config.eval.watch_alarm.k_se), stacklevel=2)
+        e = self.config.eval
+        for alarm in alarms:  # alarms exist only with eval.watch_alarm set
+            trained = ", ".join(quoted(r.name, 60) for r in e.rewards)
+            warnings.warn(alarm.message(e.watch_alarm.k_se, trained), stacklevel=2)
         moved, best = False, self.session.best
         if best is not None and (best.due(step) or best.iteration < 0):
             moved, kept = best.consider(step, scores)
