@@ -6,6 +6,7 @@ side by side), ``metrics.png`` (the training curves) and ``report.html``, which 
 runs/NAME/
   metrics.png        reward, loss, KL, grad norm, log-prob diff against the iteration (those logged)
   eval_curve.png     the mean eval reward at each eval (train/evaluate.py)
+  trust.png          paired gains of trained and watched rewards (± SE), diversity, alarms, best
   eval/step_NNNNN.png  each eval's grid, every sample captioned with its prompt and reward
   eval/compare.png   the first and last grids side by side: the same prompts and seeds
   report.html        all of the above, the final numbers and the resolved config
@@ -537,6 +538,7 @@ def build_report(
         "<h2>Curves</h2>",
         _figure(metrics_png, "training metrics against the iteration (metrics.png)"),
         _figure(curve_png, f"{key} at each eval (eval_curve.png)"),
+        *trust_section(run_dir, rows, evals),
     ]
     if compare_png.is_file():
         parts += [
@@ -570,3 +572,153 @@ def build_report(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page)
     return Report(path, unread)
+
+
+# ---- trust: held-out judges, alarms, the best checkpoint, group health (docs/trust.md) ----------
+
+GAIN = re.compile(r"^eval/(watch/.+|reward)_gain$")
+"""A paired gain over the first eval (``eval/reward_gain``, ``eval/watch/<label>_gain``)."""
+DIVERSITY = (
+    "monitor/within_group_std",
+    "monitor/across_prompt_std",
+    "monitor/clip_pairwise_distance",
+    "monitor/near_duplicate_groups",
+    "monitor/kl_to_base",
+)
+"""The diversity and drift monitors drawn in ``trust.png`` (those a run logged)."""
+ALARMS = {"alarm/reward_hacking": "reward hacking (eval.watch_alarm)", "alarm/collapse": "collapse"}
+GUARD = "GRPO-Guard (arXiv 2510.22319, Wang et al.)"
+FLOW_GRPO = "Flow-GRPO (arXiv 2505.05470; github.com/yifan123/flow_grpo, scripts/train_sd3.py)"
+HEALTH = (
+    (
+        "train/clip_frac_high",
+        "small, about as large as clip_frac_low",
+        GUARD + ": a left-shifted ratio clips few positive-advantage samples",
+    ),
+    ("train/clip_frac_low", "small, about as large as clip_frac_high", GUARD),
+    ("train/ratio_mean", "about 1", GUARD + ": a mean below 1 precedes implicit over-optimisation"),
+    ("train/ratio_std", "small and steady", GUARD + ": its spread differs across timesteps"),
+    ("train/ratio_max", "near 1 + clip_range", FLOW_GRPO + ": PPO clipping of the per-step ratio"),
+    ("train/adv_std", "about 1 (per-group std normalisation); near 0: no signal", FLOW_GRPO),
+    (
+        "rollout/zero_std_ratio",
+        "low: a group scored alike gives no gradient",
+        FLOW_GRPO + "; DanceGRPO (arXiv 2505.07818)",
+    ),
+    ("rollout/reward_failed_frac", "0", "diffrl: samples whose reward failed are not trained on"),
+    ("monitor/within_group_std", "steady; falling to 0 is collapse", "diffrl monitors"),
+    ("monitor/across_prompt_std", "steady", "diffrl monitors"),
+    ("monitor/clip_pairwise_distance", "steady; falling is collapse", "diffrl monitors"),
+    ("monitor/near_duplicate_groups", "0", "diffrl monitors"),
+    ("monitor/kl_to_base", "grows slowly", "diffrl monitors"),
+)
+"""The group-health rows of the summary table: (metric, healthy range, source), shown when logged."""
+
+
+def alarm_steps(rows: list[dict[str, float]], evals: list[dict[str, float]]) -> list[tuple[int, str]]:
+    """``(iteration, what)`` of every alarm the run logged (a metric of :data:`ALARMS` at 1.0)."""
+    return sorted(
+        {(int(r["step"]), what) for r in [*rows, *evals] for k, what in ALARMS.items() if r.get(k) == 1.0}
+    )
+
+
+def best_point(evals: list[dict[str, float]]) -> dict[str, float] | None:
+    """The eval where ``train.keep_best`` last moved ``checkpoints/best`` (None: it never did)."""
+    moved = [e for e in evals if e.get("keep_best/iteration") == e["step"] and "keep_best/gain" in e]
+    return moved[-1] if moved else None
+
+
+def plot_trust(rows: list[dict[str, float]], evals: list[dict[str, float]], path: Path) -> Path | None:
+    """``trust.png``: the trained and watched rewards' paired gains over the first eval with their
+    SE bands, and the diversity monitors; alarms as red lines, the best checkpoint as a star.
+    None (and no file) for a run with neither gains nor monitors."""
+    gains = sorted({k for e in evals for k in e if GAIN.match(k)}, key=lambda k: (k != "eval/reward_gain", k))
+    monitors = [k for k in DIVERSITY if _logged(rows, k)]
+    panels = [p for p in (gains, monitors) if p]
+    if not panels:
+        return None
+    fig = Figure(figsize=(5.2 * len(panels), 3.4))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    alarms, best = alarm_steps(rows, evals), best_point(evals)
+    for ax, keys in zip(axes, panels, strict=True):
+        source = evals if keys is gains else rows
+        for key in keys:
+            pts = sorted((r["step"], r[key], r.get(key + "_se", 0.0)) for r in source if _number(r.get(key)))
+            if not pts:
+                continue
+            x, y, se = (list(v) for v in zip(*pts, strict=True))
+            label = "trained (eval total)" if key == "eval/reward_gain" else key[5:].removesuffix("_gain")
+            ax.plot(x, y, marker="o", ms=3, label=label)
+            if keys is gains:
+                se = [s if _number(s) and math.isfinite(s) else 0.0 for s in se]
+                ax.fill_between(
+                    x,
+                    [a - s for a, s in zip(y, se, strict=True)],
+                    [a + s for a, s in zip(y, se, strict=True)],
+                    alpha=0.2,
+                )
+        for step, _ in alarms:
+            ax.axvline(step, color="red", alpha=0.5, lw=1)
+        if best is not None and keys is gains and _number(best.get("eval/reward_gain")):
+            ax.plot(
+                [best["step"]],
+                [best["eval/reward_gain"]],
+                marker="*",
+                ms=14,
+                color="gold",
+                mec="k",
+                label="best checkpoint",
+            )
+        ax.set_title("paired gain over the first eval (± SE)" if keys is gains else "diversity and drift")
+        ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def trust_section(run_dir: Path, rows: list[dict[str, float]], evals: list[dict[str, float]]) -> list[str]:
+    """The page's "Can this run be trusted?" parts: ``trust.png``, the alarms, the best checkpoint
+    and the group-health table (each part only when the run logged what it shows)."""
+    png = plot_trust(rows, evals, run_dir / "trust.png")
+    alarms, best = alarm_steps(rows, evals), best_point(evals)
+    health = []
+    for key, healthy, source in HEALTH:
+        values = [r[key] for r in rows if _number(r.get(key)) and math.isfinite(r[key])]
+        if values:
+            health.append(
+                f"<tr><td><code>{html.escape(key)}</code></td><td class=num>{fmt(float(values[-1]))}</td>"
+                f"<td class=num>{fmt(sum(values) / len(values))}</td><td>{html.escape(healthy)}</td>"
+                f"<td>{html.escape(source)}</td></tr>"
+            )
+    if png is None and not alarms and best is None and not health:
+        return []
+    parts = ["<h2>Can this run be trusted?</h2>"]
+    if png is not None:
+        parts.append(
+            _figure(
+                png,
+                "paired gains of the trained and watched rewards over the first eval (± SE); "
+                "diversity monitors; red lines: alarms; star: the best checkpoint (trust.png)",
+            )
+        )
+    if alarms:
+        items = "".join(f"<li>iteration {s}: {html.escape(w)} alarm</li>" for s, w in alarms)
+        parts.append(f"<p>Alarms:</p><ul class=alarms>{items}</ul>")
+    else:
+        parts.append("<p>No alarm fired.</p>")
+    if best is not None:
+        parts.append(
+            f"<p class=best>Best checkpoint (<code>checkpoints/best</code>, <code>train.keep_best</code>): "
+            f"iteration {int(best['step'])}, {fmt(float(best['keep_best/gain']))} ± "
+            f"{fmt(float(best['keep_best/gain_se']))} (SE) over the best before it.</p>"
+        )
+    if health:
+        parts.append(
+            "<h3>Group health</h3><table><tr><th>metric</th><th>last</th><th>mean</th><th>healthy</th>"
+            f"<th>source</th></tr>{''.join(health)}</table>"
+        )
+    return parts

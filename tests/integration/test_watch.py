@@ -61,7 +61,11 @@ def test_a_watched_reward_that_falls_as_the_trained_one_rises_trips_the_alarm_an
     info = json.loads((result.checkpoint / "checkpoint.json").read_text())
     assert info["iteration"] == 1 and info["loop"]["watch"]["fired"][0]["step"] == 1
     assert [h["step"] for h in result.history] == [1]
-    assert (result.output_dir / "report.html").is_file()
+    page = (result.output_dir / "report.html").read_text()
+    assert (
+        "Can this run be trusted?" in page and "iteration 1: reward hacking (eval.watch_alarm) alarm" in page
+    )
+    assert (result.output_dir / "trust.png").is_file() and "trust.png" in page
 
 
 CASES = [
