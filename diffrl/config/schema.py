@@ -307,6 +307,18 @@ class RewardConfig:
 
 
 @dataclass
+class MonitorConfig:
+    """The collapse alarm of the per-iteration diversity monitors (:mod:`diffrl.train.monitors`)."""
+
+    near_duplicate_std: Annotated[float, Range(0, 255, hint="uint8 levels, e.g. 2.0")] = 2.0
+    """A prompt group whose within-group pixel std (uint8 levels, images pooled to 64 px) is below
+    this counts as near duplicates."""
+    collapse_share: Annotated[float, Range(0, 1, lo_open=True, hint="a share of the groups, e.g. 0.5")] = 0.5
+    """``alarm/collapse`` fires (with a warning) when at least this share of the groups are near
+    duplicates."""
+
+
+@dataclass
 class EvalConfig:
     prompts: str = "builtin:tiny_text/test.txt"
     num_prompts: Annotated[int, Range(1, 10**7, hint="or null for every prompt of the file")] | None = 64
@@ -397,6 +409,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     rewards: list[RewardConfig] = field(default_factory=list)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain(self)

@@ -134,7 +134,7 @@ class Driver:
         """One iteration: its metrics, and those of each optimizer step."""
         t0, algorithm = time.time(), self.algorithm
         batch, stats, side = self.collect(it)
-        metrics = {**stages.rollout_metrics(batch, stats, it), **side}
+        metrics = {**stages.rollout_metrics(batch, stats, it, self.config.monitor), **side}
         batch = stages.scored_samples(batch)
         self.state.guard.rollout(len(batch), stats.errors)
         steps: list[dict[str, float]] = []

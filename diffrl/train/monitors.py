@@ -11,14 +11,15 @@ shapes and colours, not of pixel noise, and a bounded cost at any resolution):
   pixels (2+ groups). Falls when every prompt draws the same picture.
 - ``monitor/image_std``: each image's std over its own pixels, the mean over the batch. Falls when
   images become flat (what a JPEG-compressibility reward pays for).
-- ``monitor/near_duplicate_groups``: the share of groups (2+ samples) whose ``within_group_std`` is
-  below ``NEAR_DUPLICATE_STD`` levels: their samples are near duplicates.
-- ``alarm/collapse``: 1.0 when that share reaches ``COLLAPSE_SHARE``, else 0.0; the driver then
-  prints a warning line (:func:`collapse_warning`).
+- ``monitor/near_duplicate_groups``: the share of groups (2+ samples) whose within-group std is
+  below ``monitor.near_duplicate_std`` levels (default 2): their samples are near duplicates.
+- ``alarm/collapse``: 1.0 when that share reaches ``monitor.collapse_share`` (default 0.5), else
+  0.0; the driver then prints a warning line (:func:`collapse_warning`).
 
-The thresholds: a group of the tiny world's random base model has a within-group std of 40-60
-levels at 64 px; independent samples of one prompt from a trained model stay far above 2 levels
-(the quantisation step is 1 level, so 2 means "equal up to rounding and a faint shade").
+The default threshold: 2 levels means "equal up to rounding and a faint shade" (the quantisation
+step is 1 level). A group of the tiny world's base model has a within-group std of 60-80 levels
+at 8 px; a stochastic sampler's noise keeps a hacked run's groups around 20 there (measured in
+docs/results/hacking.md), so a small world's alarm needs a threshold of its own.
 """
 
 from __future__ import annotations
@@ -26,14 +27,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from diffrl.config.schema import MonitorConfig
+
 POOL = 64
 """Images are average-pooled to at most this many pixels per side before the statistics."""
-
-NEAR_DUPLICATE_STD = 2.0
-"""A group whose within-group std (uint8 levels, at ``POOL`` px) is below this is near duplicates."""
-
-COLLAPSE_SHARE = 0.5
-"""``alarm/collapse`` fires when at least this share of the groups are near duplicates."""
 
 
 def pooled(images: torch.Tensor) -> torch.Tensor:
@@ -47,10 +44,13 @@ def pooled(images: torch.Tensor) -> torch.Tensor:
     return x.flatten(1)
 
 
-def diversity_metrics(images: torch.Tensor, group_id: torch.Tensor) -> dict[str, float]:
+def diversity_metrics(
+    images: torch.Tensor, group_id: torch.Tensor, monitor: MonitorConfig | None = None
+) -> dict[str, float]:
     """``images`` uint8 ``(B, 3, H, W)`` / ``(B, 3, F, H, W)``, ``group_id (B,)`` -> the
     ``monitor/*`` metrics and ``alarm/collapse`` of the module docstring (group metrics only where
     a group has 2+ samples, the across-prompt one where there are 2+ groups)."""
+    monitor = monitor or MonitorConfig()
     if len(images) == 0:
         return {}
     x = pooled(images)
@@ -63,22 +63,25 @@ def diversity_metrics(images: torch.Tensor, group_id: torch.Tensor) -> dict[str,
         if len(rows) > 1:
             within.append(rows.std(dim=0, unbiased=False).mean().item())
     if within:
-        near = sum(s < NEAR_DUPLICATE_STD for s in within) / len(within)
+        near = sum(s < monitor.near_duplicate_std for s in within) / len(within)
         out["monitor/within_group_std"] = sum(within) / len(within)
         out["monitor/near_duplicate_groups"] = near
-        out["alarm/collapse"] = float(near >= COLLAPSE_SHARE)
+        out["alarm/collapse"] = float(near >= monitor.collapse_share)
     if len(means) > 1:
         out["monitor/across_prompt_std"] = torch.stack(means).std(dim=0, unbiased=False).mean().item()
     return out
 
 
-def collapse_warning(metrics: dict[str, float], iteration: int) -> str | None:
+def collapse_warning(
+    metrics: dict[str, float], iteration: int, monitor: MonitorConfig | None = None
+) -> str | None:
     """The warning line of an iteration whose collapse alarm fired, else None."""
     if metrics.get("alarm/collapse", 0.0) < 1.0:
         return None
+    monitor = monitor or MonitorConfig()
     return (
         f"iteration {iteration}: collapse alarm: {metrics['monitor/near_duplicate_groups']:.0%} of the "
         f"prompt groups are near duplicates (within-group pixel std below "
-        f"{NEAR_DUPLICATE_STD} levels; mean {metrics['monitor/within_group_std']:.2f}); the reward is likely being hacked: watch a held-out reward (eval.watch), add a "
+        f"{monitor.near_duplicate_std:g} levels; mean {metrics['monitor/within_group_std']:.2f}); the reward is likely being hacked: watch a held-out reward (eval.watch), add a "
         "KL (algorithm.params.kl_beta) or a regulariser (docs/algorithms.md), or stop the run"
     )

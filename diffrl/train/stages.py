@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from diffrl.config import Config, TrainConfig
+from diffrl.config.schema import MonitorConfig
 from diffrl.errors import Interrupted
 from diffrl.logging import MetricsLogger, Progress
 from diffrl.rewards.base import RewardOutput
@@ -78,17 +79,20 @@ def collect_rollout(
     return rollout.finish(bars)
 
 
-def rollout_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) -> dict[str, float]:
+def rollout_metrics(
+    batch: RolloutBatch, stats: RolloutStats, iteration: int, monitor: MonitorConfig | None = None
+) -> dict[str, float]:
     """The rollout's reward statistics (failed samples are counted, not averaged) and its
-    diversity monitors (:mod:`diffrl.train.monitors`; a warning when the collapse alarm fires)."""
-    metrics = {**reward_metrics(batch, stats, iteration), **diversity(batch)}
-    line = collapse_warning(metrics, iteration)
+    diversity monitors (:mod:`diffrl.train.monitors`, thresholds ``monitor``; a warning when the
+    collapse alarm fires)."""
+    metrics = {**reward_metrics(batch, stats, iteration), **diversity(batch, monitor)}
+    line = collapse_warning(metrics, iteration, monitor)
     if line is not None:
         warnings.warn(line, stacklevel=2)
     return metrics
 
 
-def diversity(batch: RolloutBatch) -> dict[str, float]:
+def diversity(batch: RolloutBatch, monitor: MonitorConfig | None = None) -> dict[str, float]:
     """The monitors of the samples whose reward could be had (all of them without rewards)."""
     if batch.images is None:
         return {}
@@ -97,7 +101,7 @@ def diversity(batch: RolloutBatch) -> dict[str, float]:
         if batch.rewards is not None
         else torch.ones(len(batch), dtype=torch.bool)
     )
-    return diversity_metrics(batch.images[ok], batch.group_id[ok])
+    return diversity_metrics(batch.images[ok], batch.group_id[ok], monitor)
 
 
 def reward_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) -> dict[str, float]:

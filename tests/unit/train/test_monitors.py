@@ -6,8 +6,9 @@ import warnings
 import pytest
 import torch
 
+from diffrl.config.schema import MonitorConfig
 from diffrl.rollout import Conditioning, RolloutBatch, RolloutStats
-from diffrl.train.monitors import NEAR_DUPLICATE_STD, POOL, collapse_warning, diversity_metrics, pooled
+from diffrl.train.monitors import POOL, collapse_warning, diversity_metrics, pooled
 from diffrl.train.stages import rollout_metrics
 
 
@@ -41,7 +42,7 @@ def test_near_duplicates_up_to_rounding_are_caught():
     base = flat([120] * 4)
     base[1] += 1  # one level apart: the quantisation step, below NEAR_DUPLICATE_STD
     m = diversity_metrics(base, torch.zeros(4, dtype=torch.long))
-    assert m["monitor/within_group_std"] < NEAR_DUPLICATE_STD and m["alarm/collapse"] == 1.0
+    assert m["monitor/within_group_std"] < MonitorConfig().near_duplicate_std and m["alarm/collapse"] == 1.0
     line = collapse_warning(m, 7)
     assert line.startswith("iteration 7: collapse alarm: 100% of the prompt groups are near duplicates")
 
@@ -84,3 +85,15 @@ def test_rollout_metrics_carry_the_monitors_of_the_scored_samples_and_warn():
     assert m["monitor/near_duplicate_groups"] == 1.0 and m["alarm/collapse"] == 1.0
     assert m["rollout/reward_failed_frac"] == 0.25 and m["rollout/reward_failed"] == 1.0
     assert any("collapse alarm" in str(w.message) for w in caught)
+
+
+def test_the_thresholds_are_the_configs():
+    images = flat([10, 30, 100, 130])  # within-group stds 10 and 15
+    group_id = torch.tensor([0, 0, 1, 1])
+    assert diversity_metrics(images, group_id)["alarm/collapse"] == 0.0
+    loose = MonitorConfig(near_duplicate_std=12.0, collapse_share=0.5)
+    m = diversity_metrics(images, group_id, loose)
+    assert m["monitor/near_duplicate_groups"] == 0.5 and m["alarm/collapse"] == 1.0
+    assert "below 12 levels" in collapse_warning(m, 1, loose)
+    strict = MonitorConfig(near_duplicate_std=12.0, collapse_share=1.0)
+    assert diversity_metrics(images, group_id, strict)["alarm/collapse"] == 0.0
