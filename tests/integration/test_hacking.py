@@ -1,0 +1,62 @@
+"""A reward the tiny world hacks (brightness: the images wash out to white and a prompt's samples
+grow alike) trips the collapse alarm within a bounded number of iterations; the same run with a
+KL to the base (kl_beta 0.5) does not (docs/results/hacking.md has the longer runs and the
+other regularisers). Seeded on CPU: the iterations are the same on any run of this machine; the
+margins (the hacked run's groups near 35 levels at iteration 20, the KL run's near 70) are wide
+enough for another CPU's rounding."""
+
+import pytest
+
+from diffrl.preflight import load_config
+from diffrl.train.loop import train
+from tests.conftest import tiny_overrides
+
+HACKING = {
+    "model.path": "base",
+    "algorithm.name": "flow_grpo",
+    "algorithm.params": "{step_strategy: {name: all}, clip_range: 0.2}",
+    "rewards": "[{name: tests.rewards:brightness}]",
+    "rollout.batch_size": 2,
+    "rollout.n_samples_per_prompt": 4,
+    "rollout.micro_group_size": 8,
+    "rollout.num_steps_per_rollout": 1,
+    "train.batch_size": 8,
+    "train.micro_batch_size": 8,
+    "train.lr": 3e-3,
+    "train.save_every": 0,
+    "train.eval_every": 0,
+    "model.lora": "{rank: 4}",
+    "eval.enabled": "false",
+    "sampling.num_steps": 3,
+    "sampling.height": 8,
+    "sampling.width": 8,
+    # the tiny world's threshold: its base draws groups 60-80 levels apart at 8 px
+    "monitor.near_duplicate_std": 40,
+    "monitor.collapse_share": 0.5,
+}
+ITERATIONS = 20
+
+
+def run(tmp_path, **extra):
+    overrides = tiny_overrides(tmp_path, **{**HACKING, "train.iterations": ITERATIONS, **extra})
+    return train(load_config("recipes/tiny_grpo_ocr_small.yaml", overrides)).history
+
+
+def first_alarm(history) -> int | None:
+    return next((m["step"] for m in history if m["alarm/collapse"] == 1.0), None)
+
+
+def test_a_hacked_reward_trips_the_collapse_alarm_and_a_kl_holds_it_off(tmp_path):
+    with pytest.warns(UserWarning, match="collapse alarm"):
+        hacked = run(tmp_path / "hacked")
+    tripped = first_alarm(hacked)
+    assert tripped is not None and tripped <= ITERATIONS
+    first, last = hacked[0], hacked[-1]
+    assert last["rollout/reward/raw_mean"] > first["rollout/reward/raw_mean"] + 0.1  # it hacks
+    assert last["monitor/within_group_std"] < first["monitor/within_group_std"] / 1.5  # and collapses
+    held = run(
+        tmp_path / "kl", **{"algorithm.params": "{step_strategy: {name: all}, clip_range: 0.2, kl_beta: 0.5}"}
+    )
+    assert first_alarm(held) is None
+    assert all("monitor/kl_to_base" in m for m in held)
+    assert held[-1]["monitor/within_group_std"] > hacked[-1]["monitor/within_group_std"]
