@@ -19,6 +19,8 @@ from diffrl.config.binding import recipe_lines, value_problems, with_lines
 from diffrl.errors import quoted
 
 MAX_NAME_BYTES = 255
+MAX_PAIRED = 100_000
+"""As :data:`diffrl.train.alarms.MAX_PAIRED` (this module imports no torch)."""
 """``run.name`` names a folder: at most this many bytes (UTF-8), as file systems allow."""
 
 
@@ -88,6 +90,13 @@ def trust_problems(config: Config) -> list[str]:
             "use runner: local or remove eval.watch"
         )
     keep = config.train.keep_best
+    n = e.num_prompts * e.samples_per_prompt if e.num_prompts is not None else 0
+    if (keep is not None or e.watch_alarm is not None) and n > MAX_PAIRED:
+        errors.append(
+            f"train.keep_best and eval.watch_alarm pair at most {MAX_PAIRED:,} eval samples (each "
+            f"checkpoint keeps their scores), and eval.num_prompts x eval.samples_per_prompt is {n:,}: "
+            "evaluate fewer"
+        )
     if keep is not None:
         if not e.enabled:
             errors.append("train.keep_best compares evals, and eval.enabled is false: set it true")

@@ -27,6 +27,10 @@ TOTAL = "eval/reward_mean"
 """The per-sample key of the eval total (the trained reward, as eval weighs it)."""
 WATCH_PREFIX = "eval/watch/"
 ALARM_METRIC = "alarm/reward_hacking"
+MAX_PAIRED = 100_000
+"""The most samples whose per-sample scores an eval keeps for pairing (in ``checkpoint.json``,
+about 20 bytes each per reward and eval kept): a larger eval logs no paired gains, and
+``train.keep_best`` / ``eval.watch_alarm`` refuse it."""
 
 
 def paired(scores: torch.Tensor, baseline: torch.Tensor) -> tuple[float, float, int]:
@@ -112,7 +116,9 @@ class Watch:
         under :data:`TOTAL`, watched rewards under ``eval/watch/<label>_mean``): the paired gains
         over the base (``..._gain``, ``..._gain_se``), ``alarm/reward_hacking`` when an alarm is
         set, and the alarms that fired."""
-        keys = [k for k in scores if k == TOTAL or k.startswith(WATCH_PREFIX)]
+        keys = [
+            k for k in scores if (k == TOTAL or k.startswith(WATCH_PREFIX)) and len(scores[k]) <= MAX_PAIRED
+        ]
         now = {k: to_json(scores[k]) for k in keys}
         metrics: dict[str, float] = {}
         if self.base is None:

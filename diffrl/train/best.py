@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from diffrl.config.schema import KeepBestConfig
-from diffrl.train.alarms import from_json, paired, to_json
+from diffrl.errors import DiffrlError
+from diffrl.train.alarms import MAX_PAIRED, from_json, paired, to_json
 
 BEST = "best"
 """The folder name under ``checkpoints/`` (and the target ``diffrl eval`` / ``export`` accept)."""
@@ -79,6 +80,13 @@ class Best:
         if key not in scores:  # the config names only metrics evals have: a run lacking it is a bug
             raise KeyError(f"train.keep_best.metric {key!r}: the eval has no such metric ({sorted(scores)})")
         now = scores[key]
+        if (
+            len(now) > MAX_PAIRED
+        ):  # num_prompts: null over a long prompt file (a set size is refused up front)
+            raise DiffrlError(
+                f"train.keep_best pairs at most {MAX_PAIRED:,} eval samples and this eval drew {len(now):,}: "
+                "set eval.num_prompts (or fewer eval.samples_per_prompt)"
+            )
         if self.scores is None or len(self.scores) != len(now):
             self.iteration, self.scores, self.gain, self.se = step, to_json(now), 0.0, 0.0
             return False, {"keep_best/iteration": float(step)}

@@ -107,6 +107,12 @@ CASES = [
         "train.keep_best.every must be in [1, 1_000_000_000]",
     ),
     Case(
+        "keep-best-eval-too-large-to-pair",
+        ["train", GRPO, "train.keep_best={every: 2}", "eval.num_prompts=200000"],
+        BAD,
+        "pair at most 100,000 eval samples",
+    ),
+    Case(
         "eval-best-of-a-run-without-one",
         ["eval", "{tmp}/run/best", "--out", "{tmp}/out"],
         BAD,

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from diffrl.config.schema import WatchAlarmConfig
+from diffrl.preflight import schema
+from diffrl.train import alarms
 from diffrl.train.alarms import ALARM_METRIC, TOTAL, Watch, paired
 
 W = "eval/watch/aesthetic_mean"
@@ -70,3 +72,7 @@ def test_its_state_round_trips_through_json_exactly():
     later = scores([0.3, 0.3, 0.5], [0.1, 0.1, 0.1])
     assert again.state() == watch.state()
     assert again.observe(2, later) == watch.observe(2, later)
+
+
+def test_the_pairing_cap_is_one_number_in_both_layers():
+    assert schema.MAX_PAIRED == alarms.MAX_PAIRED
