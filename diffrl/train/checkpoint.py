@@ -462,6 +462,7 @@ RESUMABLE = (
     "rewards[*].timeout_s",
     "eval.rewards[*].timeout_s",
     "eval.watch[*].timeout_s",
+    "monitor.*",  # the collapse alarm's thresholds: what is logged, not what is trained
 )
 """Settings a resumed run may change: where and how it runs (device, runner, workers, micro-batch
 layout, gradient checkpointing, which results do not depend on), how long and how often it saves, logs and evaluates, and
