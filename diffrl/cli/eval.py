@@ -11,6 +11,7 @@ from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import EvalInputs
 from diffrl.cli.outputs import claim_out_folder
 from diffrl.rewards.base import RewardError, RewardSet
+from diffrl.train.alarms import paired, to_json
 from diffrl.train.evaluate import evaluate, paired_difference
 
 
@@ -33,15 +34,18 @@ def _run(args: argparse.Namespace, inputs: EvalInputs) -> int:
         baseline = checked(inputs.paired)
     out = inputs.out
     rewards = RewardSet(config.eval.rewards)
+    watch = RewardSet(config.eval.watch) if config.eval.watch else None  # held-out judges
     try:
-        result = evaluate(load_for_inference(config, checkpoint), config, rewards)
+        result = evaluate(load_for_inference(config, checkpoint), config, rewards, watch)
         base = (
-            evaluate(load_for_inference(baseline.config, baseline.checkpoint), config, rewards)
+            evaluate(load_for_inference(baseline.config, baseline.checkpoint), config, rewards, watch)
             if baseline
             else None
         )
     finally:
         rewards.close()
+        if watch is not None:
+            watch.close()
     failed = [*result.errors, *(base.errors if base is not None else [])]
     if failed:
         raise RewardError(f"eval: {len(failed)} reward call(s) failed: " + "; ".join(failed))
@@ -53,6 +57,14 @@ def _run(args: argparse.Namespace, inputs: EvalInputs) -> int:
         )
     print(f"mean reward: {result.total.mean():.4f} over {len(result.prompts)} samples")
     scores = {"prompts": result.prompts, "reward": result.total.tolist()}
+    for name, watched in result.watch.items():  # eval.watch: judged, not in the mean reward
+        line = f"watched {name}: mean {watched.nanmean():.4f}"
+        if base is not None and name in base.watch:
+            diff, se, _ = paired(watched, base.watch[name])
+            line += f"; difference to the baseline {diff:+.4f} +- {se:.4f} (paired)"
+        print(line)
+    if result.watch:
+        scores["watch"] = {name: to_json(watched) for name, watched in result.watch.items()}
     if base is not None:
         diff, se = paired_difference(result.total, base.total)
         print(

@@ -4,6 +4,7 @@ and ``diffrl eval`` / ``diffrl export`` take ``RUN_DIR/best``."""
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -58,7 +59,11 @@ def test_the_best_checkpoint_moves_on_paired_wins_resumes_exactly_and_evaluates(
 
     capsys.readouterr()
     out = tmp_path / "eval_out"
-    code = main(["eval", str(whole.output_dir / "best"), "--out", str(out), "--trust-checkpoint-code"])
-    assert code == 0 and (out / "scores.json").is_file()
+    watch = "eval.watch=[{name: tests.integration.test_watch:darkness}]"  # eval scores held-out judges too
+    code = main(["eval", str(whole.output_dir / "best"), "--out", str(out), "--trust-checkpoint-code", watch])
+    scores = json.loads((out / "scores.json").read_text())
+    assert code == 0 and "watched tests.integration.test_watch:darkness: mean" in capsys.readouterr().out
+    darkness = scores["watch"]["tests.integration.test_watch:darkness"]
+    assert darkness == [pytest.approx(1 - r, abs=1e-6) for r in scores["reward"]]  # 1 - brightness
     assert main(["export", str(whole.output_dir / "best"), str(tmp_path / "exported")]) == 0
     assert any((tmp_path / "exported").iterdir())
