@@ -305,6 +305,8 @@ class AWM(DiffusionAlgorithm):
             kl = velocity_kl(v, self._velocity(policy, examples, "reference"))
             loss = loss + p.kl_beta * kl
         metrics = {**terms.metrics(kl), "train/awm_log_prob": log_prob.detach().mean().item()}
+        if p.kl_beta > 0:
+            metrics["monitor/kl_to_base"] = kl.detach().item()  # the drift from the base, for free here
         if p.ema_kl_beta > 0:
             ema_kl = velocity_kl(v, self._velocity(policy, examples, "ema"))
             loss = loss + p.ema_kl_beta * ema_kl

@@ -213,9 +213,7 @@ class FlowGRPO(DiffusionAlgorithm):
         grad_reweight: bool = False
         """GRPO-Guard's gradient reweighting: divide each transition's clipped term by its step's
         σ − σ' (see the module docstring; ``sampler: sde`` only)."""
-        kl_gate: Annotated[
-            float, Range(0, 1, hi_open=True, hint="a share of the batch, e.g. 0.1")
-        ] = 0.0
+        kl_gate: Annotated[float, Range(0, 1, hi_open=True, hint="a share of the batch, e.g. 0.1")] = 0.0
         """GARDO's gated KL: > 0 applies ``kl_beta`` only to this share of the samples the trained
         reward and the ``kl_gate_rewards`` disagree on most (see
         :func:`diffrl.algorithms.advantages.gardo_gate`); 0: the KL applies to every sample."""
