@@ -79,9 +79,17 @@ def collapse_warning(
     if metrics.get("alarm/collapse", 0.0) < 1.0:
         return None
     monitor = monitor or MonitorConfig()
-    return (
+    what = (
         f"iteration {iteration}: collapse alarm: {metrics['monitor/near_duplicate_groups']:.0%} of the "
         f"prompt groups are near duplicates (within-group pixel std below "
-        f"{monitor.near_duplicate_std:g} levels; mean {metrics['monitor/within_group_std']:.2f}); the reward is likely being hacked: watch a held-out reward (eval.watch), add a "
-        "KL (algorithm.params.kl_beta) or a regulariser (docs/algorithms.md), or stop the run"
+        f"{monitor.near_duplicate_std:g} levels; mean {metrics['monitor/within_group_std']:.2f})"
+    )
+    if iteration == 0:  # the base's own samples: nothing is trained yet, so nothing is hacked
+        return (
+            f"{what} in the base model's own samples, before any update: the alarm cannot tell a "
+            "collapse from them; lower monitor.near_duplicate_std below their spread"
+        )
+    return (
+        f"{what}; the reward is likely being hacked: watch a held-out reward (eval.watch), add a KL "
+        "(algorithm.params.kl_beta) or a regulariser (docs/algorithms.md), or stop the run"
     )

@@ -45,6 +45,10 @@ def test_near_duplicates_up_to_rounding_are_caught():
     assert m["monitor/within_group_std"] < MonitorConfig().near_duplicate_std and m["alarm/collapse"] == 1.0
     line = collapse_warning(m, 7)
     assert line.startswith("iteration 7: collapse alarm: 100% of the prompt groups are near duplicates")
+    assert "likely being hacked" in line
+    # the base's own samples (iteration 0, nothing trained): said so, not blamed on the reward
+    first = collapse_warning(m, 0)
+    assert "in the base model's own samples" in first and "hacked" not in first
 
 
 def test_single_sample_groups_and_one_group_leave_their_metrics_out():
