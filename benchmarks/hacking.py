@@ -30,6 +30,7 @@ from diffrl.train.loop import train
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.conftest import tiny_overrides  # noqa: E402
+from tests.integration.test_hacking import HACKING  # noqa: E402
 
 BASE = "{step_strategy: {name: all}, clip_range: 0.2"
 VARIANTS = {
@@ -48,27 +49,11 @@ def one_run(params: str, seed: int, iterations: int) -> dict:
         overrides = tiny_overrides(
             Path(tmp),
             **{
+                **HACKING,  # the test's world and geometry: the benchmark runs it longer
                 "run.seed": seed,
-                "model.path": "base",
-                "algorithm.name": "flow_grpo",
                 "algorithm.params": params,
                 "rewards": "[{name: tests.rewards:brightness}, {name: jpeg_incompressibility, weight: 0}]",
-                "rollout.batch_size": 2,
-                "rollout.n_samples_per_prompt": 4,
-                "rollout.micro_group_size": 8,
-                "rollout.num_steps_per_rollout": 1,
-                "train.batch_size": 8,
-                "train.micro_batch_size": 8,
-                "train.lr": 3e-3,
                 "train.iterations": iterations,
-                "train.save_every": 0,
-                "train.eval_every": 0,
-                "model.lora": "{rank: 4}",
-                "eval.enabled": "false",
-                "sampling.num_steps": 3,
-                "sampling.height": 8,
-                "sampling.width": 8,
-                "monitor.near_duplicate_std": 40,
             },
         )
         with warnings.catch_warnings():
