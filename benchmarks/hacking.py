@@ -1,23 +1,32 @@
 """A run that hacks its reward on the tiny world, with and without each regulariser.
 
-    python benchmarks/hacking.py [--iterations 60] [--seeds 0 1]
+    python benchmarks/hacking.py [--iterations 60] [--seeds 0 1 2] [--eval-every 5]
 
 The reward is ``tests.rewards:brightness`` (the images' mean value): Flow-GRPO on the tiny base at
 8 x 8 px (2 prompts x 4 samples, 3 steps, LoRA r=4, lr 3e-3, clip 0.2) washes the images out
-towards white and the samples of a prompt grow alike. ``jpeg_incompressibility`` rides along with
-``weight: 0`` (scored, never trained on) as the watched reward: it falls as the images lose their
-detail, on the very samples the trained reward scored (paired by construction). The variants:
-none, ``kl_beta`` 0.04 and 0.5, GARDO's ``kl_gate`` 0.1 (kl_beta 0.5, gated by the watched
-reward's ranks) and ``diversity_bonus``. Per run: the first iteration whose collapse alarm fires
-at the tiny world's threshold (``monitor.near_duplicate_std: 40``, half the groups), and the means
-over the last 10 iterations of the trained reward, the watched one and the within-group std.
-Writes ``docs/results/hacking.json``; the page is ``docs/results/hacking.md``.
+towards white and the samples of a prompt grow alike. The held-out judge is
+``jpeg_incompressibility`` (the JPEG size in kB: it falls as the images lose their detail), watched
+the way a user watches one: ``eval.watch``, scored at every eval (every ``--eval-every``
+iterations; 16 test prompts x 2 samples with the eval's fixed noise, so two evals are paired) and
+never trained on, with ``eval.watch_alarm`` (k_se 2, window 1). It also rides along in the
+rollout with ``weight: 0``: GARDO's gate ranks the samples by it.
+
+The variants: none, ``kl_beta`` 0.04 and 0.5, GARDO's ``kl_gate`` 0.1 (kl_beta 0.5), the pixel
+``diversity_bonus`` and per-group reward clipping (``adv_clip_max: 1``: each sample's
+group-normalised reward clipped to one group std). Per run: the first iteration the collapse alarm
+fires at the tiny world's threshold (``monitor.near_duplicate_std: 40``, half the groups) and the
+first the hacking alarm fires; the paired eval gains over the base (trained and watched, with SE)
+at the last eval; the within-group std of the rollouts (first and the mean of the last 10).
+Writes ``docs/results/hacking.json`` and, for the first seed, each variant's report figure
+(``trust.png``) as ``docs/results/hacking/<variant>.png``; the page is ``docs/results/hacking.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -40,41 +49,66 @@ VARIANTS = {
     "kl_gate 0.1 (kl_beta 0.5)": BASE
     + ", kl_beta: 0.5, kl_gate: 0.1, kl_gate_rewards: [jpeg_incompressibility]}",
     "diversity_bonus": BASE + ", diversity_bonus: true}",
+    "adv_clip_max 1": BASE + ", adv_clip_max: 1.0}",
 }
-WATCHED = "rollout/reward/jpeg_incompressibility/mean"
+TRAINED = "eval/reward_gain"
+WATCHED = "eval/watch/jpeg_incompressibility_gain"
 
 
-def one_run(params: str, seed: int, iterations: int) -> dict:
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def one_run(params: str, seed: int, iterations: int, eval_every: int, figure: Path | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         overrides = tiny_overrides(
             Path(tmp),
             **{
-                **HACKING,  # the test's world and geometry: the benchmark runs it longer
+                **HACKING,  # the test's world and geometry: the benchmark runs it longer, with evals
                 "run.seed": seed,
                 "algorithm.params": params,
                 "rewards": "[{name: tests.rewards:brightness}, {name: jpeg_incompressibility, weight: 0}]",
                 "train.iterations": iterations,
+                "train.eval_every": eval_every,
+                "eval.enabled": "true",
+                "eval.num_prompts": 16,
+                "eval.samples_per_prompt": 2,
+                "eval.batch_size": 32,
+                "eval.rewards": "[{name: tests.rewards:brightness}]",
+                "eval.watch": "[{name: jpeg_incompressibility}]",
+                "eval.watch_alarm": "{k_se: 2.0, window: 1}",
             },
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            history = train(load_config("recipes/tiny_grpo_ocr_small.yaml", overrides)).history
+            result = train(load_config("recipes/tiny_grpo_ocr_small.yaml", overrides))
+        if figure is not None:
+            figure.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(tmp) / "run" / "trust.png", figure)
+    history = result.history
+    evals = [m for m in result.evals if TRAINED in m]
     tail = history[-10:]
-
-    def mean(key: str) -> float:
-        return statistics.fmean(m[key] for m in tail)
-
+    last = evals[-1]
     return {
         "seed": seed,
-        "first_alarm": next((m["step"] for m in history if m["alarm/collapse"] == 1.0), None),
-        "trained_first": history[0]["rollout/reward/raw_mean"],
-        "trained_last10": mean("rollout/reward/raw_mean"),
-        "watched_first": history[0][WATCHED],
-        "watched_last10": mean(WATCHED),
+        "collapse_alarm": next((m["step"] for m in history if m.get("alarm/collapse") == 1.0), None),
+        "hacking_alarm": next((m["step"] for m in result.evals if m.get("alarm/reward_hacking") == 1.0), None),
+        "trained_gain": last[TRAINED],
+        "trained_gain_se": last[TRAINED + "_se"],
+        "watched_gain": last[WATCHED],
+        "watched_gain_se": last[WATCHED + "_se"],
         "within_group_std_first": history[0]["monitor/within_group_std"],
-        "within_group_std_last10": mean("monitor/within_group_std"),
+        "within_group_std_last10": statistics.fmean(m["monitor/within_group_std"] for m in tail),
+        "evals": [
+            {k: m[k] for k in ("step", TRAINED, TRAINED + "_se", WATCHED, WATCHED + "_se") if k in m}
+            for m in evals
+        ],
         "curve": [
-            {k: m[k] for k in ("step", "rollout/reward/raw_mean", WATCHED, "monitor/within_group_std")}
+            {
+                k: m[k]
+                for k in ("step", "rollout/reward/raw_mean", "monitor/within_group_std", "alarm/collapse")
+                if k in m
+            }
             for m in history
         ],
     }
@@ -83,19 +117,37 @@ def one_run(params: str, seed: int, iterations: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--iterations", type=int, default=60)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "hacking.json"))
     args = ap.parse_args()
-    results = {name: [one_run(p, s, args.iterations) for s in args.seeds] for name, p in VARIANTS.items()}
-    print(f"{'variant':28} {'alarm at':>10} {'trained':>16} {'watched kB':>16} {'within std':>16}")
-    for name, runs in results.items():
-        alarms = ",".join(str(r["first_alarm"]) for r in runs)
-        cols = [
-            "/".join(f"{r[k]:.3f}" for r in runs)
-            for k in ("trained_last10", "watched_last10", "within_group_std_last10")
+    figures = Path(args.out).with_suffix("")
+    results = {
+        name: [
+            one_run(p, s, args.iterations, args.eval_every, figures / f"{slug(name)}.png" if i == 0 else None)
+            for i, s in enumerate(args.seeds)
         ]
-        print(f"{name:28} {alarms:>10} {cols[0]:>16} {cols[1]:>16} {cols[2]:>16}")
-    Path(args.out).write_text(json.dumps({"iterations": args.iterations, "results": results}, indent=1))
+        for name, p in VARIANTS.items()
+    }
+    print(
+        f"{'variant':26} {'collapse at':>12} {'hacking at':>12} {'trained gain (SE)':>24} "
+        f"{'watched gain (SE)':>30} {'within std':>18}"
+    )
+
+    def alarm(a: int | None) -> str:
+        return "-" if a is None else str(a)
+
+    for name, runs in results.items():
+        cols = [
+            ",".join(alarm(r["collapse_alarm"]) for r in runs),
+            ",".join(alarm(r["hacking_alarm"]) for r in runs),
+            " ".join(f"{r['trained_gain']:+.3f}({r['trained_gain_se']:.3f})" for r in runs),
+            " ".join(f"{r['watched_gain']:+.4f}({r['watched_gain_se']:.4f})" for r in runs),
+            "/".join(f"{r['within_group_std_last10']:.0f}" for r in runs),
+        ]
+        print(f"{name:26} {cols[0]:>12} {cols[1]:>12} {cols[2]:>24} {cols[3]:>30} {cols[4]:>18}")
+    payload = {"iterations": args.iterations, "eval_every": args.eval_every, "results": results}
+    Path(args.out).write_text(json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":

@@ -581,11 +581,15 @@ GAIN = re.compile(r"^eval/(watch/.+|reward)_gain$")
 DIVERSITY = (
     "monitor/within_group_std",
     "monitor/across_prompt_std",
-    "monitor/clip_pairwise_distance",
+    "monitor/clip_within_group_dist",
+    "monitor/clip_across_prompt_dist",
     "monitor/near_duplicate_groups",
     "monitor/kl_to_base",
 )
 """The diversity and drift monitors drawn in ``trust.png`` (those a run logged)."""
+LEVELS = ("monitor/within_group_std", "monitor/across_prompt_std", "monitor/image_std")
+"""Monitors in uint8 levels (the panel's left axis); the others (shares, distances, KL) go on
+a right axis of their own, dashed."""
 ALARMS = {"alarm/reward_hacking": "reward hacking (eval.watch_alarm)", "alarm/collapse": "collapse"}
 GUARD = "GRPO-Guard (arXiv 2510.22319, Wang et al.)"
 FLOW_GRPO = "Flow-GRPO (arXiv 2505.05470; github.com/yifan123/flow_grpo, scripts/train_sd3.py)"
@@ -608,7 +612,12 @@ HEALTH = (
     ("rollout/reward_failed_frac", "0", "diffrl: samples whose reward failed are not trained on"),
     ("monitor/within_group_std", "steady; falling to 0 is collapse", "diffrl monitors"),
     ("monitor/across_prompt_std", "steady", "diffrl monitors"),
-    ("monitor/clip_pairwise_distance", "steady; falling is collapse", "diffrl monitors"),
+    (
+        "monitor/clip_within_group_dist",
+        "steady; falling toward 0 is collapse",
+        "diffrl monitors; GARDO's distance",
+    ),
+    ("monitor/clip_across_prompt_dist", "steady", "diffrl monitors; GARDO's distance"),
     ("monitor/near_duplicate_groups", "0", "diffrl monitors"),
     ("monitor/kl_to_base", "grows slowly", "diffrl monitors"),
 )
@@ -642,13 +651,36 @@ def plot_trust(rows: list[dict[str, float]], evals: list[dict[str, float]], path
     alarms, best = alarm_steps(rows, evals), best_point(evals)
     for ax, keys in zip(axes, panels, strict=True):
         source = evals if keys is gains else rows
+        right = ax.twinx() if keys is monitors and any(k not in LEVELS for k in keys) else None
         for key in keys:
             pts = sorted((r["step"], r[key], r.get(key + "_se", 0.0)) for r in source if _number(r.get(key)))
             if not pts:
                 continue
             x, y, se = (list(v) for v in zip(*pts, strict=True))
-            label = "trained (eval total)" if key == "eval/reward_gain" else key[5:].removesuffix("_gain")
-            ax.plot(x, y, marker="o", ms=3, label=label)
+            label = (
+                "trained (eval total)"
+                if key == "eval/reward_gain"
+                else key.split("/", 1)[1].removesuffix("_gain")
+            )
+            if right is not None and key not in LEVELS:
+                right.plot(
+                    x,
+                    y,
+                    marker="o",
+                    ms=3,
+                    ls="--",
+                    label=label + " (right axis)",
+                    color=f"C{len(ax.lines) + len(right.lines)}",
+                )
+            else:
+                ax.plot(
+                    x,
+                    y,
+                    marker="o",
+                    ms=3,
+                    label=label,
+                    color=f"C{len(ax.lines) + (len(right.lines) if right else 0)}",
+                )
             if keys is gains:
                 se = [s if _number(s) and math.isfinite(s) else 0.0 for s in se]
                 ax.fill_between(
@@ -673,7 +705,11 @@ def plot_trust(rows: list[dict[str, float]], evals: list[dict[str, float]], path
         ax.set_xlabel("iteration")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        handles, labels = ax.get_legend_handles_labels()
+        if right is not None:
+            more = right.get_legend_handles_labels()
+            handles, labels = handles + more[0], labels + more[1]
+        ax.legend(handles, labels, fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
