@@ -316,6 +316,19 @@ class MonitorConfig:
     collapse_share: Annotated[float, Range(0, 1, lo_open=True, hint="a share of the groups, e.g. 0.5")] = 0.5
     """``alarm/collapse`` fires (with a warning) when at least this share of the groups are near
     duplicates."""
+    clip: str | None = None
+    """A local ``CLIPModel`` folder whose image embeddings give ``monitor/clip_within_group_dist``
+    and ``monitor/clip_across_prompt_dist``; ``None``: the CLIP of the first ``pickscore``,
+    ``clip_score`` or ``aesthetic`` reward in ``rewards`` (the monitor loads its own copy in the
+    trainer process), else no CLIP monitor."""
+    clip_processor: str | None = None
+    """The folder of ``clip``'s image processor config; ``None``: ``clip`` itself (or the reward's
+    ``processor`` folder, as PickScore_v1 ships none)."""
+    clip_every: Annotated[int, Range(0, MAX_COUNT, hint="iterations; 0 turns the CLIP monitor off")] = 1
+    """Embed the rollout's images every N iterations (0: never)."""
+    clip_device: str | None = None
+    """Where the monitor's CLIP runs (``cpu``, ``cuda``, ``cuda:N`` or ``auto``); ``None``:
+    ``run.device``. It runs in float32, under no_grad, at most 32 images per forward."""
 
 
 @dataclass

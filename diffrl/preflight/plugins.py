@@ -19,6 +19,7 @@ from diffrl.preflight.algorithm import algorithm_problems
 from diffrl.preflight.data import data_problems, eval_prompt_problems, prompt_set
 from diffrl.preflight.editing import editing_problems
 from diffrl.preflight.model import guidance_problems, model_problems, resolve_guidance
+from diffrl.preflight.monitor import monitor_problems, resolve_monitor
 from diffrl.preflight.rewards import group_problems, hearing_problems, reward_problems
 from diffrl.preflight.run import output_dir_problems, run_problems, runner_problems
 from diffrl.preflight.schema import check_sections, schema_problems
@@ -46,6 +47,7 @@ def load_config(
     if errors:
         raise ConfigError(errors, source)
     resolve_guidance(config)
+    resolve_monitor(config, sections)
     return config
 
 
@@ -60,6 +62,7 @@ def check_plugins(
     if errors:
         raise ConfigError(errors, source)
     resolve_guidance(config)
+    resolve_monitor(config, sections)
     return config
 
 
@@ -99,6 +102,8 @@ def plugin_problems(
     errors += group_problems(config, "rewards" in on, "eval" in on and config.eval.enabled)
     if "data" in on:
         errors += data_problems(config, spec, check_files)
+    if "train" in on and "monitor" in on:
+        errors += monitor_problems(config, check_files)
     if "model" in on:
         errors += hearing_problems(config, "rewards" in on, "eval" in on and config.eval.enabled)
         errors += editing_problems(config, spec, check_files, "data" in on, "eval" in on)

@@ -1,4 +1,5 @@
-"""Diversity and collapse monitors of a rollout, cheap enough for every iteration (no model forward).
+"""Diversity and collapse monitors of a rollout, cheap enough for every iteration (the pixel ones
+run no model; the CLIP ones one image forward per sample).
 
 From the decoded uint8 images the rollout keeps (``RolloutBatch.images``, ``(B, 3, H, W)`` or videos
 ``(B, 3, F, H, W)``), average-pooled to at most ``POOL`` x ``POOL`` pixels first (the spread of
@@ -20,17 +21,45 @@ The default threshold: 2 levels means "equal up to rounding and a faint shade" (
 step is 1 level). A group of the tiny world's base model has a within-group std of 60-80 levels
 at 8 px; a stochastic sampler's noise keeps a hacked run's groups around 20 there (measured in
 docs/results/hacking.md), so a small world's alarm needs a threshold of its own.
+
+With a CLIP (``monitor.clip``: a local ``CLIPModel`` folder, by default that of a ``pickscore``,
+``clip_score`` or ``aesthetic`` reward of the run), every ``monitor.clip_every`` iterations, from
+the unit-norm CLIP image embeddings ``e (B, D)`` of the same samples (a video's middle frame):
+
+- ``monitor/clip_within_group_dist``: per prompt group, the mean over its sample pairs of the
+  cosine distance ``1 - <e_i, e_j>``; then the mean over the groups with 2+ samples. 0: a
+  prompt's samples are the same picture to CLIP; unrelated pictures sit near 1 (at most 2).
+- ``monitor/clip_across_prompt_dist``: the same over the groups' mean embeddings, each
+  re-normalised (2+ groups). Falls when every prompt draws the same thing.
+
+The distance is GARDO's (arXiv 2512.24138; tinnerhrhe/GARDO, ``flow_grpo/stat_tracking.py``,
+``PerPromptStatTracker.update``): ``1 - <e_i, e_j>`` of unit-norm image features within a prompt
+group, where GARDO takes each sample's nearest neighbour (DINOv3 features) as a per-sample weight
+of its advantage; the monitor averages it over all pairs of CLIP embeddings, a group's spread
+rather than a sample's weight (written from that formula, not copied).
+
+The monitor loads its own copy of the CLIP in the trainer process (the rewards' copies live in
+reward workers that return only scores), in float32, and embeds at most the rollout's images,
+32 per forward, under no_grad. It draws no random number (the load runs under a forked RNG), so
+a run's weights are the same with and without it.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from diffrl.config.schema import MonitorConfig
+from diffrl.models.registry import resolve_device
+from diffrl.rewards import clip_embed
 
 POOL = 64
 """Images are average-pooled to at most this many pixels per side before the statistics."""
+CLIP_CHUNK = 32
+"""Images per CLIP forward of the CLIP monitor."""
 
 
 def pooled(images: torch.Tensor) -> torch.Tensor:
@@ -93,3 +122,82 @@ def collapse_warning(
         f"{what}; the reward is likely being hacked: watch a held-out reward (eval.watch), add a KL "
         "(algorithm.params.kl_beta) or a regulariser (docs/algorithms.md), or stop the run"
     )
+
+
+def mean_pairwise_cosine_distance(e: torch.Tensor) -> float:
+    """``e (N, D)`` unit-norm, N >= 2 -> the mean over the ``N (N - 1)`` ordered pairs ``i != j``
+    of ``1 - <e_i, e_j>`` (in float64)."""
+    e = e.double()
+    n = len(e)
+    sims = e @ e.T
+    return 1.0 - ((sims.sum() - sims.diagonal().sum()) / (n * (n - 1))).item()
+
+
+def clip_diversity(embeddings: torch.Tensor, group_id: torch.Tensor) -> dict[str, float]:
+    """``embeddings (B, D)`` (normalised here), ``group_id (B,)`` -> ``monitor/clip_within_group_dist``
+    (groups with 2+ samples) and ``monitor/clip_across_prompt_dist`` (2+ groups) of the module
+    docstring."""
+    e = F.normalize(embeddings.double(), dim=-1)
+    within, means = [], []
+    for g in group_id.unique():
+        rows = e[group_id == g]
+        means.append(rows.mean(0))
+        if len(rows) > 1:
+            within.append(mean_pairwise_cosine_distance(rows))
+    out = {}
+    if within:
+        out["monitor/clip_within_group_dist"] = sum(within) / len(within)
+    if len(means) > 1:
+        out["monitor/clip_across_prompt_dist"] = mean_pairwise_cosine_distance(
+            F.normalize(torch.stack(means), dim=-1)
+        )
+    return out
+
+
+class ClipEmbedder:
+    """A ``CLIPModel`` folder's image tower and its image processor, loaded once in this process
+    (:mod:`diffrl.rewards.clip_embed`'s loaders: a bad folder is a clear error naming it)."""
+
+    def __init__(self, folder: str, processor: str | None, device: str):
+        # the load itself may initialise weights it then overwrites: the run's random streams are
+        # kept out of it, so turning the monitor on changes no draw of the run
+        torch_device = resolve_device(device)
+        cuda = [torch_device.index or 0] if torch_device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            self.model = clip_embed.load_clip_model("monitor.clip", folder, torch_device, torch.float32)
+        self.processor = clip_embed.load_image_processor("monitor.clip", processor or folder)
+
+    @torch.no_grad()
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 ``(B, 3, H, W)`` (videos ``(B, 3, F, H, W)``: the middle frame) -> unit-norm
+        ``(B, D)`` float32 on the CPU, :data:`CLIP_CHUNK` images per forward."""
+        if images.dim() == 5:
+            images = images[:, :, images.shape[2] // 2]
+        arrays = images.permute(0, 2, 3, 1).contiguous().numpy()
+        pictures = [Image.fromarray(a) for a in arrays]
+        return clip_embed.in_batches(
+            len(pictures),
+            CLIP_CHUNK,
+            lambda part: clip_embed.image_embeddings(
+                self.model, clip_embed.pixel_values(self.processor, pictures[part])
+            ),
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def clip_embedder(folder: str, processor: str | None, device: str) -> ClipEmbedder:
+    """The run's CLIP monitor model, loaded on first use and kept (one at a time) for the
+    following iterations."""
+    return ClipEmbedder(folder, processor, device)
+
+
+def clip_metrics(
+    images: torch.Tensor, group_id: torch.Tensor, iteration: int, monitor: MonitorConfig | None = None
+) -> dict[str, float]:
+    """The CLIP monitors of ``images`` (uint8, as :func:`diversity_metrics`) on the iterations
+    ``monitor.clip_every`` picks, when ``monitor.clip`` names a folder; else nothing."""
+    monitor = monitor or MonitorConfig()
+    if monitor.clip is None or monitor.clip_every == 0 or iteration % monitor.clip_every or len(images) == 0:
+        return {}
+    embedder = clip_embedder(monitor.clip, monitor.clip_processor, monitor.clip_device or "auto")
+    return clip_diversity(embedder.embed(images.cpu()), group_id.cpu())

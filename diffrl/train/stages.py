@@ -23,7 +23,7 @@ from diffrl.rollout import CollectionSpec, RewardScores, RolloutBatch, RolloutSt
 from diffrl.seeding import generator
 from diffrl.train.evaluate import EvalResult, eval_grid_path
 from diffrl.train.guard import Guard
-from diffrl.train.monitors import collapse_warning, diversity_metrics
+from diffrl.train.monitors import clip_metrics, collapse_warning, diversity_metrics
 from diffrl.train.run_folder import write_atomic
 from diffrl.train.runner import PendingScore, Runner
 
@@ -85,15 +85,16 @@ def rollout_metrics(
     """The rollout's reward statistics (failed samples are counted, not averaged) and its
     diversity monitors (:mod:`diffrl.train.monitors`, thresholds ``monitor``; a warning when the
     collapse alarm fires)."""
-    metrics = {**reward_metrics(batch, stats, iteration), **diversity(batch, monitor)}
+    metrics = {**reward_metrics(batch, stats, iteration), **diversity(batch, iteration, monitor)}
     line = collapse_warning(metrics, iteration, monitor)
     if line is not None:
         warnings.warn(line, stacklevel=2)
     return metrics
 
 
-def diversity(batch: RolloutBatch, monitor: MonitorConfig | None = None) -> dict[str, float]:
-    """The monitors of the samples whose reward could be had (all of them without rewards)."""
+def diversity(batch: RolloutBatch, iteration: int, monitor: MonitorConfig | None = None) -> dict[str, float]:
+    """The monitors of the samples whose reward could be had (all of them without rewards); the
+    CLIP ones on the iterations ``monitor.clip_every`` picks."""
     if batch.images is None:
         return {}
     ok = (
@@ -101,7 +102,11 @@ def diversity(batch: RolloutBatch, monitor: MonitorConfig | None = None) -> dict
         if batch.rewards is not None
         else torch.ones(len(batch), dtype=torch.bool)
     )
-    return diversity_metrics(batch.images[ok], batch.group_id[ok], monitor)
+    images, group_id = batch.images[ok], batch.group_id[ok]
+    return {
+        **diversity_metrics(images, group_id, monitor),
+        **clip_metrics(images, group_id, iteration, monitor),
+    }
 
 
 def reward_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) -> dict[str, float]:
