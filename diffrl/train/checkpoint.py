@@ -372,9 +372,11 @@ def read_checkpoint_info(path: str | Path) -> dict[str, Any]:
 def latest_checkpoint(output_dir: str | Path) -> tuple[Path | None, list[str]]:
     """The newest checkpoint of a run folder that verifies, and why each newer one was skipped."""
     # newest first; at the same iteration 'final' before a step checkpoint (a run stopped in its
-    # final eval, then finished)
+    # final eval, then finished), and a step checkpoint before 'best' (train.keep_best: a complete
+    # checkpoint too, the newest when the best moved after the last step_*)
+    rank = {"final": 2, "best": 0}
     found = sorted(
-        checkpoints_of(output_dir), key=lambda p: (iteration_of(p), p.name == "final"), reverse=True
+        checkpoints_of(output_dir), key=lambda p: (iteration_of(p), rank.get(p.name, 1)), reverse=True
     )
     skipped = []
     unreadable = [p for p in found if iteration_of(p) < 0]  # maybe the newest: said, whatever resumes

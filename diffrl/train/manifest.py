@@ -111,7 +111,9 @@ def run_folder_hint(path: str | Path) -> str:
         candidates = names[-1:]
     if not candidates:
         return f"; {str(run)!r} is a run folder with no checkpoint yet (its checkpoints go to {str(root)!r})"
-    return f"; {str(run)!r} is a run folder: did you mean {str(root / candidates[0])!r}?"
+    best = root / "best"
+    also = f" (or its best, {str(best)!r})" if candidates[0] != "best" and (best / INFO).is_file() else ""
+    return f"; {str(run)!r} is a run folder: did you mean {str(root / candidates[0])!r}{also}?"
 
 
 def load_info_file(path: Path) -> Any:

@@ -27,7 +27,7 @@ from diffrl.train.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from diffrl.train.manifest import seal
+from diffrl.train.manifest import run_folder_hint, seal
 
 
 class OtherFamily(TinyFamily):
@@ -117,6 +117,34 @@ def test_latest_skips_a_damaged_newest_checkpoint_and_keep_last_prunes(tmp_path,
         "step_00004",
         "step_00006",
     ]
+
+
+def test_latest_takes_best_only_where_it_is_the_newest(tmp_path, actor):
+    """``checkpoints/best`` (train.keep_best) is a complete checkpoint of its iteration: resumed
+    from when it is newer than every step checkpoint, never over a step or final one of its own
+    iteration (whatever order the folder lists them in)."""
+    out = tmp_path / "run"
+    _save(actor, out / "checkpoints" / "best", 4)
+    _save(actor, out / "checkpoints" / "step_00004", 4)
+    assert latest_checkpoint(out)[0] == out / "checkpoints" / "step_00004"
+    shutil.rmtree(out / "checkpoints" / "best")
+    _save(actor, out / "checkpoints" / "best", 6)  # the best moved after the last step checkpoint
+    assert latest_checkpoint(out)[0] == out / "checkpoints" / "best"
+    _save(actor, out / "checkpoints" / "final", 6)
+    assert latest_checkpoint(out)[0] == out / "checkpoints" / "final"
+
+
+def test_a_run_folder_given_for_a_checkpoint_names_its_best_too(tmp_path, actor):
+    out = tmp_path / "run"
+    (out / "metrics.jsonl").parent.mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("")
+    _save(actor, out / "checkpoints" / "step_00004", 4)
+    assert run_folder_hint(out).endswith(f"did you mean {str(out / 'checkpoints' / 'step_00004')!r}?")
+    _save(actor, out / "checkpoints" / "best", 2)
+    assert run_folder_hint(out).endswith(
+        f"did you mean {str(out / 'checkpoints' / 'step_00004')!r} "
+        f"(or its best, {str(out / 'checkpoints' / 'best')!r})?"
+    )
 
 
 def test_a_checkpoint_killed_while_being_replaced_is_moved_back(tmp_path, actor):
