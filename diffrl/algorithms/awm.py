@@ -290,6 +290,12 @@ class AWM(DiffusionAlgorithm):
         examples.old_log_prob = torch.cat(parts)
         return examples
 
+    def drift(self, policy, examples: AWMExamples) -> dict[str, float]:
+        """``monitor/kl_to_base`` of a run without ``kl_beta``: the velocity KL to the base on the
+        examples' drawn timesteps and noise (:func:`velocity_kl`), as a ``kl_beta`` run's loss."""
+        v = self._velocity(policy, examples)
+        return {"monitor/kl_to_base": velocity_kl(v, self._velocity(policy, examples, "reference")).item()}
+
     def compute_loss(self, policy, examples: AWMExamples) -> tuple[torch.Tensor, dict[str, float]]:
         p = self.params
         if torch.isnan(examples.old_log_prob).any():

@@ -182,6 +182,16 @@ class DiffusionAlgorithm(ABC):
         needs the weights at the start of the update (e.g. AWM's old log-likelihoods)."""
         return examples
 
+    def drift(self, policy: Policy, examples: TrainExamples) -> dict[str, float]:
+        """The policy's drift from the base model on ``examples`` (a micro-batch of this
+        iteration's training data), for runs whose loss has no KL: ``{"monitor/kl_to_base": ...}``,
+        the KL a ``kl_beta`` run of this algorithm penalises and logs, in the same units. The
+        trainer calls it every ``monitor.kl_every`` iterations (not when :attr:`needs_reference`:
+        such a loss logs it) on the first micro-batch before the update, under ``torch.no_grad``,
+        in training mode, with the random state put back after. It must change no state (no
+        random draws of its own: use the examples' noise). Default: ``{}``, nothing measured."""
+        return {}
+
     @abstractmethod
     def collection_spec(self) -> CollectionSpec: ...
 

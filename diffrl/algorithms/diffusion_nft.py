@@ -210,24 +210,39 @@ class DiffusionNFT(DiffusionAlgorithm):
             cond=batch.cond.select(idx),
         )
 
+    def _velocities(self, policy, examples: NFTExamples, *of: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``x_t`` of the examples and the velocities there of the ``live`` policy (with
+        gradients), the ``old`` one and the ``reference``, in the order asked."""
+        x_t = noised(examples.x0, examples.noise, examples.t)
+        guidance = self.config.sampling.guidance_scale if self.params.train_cfg else 1.0
+        negative = policy.negative(examples.cond) if self.params.train_cfg else None
+        forwards = {
+            "live": policy.velocity,
+            "old": policy.old_velocity,
+            "reference": policy.reference_velocity,
+        }
+        return x_t, [
+            forwards[name](x_t, examples.t, examples.cond, guidance_scale=guidance, negative=negative)
+            for name in of
+        ]
+
+    def drift(self, policy, examples: NFTExamples) -> dict[str, float]:
+        """``monitor/kl_to_base`` of a run without ``kl_beta``: the velocity KL of the live policy
+        to the base on the examples' timesteps and noise, ``mean((v_θ − v_ref)²)`` as
+        :func:`nft_loss`'s ``kl_loss``."""
+        _, (v_new, v_ref) = self._velocities(policy, examples, "live", "reference")
+        return {"monitor/kl_to_base": (v_new - v_ref).pow(2).flatten(1).mean(1).mean().item()}
+
     def compute_loss(self, policy, examples: NFTExamples) -> tuple[torch.Tensor, dict[str, float]]:
         p = self.params
-        x_t = noised(examples.x0, examples.noise, examples.t)
-        guidance = self.config.sampling.guidance_scale if p.train_cfg else 1.0
-        negative = policy.negative(examples.cond) if p.train_cfg else None
-        v_old = policy.old_velocity(
-            x_t, examples.t, examples.cond, guidance_scale=guidance, negative=negative
+        x_t, (v_old, v_new, *ref) = self._velocities(
+            policy, examples, "old", "live", *(["reference"] if p.kl_beta > 0 else [])
         )
-        v_new = policy.velocity(x_t, examples.t, examples.cond, guidance_scale=guidance, negative=negative)
-        v_ref = None
-        if p.kl_beta > 0:
-            v_ref = policy.reference_velocity(
-                x_t, examples.t, examples.cond, guidance_scale=guidance, negative=negative
-            )
+        v_ref = ref[0] if ref else None
         terms = nft_loss(
             examples.x0, x_t, examples.t, v_new, v_old, examples.r, p.beta, p.adv_clip_max, v_ref, p.kl_beta
         )
-        return terms.loss, {
+        metrics = {
             "train/policy_loss": terms.policy_loss.item(),
             "train/nft_pos_loss": terms.pos_loss.mean().item(),
             "train/nft_neg_loss": terms.neg_loss.mean().item(),
@@ -235,3 +250,6 @@ class DiffusionNFT(DiffusionAlgorithm):
             "train/old_deviate": (v_new.detach() - v_old).pow(2).mean().item(),
             "train/kl_loss": terms.kl_loss.item(),
         }
+        if p.kl_beta > 0:  # the drift from the base, for free here (drift() for other runs)
+            metrics["monitor/kl_to_base"] = terms.kl_loss.item()
+        return terms.loss, metrics

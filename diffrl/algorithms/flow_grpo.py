@@ -354,11 +354,12 @@ class FlowGRPO(DiffusionAlgorithm):
             kl_gate=signals.values["kl_gate"][r_idx] if "kl_gate" in signals.values else None,
         )
 
-    def _replay(self, policy, examples: GRPOExamples):
-        """The recorded transitions scored by the trainable policy: the kernel's step output
-        (``log_prob (N,)``, ``mean (N, *latent)``, ``std (N,)``)."""
+    def _replay(self, policy, examples: GRPOExamples, reference: bool = False):
+        """The recorded transitions scored by the trainable policy (or the base model, no
+        gradient): the kernel's step output (``log_prob (N,)``, ``mean (N, *latent)``, ``std (N,)``)."""
         kernel = resolve_kernel(self.params.sampler)  # the rollout's kernel: scores the recorded step
-        v = policy.velocity(
+        forward = policy.reference_velocity if reference else policy.velocity
+        v = forward(
             examples.x_t,
             examples.sigma,
             examples.cond,
@@ -374,6 +375,15 @@ class FlowGRPO(DiffusionAlgorithm):
             sigma_max=policy.sigmas[1].item(),
             prev_sample=examples.x_next,
         )
+
+    def drift(self, policy, examples: GRPOExamples) -> dict[str, float]:
+        """``monitor/kl_to_base`` of a run without ``kl_beta``: the KL of the Gaussian
+        transitions of the policy and the base on the recorded steps (:func:`mean_kl`, every row:
+        GARDO's gate applies to the penalty, not to the drift), as a ``kl_beta`` run's loss
+        computes it (flow_grpo ``scripts/train_sd3.py``, its ``kl_loss``)."""
+        out = self._replay(policy, examples)
+        ref = self._replay(policy, examples, reference=True)
+        return {"monitor/kl_to_base": mean_kl(out.mean, ref.mean, out.std).item()}
 
     def off_policy_problems(self, config: Config) -> list[str]:
         """The clipped ratio is against the recorded log-probs (μ): one update old with
@@ -400,10 +410,6 @@ class FlowGRPO(DiffusionAlgorithm):
 
     def compute_loss(self, policy, examples: GRPOExamples) -> tuple[torch.Tensor, dict[str, float]]:
         p = self.params
-        s = self.config.sampling
-        kernel = resolve_kernel(p.sampler)
-        sigma_max = policy.sigmas[1].item()
-        negative = policy.negative(examples.cond)
         out = self._replay(policy, examples)
         guard: dict[str, float] = {}
         log_ratio = weight = None
@@ -440,22 +446,7 @@ class FlowGRPO(DiffusionAlgorithm):
         kl = torch.zeros(())
         if p.kl_beta > 0:
             with torch.no_grad():
-                v_ref = policy.reference_velocity(
-                    examples.x_t,
-                    examples.sigma,
-                    examples.cond,
-                    guidance_scale=s.guidance_scale,
-                    negative=negative,
-                )
-                ref = kernel.step(
-                    examples.x_t,
-                    v_ref,
-                    examples.sigma,
-                    examples.sigma_next,
-                    noise_level=p.noise_level,
-                    sigma_max=sigma_max,
-                    prev_sample=examples.x_next,
-                )
+                ref = self._replay(policy, examples, reference=True)
             if examples.kl_gate is None:
                 kl = mean_kl(out.mean, ref.mean, out.std)
             else:  # GARDO: the mean KL of the gated rows (none gated: no KL term), as its script
@@ -463,8 +454,8 @@ class FlowGRPO(DiffusionAlgorithm):
                 kl = mean_kl(out.mean[gate], ref.mean[gate], out.std[gate]) if gate.any() else kl
                 guard["train/kl_gated_frac"] = gate.float().mean().item()
             loss = loss + p.kl_beta * kl
-        if p.kl_beta > 0:
-            guard["monitor/kl_to_base"] = kl.item()  # the policy's drift from the base, for free here
+        if p.kl_beta > 0:  # the policy's drift from the base, for free here (drift() for other runs)
+            guard["monitor/kl_to_base"] = kl.item()
         return loss, {
             **terms.metrics(kl),
             **guard,

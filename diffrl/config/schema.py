@@ -308,7 +308,8 @@ class RewardConfig:
 
 @dataclass
 class MonitorConfig:
-    """The collapse alarm of the per-iteration diversity monitors (:mod:`diffrl.train.monitors`)."""
+    """The collapse alarm of the per-iteration diversity monitors (:mod:`diffrl.train.monitors`),
+    and how often the policy's drift from the base is measured."""
 
     near_duplicate_std: Annotated[float, Range(0, 255, hint="uint8 levels, e.g. 2.0")] = 2.0
     """A prompt group whose within-group pixel std (uint8 levels, images pooled to 64 px) is below
@@ -316,6 +317,12 @@ class MonitorConfig:
     collapse_share: Annotated[float, Range(0, 1, lo_open=True, hint="a share of the groups, e.g. 0.5")] = 0.5
     """``alarm/collapse`` fires (with a warning) when at least this share of the groups are near
     duplicates."""
+    kl_every: Annotated[int, Range(0, MAX_COUNT, hint="iterations; 0: never")] = 5
+    """Policy drift for runs whose loss has no KL to the base: every this many iterations, log
+    ``monitor/kl_to_base`` (the KL the algorithm's ``kl_beta`` would penalise, in its units) on the
+    iteration's first micro-batch, measured without gradients before its update (it changes nothing
+    the run computes). Runs with the KL in their loss log it every iteration anyway. A full
+    fine-tune (no LoRA) keeps no copy of the base for it, so does not measure it."""
     clip: str | None = None
     """A local ``CLIPModel`` folder whose image embeddings give ``monitor/clip_within_group_dist``
     and ``monitor/clip_across_prompt_dist``; ``None``: the CLIP of the first ``pickscore``,

@@ -7,6 +7,7 @@ import copy
 import math
 import time
 import warnings
+from collections.abc import Mapping
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
@@ -14,17 +15,19 @@ from torch import nn
 
 from diffrl import torch_state
 from diffrl.algorithms.base import DiffusionAlgorithm
-from diffrl.algorithms.returns import checked_decay, checked_examples, checked_loss
+from diffrl.algorithms.returns import checked_decay, checked_examples, checked_loss, checked_metrics
 from diffrl.config import Config, LoraConfig
+from diffrl.logging import console
 from diffrl.models.base import ModelFamily
 from diffrl.models.sequence_parallel import enable_sequence_parallel
 from diffrl.parallel import DistContext, full_tensor, shard_module
 from diffrl.rollout import Conditioning, TrainExamples
 from diffrl.sampling.sampler import sampling_sigmas
 from diffrl.train.ema import EMA
-from diffrl.user_code import plugin_named
+from diffrl.user_code import kind, plugin_named, returned_wrong
 
 OLD_ADAPTER = "old"
+DRIFT = "a dict of str -> float, e.g. {'monitor/kl_to_base': kl.item()}, or {} for none"
 
 
 class OldPolicy:
@@ -158,6 +161,12 @@ class Policy:
             raise RuntimeError("this algorithm asked for a reference policy but the actor keeps none")
         return self.family.velocity(x_t, sigma, cond, module=self._reference, **kw)
 
+    @property
+    def has_reference(self) -> bool:
+        """Whether :meth:`reference_velocity` has a base model to run: LoRA (its adapter off), or a
+        full fine-tune's kept copy."""
+        return self.lora or self._reference is not None
+
     def negative(self, cond: Conditioning) -> Conditioning | None:
         """The negative-prompt conditioning for CFG of the rows of ``cond``, one row each (None
         when CFG is off)."""
@@ -254,6 +263,13 @@ class Actor:
         self.ema = EMA(self.params, t.ema_decay) if t.ema_decay else None
         self.policy = Policy(family, config, reference, old, sample_with_old)
         self.step = 0
+        self._steps_per_iteration: int | None = None
+        if config.monitor.kl_every and not self.policy.has_reference and (dist is None or dist.rank == 0):
+            console(
+                "note: monitor/kl_to_base is measured only by runs with LoRA (model.lora) or a KL in "
+                "their loss: a full fine-tune keeps no copy of the base model for the monitor alone "
+                "(it would cost the transformer's memory again)"
+            )
 
     @property
     def module(self) -> nn.Module:
@@ -303,14 +319,64 @@ class Actor:
                 self.policy.micro_batch_count = count
                 prepared.append(self.before_update(chunk, algorithm))
             before = (time.perf_counter() - t0) / max(1, len(chunks))
+            drift = {}
+            if prepared and self.drift_due(len(prepared), algorithm):
+                self.policy.micro_batch_count = counts[0]
+                drift = self.drift(prepared[0], algorithm)
+                if drift:  # its time shared out over the steps as before_update's, its value on
+                    # each step (an iteration's steps all log the same keys)
+                    drift["perf/kl_to_base_time"] /= len(prepared)
             out = []
             for chunk, total, count in zip(prepared, totals, counts):
                 self.policy.micro_batch_count = count
                 # before_update's time shared out over the steps, so that their sum is its total
-                out.append({**self.train_step(chunk, algorithm, total), "perf/before_update_time": before})
+                step = self.train_step(chunk, algorithm, total)
+                out.append({**step, "perf/before_update_time": before, **drift})
             return out
         finally:
             self.policy.micro_batch_count = None
+
+    def drift_due(self, steps: int, algorithm: DiffusionAlgorithm) -> bool:
+        """Whether the update of ``steps`` optimizer steps about to run measures the policy's drift
+        (``monitor.kl_every``): the iterations whose end is a multiple of ``kl_every``, counted in
+        optimizer steps (``rollout.num_steps_per_rollout`` per online iteration), so that a resumed
+        run measures where an uninterrupted one does. Never when the algorithm's loss has the KL
+        (it logs it) or there is no base model to compare with (a full fine-tune without a kept copy)."""
+        every = self.config.monitor.kl_every
+        if not every or algorithm.needs_reference or not self.policy.has_reference:
+            return False
+        if self._steps_per_iteration is None:
+            with torch_state.guarding(lambda: plugin_named(algorithm)):
+                online = algorithm.collection_spec().online
+            self._steps_per_iteration = self.config.rollout.num_steps_per_rollout if online else 1
+        span = every * self._steps_per_iteration
+        return (self.step + steps) // span > self.step // span
+
+    @torch.no_grad()
+    def drift(self, examples: TrainExamples, algorithm: DiffusionAlgorithm) -> dict[str, float]:
+        """The algorithm's :meth:`~DiffusionAlgorithm.drift` on the first micro-batch of
+        ``examples``, with the weights and mode the update starts from, the random state restored
+        after (a model with dropout draws in its forwards) so the run goes on exactly as without
+        it; plus ``perf/kl_to_base_time``. On trainer ranks every rank measures its own first
+        micro-batch (the forwards pair up) and the result is their mean weighted by rows."""
+        t0 = time.perf_counter()
+        self.module.train()
+        mb = self.policy.micro_batches(examples)[0].to(self.family.device)
+        device = torch.device(self.family.device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            with torch_state.guarding(lambda: plugin_named(algorithm)):
+                out = algorithm.drift(self.policy, mb)
+        if not isinstance(out, Mapping):
+            raise returned_wrong(algorithm, "drift()", kind(out), DRIFT)
+        metrics = checked_metrics(algorithm, "drift()", out, finite=False)
+        if not metrics:  # the algorithm measures none (the default hook)
+            return {}
+        if self.dist is not None:
+            keys = sorted(metrics)
+            reduced = self.dist.sum([float(len(mb)), *(metrics[k] * len(mb) for k in keys)])
+            metrics = {k: v / reduced[0] for k, v in zip(keys, reduced[1:])}
+        self._device_done()
+        return {**metrics, "perf/kl_to_base_time": time.perf_counter() - t0}
 
     def train_step(
         self,

@@ -1,0 +1,46 @@
+"""``monitor.kl_every`` end to end: a tiny Flow-GRPO run without a KL logs ``monitor/kl_to_base``
+on every kl_every-th iteration, and measuring it changes nothing the run computes (with LoRA
+dropout, whose forwards draw random numbers: the measurement must not shift the run's draws)."""
+
+import math
+
+import torch
+from safetensors.torch import load_file
+
+from diffrl.preflight import load_config
+from diffrl.train.loop import train
+from tests.conftest import tiny_overrides
+from tests.integration.test_hacking import HACKING
+
+WORLD = {
+    **HACKING,
+    "rollout.batch_size": 1,  # one prompt's 4 samples: one optimizer step of them
+    "train.batch_size": 4,
+    "train.micro_batch_size": 4,
+    "model.lora": "{rank: 4, dropout: 0.1}",
+    "sampling.num_steps": 2,
+    "train.iterations": 3,
+}
+
+
+def run(tmp_path, kl_every: int):
+    overrides = tiny_overrides(tmp_path, **{**WORLD, "monitor.kl_every": kl_every})
+    result = train(load_config("recipes/tiny_grpo_ocr_small.yaml", overrides))
+    return result.history, load_file(str(result.checkpoint / "trainable.safetensors"))
+
+
+def test_a_run_without_kl_measures_its_drift_every_kl_every_iterations_and_nothing_else(tmp_path):
+    measured, weights = run(tmp_path / "measured", kl_every=2)
+    plain, plain_weights = run(tmp_path / "plain", kl_every=0)
+    drift = {m["step"]: m["monitor/kl_to_base"] for m in measured if "monitor/kl_to_base" in m}
+    assert list(drift) == [2]  # measured before the update of iteration 2 (after one update)
+    assert drift[2] > 0
+    assert all("monitor/kl_to_base" not in m for m in plain)
+    # the same run bit for bit: weights, losses, metrics (times aside)
+    assert weights.keys() == plain_weights.keys()
+    assert all(torch.equal(weights[k], plain_weights[k]) for k in weights)
+    for a, b in zip(measured, plain, strict=True):
+        ours = {k: v for k, v in a.items() if not k.startswith("perf/") and k != "monitor/kl_to_base"}
+        theirs = {k: v for k, v in b.items() if not k.startswith("perf/")}
+        assert ours.keys() == theirs.keys()
+        assert all(ours[k] == theirs[k] or (math.isnan(ours[k]) and math.isnan(theirs[k])) for k in ours)
