@@ -325,14 +325,18 @@ class MonitorConfig:
     fine-tune (no LoRA) keeps no copy of the base for it, so does not measure it."""
     clip: str | None = None
     """A local ``CLIPModel`` folder whose image embeddings give ``monitor/clip_within_group_dist``
-    and ``monitor/clip_across_prompt_dist``; ``None``: the CLIP of the first ``pickscore``,
-    ``clip_score`` or ``aesthetic`` reward in ``rewards`` (the monitor loads its own copy in the
-    trainer process), else no CLIP monitor."""
+    and ``monitor/clip_across_prompt_dist`` (the monitor loads its own copy in the trainer
+    process); ``None``: with ``clip_every`` set, the CLIP of the first ``pickscore``,
+    ``clip_score`` or ``aesthetic`` reward in ``rewards``."""
     clip_processor: str | None = None
     """The folder of ``clip``'s image processor config; ``None``: ``clip`` itself (or the reward's
     ``processor`` folder, as PickScore_v1 ships none)."""
-    clip_every: Annotated[int, Range(0, MAX_COUNT, hint="iterations; 0 turns the CLIP monitor off")] = 1
-    """Embed the rollout's images every N iterations (0: never)."""
+    clip_every: (
+        Annotated[int, Range(0, MAX_COUNT, hint="iterations; 0 turns the CLIP monitor off")] | None
+    ) = None
+    """Embed the rollout's images every N iterations (0: never); ``None``: every iteration when
+    ``clip`` names a folder, else never (the CLIP monitor is opt-in: it costs a CLIP's memory and
+    forwards)."""
     clip_device: str | None = None
     """Where the monitor's CLIP runs (``cpu``, ``cuda``, ``cuda:N`` or ``auto``); ``None``:
     ``run.device``. It runs in float32, under no_grad, at most 32 images per forward."""

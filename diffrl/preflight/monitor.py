@@ -8,6 +8,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from diffrl.config import Config
+from diffrl.config.schema import MonitorConfig
 from diffrl.errors import quoted
 from diffrl.registry import RegistryError
 from diffrl.rewards.aesthetic import Aesthetic
@@ -36,8 +37,13 @@ def monitor_problems(config: Config, check_files: bool) -> list[str]:
             errors.append(
                 f"monitor.clip_device must be auto, cpu, cuda or cuda:N, got {quoted(m.clip_device)}"
             )
-    if m.clip_every == 0:
+    if not clip_every(m):
         return errors
+    if m.clip is None and default_clip(config) is None:
+        errors.append(
+            f"monitor.clip_every is {m.clip_every} but there is no CLIP to embed with: give monitor.clip "
+            "(a local CLIPModel folder) or train with a pickscore, clip_score or aesthetic reward"
+        )
     for param, folder in (("monitor.clip", m.clip), ("monitor.clip_processor", m.clip_processor)):
         if folder is not None and not folder.strip():
             errors.append(f"{param} must be the path of a local folder or null, got {quoted(folder)}")
@@ -87,18 +93,26 @@ def clip_folder_problems(folder: str) -> list[str]:
 def resolve_monitor(config: Config, sections: Collection[str]) -> None:
     """Fill the CLIP monitor's defaults once the config passed the checks: a null ``monitor.clip``
     becomes the CLIP folder (and processor folder) of the first CLIP-family reward in
-    ``rewards``, a null ``monitor.clip_device`` ``run.device``. Without such a reward (or with
-    ``clip_every`` 0) ``clip`` stays null: no CLIP monitor. Only for a command that trains (its
+    ``rewards`` when ``clip_every`` asks for the monitor, a null ``clip_every`` 1 when ``clip``
+    is given (else 0: the monitor is opt-in), a null ``monitor.clip_device`` ``run.device``. Only for a command that trains (its
     rewards were checked)."""
     if not {"train", "rewards", "monitor"} <= set(sections):
         return
     m = config.monitor
+    m.clip_every = clip_every(m)
     found = default_clip(config) if m.clip is None and m.clip_every > 0 else None
     if found is not None:
         m.clip = found[0]
         m.clip_processor = m.clip_processor or found[1]
     if m.clip is not None and m.clip_device is None:
         m.clip_device = config.run.device
+
+
+def clip_every(m: MonitorConfig) -> int:
+    """``monitor.clip_every`` with its default filled: 1 when ``monitor.clip`` names a folder, else 0."""
+    if m.clip_every is None:
+        return 1 if m.clip is not None else 0
+    return m.clip_every
 
 
 def default_clip(config: Config) -> tuple[str, str | None] | None:

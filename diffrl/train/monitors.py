@@ -22,8 +22,9 @@ step is 1 level). A group of the tiny world's base model has a within-group std 
 at 8 px; a stochastic sampler's noise keeps a hacked run's groups around 20 there (measured in
 docs/results/hacking.md), so a small world's alarm needs a threshold of its own.
 
-With a CLIP (``monitor.clip``: a local ``CLIPModel`` folder, by default that of a ``pickscore``,
-``clip_score`` or ``aesthetic`` reward of the run), every ``monitor.clip_every`` iterations, from
+With a CLIP (opt-in: ``monitor.clip``, a local ``CLIPModel`` folder, or ``monitor.clip_every``
+alone for that of a ``pickscore``, ``clip_score`` or ``aesthetic`` reward of the run), every
+``monitor.clip_every`` iterations, from
 the unit-norm CLIP image embeddings ``e (B, D)`` of the same samples (a video's middle frame):
 
 - ``monitor/clip_within_group_dist``: per prompt group, the mean over its sample pairs of the
@@ -197,7 +198,8 @@ def clip_metrics(
     """The CLIP monitors of ``images`` (uint8, as :func:`diversity_metrics`) on the iterations
     ``monitor.clip_every`` picks, when ``monitor.clip`` names a folder; else nothing."""
     monitor = monitor or MonitorConfig()
-    if monitor.clip is None or monitor.clip_every == 0 or iteration % monitor.clip_every or len(images) == 0:
+    every = monitor.clip_every if monitor.clip_every is not None else 1  # given a clip: every iteration
+    if monitor.clip is None or every == 0 or iteration % every or len(images) == 0:
         return {}
     embedder = clip_embedder(monitor.clip, monitor.clip_processor, monitor.clip_device or "auto")
     return clip_diversity(embedder.embed(images.cpu()), group_id.cpu())

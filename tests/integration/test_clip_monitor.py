@@ -37,13 +37,13 @@ def test_a_clip_reward_run_logs_the_clip_monitors_and_trains_the_same_weights(tm
     write_clip(tmp_path / "clip")
     reward = f"[{{name: clip_score, params: {{model: '{tmp_path}/clip'}}}}]"
     runs = {}
-    for name, extra in (("on", {}), ("off", {"monitor.clip_every": 0})):
+    for name, extra in (("on", {"monitor.clip_every": 1}), ("off", {})):  # opt-in: off by default
         overrides = tiny_overrides(tmp_path / name, **{**TINY, "rewards": reward, **extra})
         config = load_config("recipes/tiny_grpo_ocr_small.yaml", overrides)
         runs[name] = (config, train(config))
     clip_embedder.cache_clear()
     on_config, on = runs["on"]
-    assert on_config.monitor.clip == f"{tmp_path}/clip"  # the reward's CLIP, by default
+    assert on_config.monitor.clip == f"{tmp_path}/clip"  # clip_every alone: the reward's CLIP
     for row in on.history:
         assert CLIP_METRICS <= row.keys()
         assert (

@@ -92,10 +92,14 @@ def test_the_default_clip_is_the_first_clip_rewards_folder():
     ]
     config = Config(rewards=rewards)
     config.run.device = "cpu"
+    resolve_monitor(config, TRAIN)  # opt-in: no clip_every, no clip -> no CLIP monitor
+    assert (config.monitor.clip, config.monitor.clip_every) == (None, 0)
+    config.monitor.clip_every = 3
     resolve_monitor(config, TRAIN)
     m = config.monitor
-    assert (m.clip, m.clip_processor, m.clip_device) == ("/m/pickscore", "/m/laion", "cpu")
+    assert (m.clip, m.clip_processor, m.clip_device, m.clip_every) == ("/m/pickscore", "/m/laion", "cpu", 3)
     aesthetic = Config(rewards=[RewardConfig("aesthetic", params={"clip": "/m/vit-l", "predictor": "/p.pt"})])
+    aesthetic.monitor.clip_every = 1
     resolve_monitor(aesthetic, TRAIN)
     assert (aesthetic.monitor.clip, aesthetic.monitor.clip_processor) == ("/m/vit-l", None)
     assert aesthetic.monitor.clip_device == "auto"  # run.device's default
@@ -115,7 +119,14 @@ def test_no_default_without_a_clip_reward_off_or_for_other_commands():
     own = Config(rewards=[RewardConfig("clip_score", params={"model": "/m/clip"})])
     own.monitor.clip, own.monitor.clip_device = "/mine", "cuda:1"
     resolve_monitor(own, TRAIN)
-    assert (own.monitor.clip, own.monitor.clip_device) == ("/mine", "cuda:1")
+    assert (own.monitor.clip, own.monitor.clip_device, own.monitor.clip_every) == ("/mine", "cuda:1", 1)
+
+
+def test_clip_every_without_a_clip_to_embed_with_is_refused():
+    config = Config(rewards=[RewardConfig("ocr")])
+    config.monitor.clip_every = 2
+    (problem,) = monitor_problems(config, check_files=False)
+    assert problem.startswith("monitor.clip_every is 2 but there is no CLIP to embed with: give monitor.clip")
 
 
 def test_a_tiny_clip_folder_passes_the_checks(tmp_path):
