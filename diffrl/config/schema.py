@@ -317,6 +317,12 @@ class MonitorConfig:
     collapse_share: Annotated[float, Range(0, 1, lo_open=True, hint="a share of the groups, e.g. 0.5")] = 0.5
     """``alarm/collapse`` fires (with a warning) when at least this share of the groups are near
     duplicates."""
+    collapse_relative: Annotated[
+        float, Range(0, 1, hi_open=True, hint="a share of the first rollout's spread, e.g. 0.25; 0: off")
+    ] = 0.25
+    """A group also counts as near duplicates when its within-group std is below this share of the
+    run's first rollout's ``monitor/within_group_std`` (the base model's own spread, kept in the
+    checkpoint): a threshold that fits any model and resolution. 0: only ``near_duplicate_std``."""
     kl_every: Annotated[int, Range(0, MAX_COUNT, hint="iterations; 0: never")] = 5
     """Policy drift for runs whose loss has no KL to the base: every this many iterations, log
     ``monitor/kl_to_base`` (the KL the algorithm's ``kl_beta`` would penalise, in its units) on the

@@ -134,7 +134,12 @@ class Driver:
         """One iteration: its metrics, and those of each optimizer step."""
         t0, algorithm = time.time(), self.algorithm
         batch, stats, side = self.collect(it)
-        metrics = {**stages.rollout_metrics(batch, stats, it, self.config.monitor), **side}
+        metrics = {
+            **stages.rollout_metrics(batch, stats, it, self.config.monitor, self.state.base_spread),
+            **side,
+        }
+        if self.state.base_spread is None and "monitor/within_group_std" in metrics:
+            self.state.base_spread = metrics["monitor/within_group_std"]  # the collapse alarm's reference
         batch = stages.scored_samples(batch)
         self.state.guard.rollout(len(batch), stats.errors)
         steps: list[dict[str, float]] = []

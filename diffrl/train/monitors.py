@@ -13,14 +13,19 @@ shapes and colours, not of pixel noise, and a bounded cost at any resolution):
 - ``monitor/image_std``: each image's std over its own pixels, the mean over the batch. Falls when
   images become flat (what a JPEG-compressibility reward pays for).
 - ``monitor/near_duplicate_groups``: the share of groups (2+ samples) whose within-group std is
-  below ``monitor.near_duplicate_std`` levels (default 2): their samples are near duplicates.
+  below ``monitor/near_duplicate_threshold`` levels: their samples are near duplicates. The
+  threshold is the larger of ``monitor.near_duplicate_std`` (default 2) and
+  ``monitor.collapse_relative`` (default 0.25) times the run's first rollout's
+  ``monitor/within_group_std`` (``base_spread``: the base model's own spread; the driver keeps it
+  in the checkpoint), so the alarm needs no threshold per model or resolution.
 - ``alarm/collapse``: 1.0 when that share reaches ``monitor.collapse_share`` (default 0.5), else
   0.0; the driver then prints a warning line (:func:`collapse_warning`).
 
-The default threshold: 2 levels means "equal up to rounding and a faint shade" (the quantisation
-step is 1 level). A group of the tiny world's base model has a within-group std of 60-80 levels
-at 8 px; a stochastic sampler's noise keeps a hacked run's groups around 20 there (measured in
-docs/results/hacking.md), so a small world's alarm needs a threshold of its own.
+The absolute threshold: 2 levels means "equal up to rounding and a faint shade" (the
+quantisation step is 1 level). A group of the tiny world's base model has a within-group std of
+60-80 levels at 8 px; a stochastic sampler's noise keeps a hacked run's groups around 17-27 there
+(measured in docs/results/hacking.md): 2 levels never fires there, a quarter of the base's spread
+does when a hacked run's groups fall below 15-20 levels.
 
 With a CLIP (opt-in: ``monitor.clip``, a local ``CLIPModel`` folder, or ``monitor.clip_every``
 alone for that of a ``pickscore``, ``clip_score`` or ``aesthetic`` reward of the run), every
@@ -74,12 +79,22 @@ def pooled(images: torch.Tensor) -> torch.Tensor:
     return x.flatten(1)
 
 
+def near_duplicate_threshold(monitor: MonitorConfig, base_spread: float | None) -> float:
+    """The within-group std (uint8 levels) below which a group counts as near duplicates."""
+    relative = monitor.collapse_relative * base_spread if base_spread is not None else 0.0
+    return max(monitor.near_duplicate_std, relative)
+
+
 def diversity_metrics(
-    images: torch.Tensor, group_id: torch.Tensor, monitor: MonitorConfig | None = None
+    images: torch.Tensor,
+    group_id: torch.Tensor,
+    monitor: MonitorConfig | None = None,
+    base_spread: float | None = None,
 ) -> dict[str, float]:
     """``images`` uint8 ``(B, 3, H, W)`` / ``(B, 3, F, H, W)``, ``group_id (B,)`` -> the
     ``monitor/*`` metrics and ``alarm/collapse`` of the module docstring (group metrics only where
-    a group has 2+ samples, the across-prompt one where there are 2+ groups)."""
+    a group has 2+ samples, the across-prompt one where there are 2+ groups); ``base_spread``: the
+    first rollout's ``monitor/within_group_std`` (None: this is the first)."""
     monitor = monitor or MonitorConfig()
     if len(images) == 0:
         return {}
@@ -93,9 +108,11 @@ def diversity_metrics(
         if len(rows) > 1:
             within.append(rows.std(dim=0, unbiased=False).mean().item())
     if within:
-        near = sum(s < monitor.near_duplicate_std for s in within) / len(within)
+        threshold = near_duplicate_threshold(monitor, base_spread)
+        near = sum(s < threshold for s in within) / len(within)
         out["monitor/within_group_std"] = sum(within) / len(within)
         out["monitor/near_duplicate_groups"] = near
+        out["monitor/near_duplicate_threshold"] = threshold
         out["alarm/collapse"] = float(near >= monitor.collapse_share)
     if len(means) > 1:
         out["monitor/across_prompt_std"] = torch.stack(means).std(dim=0, unbiased=False).mean().item()
@@ -109,10 +126,16 @@ def collapse_warning(
     if metrics.get("alarm/collapse", 0.0) < 1.0:
         return None
     monitor = monitor or MonitorConfig()
+    threshold = metrics.get("monitor/near_duplicate_threshold", monitor.near_duplicate_std)
+    why = (
+        "monitor.near_duplicate_std"
+        if threshold == monitor.near_duplicate_std
+        else f"monitor.collapse_relative {monitor.collapse_relative:g} x the first rollout's spread"
+    )
     what = (
         f"iteration {iteration}: collapse alarm: {metrics['monitor/near_duplicate_groups']:.0%} of the "
-        f"prompt groups are near duplicates (within-group pixel std below "
-        f"{monitor.near_duplicate_std:g} levels; mean {metrics['monitor/within_group_std']:.2f})"
+        f"prompt groups are near duplicates (within-group pixel std below {threshold:.3g} levels, "
+        f"{why}; mean {metrics['monitor/within_group_std']:.2f})"
     )
     if iteration == 0:  # the base's own samples: nothing is trained yet, so nothing is hacked
         return (

@@ -624,11 +624,35 @@ HEALTH = (
 """The group-health rows of the summary table: (metric, healthy range, source), shown when logged."""
 
 
-def alarm_steps(rows: list[dict[str, float]], evals: list[dict[str, float]]) -> list[tuple[int, str]]:
-    """``(iteration, what)`` of every alarm the run logged (a metric of :data:`ALARMS` at 1.0)."""
-    return sorted(
-        {(int(r["step"]), what) for r in [*rows, *evals] for k, what in ALARMS.items() if r.get(k) == 1.0}
-    )
+@dataclass(frozen=True)
+class AlarmSpell:
+    """An alarm firing at every logged iteration from ``first`` to ``last`` (``count`` of them)."""
+
+    first: int
+    last: int
+    count: int
+    what: str
+
+    def text(self) -> str:
+        if self.count == 1:
+            return f"iteration {self.first}: {self.what} alarm"
+        return f"iterations {self.first}-{self.last} ({self.count} in a row): {self.what} alarm"
+
+
+def alarm_spells(rows: list[dict[str, float]], evals: list[dict[str, float]]) -> list[AlarmSpell]:
+    """Every alarm the run logged (a metric of :data:`ALARMS` at 1.0), consecutive firings of one
+    alarm (at the iterations that logged it) merged into one spell, in order of their start."""
+    spells = []
+    for key, what in ALARMS.items():
+        logged = sorted({int(r["step"]): r[key] for r in [*rows, *evals] if _number(r.get(key))}.items())
+        run: list[int] = []
+        for step, value in [*logged, (-1, 0.0)]:  # a sentinel closes the last spell
+            if value == 1.0:
+                run.append(step)
+            elif run:
+                spells.append(AlarmSpell(run[0], run[-1], len(run), what))
+                run = []
+    return sorted(spells, key=lambda a: (a.first, a.what))
 
 
 def best_point(evals: list[dict[str, float]]) -> dict[str, float] | None:
@@ -648,7 +672,7 @@ def plot_trust(rows: list[dict[str, float]], evals: list[dict[str, float]], path
         return None
     fig = Figure(figsize=(5.2 * len(panels), 3.4))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    alarms, best = alarm_steps(rows, evals), best_point(evals)
+    alarms, best = alarm_spells(rows, evals), best_point(evals)
     for ax, keys in zip(axes, panels, strict=True):
         source = evals if keys is gains else rows
         right = ax.twinx() if keys is monitors and any(k not in LEVELS for k in keys) else None
@@ -689,8 +713,10 @@ def plot_trust(rows: list[dict[str, float]], evals: list[dict[str, float]], path
                     [a + s for a, s in zip(y, se, strict=True)],
                     alpha=0.2,
                 )
-        for step, _ in alarms:
-            ax.axvline(step, color="red", alpha=0.5, lw=1)
+        for spell in alarms:  # where each alarm starts, and how long it keeps firing
+            ax.axvline(spell.first, color="red", alpha=0.6, lw=1)
+            if spell.last > spell.first:
+                ax.axvspan(spell.first, spell.last, color="red", alpha=0.06, lw=0)
         if best is not None and keys is gains and _number(best.get("eval/reward_gain")):
             ax.plot(
                 [best["step"]],
@@ -720,7 +746,7 @@ def trust_section(run_dir: Path, rows: list[dict[str, float]], evals: list[dict[
     """The page's "Can this run be trusted?" parts: ``trust.png``, the alarms, the best checkpoint
     and the group-health table (each part only when the run logged what it shows)."""
     png = plot_trust(rows, evals, run_dir / "trust.png")
-    alarms, best = alarm_steps(rows, evals), best_point(evals)
+    alarms, best = alarm_spells(rows, evals), best_point(evals)
     health = []
     for key, healthy, source in HEALTH:
         values = [r[key] for r in rows if _number(r.get(key)) and math.isfinite(r[key])]
@@ -738,11 +764,11 @@ def trust_section(run_dir: Path, rows: list[dict[str, float]], evals: list[dict[
             _figure(
                 png,
                 "paired gains of the trained and watched rewards over the first eval (± SE); "
-                "diversity monitors; red lines: alarms; star: the best checkpoint (trust.png)",
+                "diversity monitors; red lines: where an alarm fires (shaded while it keeps firing); star: the best checkpoint (trust.png)",
             )
         )
     if alarms:
-        items = "".join(f"<li>iteration {s}: {html.escape(w)} alarm</li>" for s, w in alarms)
+        items = "".join(f"<li>{html.escape(a.text())}</li>" for a in alarms)
         parts.append(f"<p>Alarms:</p><ul class=alarms>{items}</ul>")
     else:
         parts.append("<p>No alarm fired.</p>")

@@ -80,19 +80,32 @@ def collect_rollout(
 
 
 def rollout_metrics(
-    batch: RolloutBatch, stats: RolloutStats, iteration: int, monitor: MonitorConfig | None = None
+    batch: RolloutBatch,
+    stats: RolloutStats,
+    iteration: int,
+    monitor: MonitorConfig | None = None,
+    base_spread: float | None = None,
 ) -> dict[str, float]:
     """The rollout's reward statistics (failed samples are counted, not averaged) and its
-    diversity monitors (:mod:`diffrl.train.monitors`, thresholds ``monitor``; a warning when the
-    collapse alarm fires)."""
-    metrics = {**reward_metrics(batch, stats, iteration), **diversity(batch, iteration, monitor)}
+    diversity monitors (:mod:`diffrl.train.monitors`, thresholds ``monitor`` and ``base_spread``,
+    the run's first rollout's ``monitor/within_group_std``; a warning when the collapse alarm
+    fires)."""
+    metrics = {
+        **reward_metrics(batch, stats, iteration),
+        **diversity(batch, iteration, monitor, base_spread),
+    }
     line = collapse_warning(metrics, iteration, monitor)
     if line is not None:
         warnings.warn(line, stacklevel=2)
     return metrics
 
 
-def diversity(batch: RolloutBatch, iteration: int, monitor: MonitorConfig | None = None) -> dict[str, float]:
+def diversity(
+    batch: RolloutBatch,
+    iteration: int,
+    monitor: MonitorConfig | None = None,
+    base_spread: float | None = None,
+) -> dict[str, float]:
     """The monitors of the samples whose reward could be had (all of them without rewards); the
     CLIP ones on the iterations ``monitor.clip_every`` picks."""
     if batch.images is None:
@@ -104,7 +117,7 @@ def diversity(batch: RolloutBatch, iteration: int, monitor: MonitorConfig | None
     )
     images, group_id = batch.images[ok], batch.group_id[ok]
     return {
-        **diversity_metrics(images, group_id, monitor),
+        **diversity_metrics(images, group_id, monitor, base_spread),
         **clip_metrics(images, group_id, iteration, monitor),
     }
 
@@ -357,17 +370,25 @@ class TrainResult:
 @dataclass
 class LoopState:
     """What a checkpoint keeps for the driver (``checkpoint.json``'s ``loop``), so a resumed run
-    goes on where it stopped: the eval history, the training time so far, the guard's counters."""
+    goes on where it stopped: the eval history, the training time so far, the guard's counters,
+    the first rollout's ``monitor/within_group_std`` (the collapse alarm's reference)."""
 
     evals: list[dict[str, float]]
     train_time_s: float
     guard: Guard
+    base_spread: float | None = None
 
     @classmethod
     def resumed(cls, info: dict[str, Any] | None, t: TrainConfig) -> LoopState:
         loop = info["loop"] if info else {}
         guard = Guard(t.max_failed_iterations, t.max_nonfinite_steps, loop.get("guard"))
-        return cls(list(loop.get("evals", [])), float(loop.get("train_time_s", 0.0)), guard)
+        spread = loop.get("base_spread")
+        return cls(
+            list(loop.get("evals", [])),
+            float(loop.get("train_time_s", 0.0)),
+            guard,
+            float(spread) if isinstance(spread, int | float) else None,
+        )
 
     def saved(self, final: bool) -> dict[str, Any]:
         return {
@@ -375,6 +396,7 @@ class LoopState:
             "train_time_s": self.train_time_s,
             "final": final,
             "guard": self.guard.state(),
+            "base_spread": self.base_spread,
         }
 
     def record_eval(

@@ -6,10 +6,10 @@ import warnings
 import pytest
 import torch
 
-from diffrl.config.schema import MonitorConfig
+from diffrl.config.schema import MonitorConfig, TrainConfig
 from diffrl.rollout import Conditioning, RolloutBatch, RolloutStats
 from diffrl.train.monitors import POOL, collapse_warning, diversity_metrics, pooled
-from diffrl.train.stages import rollout_metrics
+from diffrl.train.stages import LoopState, rollout_metrics
 
 
 def flat(levels: list[int], size: int = 8) -> torch.Tensor:
@@ -101,3 +101,31 @@ def test_the_thresholds_are_the_configs():
     assert "below 12 levels" in collapse_warning(m, 1, loose)
     strict = MonitorConfig(near_duplicate_std=12.0, collapse_share=1.0)
     assert diversity_metrics(images, group_id, strict)["alarm/collapse"] == 0.0
+
+
+def test_the_threshold_follows_the_first_rollouts_spread():
+    images = flat([10, 30, 100, 130])  # within-group stds 10 and 15
+    group_id = torch.tensor([0, 0, 1, 1])
+    # a base that drew groups 48 levels apart: a quarter of it (12) catches the group at 10
+    m = diversity_metrics(images, group_id, base_spread=48.0)
+    assert m["monitor/near_duplicate_threshold"] == 12.0
+    assert m["monitor/near_duplicate_groups"] == 0.5 and m["alarm/collapse"] == 1.0
+    line = collapse_warning(m, 5)
+    assert "below 12 levels, monitor.collapse_relative 0.25 x the first rollout's spread" in line
+    # a base as alike as these groups: the absolute floor rules, nothing fires
+    m = diversity_metrics(images, group_id, base_spread=4.0)
+    assert m["monitor/near_duplicate_threshold"] == MonitorConfig().near_duplicate_std
+    assert m["alarm/collapse"] == 0.0
+    off = MonitorConfig(collapse_relative=0.0)
+    assert diversity_metrics(images, group_id, off, base_spread=48.0)["alarm/collapse"] == 0.0
+
+
+def test_the_first_rollouts_spread_is_the_reference_and_survives_a_checkpoint():
+    state = LoopState.resumed(None, TrainConfig())
+    assert state.base_spread is None
+    state.base_spread = 61.5
+    saved = state.saved(final=False)
+    assert LoopState.resumed({"loop": saved}, TrainConfig()).base_spread == 61.5
+    # a checkpoint written before the reference existed: the next rollout sets it
+    del saved["base_spread"]
+    assert LoopState.resumed({"loop": saved}, TrainConfig()).base_spread is None

@@ -3,7 +3,7 @@ alarms at their iteration, the best checkpoint, the group-health rows of the met
 
 import json
 
-from diffrl.train.report import alarm_steps, best_point, build_report, trust_section
+from diffrl.train.report import AlarmSpell, alarm_spells, best_point, build_report, trust_section
 
 
 def test_the_section_shows_alarms_the_best_and_the_health_rows_logged(tmp_path):
@@ -34,7 +34,10 @@ def test_the_section_shows_alarms_the_best_and_the_health_rows_logged(tmp_path):
             "keep_best/iteration": 1.0,
         },
     ]
-    assert alarm_steps(rows, evals) == [(1, "reward hacking (eval.watch_alarm)"), (2, "collapse")]
+    assert alarm_spells(rows, evals) == [
+        AlarmSpell(1, 1, 1, "reward hacking (eval.watch_alarm)"),
+        AlarmSpell(2, 2, 1, "collapse"),
+    ]
     assert best_point(evals)["step"] == 1  # step 2 did not beat it by more than its SE
     page = "".join(trust_section(tmp_path, rows, evals))
     assert "iteration 1: reward hacking" in page and "iteration 2: collapse alarm" in page
@@ -49,3 +52,14 @@ def test_a_run_without_watch_monitors_or_best_gets_no_section(tmp_path):
     (tmp_path / "eval_curve.json").write_text(json.dumps([{"step": 0, "eval/reward_mean": 0.3}]))
     page = build_report(tmp_path).path.read_text()
     assert "Can this run be trusted?" not in page and not (tmp_path / "trust.png").exists()
+
+
+def test_an_alarm_firing_iteration_after_iteration_is_one_spell(tmp_path):
+    fired = [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    rows = [
+        {"step": i + 1, "alarm/collapse": f, "monitor/within_group_std": 1.0} for i, f in enumerate(fired)
+    ]
+    rows.insert(3, {"step": 3.5})  # a row that did not log the alarm does not end a spell
+    assert alarm_spells(rows, []) == [AlarmSpell(1, 2, 2, "collapse"), AlarmSpell(4, 6, 3, "collapse")]
+    page = "".join(trust_section(tmp_path, rows, []))
+    assert "iterations 1-2 (2 in a row): collapse alarm" in page and "iterations 4-6 (3 in a row)" in page
