@@ -84,11 +84,6 @@ def trust_problems(config: Config) -> list[str]:
         errors.append(
             "eval.watch and eval.watch_alarm score the evals, and eval.enabled is false: set it true"
         )
-    if e.watch and config.runner != "local":
-        errors.append(
-            f"eval.watch is scored by runner: local only (runner is {quoted(config.runner)}); "
-            "use runner: local or remove eval.watch"
-        )
     keep = config.train.keep_best
     n = e.num_prompts * e.samples_per_prompt if e.num_prompts is not None else 0
     if (keep is not None or e.watch_alarm is not None) and n > MAX_PAIRED:

@@ -82,12 +82,6 @@ CASES = [
         "eval.watch[0].name: ",
     ),
     Case(
-        "watch-with-ray",
-        ["train", GRPO, "runner=ray", "eval.watch=[{name: jpeg_compressibility}]"],
-        BAD,
-        "eval.watch is scored by runner: local only",
-    ),
-    Case(
         "keep-best-unknown-metric",
         ["train", GRPO, "train.keep_best={metric: eval/aesthetic_mean}"],
         BAD,

@@ -47,7 +47,9 @@ class RolloutEngine:
         self.state: dict[str, torch.Tensor] = {}
         self.version = 0
         """The version of the sampling weights held (updates they had had), stamped on samples."""
-        self.eval_rewards = None
+        self.eval_rewards: RewardSet | None = None
+        self.watch_rewards: RewardSet | None = None
+        """``eval.watch``: held-out judges, scored on each eval's images, never trained on."""
 
     def sample(self, plan: RolloutPlan, micro_group: int) -> RolloutBatch:
         batch = self.collector.sample(plan, micro_group).to("cpu")
@@ -88,9 +90,11 @@ class RolloutEngine:
         """Eval with ``state`` (the live weights), then back to the sampling weights."""
         if self.eval_rewards is None:
             self.eval_rewards = RewardSet(self.config.eval.rewards, in_process=True)
+            if self.config.eval.watch:
+                self.watch_rewards = RewardSet(self.config.eval.watch, in_process=True)
         load_state(self.family.transformer, state)
         try:
-            return evaluate(self.family, self.config, self.eval_rewards)
+            return evaluate(self.family, self.config, self.eval_rewards, self.watch_rewards)
         finally:
             load_state(self.family.transformer, self.state)
 
