@@ -4,12 +4,13 @@
 
 The reward is ``tests.rewards:brightness`` (the images' mean value): Flow-GRPO on the tiny base at
 8 x 8 px (2 prompts x 4 samples, 3 steps, LoRA r=4, lr 3e-3, clip 0.2) washes the images out
-towards white and the samples of a prompt grow alike. The held-out judge is
-``jpeg_incompressibility`` (the JPEG size in kB: it falls as the images lose their detail), watched
-the way a user watches one: ``eval.watch``, scored at every eval (every ``--eval-every``
-iterations; 16 test prompts x 2 samples with the eval's fixed noise, so two evals are paired) and
-never trained on, with ``eval.watch_alarm`` (k_se 2, window 1). It also rides along in the
-rollout with ``weight: 0``: GARDO's gate ranks the samples by it.
+towards white and the samples of a prompt grow alike. The held-out judges are
+``tests.rewards:contrast`` (each image's pixel std: the detail a washed-out image loses) and
+``jpeg_incompressibility`` (the JPEG size in kB), watched the way a user watches one:
+``eval.watch``, scored at every eval (every ``--eval-every`` iterations; 16 test prompts x 2
+samples with the eval's fixed noise, so two evals are paired) and never trained on, with
+``eval.watch_alarm`` (``--k-se``, window 1). ``contrast`` also rides along in the rollout with
+``weight: 0``: GARDO's gate ranks the samples by it.
 
 The variants: none, ``kl_beta`` 0.04 and 0.5, GARDO's ``kl_gate`` 0.1 (kl_beta 0.5), the pixel
 ``diversity_bonus`` and per-group reward clipping (``adv_clip_max: 1``: each sample's
@@ -47,19 +48,22 @@ VARIANTS = {
     "kl_beta 0.04": BASE + ", kl_beta: 0.04}",
     "kl_beta 0.5": BASE + ", kl_beta: 0.5}",
     "kl_gate 0.1 (kl_beta 0.5)": BASE
-    + ", kl_beta: 0.5, kl_gate: 0.1, kl_gate_rewards: [jpeg_incompressibility]}",
+    + ", kl_beta: 0.5, kl_gate: 0.1, kl_gate_rewards: ['tests.rewards:contrast']}",
     "diversity_bonus": BASE + ", diversity_bonus: true}",
     "adv_clip_max 1": BASE + ", adv_clip_max: 1.0}",
 }
 TRAINED = "eval/reward_gain"
-WATCHED = "eval/watch/jpeg_incompressibility_gain"
+WATCHED = "eval/watch/tests.rewards:contrast_gain"
+JPEG = "eval/watch/jpeg_incompressibility_gain"
 
 
 def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
-def one_run(params: str, seed: int, iterations: int, eval_every: int, figure: Path | None) -> dict:
+def one_run(
+    params: str, seed: int, iterations: int, eval_every: int, k_se: float, figure: Path | None
+) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         overrides = tiny_overrides(
             Path(tmp),
@@ -67,7 +71,7 @@ def one_run(params: str, seed: int, iterations: int, eval_every: int, figure: Pa
                 **HACKING,  # the test's world and geometry: the benchmark runs it longer, with evals
                 "run.seed": seed,
                 "algorithm.params": params,
-                "rewards": "[{name: tests.rewards:brightness}, {name: jpeg_incompressibility, weight: 0}]",
+                "rewards": "[{name: tests.rewards:brightness}, {name: tests.rewards:contrast, weight: 0}]",
                 "train.iterations": iterations,
                 "train.eval_every": eval_every,
                 "eval.enabled": "true",
@@ -75,8 +79,8 @@ def one_run(params: str, seed: int, iterations: int, eval_every: int, figure: Pa
                 "eval.samples_per_prompt": 2,
                 "eval.batch_size": 32,
                 "eval.rewards": "[{name: tests.rewards:brightness}]",
-                "eval.watch": "[{name: jpeg_incompressibility}]",
-                "eval.watch_alarm": "{k_se: 2.0, window: 1}",
+                "eval.watch": "[{name: tests.rewards:contrast}, {name: jpeg_incompressibility}]",
+                "eval.watch_alarm": f"{{k_se: {k_se}, window: 1}}",
             },
         )
         with warnings.catch_warnings():
@@ -92,15 +96,23 @@ def one_run(params: str, seed: int, iterations: int, eval_every: int, figure: Pa
     return {
         "seed": seed,
         "collapse_alarm": next((m["step"] for m in history if m.get("alarm/collapse") == 1.0), None),
-        "hacking_alarm": next((m["step"] for m in result.evals if m.get("alarm/reward_hacking") == 1.0), None),
+        "hacking_alarm": next(
+            (m["step"] for m in result.evals if m.get("alarm/reward_hacking") == 1.0), None
+        ),
         "trained_gain": last[TRAINED],
         "trained_gain_se": last[TRAINED + "_se"],
         "watched_gain": last[WATCHED],
         "watched_gain_se": last[WATCHED + "_se"],
+        "jpeg_gain": last[JPEG],
+        "jpeg_gain_se": last[JPEG + "_se"],
         "within_group_std_first": history[0]["monitor/within_group_std"],
         "within_group_std_last10": statistics.fmean(m["monitor/within_group_std"] for m in tail),
         "evals": [
-            {k: m[k] for k in ("step", TRAINED, TRAINED + "_se", WATCHED, WATCHED + "_se") if k in m}
+            {
+                k: m[k]
+                for k in ("step", TRAINED, TRAINED + "_se", WATCHED, WATCHED + "_se", JPEG, JPEG + "_se")
+                if k in m
+            }
             for m in evals
         ],
         "curve": [
@@ -119,19 +131,27 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--k-se", type=float, default=3.0)
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "hacking.json"))
     args = ap.parse_args()
     figures = Path(args.out).with_suffix("")
     results = {
         name: [
-            one_run(p, s, args.iterations, args.eval_every, figures / f"{slug(name)}.png" if i == 0 else None)
+            one_run(
+                p,
+                s,
+                args.iterations,
+                args.eval_every,
+                args.k_se,
+                figures / f"{slug(name)}.png" if i == 0 else None,
+            )
             for i, s in enumerate(args.seeds)
         ]
         for name, p in VARIANTS.items()
     }
     print(
         f"{'variant':26} {'collapse at':>12} {'hacking at':>12} {'trained gain (SE)':>24} "
-        f"{'watched gain (SE)':>30} {'within std':>18}"
+        f"{'watched contrast gain (SE)':>30} {'within std':>18}"
     )
 
     def alarm(a: int | None) -> str:
@@ -146,7 +166,12 @@ def main() -> None:
             "/".join(f"{r['within_group_std_last10']:.0f}" for r in runs),
         ]
         print(f"{name:26} {cols[0]:>12} {cols[1]:>12} {cols[2]:>24} {cols[3]:>30} {cols[4]:>18}")
-    payload = {"iterations": args.iterations, "eval_every": args.eval_every, "results": results}
+    payload = {
+        "iterations": args.iterations,
+        "eval_every": args.eval_every,
+        "k_se": args.k_se,
+        "results": results,
+    }
     Path(args.out).write_text(json.dumps(payload, indent=1))
 
 

@@ -20,6 +20,12 @@ def brightness(images, prompts, metadata):
     return images.mean(dim=(1, 2, 3)).tolist()
 
 
+def contrast(images, prompts, metadata):
+    """Each image's pixel std over its own pixels and channels (images in [0, 1]): the detail a
+    washed-out or flat image has lost (benchmarks/hacking.py watches it)."""
+    return images.flatten(1).std(dim=1, unbiased=False).tolist()
+
+
 def flaky(images, prompts, metadata):
     """NaN for the first image of every call (one per micro-group), brightness for the others."""
     return [float("nan")] + brightness(images[1:], prompts[1:], metadata[1:])
