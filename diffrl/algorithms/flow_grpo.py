@@ -449,13 +449,17 @@ class FlowGRPO(DiffusionAlgorithm):
                 ref = self._replay(policy, examples, reference=True)
             if examples.kl_gate is None:
                 kl = mean_kl(out.mean, ref.mean, out.std)
+                drift = kl.detach()
             else:  # GARDO: the mean KL of the gated rows (none gated: no KL term), as its script
                 gate = examples.kl_gate
                 kl = mean_kl(out.mean[gate], ref.mean[gate], out.std[gate]) if gate.any() else kl
                 guard["train/kl_gated_frac"] = gate.float().mean().item()
+                with torch.no_grad():  # the monitor is every row's drift, as drift() measures it
+                    drift = mean_kl(out.mean, ref.mean, out.std)
             loss = loss + p.kl_beta * kl
-        if p.kl_beta > 0:  # the policy's drift from the base, for free here (drift() for other runs)
-            guard["monitor/kl_to_base"] = kl.item()
+            guard["monitor/kl_to_base"] = (
+                drift.item()
+            )  # the policy's drift, for free here (drift() for other runs)
         return loss, {
             **terms.metrics(kl),
             **guard,

@@ -322,7 +322,7 @@ class MonitorConfig:
     ] = 0.25
     """A group also counts as near duplicates when its within-group std is below this share of the
     run's first rollout's ``monitor/within_group_std`` (the base model's own spread, kept in the
-    checkpoint): a threshold that fits any model and resolution. 0: only ``near_duplicate_std``."""
+    checkpoint): a threshold that scales with the model's own spread. 0: only ``near_duplicate_std``."""
     kl_every: Annotated[int, Range(0, MAX_COUNT, hint="iterations; 0: never")] = 5
     """Policy drift for runs whose loss has no KL to the base: every this many iterations, log
     ``monitor/kl_to_base`` (the KL the algorithm's ``kl_beta`` would penalise, in its units) on the

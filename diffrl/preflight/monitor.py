@@ -105,7 +105,9 @@ def resolve_monitor(config: Config, sections: Collection[str]) -> None:
         m.clip = found[0]
         m.clip_processor = m.clip_processor or found[1]
     if m.clip is not None and m.clip_device is None:
-        m.clip_device = config.run.device
+        # the monitor runs in the driver: under a cluster runner run.device names the actors'
+        # devices, which the driver's machine may not have (or shares with rank 0)
+        m.clip_device = config.run.device if config.runner == "local" else "cpu"
 
 
 def clip_every(m: MonitorConfig) -> int:

@@ -17,7 +17,8 @@ shapes and colours, not of pixel noise, and a bounded cost at any resolution):
   threshold is the larger of ``monitor.near_duplicate_std`` (default 2) and
   ``monitor.collapse_relative`` (default 0.25) times the run's first rollout's
   ``monitor/within_group_std`` (``base_spread``: the base model's own spread; the driver keeps it
-  in the checkpoint), so the alarm needs no threshold per model or resolution.
+  in the checkpoint), a threshold that scales with the model's own spread (measured on the tiny
+  world in docs/trust.md).
 - ``alarm/collapse``: 1.0 when that share reaches ``monitor.collapse_share`` (default 0.5), else
   0.0; the driver then prints a warning line (:func:`collapse_warning`).
 
@@ -81,7 +82,7 @@ def pooled(images: torch.Tensor) -> torch.Tensor:
 
 def near_duplicate_threshold(monitor: MonitorConfig, base_spread: float | None) -> float:
     """The within-group std (uint8 levels) below which a group counts as near duplicates."""
-    relative = monitor.collapse_relative * base_spread if base_spread is not None else 0.0
+    relative = monitor.collapse_relative * base_spread if base_spread else 0.0
     return max(monitor.near_duplicate_std, relative)
 
 

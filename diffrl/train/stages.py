@@ -382,7 +382,9 @@ class LoopState:
     def resumed(cls, info: dict[str, Any] | None, t: TrainConfig) -> LoopState:
         loop = info["loop"] if info else {}
         guard = Guard(t.max_failed_iterations, t.max_nonfinite_steps, loop.get("guard"))
-        spread = loop.get("base_spread")
+        # a checkpoint written before the reference was kept: its run's first rollout is gone,
+        # and a later one may be collapsed already: 0.0, no relative threshold for this run
+        spread = loop.get("base_spread", 0.0 if info else None)
         return cls(
             list(loop.get("evals", [])),
             float(loop.get("train_time_s", 0.0)),

@@ -2,6 +2,8 @@
 0 at the base, > 0 after an update, the very number a ``kl_beta`` run's loss logs on the same
 micro-batch, the random state left as it was, its schedule, and a plugin's wrong return named."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -65,6 +67,11 @@ def test_drift_is_zero_at_the_base_grows_after_an_update_and_is_the_kl_runs_numb
     actor.module.train()
     _, metrics = with_kl.compute_loss(actor.policy, mb)
     assert metrics["monitor/kl_to_base"] == pytest.approx(drift, rel=1e-6)
+    if name == "flow_grpo":  # GARDO's gate narrows the penalty to some rows, not the monitor
+        gated = dataclasses.replace(mb, kl_gate=torch.arange(len(mb.advantages)) == 0)
+        loss_kl, gated_metrics = with_kl.compute_loss(actor.policy, gated)
+        assert gated_metrics["train/kl_gated_frac"] == 1 / len(mb.advantages)
+        assert gated_metrics["monitor/kl_to_base"] == pytest.approx(drift, rel=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +103,14 @@ def _due(actor, algo, step: int, steps: int) -> bool:
     return actor.drift_due(steps, algo)
 
 
-def test_the_schedule_counts_iterations_in_optimizer_steps_and_skips_kl_runs(tmp_path, dropout_world):
+def test_the_schedule_counts_iterations_in_optimizer_steps_and_skips_kl_runs(
+    tmp_path, dropout_world, monkeypatch
+):
     cfg, actor, algo, _ = dropout_world
-    cfg.monitor.kl_every = 2
+    # the world is shared by the module's tests: monkeypatch puts every setting back, failed or not
+    monkeypatch.setattr(cfg.monitor, "kl_every", 2)
+    monkeypatch.setattr(cfg.rollout, "num_steps_per_rollout", cfg.rollout.num_steps_per_rollout)
+    monkeypatch.setattr(actor, "_steps_per_iteration", None)
     # one optimizer step per iteration: iterations 2 and 4 measure
     assert [_due(actor, algo, step, 1) for step in range(4)] == [False, True, False, True]
     actor._steps_per_iteration = None
@@ -107,7 +119,6 @@ def test_the_schedule_counts_iterations_in_optimizer_steps_and_skips_kl_runs(tmp
     assert not _due(actor, build_algorithm(_config(tmp_path, "flow_grpo", kl_beta=0.1)), 2, 2)
     cfg.monitor.kl_every = 0
     assert not _due(actor, algo, 2, 2)
-    cfg.monitor.kl_every, cfg.rollout.num_steps_per_rollout, actor._steps_per_iteration = 5, 1, None
 
 
 def test_a_full_fine_tune_without_a_kl_says_once_it_does_not_measure(tmp_path, capsys):

@@ -103,6 +103,10 @@ def test_the_default_clip_is_the_first_clip_rewards_folder():
     resolve_monitor(aesthetic, TRAIN)
     assert (aesthetic.monitor.clip, aesthetic.monitor.clip_processor) == ("/m/vit-l", None)
     assert aesthetic.monitor.clip_device == "auto"  # run.device's default
+    on_ray = Config(rewards=[RewardConfig("clip_score", params={"model": "/m/clip"})], runner="ray")
+    on_ray.run.device, on_ray.monitor.clip_every = "cuda", 1
+    resolve_monitor(on_ray, TRAIN)
+    assert on_ray.monitor.clip_device == "cpu"  # the driver's, not the actors' device
 
 
 def test_no_default_without_a_clip_reward_off_or_for_other_commands():

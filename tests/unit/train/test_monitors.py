@@ -126,6 +126,9 @@ def test_the_first_rollouts_spread_is_the_reference_and_survives_a_checkpoint():
     state.base_spread = 61.5
     saved = state.saved(final=False)
     assert LoopState.resumed({"loop": saved}, TrainConfig()).base_spread == 61.5
-    # a checkpoint written before the reference existed: the next rollout sets it
+    # a checkpoint written before the reference existed: no reference (a later rollout may be
+    # collapsed already), the absolute threshold only
     del saved["base_spread"]
-    assert LoopState.resumed({"loop": saved}, TrainConfig()).base_spread is None
+    assert LoopState.resumed({"loop": saved}, TrainConfig()).base_spread == 0.0
+    images, group_id = flat([10, 30, 100, 130]), torch.tensor([0, 0, 1, 1])
+    assert diversity_metrics(images, group_id, base_spread=0.0)["monitor/near_duplicate_threshold"] == 2.0
