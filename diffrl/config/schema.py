@@ -347,6 +347,12 @@ class MonitorConfig:
     """Where the monitor's CLIP runs (``cpu``, ``cuda``, ``cuda:N`` or ``auto``); ``None``:
     ``run.device``. It runs in float32, under no_grad, at most 32 images per forward."""
 
+    def clip_interval(self) -> int:
+        """``clip_every`` with its default filled: 1 when ``clip`` names a folder, else 0 (off)."""
+        if self.clip_every is None:
+            return 1 if self.clip is not None else 0
+        return self.clip_every
+
 
 @dataclass
 class EvalConfig:

@@ -1,5 +1,5 @@
 """Plugin stage: the CLIP diversity monitor's folders and device (``monitor.clip*``), checked before
-anything loads, and its default (the CLIP of a CLIP-family reward of ``rewards``)."""
+anything loads, and its default (the CLIP of a reward of ``rewards`` with ``clip_folders``)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,13 @@ from collections.abc import Collection
 from pathlib import Path
 
 from diffrl.config import Config
-from diffrl.config.schema import MonitorConfig
 from diffrl.errors import quoted
 from diffrl.registry import RegistryError
-from diffrl.rewards.aesthetic import Aesthetic
+from diffrl.rewards.base import Reward
 from diffrl.rewards.clip_embed import image_processor_problems
-from diffrl.rewards.clip_score import ClipScore
-from diffrl.rewards.pickscore import PickScore
 from diffrl.rewards.registry import REWARDS
 from diffrl.user_files import UserFileError, read_json_object
 
-CLIP_REWARDS = {PickScore: ("model", "processor"), ClipScore: ("model", None), Aesthetic: ("clip", None)}
-"""The rewards whose CLIP the monitor defaults to: reward class -> (its ``CLIPModel`` folder param,
-its image processor folder param, ``None``: the model's folder). HPSv2 is left out: it loads an
-open_clip checkpoint, not a ``CLIPModel`` folder."""
 FIX = (
     "give the path of a local CLIPModel folder (as CLIPModel.save_pretrained writes), or monitor.clip_every=0"
 )
@@ -37,7 +30,7 @@ def monitor_problems(config: Config, check_files: bool) -> list[str]:
             errors.append(
                 f"monitor.clip_device must be auto, cpu, cuda or cuda:N, got {quoted(m.clip_device)}"
             )
-    if not clip_every(m):
+    if not m.clip_interval():
         return errors
     if m.clip is None and default_clip(config) is None:
         errors.append(
@@ -99,7 +92,7 @@ def resolve_monitor(config: Config, sections: Collection[str]) -> None:
     if not {"train", "rewards", "monitor"} <= set(sections):
         return
     m = config.monitor
-    m.clip_every = clip_every(m)
+    m.clip_every = m.clip_interval()
     found = default_clip(config) if m.clip is None and m.clip_every > 0 else None
     if found is not None:
         m.clip = found[0]
@@ -110,13 +103,6 @@ def resolve_monitor(config: Config, sections: Collection[str]) -> None:
         m.clip_device = config.run.device if config.runner == "local" else "cpu"
 
 
-def clip_every(m: MonitorConfig) -> int:
-    """``monitor.clip_every`` with its default filled: 1 when ``monitor.clip`` names a folder, else 0."""
-    if m.clip_every is None:
-        return 1 if m.clip is not None else 0
-    return m.clip_every
-
-
 def default_clip(config: Config) -> tuple[str, str | None] | None:
     """``(model folder, processor folder)`` of the first CLIP-family reward of ``rewards``."""
     for r in config.rewards:
@@ -124,9 +110,10 @@ def default_clip(config: Config) -> tuple[str, str | None] | None:
             cls = REWARDS.resolve(r.name)
         except RegistryError:
             continue
-        if cls not in CLIP_REWARDS or not isinstance(r.params, dict):
+        folders = cls.clip_folders if isinstance(cls, type) and issubclass(cls, Reward) else None
+        if folders is None or not isinstance(r.params, dict):  # (a function reward has none)
             continue
-        model_param, processor_param = CLIP_REWARDS[cls]
+        model_param, processor_param = folders
         model = r.params.get(model_param)
         if isinstance(model, str) and model:
             processor = r.params.get(processor_param) if processor_param else None

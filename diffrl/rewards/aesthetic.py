@@ -82,6 +82,7 @@ class Aesthetic(Reward):
     ``.safetensors`` conversion of it)."""
 
     name = "aesthetic"
+    clip_folders = ("clip", None)  # the CLIP diversity monitor's default (monitor.clip)
 
     def __init__(
         self,

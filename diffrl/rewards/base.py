@@ -89,6 +89,10 @@ class Reward(ABC):
     """True: the reward hears. ``submit``, ``call_by`` and ``__call__`` take ``audio=`` (an
     :class:`~diffrl.rollout.Audio`, float32, one clip per row) and videos come whole, as for a video
     reward. False: it never sees the sound."""
+    clip_folders: tuple[str, str | None] | None = None
+    """A CLIP-family reward's ``(CLIPModel folder param, image processor folder param or None: the
+    model's folder)``: the CLIP ``monitor.clip_every`` embeds with when ``monitor.clip`` is unset
+    (:mod:`diffrl.preflight.monitor`). None: the reward holds no ``CLIPModel`` folder."""
     by_group: bool = False
     """True: this reward judges a prompt's samples together (:meth:`judges_groups` of its params;
     :func:`build_reward` sets it). ``submit``, ``call_by`` and ``__call__`` take ``groups=``: one

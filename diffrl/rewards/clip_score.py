@@ -39,6 +39,7 @@ class ClipScore(Reward):
     ``preprocessor_config.json`` and tokenizer files beside it)."""
 
     name = "clip_score"
+    clip_folders = ("model", None)  # the CLIP diversity monitor's default (monitor.clip)
 
     def __init__(
         self, model: str, device: str = "cpu", dtype: str = "float32", batch_size: ImagesPerForward = 32

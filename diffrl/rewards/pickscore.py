@@ -34,6 +34,7 @@ class PickScore(Reward):
     default: ``model``). Loads in ``__init__``, so a bad folder fails before training starts."""
 
     name = "pickscore"
+    clip_folders = ("model", "processor")  # the CLIP diversity monitor's default (monitor.clip)
 
     def __init__(
         self,

@@ -222,7 +222,7 @@ def clip_metrics(
     """The CLIP monitors of ``images`` (uint8, as :func:`diversity_metrics`) on the iterations
     ``monitor.clip_every`` picks, when ``monitor.clip`` names a folder; else nothing."""
     monitor = monitor or MonitorConfig()
-    every = monitor.clip_every if monitor.clip_every is not None else 1  # given a clip: every iteration
+    every = monitor.clip_interval()
     if monitor.clip is None or every == 0 or iteration % every or len(images) == 0:
         return {}
     embedder = clip_embedder(monitor.clip, monitor.clip_processor, monitor.clip_device or "auto")

@@ -87,6 +87,7 @@ def test_the_tiny_clip_embeds_as_the_rewards_do(tmp_path):
 def test_the_default_clip_is_the_first_clip_rewards_folder():
     rewards = [
         RewardConfig("ocr"),
+        RewardConfig("tests.rewards:brightness"),  # a function reward: no clip_folders, skipped
         RewardConfig("pickscore", params={"model": "/m/pickscore", "processor": "/m/laion"}),
         RewardConfig("clip_score", params={"model": "/m/clip"}),
     ]
