@@ -3,7 +3,16 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
+
+from diffrl.determinism import wanted_environment
+
+for _key, _value in wanted_environment().items():  # before torch: MKL and oneDNN read them once
+    os.environ.setdefault(_key, _value)
+"""Every test process computes with deterministic mode's library pins from its start, as the
+``diffrl`` command does, so a run in a test's process and one in a ``diffrl`` subprocess (a crash
+test's resume, the reproducibility gate) agree to the bit."""
+
+import torch  # noqa: E402
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 """The tests' Ray clusters (loopback only) run without Ray 2.60's token auth, set before any Ray

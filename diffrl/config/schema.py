@@ -126,6 +126,19 @@ class RunConfig:
     peak_tflops: Annotated[float, Range(0, 100_000, lo_open=True, hint="or null")] | None = None
     """The device's peak TFLOP/s for ``perf/*_mfu``; ``None``: the datasheet figure for known GPUs
     (bf16 dense under autocast, else fp32), otherwise a matmul measured after the first iteration."""
+    deterministic: bool = True
+    """Same inputs, same bits, also on a busy machine and on another CPU of the same kind: a fixed
+    thread count per process, MKL's dynamic threading off, MKL's and oneDNN's kernels pinned to one
+    ISA level (``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``), and cuBLAS/cuDNN's deterministic settings on a
+    GPU, in the driver, reward workers and Ray actors (:mod:`diffrl.determinism`; what it cannot
+    promise: ``docs/reproducibility.md``). Measured cost on the tiny recipes: none beyond noise;
+    on a CPU with AMX it gives up AMX for bf16 autocast. ``false``: the libraries choose."""
+    threads: (
+        Annotated[int, Range(1, 4096, hint="torch threads, or null for the cores this process may use")]
+        | None
+    ) = None
+    """torch threads of the driver process (fixed for the run); ``None``: what torch starts with
+    (``OMP_NUM_THREADS``, else the cores this process may use). Ray actors: ``ray.threads_per_actor``."""
 
     def resolved_output_dir(self) -> Path:
         return Path(self.output_dir or f"runs/{self.name}")

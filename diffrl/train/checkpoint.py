@@ -440,6 +440,8 @@ RESUMABLE = (
     "run.loggers",
     "run.wandb_project",
     "run.peak_tflops",
+    "run.threads",
+    "run.deterministic",
     "runner",
     "ray.*",
     "model.compile",

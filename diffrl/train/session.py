@@ -26,10 +26,12 @@ import json
 import warnings
 from pathlib import Path
 
+from diffrl import determinism
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config, dump_config
 from diffrl.logging import MetricsLogger, TrackerRun, start_trackers
+from diffrl.models.registry import resolve_device
 from diffrl.rollout import CollectionSpec
 from diffrl.train import report, stages
 from diffrl.train.alarms import Watch
@@ -103,6 +105,10 @@ class TrainSession:
             )
             # the trackers start before any model loads: one that cannot start fails the run at once
             self.logger.trackers = start_trackers(config.run.loggers, run)
+            # before any model loads: MKL and oneDNN read their pins when they first run
+            self.determinism = determinism.apply(
+                config.run.deterministic, config.run.threads, str(resolve_device(config.run.device))
+            )
             self.algorithm: DiffusionAlgorithm = build_algorithm(config)
             self.spec: CollectionSpec = self.algorithm.collection_spec()
             self.runner = build_runner(config, self.algorithm, self.spec)  # one failing to start cleans up
@@ -110,6 +116,7 @@ class TrainSession:
                 f"diffrl: {self.algorithm.name} on {config.model.family} ({config.model.path}) -> {self.out}"
             )
             arithmetic = stages.describe_batches(config, self.spec, self.runner)
+            arithmetic += f"\n  {self.determinism.describe()}"
             print(f"{head}\n{arithmetic}", flush=True)
             self.logger.log_metadata(config.to_dict(), f"{head}\n{arithmetic}")
             if self.resume_from is not None:

@@ -10,6 +10,7 @@ import os
 import re
 import socket
 
+from diffrl import determinism
 from diffrl.config import Config
 from diffrl.config import number_problem as _number
 from diffrl.errors import DiffrlError
@@ -148,6 +149,10 @@ class Cluster:
         ray = import_ray()
         self.settings = r = config.ray
         self.pg = None
+        pinned = {k: os.environ[k] for k in determinism.PINNED_KEYS if k in os.environ}
+        self.runtime_env = {"runtime_env": {"env_vars": pinned}} if r.address and pinned else {}
+        """Deterministic mode's library pins for the actors of a cluster this run joins (a cluster
+        it starts inherits them from this process, as its workers do)."""
         self.num_reward_actors = r.num_reward_workers * len(config.rewards) if needs_reward else 0
         self.owns_ray = not ray.is_initialized()
         if not self.owns_ray:
@@ -214,6 +219,7 @@ class Cluster:
             "num_cpus": self.settings.cpus_per_actor,
             "num_gpus": self.share,
             "scheduling_strategy": self._in_bundle(i),
+            **self.runtime_env,
         }
 
     def engine_options(self, i: int) -> dict:
@@ -224,18 +230,20 @@ class Cluster:
                 "num_cpus": cpus,
                 "num_gpus": self.share,
                 "scheduling_strategy": self._in_bundle(i % self.settings.num_trainer_ranks),
+                **self.runtime_env,
             }
-        return {"num_cpus": cpus, "num_gpus": float(self.engine_gpus) if self.gpu else 0}
+        return {"num_cpus": cpus, "num_gpus": float(self.engine_gpus) if self.gpu else 0, **self.runtime_env}
 
     def reward_options(self, i: int) -> dict:
         """``.options`` of reward actor ``i`` (counted over every reward's workers): in rank
         ``i mod ranks``'s bundle, sharing its GPU, with ``ray.rewards_on_gpu``; else CPUs only."""
         if not self.settings.rewards_on_gpu:
-            return {"num_cpus": self.settings.cpus_per_actor}
+            return {"num_cpus": self.settings.cpus_per_actor, **self.runtime_env}
         return {
             "num_cpus": self.settings.cpus_per_actor,
             "num_gpus": self.share,
             "scheduling_strategy": self._in_bundle(i % self.settings.num_trainer_ranks),
+            **self.runtime_env,
         }
 
     def close(self) -> None:
