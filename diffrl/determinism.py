@@ -131,11 +131,13 @@ class Determinism:
 
     def describe(self) -> str:
         if not self.deterministic:
-            return f"deterministic mode off ({self.threads} threads; run.deterministic)"
+            return f"deterministic mode off ({_threads(self.threads)}; run.deterministic)"
         isa = ", ".join(
             f"{k}={self.environment[k]}" for k in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA") if k in self.environment
         )
-        return f"deterministic mode: {self.threads} threads" + (f", {isa}" if isa else "") + f" ({self.cpu})"
+        return (
+            f"deterministic mode: {_threads(self.threads)}" + (f", {isa}" if isa else "") + f" ({self.cpu})"
+        )
 
     def to_dict(self) -> dict:
         return {
@@ -146,6 +148,10 @@ class Determinism:
             "torch": self.torch,
             "kind": self.kind,
         }
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")
 
 
 def apply(deterministic: bool, threads: int | None, device: str = "cpu") -> Determinism:

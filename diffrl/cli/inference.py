@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from diffrl import determinism
 from diffrl.cli.inputs import SAMPLE_SECTIONS, Target, resolve_target
 from diffrl.config import Config
 from diffrl.models.base import ModelFamily
-from diffrl.models.registry import load_family
+from diffrl.models.registry import load_family, resolve_device
 from diffrl.preflight.plugins import check_plugins
 from diffrl.registry import refusing
 from diffrl.train.actor import apply_lora
@@ -42,6 +43,8 @@ def load_for_inference(config: Config, checkpoint: Path | None) -> ModelFamily:
     if checkpoint is not None:
         info = read_checkpoint_info(checkpoint)
         check_checkpoint_family(info, config.model.family, checkpoint)
+    # the run's thread count and (unless run.deterministic: false) its pins, as in training
+    determinism.apply(config.run.deterministic, config.run.threads, str(resolve_device(config.run.device)))
     family = load_family(config)
     if checkpoint is not None:
         lora = lora_config_of(info)

@@ -124,9 +124,16 @@ def diversity(
 
 def reward_metrics(batch: RolloutBatch, stats: RolloutStats, iteration: int) -> dict[str, float]:
     if stats.errors:
+        late = int(stats.metrics.get("rollout/reward_timed_out", 0))
         warnings.warn(
             f"iteration {iteration}: {stats.reward_failed} sample(s) dropped: {stats.errors[0]}"
-            + (f" (and {len(stats.errors) - 1} more error(s))" if len(stats.errors) > 1 else ""),
+            + (f" (and {len(stats.errors) - 1} more error(s))" if len(stats.errors) > 1 else "")
+            + (
+                f"; {late} of them missed a reward's deadline (rewards[].timeout_s): which ones do "
+                "depends on the machine's load, so from here this run does not reproduce bit for bit"
+                if late
+                else ""
+            ),
             stacklevel=2,
         )
     metrics = dict(stats.metrics)

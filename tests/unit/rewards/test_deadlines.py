@@ -143,7 +143,7 @@ def test_the_collector_counts_the_samples_a_hung_reward_failed(tmp_path):
     from diffrl.models.registry import load_family
     from diffrl.preflight import load_config
     from diffrl.sampling.collector import OnlineCollector
-    from diffrl.train.stages import Rollout
+    from diffrl.train.stages import Rollout, reward_metrics
 
     overrides = {
         **SMALL_ROLLOUT,
@@ -166,6 +166,10 @@ def test_the_collector_counts_the_samples_a_hung_reward_failed(tmp_path):
     assert batch.rewards[:4].tolist() == [1.0] * 4 and batch.rewards[4:].isnan().all()
     assert stats.reward_failed == 4 and stats.metrics["rollout/reward_timed_out"] == 4.0
     assert "timed out after 1 s" in stats.errors[0]
+    with pytest.warns(
+        UserWarning, match="4 of them missed a reward's deadline .* does not reproduce bit for bit"
+    ):
+        reward_metrics(batch, stats, 0)
 
 
 class OldStyleSubmit(Reward):
