@@ -16,7 +16,7 @@ What moves a CPU run's bits, measured on the tiny recipes (``docs/reproducibilit
   is fixed anyway because MKL, left dynamic, may pick fewer threads than asked.
 - **Not numerics**: a reward call that times out on a loaded machine fails its samples, and the run
   trains on what is left (the committed curve of 2026-12-01 lost 512 of 1,152 rewards at iteration 2
-  that way). In deterministic mode such an iteration is reported as timing-dependent.
+  that way). The rollout's warning says so: from that iteration on, the run does not reproduce.
 
 On a GPU it also sets ``CUBLAS_WORKSPACE_CONFIG`` (cuBLAS's deterministic workspaces), cuDNN's
 deterministic algorithms without autotuning, and ``torch.use_deterministic_algorithms`` (warning,
