@@ -1,0 +1,136 @@
+"""diffrl/determinism.py: the ISA pins chosen for a CPU's flags, the environment pinned and taken
+back (a user's own settings kept), the thread count fixed, and what a process reports."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import pytest
+import torch
+
+from diffrl import determinism
+from diffrl.determinism import CUBLAS_WORKSPACE, PINNED_KEYS, Determinism, apply, isa_pins, wanted_environment
+
+AVX2 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx f16c fma bmi1 bmi2 avx2".split())
+AVX512_CORE = AVX2 | {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
+ZEN4 = AVX512_CORE | {"avx512_vnni", "avx512_bf16", "avx512vbmi", "avx512_vbmi2", "avx512_vpopcntdq"}
+"""An AMD EPYC Zen 4 (this project's test machine): AVX-512 with BF16 and VNNI, no AMX."""
+SAPPHIRE_RAPIDS = ZEN4 | {"amx_bf16", "amx_tile", "amx_int8", "avx512_fp16"}
+"""The CPU of issue 39's divergence: the same, plus AMX and AVX512-FP16."""
+CASCADE_LAKE = AVX512_CORE | {"avx512_vnni"}
+SKYLAKE_X = AVX512_CORE
+KNIGHTS_LANDING = AVX2 | {"avx512f", "avx512cd", "avx512er", "avx512pf"}
+"""AVX-512 foundation without BW/DQ/VL: not the AVX512_CORE level."""
+GRAVITON = frozenset("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm".split())
+"""An aarch64 CPU's ``Features`` line: none of MKL's or oneDNN's x86 kernels."""
+
+
+@pytest.mark.parametrize(
+    "flags, pins",
+    [
+        (ZEN4, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
+        (SAPPHIRE_RAPIDS, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
+        (CASCADE_LAKE, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}),
+        (SKYLAKE_X, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}),
+        (KNIGHTS_LANDING, {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+        (AVX2, {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+        (AVX2 - {"fma"}, {}),
+        (AVX2 - {"avx2"}, {}),
+        (GRAVITON, {}),
+        (frozenset(), {}),
+    ],
+    ids=[
+        "zen4",
+        "amx-as-zen4",
+        "avx512-vnni",
+        "avx512-core",
+        "avx512f-only",
+        "avx2",
+        "avx2-no-fma",
+        "avx-only",
+        "aarch64",
+        "no-flags",
+    ],
+)
+def test_isa_pins_for_a_cpus_flags(flags, pins):
+    assert isa_pins(flags) == pins
+
+
+def test_the_wanted_environment_adds_the_threading_and_cuda_settings_on_every_cpu():
+    common = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}
+    assert wanted_environment(ZEN4) == {**isa_pins(ZEN4), **common}
+    assert wanted_environment(GRAVITON) == common
+    assert set(wanted_environment(SAPPHIRE_RAPIDS)) == set(PINNED_KEYS)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """None of the pinned variables set, a CPU with Zen 4's flags, and nothing recorded as pinned
+    by this process; all three (and torch's thread count) restored afterwards."""
+    for key in PINNED_KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(determinism, "cpu_flags", lambda: ZEN4)
+    monkeypatch.setattr(determinism, "_set_here", {})
+    threads = torch.get_num_threads()
+    yield monkeypatch
+    torch.set_num_threads(threads)
+
+
+def _pinned() -> dict[str, str]:
+    return {k: os.environ[k] for k in PINNED_KEYS if k in os.environ}
+
+
+def test_pin_keeps_a_users_own_value_and_unpin_removes_only_what_it_set(clean_env):
+    clean_env.setenv("MKL_CBWR", "COMPATIBLE")
+    determinism.pin_environment()
+    assert _pinned() == {**wanted_environment(ZEN4), "MKL_CBWR": "COMPATIBLE"}
+    assert "MKL_CBWR" not in determinism._set_here
+
+    determinism.pin_environment()  # a second call changes nothing
+    assert _pinned() == {**wanted_environment(ZEN4), "MKL_CBWR": "COMPATIBLE"}
+
+    os.environ["OMP_DYNAMIC"] = "TRUE"  # changed after the pin: the user's now, kept
+    determinism.unpin_environment()
+    assert _pinned() == {"MKL_CBWR": "COMPATIBLE", "OMP_DYNAMIC": "TRUE"}
+    assert determinism._set_here == {}
+    determinism.unpin_environment()  # nothing left to take back
+    assert _pinned() == {"MKL_CBWR": "COMPATIBLE", "OMP_DYNAMIC": "TRUE"}
+
+
+def test_apply_off_takes_the_pins_back_and_fixes_the_thread_count(clean_env):
+    determinism.pin_environment()  # as the diffrl command does at its start
+    got = apply(False, 3, "cpu")
+    assert torch.get_num_threads() == 3
+    assert got.threads == 3 and not got.deterministic
+    assert got.environment == {} == _pinned()
+    assert got.describe() == "deterministic mode off (3 threads; run.deterministic)"
+
+
+def test_apply_on_pins_the_environment_and_fixes_the_thread_count(clean_env):
+    torch.set_num_threads(1)
+    got = apply(True, 2, "cpu")
+    assert torch.get_num_threads() == 2
+    assert got.deterministic and got.threads == 2
+    assert got.environment == wanted_environment(ZEN4) == _pinned()
+    assert got.torch == torch.__version__
+    assert got.describe() == (
+        f"deterministic mode: 2 threads, MKL_CBWR=AVX512, ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 ({got.cpu})"
+    )
+    assert got.kind == f"{platform.machine()} AVX512/AVX512_CORE_BF16 torch {torch.__version__}"
+    assert got.to_dict()["kind"] == got.kind
+
+
+def test_apply_without_a_count_keeps_torchs_own(clean_env):
+    torch.set_num_threads(1)
+    assert apply(True, None).threads == 1
+    assert torch.get_num_threads() == 1
+
+
+def test_describe_and_kind_where_nothing_is_pinned():
+    """A CPU without the x86 pins (aarch64): the line has no ISA part, the kind says none."""
+    got = Determinism(True, 1, {"MKL_DYNAMIC": "FALSE"}, "Neoverse-V1", "2.13.0")
+    assert got.describe() == "deterministic mode: 1 thread (Neoverse-V1)"
+    assert got.kind == f"{platform.machine()} -/- torch 2.13.0"
+    other = Determinism(True, 4, {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, "x", "2.13.0")
+    assert other.kind.endswith(" AVX2/AVX2 torch 2.13.0") and other.kind != got.kind
