@@ -6,9 +6,11 @@ test may use; every metric and every tensor of every saved checkpoint must be eq
 Each run is a ``diffrl train`` process of its own, forked from ``crash_driver``'s warm fork server
 (:func:`~tests.integration.crash_driver.run_forked`: the CLI's own ``main``, its own environment,
 threads and stdout, as a real run) rather than a fresh interpreter: importing torch, diffusers and
-peft again costs ~4.5 CPU seconds a run, more than a shrunk run itself. The process inherits the
-library pins this test process was started with (``tests/conftest.py``, as the ``diffrl`` command
-sets them before torch loads).
+peft again costs ~4.5 CPU seconds a run, more than a shrunk run itself (~2). The process inherits
+the library pins this test process was started with (``tests/conftest.py``, as the ``diffrl``
+command sets them before torch loads); the fork server has not run MKL, so a run's own environment
+decides (measured: a fresh ``diffrl`` process gives a forked run's bits, and either with
+``MKL_CBWR=COMPATIBLE`` differs in most tensors from the first eval on, which this comparison names).
 
 The recipes are shrunk with ``key=value`` overrides (2 prompts x 2 samples of 4 steps, no CFG, 2
 eval prompts, a checkpoint after iteration 1 and the final one), and trained on the tests'
