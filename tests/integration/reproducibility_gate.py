@@ -1,0 +1,131 @@
+"""The reproducibility gate's shared part: the references, the comparison, and which test module
+runs which recipe (``test_reproducibility_gate.py`` and ``test_reproducibility_gate_grpo.py``:
+two modules so the two xdist workers share the runs, each module's recipes in one subprocess).
+
+The runs and the references are made by one function, ``run_recipes`` of
+``scripts/reference_metrics.py``, so both compute the same way.
+
+Across machine kinds (``diffrl.determinism.Determinism.kind``: the ISA the libraries are pinned to
+and torch's version) only what is computed before the first update is compared exactly: step 0's
+eval and step 1's ``rollout/*`` metrics. Those agreed to the bit between an Intel Sapphire Rapids
+and an AMD Zen 4 with the same commit (issue 39), while the first training step was already 0.3%
+apart (MKL's and oneDNN's kernels for the backward pass differ by CPU); a torch version may change
+any kernel. The rest of such a run is skipped with the kind it needs named, not compared to a
+tolerance: a tolerance wide enough for another machine would let a real change through.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "reference_metrics.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("reference_metrics", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("reference_metrics", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+reference_metrics = _load_script()
+REFERENCES: Path = reference_metrics.REFERENCES
+SHOWN = 12
+"""Differences quoted in a failure."""
+
+
+def in_grpo_module(recipe: str) -> bool:
+    """Which module runs ``recipe``: the Flow-GRPO recipes (the longer runs) in
+    ``test_reproducibility_gate_grpo.py``, the others in ``test_reproducibility_gate.py``."""
+    return "grpo" in recipe
+
+
+def referenced(grpo: bool) -> list[str]:
+    """The recipes with a reference file that the module (``grpo``: the GRPO one) runs."""
+    return sorted(p.stem for p in REFERENCES.glob("*.json") if in_grpo_module(p.stem) == grpo)
+
+
+def load_reference(recipe: str) -> dict:
+    return json.loads((REFERENCES / f"{recipe}.json").read_text())
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def metric_differences(expected: list[dict], got: list[dict]) -> list[str]:
+    """Each metric that differs, row by row (``metrics.jsonl``'s order), with both values."""
+    out = []
+    if len(expected) != len(got):
+        out.append(f"{len(got)} metric rows, the reference has {len(expected)}")
+    for i, (e, g) in enumerate(zip(expected, got)):
+        for key in sorted(set(e) | set(g)):
+            a, b = e.get(key, "<absent>"), g.get(key, "<absent>")
+            if not _same(a, b):
+                out.append(f"row {i} (step {e.get('step')}) {key}: reference {a!r}, this run {b!r}")
+    return out
+
+
+def tensor_differences(expected: dict[str, str], got: dict[str, str]) -> list[str]:
+    """Each checkpoint tensor whose sha256 differs, or that only one side has."""
+    return [
+        f"{name}: reference {expected.get(name, '<absent>')[:16]}, this run {got.get(name, '<absent>')[:16]}"
+        for name in sorted(set(expected) | set(got))
+        if expected.get(name) != got.get(name)
+    ]
+
+
+def before_first_update(rows: list[dict]) -> list[dict]:
+    """What a run computes before its first optimizer step: step 0's rows (the first eval) and
+    step 1's ``rollout/*`` metrics."""
+    kept = []
+    for row in rows:
+        if row.get("step") == 0:
+            kept.append(row)
+        elif row.get("step") == 1:
+            kept.append({k: v for k, v in row.items() if k == "step" or k.startswith("rollout/")})
+    return kept
+
+
+def fail_with(recipe: str, reference: dict, problems: list[str], what: str) -> None:
+    shown = "\n  ".join(problems[:SHOWN])
+    more = f"\n  ... and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+    pytest.fail(
+        f"{recipe}: {what} differ from tests/data/reproducibility/{recipe}.json (made at {reference['commit']} "
+        f"on {reference['kind']}):\n  {shown}{more}\nIf the change is meant, regenerate with "
+        f"`{reference['command']}` and say in the commit message why the numbers moved.",
+        pytrace=False,
+    )
+
+
+def check(recipe: str, got: dict) -> None:
+    """``got`` (``run_recipes``'s result for ``recipe``) against the reference: everything exactly
+    on a machine of the reference's kind; else what precedes the first update, then a skip naming
+    the kind the rest needs."""
+    reference = load_reference(recipe)
+    if got["kind"] == reference["kind"]:
+        problems = metric_differences(reference["metrics"], got["metrics"])
+        if problems:
+            fail_with(recipe, reference, problems, "metrics")
+        problems = tensor_differences(reference["tensors"], got["tensors"])
+        if problems:
+            fail_with(recipe, reference, problems, "the final checkpoint's tensors")
+        return
+    problems = metric_differences(
+        before_first_update(reference["metrics"]), before_first_update(got["metrics"])
+    )
+    if problems:
+        fail_with(recipe, reference, problems, "the metrics computed before the first update")
+    pytest.skip(
+        f"{recipe}: this machine is of kind {got['kind']!r}, the reference of kind {reference['kind']!r}: "
+        "compared exactly only what precedes the first update (step 0's eval, step 1's rollout/*), which "
+        "agrees; the training steps and the checkpoint need a machine of the reference's kind"
+    )

@@ -1,0 +1,21 @@
+"""The reproducibility gate for the Flow-GRPO tiny recipes (the rest, and what the gate compares
+on a machine of another kind and why: ``test_reproducibility_gate.py``). A module of its own so
+the two xdist workers share the gate's runs; its recipes run in one subprocess."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.reproducibility_gate import check, reference_metrics, referenced
+
+RECIPES = referenced(grpo=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return reference_metrics.run_recipes(RECIPES, tmp_path_factory.mktemp("gate"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_fresh_flow_grpo_run_gives_the_references_bits(recipe, runs):
+    check(recipe, runs[recipe])
