@@ -14,11 +14,11 @@ from diffrl import interrupts
 
 _start_up = interrupts.exit_on_ctrl_c_from_here()
 
-from diffrl import determinism  # noqa: E402
+from diffrl import pins  # noqa: E402
 
 # before torch loads: MKL and oneDNN read these once, when they first run (run.deterministic: false
 # takes them back before anything runs; every child process inherits them)
-determinism.pin_environment()
+pins.pin_environment()
 
 from diffrl.cli import main as _cli_main  # noqa: E402 - after the handler, which covers this import
 from diffrl.user_code import end_process  # noqa: E402

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from diffrl.determinism import wanted_environment
+from diffrl.pins import wanted_environment
 
 for _key, _value in wanted_environment().items():  # before torch: MKL and oneDNN read them once
     os.environ.setdefault(_key, _value)

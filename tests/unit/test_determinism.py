@@ -1,4 +1,4 @@
-"""diffrl/determinism.py: the ISA pins chosen for a CPU's flags, the environment pinned and taken
+"""diffrl/pins.py: the ISA pins chosen for a CPU's flags, the environment pinned and taken
 back (a user's own settings kept), the thread count fixed, and what a process reports."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import platform
 import pytest
 import torch
 
-from diffrl import determinism
-from diffrl.determinism import CUBLAS_WORKSPACE, PINNED_KEYS, Determinism, apply, isa_pins, wanted_environment
+from diffrl import pins
+from diffrl.determinism import Determinism, apply
+from diffrl.pins import CUBLAS_WORKSPACE, PINNED_KEYS, isa_pins, wanted_environment
 
 AVX2 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx f16c fma bmi1 bmi2 avx2".split())
 AVX512_CORE = AVX2 | {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
@@ -70,8 +71,8 @@ def clean_env(monkeypatch):
     by this process; all three (and torch's thread count) restored afterwards."""
     for key in PINNED_KEYS:
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setattr(determinism, "cpu_flags", lambda: ZEN4)
-    monkeypatch.setattr(determinism, "_set_here", {})
+    monkeypatch.setattr(pins, "cpu_flags", lambda: ZEN4)
+    monkeypatch.setattr(pins, "_set_here", {})
     threads = torch.get_num_threads()
     yield monkeypatch
     torch.set_num_threads(threads)
@@ -83,23 +84,23 @@ def _pinned() -> dict[str, str]:
 
 def test_pin_keeps_a_users_own_value_and_unpin_removes_only_what_it_set(clean_env):
     clean_env.setenv("MKL_CBWR", "COMPATIBLE")
-    determinism.pin_environment()
+    pins.pin_environment()
     assert _pinned() == {**wanted_environment(ZEN4), "MKL_CBWR": "COMPATIBLE"}
-    assert "MKL_CBWR" not in determinism._set_here
+    assert "MKL_CBWR" not in pins._set_here
 
-    determinism.pin_environment()  # a second call changes nothing
+    pins.pin_environment()  # a second call changes nothing
     assert _pinned() == {**wanted_environment(ZEN4), "MKL_CBWR": "COMPATIBLE"}
 
     os.environ["OMP_DYNAMIC"] = "TRUE"  # changed after the pin: the user's now, kept
-    determinism.unpin_environment()
+    pins.unpin_environment()
     assert _pinned() == {"MKL_CBWR": "COMPATIBLE", "OMP_DYNAMIC": "TRUE"}
-    assert determinism._set_here == {}
-    determinism.unpin_environment()  # nothing left to take back
+    assert pins._set_here == {}
+    pins.unpin_environment()  # nothing left to take back
     assert _pinned() == {"MKL_CBWR": "COMPATIBLE", "OMP_DYNAMIC": "TRUE"}
 
 
 def test_apply_off_takes_the_pins_back_and_fixes_the_thread_count(clean_env):
-    determinism.pin_environment()  # as the diffrl command does at its start
+    pins.pin_environment()  # as the diffrl command does at its start
     got = apply(False, 3, "cpu")
     assert torch.get_num_threads() == 3
     assert got.threads == 3 and not got.deterministic

@@ -10,7 +10,7 @@ import os
 import re
 import socket
 
-from diffrl import determinism
+from diffrl import pins
 from diffrl.config import Config
 from diffrl.config import number_problem as _number
 from diffrl.errors import DiffrlError
@@ -149,7 +149,7 @@ class Cluster:
         ray = import_ray()
         self.settings = r = config.ray
         self.pg = None
-        pinned = {k: os.environ[k] for k in determinism.PINNED_KEYS if k in os.environ}
+        pinned = {k: os.environ[k] for k in pins.PINNED_KEYS if k in os.environ}
         self.runtime_env = {"runtime_env": {"env_vars": pinned}} if r.address and pinned else {}
         """Deterministic mode's library pins for the actors of a cluster this run joins (a cluster
         it starts inherits them from this process, as its workers do)."""

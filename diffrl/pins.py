@@ -1,0 +1,90 @@
+"""The library environment variables deterministic mode pins (:mod:`diffrl.determinism`), without
+torch: the ``diffrl`` command sets them before torch loads (MKL and oneDNN read them once, when they
+first run in a process) and every child process inherits them; the tests' processes set them too.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+CUBLAS_WORKSPACE = ":4096:8"
+"""cuBLAS's deterministic workspace setting (CUDA's documented choice; ``:16:8`` uses less memory)."""
+
+PINNED_KEYS = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "MKL_DYNAMIC", "OMP_DYNAMIC", "CUBLAS_WORKSPACE_CONFIG")
+
+_set_here: dict[str, str] = {}
+"""The environment variables :func:`pin_environment` set in this process (a user's own are kept)."""
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``; empty where there is none, e.g. macOS)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's word for it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def isa_pins(flags: frozenset[str]) -> dict[str, str]:
+    """The library ISA settings for a CPU with ``flags``: MKL's CNR branch and oneDNN's cap at the
+    highest level the CPU has of those two CPUs of one kind share (an AMX or AVX512-FP16 CPU is
+    capped at AVX512-BF16, so it computes as a Zen 4 does). Nothing on a CPU without AVX2 (another
+    architecture: MKL and oneDNN's x86 kernels are not there)."""
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        if "avx512_bf16" in flags:
+            onednn = "AVX512_CORE_BF16"
+        elif "avx512_vnni" in flags:
+            onednn = "AVX512_CORE_VNNI"
+        else:
+            onednn = "AVX512_CORE"
+        return {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": onednn}
+    if {"avx2", "fma"} <= flags:
+        return {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    return {}
+
+
+def wanted_environment(flags: frozenset[str] | None = None) -> dict[str, str]:
+    """Every variable deterministic mode sets, for this CPU."""
+    return {
+        **isa_pins(cpu_flags() if flags is None else flags),
+        "MKL_DYNAMIC": "FALSE",
+        "OMP_DYNAMIC": "FALSE",
+        "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE,
+    }
+
+
+def pin_environment() -> None:
+    """Set deterministic mode's library variables in this process's environment, before the
+    libraries first run (they read them once) and so in every child it starts. A variable the
+    user set is kept. :func:`unpin_environment` takes back what this set (``run.deterministic:
+    false``); call both before torch's first matrix product."""
+    for key, value in wanted_environment().items():
+        if key not in os.environ:
+            os.environ[key] = value
+            _set_here[key] = value
+
+
+def unpin_environment() -> None:
+    """Remove what :func:`pin_environment` set (a user's own settings stay)."""
+    for key, value in list(_set_here.items()):
+        if os.environ.get(key) == value:
+            del os.environ[key]
+        del _set_here[key]
