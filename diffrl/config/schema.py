@@ -131,8 +131,9 @@ class RunConfig:
     thread count per process, MKL's dynamic threading off, MKL's and oneDNN's kernels pinned to one
     ISA level (``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``), and cuBLAS/cuDNN's deterministic settings on a
     GPU, in the driver, reward workers and Ray actors (:mod:`diffrl.determinism`; what it cannot
-    promise: ``docs/reproducibility.md``). Measured cost on the tiny recipes: none beyond noise;
-    on a CPU with AMX it gives up AMX for bf16 autocast. ``false``: the libraries choose."""
+    promise: ``docs/reproducibility.md``). Measured cost on the main job: on/off 1.000 (0.999-1.006,
+    ``benchmarks/determinism.py``); on a CPU with AMX it gives up AMX for bf16 autocast.
+    ``false``: the libraries choose."""
     threads: (
         Annotated[int, Range(1, 4096, hint="torch threads, or null for the cores this process may use")]
         | None
