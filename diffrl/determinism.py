@@ -4,12 +4,15 @@ and on another CPU of the same kind.
 What moves a CPU run's bits, measured on the tiny recipes (``docs/reproducibility.md``):
 
 - **The kernels the libraries pick by CPU.** MKL chooses its GEMM code path by processor (vendor,
-  microarchitecture, cache sizes); oneDNN its ISA (AMX, AVX-512 FP16 where present). The same commit
-  on an Intel Sapphire Rapids and an AMD Zen 4 gave the same rollouts but a first training step
-  0.3% apart. MKL's conditional numerical reproducibility (``MKL_CBWR``, Intel's CNR) fixes the
-  code path to one ISA branch; ``ONEDNN_MAX_CPU_ISA`` caps oneDNN at a level both CPUs have. Both
-  are read once, when the library first runs in a process: :func:`diffrl.pins.pin_environment` sets them at
-  each process's start (the ``diffrl`` command, before torch loads; children inherit them).
+  microarchitecture); oneDNN its ISA (AMX, AVX-512 FP16 where present). The same commit on an Intel
+  Sapphire Rapids and an AMD Zen 4 gave the same first rollout reward but a first training step 0.3%
+  apart (the cause inferred: thread count and load were ruled out on the Zen 4, no Intel CPU was at
+  hand). MKL's conditional numerical reproducibility (``MKL_CBWR``) fixes its code path: to an ISA
+  branch on Intel CPUs, ``AUTO`` elsewhere (MKL offers its branches on Intel CPUs only);
+  ``ONEDNN_MAX_CPU_ISA`` caps oneDNN at a level CPUs of one kind share. Both are read once, when the
+  library first runs in a process: :func:`diffrl.pins.pin_environment` sets them at each process's
+  start (the ``diffrl`` command, before torch loads; children inherit them). Machines of one
+  :func:`kind_of` (vendor, pinned ISA, torch) are meant to agree; only one kind was at hand to test.
 - **Threads**: a fixed count per process (``torch.set_num_threads``, which also turns MKL's dynamic
   threading off; ``MKL_DYNAMIC``/``OMP_DYNAMIC`` off for children). With torch 2.13 the tiny
   recipes gave the same bits on 1, 2 and 3 threads and with 4 busy processes on 2 cores; the count
@@ -27,11 +30,27 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from diffrl.pins import PINNED_KEYS, cpu_model, pin_environment, unpin_environment
+from diffrl.pins import PINNED_KEYS, cpu_model, cpu_vendor, pin_environment, unpin_environment
+
+ISA_KEYS = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+
+
+def kind_of(environment: Mapping[str, str], vendor: str, torch_version: str) -> str:
+    """What two machines must share to give the same bits: the architecture, the CPU's vendor (MKL
+    picks its kernels by vendor), the ISA the libraries are pinned to, and torch's version. (Also the
+    thread count where a library splits work by it: not seen on the tiny recipes, so not part of it.)"""
+    isa = "/".join(environment.get(k, "-") for k in ISA_KEYS)
+    return f"{platform.machine()} {vendor} {isa} torch {torch_version}"
+
+
+def machine_kind() -> str:
+    """This process's kind (:func:`kind_of` with its environment), without changing anything."""
+    return kind_of(os.environ, cpu_vendor(), torch.__version__)
 
 
 @dataclass(frozen=True)
@@ -43,22 +62,19 @@ class Determinism:
     environment: dict[str, str]
     """The pinned variables as this process has them (unset ones left out)."""
     cpu: str
+    vendor: str
     torch: str
 
     @property
     def kind(self) -> str:
-        """What two machines must share to give the same bits: the architecture, the pinned ISA and
-        torch's version. (Also the thread count where a library splits work by it: not seen on the
-        tiny recipes, so not part of the kind.)"""
-        isa = "/".join(self.environment.get(k, "-") for k in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA"))
-        return f"{platform.machine()} {isa} torch {self.torch}"
+        return kind_of(self.environment, self.vendor, self.torch)
 
     def describe(self) -> str:
+        isa = ", ".join(f"{k}={self.environment[k]}" for k in ISA_KEYS if k in self.environment)
         if not self.deterministic:
-            return f"deterministic mode off ({_threads(self.threads)}; run.deterministic)"
-        isa = ", ".join(
-            f"{k}={self.environment[k]}" for k in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA") if k in self.environment
-        )
+            line = f"deterministic mode off ({_threads(self.threads)}; run.deterministic)"
+            # a pin the mode did not set (the user's, or a parent process's) still applies
+            return line + (f"; set in the environment: {isa}" if isa else "")
         return (
             f"deterministic mode: {_threads(self.threads)}" + (f", {isa}" if isa else "") + f" ({self.cpu})"
         )
@@ -69,6 +85,7 @@ class Determinism:
             "threads": self.threads,
             "environment": self.environment,
             "cpu": self.cpu,
+            "vendor": self.vendor,
             "torch": self.torch,
             "kind": self.kind,
         }
@@ -97,5 +114,6 @@ def apply(deterministic: bool, threads: int | None, device: str = "cpu") -> Dete
         threads=count,
         environment={k: os.environ[k] for k in PINNED_KEYS if k in os.environ},
         cpu=cpu_model(),
+        vendor=cpu_vendor(),
         torch=torch.__version__,
     )

@@ -18,36 +18,49 @@ _set_here: dict[str, str] = {}
 """The environment variables :func:`pin_environment` set in this process (a user's own are kept)."""
 
 
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (``/proc/cpuinfo``; empty where there is none, e.g. macOS)."""
+def _cpuinfo(keys: tuple[str, ...]) -> str | None:
+    """The first ``/proc/cpuinfo`` value of one of ``keys`` (None where there is none, e.g. macOS)."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
-        return frozenset()
+        return None
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
+        if key.strip() in keys:
+            return value.strip()
+    return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (empty where ``/proc/cpuinfo`` has none)."""
+    return frozenset((_cpuinfo(("flags", "Features")) or "").split())
+
+
+def cpu_vendor() -> str:
+    """``GenuineIntel``, ``AuthenticAMD``, ... (the architecture's name where the CPU names none)."""
+    return _cpuinfo(("vendor_id",)) or platform.machine()
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else the platform's word for it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name, else the platform's word for it."""
+    return _cpuinfo(("model name",)) or platform.processor() or platform.machine()
 
 
-def isa_pins(flags: frozenset[str]) -> dict[str, str]:
-    """The library ISA settings for a CPU with ``flags``: MKL's CNR branch and oneDNN's cap at the
-    highest level the CPU has of those two CPUs of one kind share (an AMX or AVX512-FP16 CPU is
-    capped at AVX512-BF16, so it computes as a Zen 4 does). Nothing on a CPU without AVX2 (another
-    architecture: MKL and oneDNN's x86 kernels are not there)."""
+INTEL = "GenuineIntel"
+
+
+def isa_pins(flags: frozenset[str], vendor: str) -> dict[str, str]:
+    """The library ISA settings for a CPU with ``flags`` made by ``vendor``.
+
+    oneDNN's cap (``ONEDNN_MAX_CPU_ISA``) at the highest of the levels two CPUs of one kind share:
+    an AMX or AVX512-FP16 CPU is capped at AVX512-BF16. MKL's branch (``MKL_CBWR``, its
+    conditional numerical reproducibility): on an Intel CPU the ISA branch of its level (``AVX512``,
+    ``AVX2``); MKL offers its ISA branches on Intel processors only and takes ``AUTO`` on others
+    (measured on an AMD Zen 4: ``AVX512``, ``AVX2`` and ``AUTO`` give the same bits, not those of
+    MKL without CNR), so elsewhere ``AUTO``: CNR on, the branch MKL's own choice for the CPU.
+    Nothing on a CPU without AVX2 and FMA (another architecture: MKL and oneDNN's x86 kernels are
+    not there)."""
+    intel = vendor == INTEL
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
         if "avx512_bf16" in flags:
             onednn = "AVX512_CORE_BF16"
@@ -55,16 +68,16 @@ def isa_pins(flags: frozenset[str]) -> dict[str, str]:
             onednn = "AVX512_CORE_VNNI"
         else:
             onednn = "AVX512_CORE"
-        return {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": onednn}
+        return {"MKL_CBWR": "AVX512" if intel else "AUTO", "ONEDNN_MAX_CPU_ISA": onednn}
     if {"avx2", "fma"} <= flags:
-        return {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+        return {"MKL_CBWR": "AVX2" if intel else "AUTO", "ONEDNN_MAX_CPU_ISA": "AVX2"}
     return {}
 
 
-def wanted_environment(flags: frozenset[str] | None = None) -> dict[str, str]:
-    """Every variable deterministic mode sets, for this CPU."""
+def wanted_environment(flags: frozenset[str] | None = None, vendor: str | None = None) -> dict[str, str]:
+    """Every variable deterministic mode sets, for this CPU (or one with ``flags`` by ``vendor``)."""
     return {
-        **isa_pins(cpu_flags() if flags is None else flags),
+        **isa_pins(cpu_flags() if flags is None else flags, cpu_vendor() if vendor is None else vendor),
         "MKL_DYNAMIC": "FALSE",
         "OMP_DYNAMIC": "FALSE",
         "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE,

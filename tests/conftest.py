@@ -6,11 +6,11 @@ import pytest
 
 from diffrl.pins import wanted_environment
 
-for _key, _value in wanted_environment().items():  # before torch: MKL and oneDNN read them once
+# Every test process computes with deterministic mode's library pins from its start (before torch:
+# MKL and oneDNN read them once), as the diffrl command does, so a run in a test's process and one
+# in a diffrl subprocess (a crash test's resume, the reproducibility gate) agree to the bit.
+for _key, _value in wanted_environment().items():
     os.environ.setdefault(_key, _value)
-"""Every test process computes with deterministic mode's library pins from its start, as the
-``diffrl`` command does, so a run in a test's process and one in a ``diffrl`` subprocess (a crash
-test's resume, the reproducibility gate) agree to the bit."""
 
 import torch  # noqa: E402
 

@@ -132,12 +132,10 @@ class RunConfig:
     ISA level (``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``), and cuBLAS/cuDNN's deterministic settings on a
     GPU, in the driver, reward workers and Ray actors (:mod:`diffrl.determinism`; what it cannot
     promise: ``docs/reproducibility.md``). Measured cost on the main job: on/off 1.000 (0.999-1.006,
-    ``benchmarks/determinism.py``); on a CPU with AMX it gives up AMX for bf16 autocast.
+    ``benchmarks/determinism.py``, an AMD CPU); not measured on an Intel CPU or a GPU; on a CPU
+    with AMX it gives up AMX for bf16 autocast.
     ``false``: the libraries choose."""
-    threads: (
-        Annotated[int, Range(1, 4096, hint="torch threads, or null for the cores this process may use")]
-        | None
-    ) = None
+    threads: Annotated[int, Range(1, 4096, hint="torch threads, or null for torch's own count")] | None = None
     """torch threads of the driver process (fixed for the run); ``None``: what torch starts with
     (``OMP_NUM_THREADS``, else the cores this process may use). Ray actors: ``ray.threads_per_actor``."""
 

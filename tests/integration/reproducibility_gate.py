@@ -5,13 +5,13 @@ two modules so the two xdist workers share the runs, each module's recipes in on
 The runs and the references are made by one function, ``run_recipes`` of
 ``scripts/reference_metrics.py``, so both compute the same way.
 
-Across machine kinds (``diffrl.determinism.Determinism.kind``: the ISA the libraries are pinned to
-and torch's version) only what is computed before the first update is compared exactly: step 0's
-eval and step 1's ``rollout/*`` metrics. Those agreed to the bit between an Intel Sapphire Rapids
-and an AMD Zen 4 with the same commit (issue 39), while the first training step was already 0.3%
-apart (MKL's and oneDNN's kernels for the backward pass differ by CPU); a torch version may change
-any kernel. The rest of such a run is skipped with the kind it needs named, not compared to a
-tolerance: a tolerance wide enough for another machine would let a real change through.
+Only on a machine of the references' kind (``diffrl.determinism.kind_of``: the architecture, the
+CPU's vendor, the ISA the libraries are pinned to and torch's version): there every metric and
+every tensor is compared exactly. On another kind the module is skipped before it runs anything,
+naming the kind the references need: another vendor or ISA level computes other bits from the
+first training step on (issue 39: an Intel Sapphire Rapids and an AMD Zen 4 agreed on the first
+rollout's mean reward and were 0.3% apart after the first update), and a tolerance loose enough
+for that would let a real change through.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from diffrl.determinism import machine_kind
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "reference_metrics.py"
@@ -83,16 +85,16 @@ def tensor_differences(expected: dict[str, str], got: dict[str, str]) -> list[st
     ]
 
 
-def before_first_update(rows: list[dict]) -> list[dict]:
-    """What a run computes before its first optimizer step: step 0's rows (the first eval) and
-    step 1's ``rollout/*`` metrics."""
-    kept = []
-    for row in rows:
-        if row.get("step") == 0:
-            kept.append(row)
-        elif row.get("step") == 1:
-            kept.append({k: v for k, v in row.items() if k == "step" or k.startswith("rollout/")})
-    return kept
+def kind_mismatch(recipes: list[str]) -> str | None:
+    """Why this machine cannot run the gate (its kind is not the references'), else None."""
+    here = machine_kind()
+    kinds = sorted({load_reference(r)["kind"] for r in recipes})
+    if kinds == [here]:
+        return None
+    return (
+        f"this machine is of kind {here!r}, the references of {', '.join(map(repr, kinds))}: "
+        "the gate compares bits only between machines of one kind (see tests/integration/reproducibility_gate.py)"
+    )
 
 
 def fail_with(recipe: str, reference: dict, problems: list[str], what: str) -> None:
@@ -107,25 +109,13 @@ def fail_with(recipe: str, reference: dict, problems: list[str], what: str) -> N
 
 
 def check(recipe: str, got: dict) -> None:
-    """``got`` (``run_recipes``'s result for ``recipe``) against the reference: everything exactly
-    on a machine of the reference's kind; else what precedes the first update, then a skip naming
-    the kind the rest needs."""
+    """``got`` (``run_recipes``'s result for ``recipe``) against the reference, exactly."""
     reference = load_reference(recipe)
-    if got["kind"] == reference["kind"]:
-        problems = metric_differences(reference["metrics"], got["metrics"])
-        if problems:
-            fail_with(recipe, reference, problems, "metrics")
-        problems = tensor_differences(reference["tensors"], got["tensors"])
-        if problems:
-            fail_with(recipe, reference, problems, "the final checkpoint's tensors")
-        return
-    problems = metric_differences(
-        before_first_update(reference["metrics"]), before_first_update(got["metrics"])
-    )
+    if got["kind"] != reference["kind"]:  # the module checked the kind before it ran anything
+        pytest.fail(f"{recipe}: ran on kind {got['kind']!r}, the reference is of {reference['kind']!r}")
+    problems = metric_differences(reference["metrics"], got["metrics"])
     if problems:
-        fail_with(recipe, reference, problems, "the metrics computed before the first update")
-    pytest.skip(
-        f"{recipe}: this machine is of kind {got['kind']!r}, the reference of kind {reference['kind']!r}: "
-        "compared exactly only what precedes the first update (step 0's eval, step 1's rollout/*), which "
-        "agrees; the training steps and the checkpoint need a machine of the reference's kind"
-    )
+        fail_with(recipe, reference, problems, "metrics")
+    problems = tensor_differences(reference["tensors"], got["tensors"])
+    if problems:
+        fail_with(recipe, reference, problems, "the final checkpoint's tensors")

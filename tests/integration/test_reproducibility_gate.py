@@ -2,11 +2,9 @@
 references' bits (``tests/data/reproducibility/``, made by ``python scripts/reference_metrics.py``):
 every metric but the wall-clock ones and every tensor of the final checkpoint, exactly.
 
-On a machine of another kind (``Determinism.kind``: another ISA level or torch version) only what
-is computed before the first update (step 0's eval, step 1's ``rollout/*``) is compared, then the
-test is skipped naming the kind the reference needs: those metrics agreed between an Intel
-Sapphire Rapids and an AMD Zen 4 (issue 39), the first training step did not (the libraries'
-backward kernels differ by CPU), and a tolerance loose enough for that would pass real changes.
+On a machine of another kind (``diffrl.determinism.kind_of``: another CPU vendor, ISA level or
+torch version) both modules are skipped before they run anything, naming the kind the references
+need (why: ``reproducibility_gate.py``).
 
 This module runs the recipes other than Flow-GRPO's (one subprocess for all of them);
 ``test_reproducibility_gate_grpo.py`` runs the GRPO ones, so xdist's two workers share the cost.
@@ -19,6 +17,7 @@ import pytest
 from tests.integration.reproducibility_gate import (
     REFERENCES,
     check,
+    kind_mismatch,
     load_reference,
     reference_metrics,
     referenced,
@@ -29,6 +28,9 @@ RECIPES = referenced(grpo=False)
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    why = kind_mismatch(RECIPES)
+    if why:
+        pytest.skip(why)
     return reference_metrics.run_recipes(RECIPES, tmp_path_factory.mktemp("gate"))
 
 

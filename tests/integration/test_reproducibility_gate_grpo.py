@@ -1,18 +1,21 @@
-"""The reproducibility gate for the Flow-GRPO tiny recipes (the rest, and what the gate compares
-on a machine of another kind and why: ``test_reproducibility_gate.py``). A module of its own so
+"""The reproducibility gate for the Flow-GRPO tiny recipes (the rest, and why only on a machine
+of the references' kind: ``test_reproducibility_gate.py``). A module of its own so
 the two xdist workers share the gate's runs; its recipes run in one subprocess."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.integration.reproducibility_gate import check, reference_metrics, referenced
+from tests.integration.reproducibility_gate import check, kind_mismatch, reference_metrics, referenced
 
 RECIPES = referenced(grpo=True)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    why = kind_mismatch(RECIPES)
+    if why:
+        pytest.skip(why)
     return reference_metrics.run_recipes(RECIPES, tmp_path_factory.mktemp("gate"))
 
 

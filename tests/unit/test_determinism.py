@@ -9,7 +9,7 @@ import platform
 import pytest
 import torch
 
-from diffrl import pins
+from diffrl import determinism, pins
 from diffrl.determinism import Determinism, apply
 from diffrl.pins import CUBLAS_WORKSPACE, PINNED_KEYS, isa_pins, wanted_environment
 
@@ -27,42 +27,48 @@ GRAVITON = frozenset("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp as
 """An aarch64 CPU's ``Features`` line: none of MKL's or oneDNN's x86 kernels."""
 
 
+INTEL, AMD = "GenuineIntel", "AuthenticAMD"
+
+
 @pytest.mark.parametrize(
-    "flags, pins",
+    "flags, vendor, pinned",
     [
-        (ZEN4, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
-        (SAPPHIRE_RAPIDS, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
-        (CASCADE_LAKE, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}),
-        (SKYLAKE_X, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}),
-        (KNIGHTS_LANDING, {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
-        (AVX2, {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
-        (AVX2 - {"fma"}, {}),
-        (AVX2 - {"avx2"}, {}),
-        (GRAVITON, {}),
-        (frozenset(), {}),
+        (ZEN4, AMD, {"MKL_CBWR": "AUTO", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
+        (SAPPHIRE_RAPIDS, INTEL, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}),
+        (CASCADE_LAKE, INTEL, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}),
+        (SKYLAKE_X, INTEL, {"MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}),
+        (KNIGHTS_LANDING, INTEL, {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+        (AVX2, INTEL, {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+        (AVX2, AMD, {"MKL_CBWR": "AUTO", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+        (AVX2 - {"fma"}, INTEL, {}),
+        (AVX2 - {"avx2"}, INTEL, {}),
+        (GRAVITON, "aarch64", {}),
+        (frozenset(), "x86_64", {}),
     ],
     ids=[
         "zen4",
-        "amx-as-zen4",
+        "amx-capped-at-bf16",
         "avx512-vnni",
         "avx512-core",
         "avx512f-only",
-        "avx2",
+        "avx2-intel",
+        "avx2-amd",
         "avx2-no-fma",
         "avx-only",
         "aarch64",
         "no-flags",
     ],
 )
-def test_isa_pins_for_a_cpus_flags(flags, pins):
-    assert isa_pins(flags) == pins
+def test_isa_pins_for_a_cpus_flags_and_vendor(flags, vendor, pinned):
+    """MKL's ISA branches on Intel CPUs; AUTO elsewhere (MKL offers its branches on Intel only)."""
+    assert isa_pins(flags, vendor) == pinned
 
 
 def test_the_wanted_environment_adds_the_threading_and_cuda_settings_on_every_cpu():
     common = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}
-    assert wanted_environment(ZEN4) == {**isa_pins(ZEN4), **common}
-    assert wanted_environment(GRAVITON) == common
-    assert set(wanted_environment(SAPPHIRE_RAPIDS)) == set(PINNED_KEYS)
+    assert wanted_environment(ZEN4, AMD) == {**isa_pins(ZEN4, AMD), **common}
+    assert wanted_environment(GRAVITON, "aarch64") == common
+    assert set(wanted_environment(SAPPHIRE_RAPIDS, INTEL)) == set(PINNED_KEYS)
 
 
 @pytest.fixture
@@ -72,6 +78,8 @@ def clean_env(monkeypatch):
     for key in PINNED_KEYS:
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(pins, "cpu_flags", lambda: ZEN4)
+    monkeypatch.setattr(pins, "cpu_vendor", lambda: AMD)
+    monkeypatch.setattr(determinism, "cpu_vendor", lambda: AMD)
     monkeypatch.setattr(pins, "_set_here", {})
     threads = torch.get_num_threads()
     yield monkeypatch
@@ -85,11 +93,11 @@ def _pinned() -> dict[str, str]:
 def test_pin_keeps_a_users_own_value_and_unpin_removes_only_what_it_set(clean_env):
     clean_env.setenv("MKL_CBWR", "COMPATIBLE")
     pins.pin_environment()
-    assert _pinned() == {**wanted_environment(ZEN4), "MKL_CBWR": "COMPATIBLE"}
+    assert _pinned() == {**wanted_environment(ZEN4, AMD), "MKL_CBWR": "COMPATIBLE"}
     assert "MKL_CBWR" not in pins._set_here
 
     pins.pin_environment()  # a second call changes nothing
-    assert _pinned() == {**wanted_environment(ZEN4), "MKL_CBWR": "COMPATIBLE"}
+    assert _pinned() == {**wanted_environment(ZEN4, AMD), "MKL_CBWR": "COMPATIBLE"}
 
     os.environ["OMP_DYNAMIC"] = "TRUE"  # changed after the pin: the user's now, kept
     pins.unpin_environment()
@@ -108,17 +116,28 @@ def test_apply_off_takes_the_pins_back_and_fixes_the_thread_count(clean_env):
     assert got.describe() == "deterministic mode off (3 threads; run.deterministic)"
 
 
+def test_off_names_the_pins_the_environment_still_sets(clean_env):
+    """Pins the mode did not set (the user's, a parent process's) stay, and the line says so."""
+    clean_env.setenv("MKL_CBWR", "AVX2")
+    got = apply(False, 2, "cpu")
+    assert (
+        got.describe()
+        == "deterministic mode off (2 threads; run.deterministic); set in the environment: MKL_CBWR=AVX2"
+    )
+
+
 def test_apply_on_pins_the_environment_and_fixes_the_thread_count(clean_env):
     torch.set_num_threads(1)
     got = apply(True, 2, "cpu")
     assert torch.get_num_threads() == 2
     assert got.deterministic and got.threads == 2
-    assert got.environment == wanted_environment(ZEN4) == _pinned()
+    assert got.environment == wanted_environment(ZEN4, AMD) == _pinned()
     assert got.torch == torch.__version__
     assert got.describe() == (
-        f"deterministic mode: 2 threads, MKL_CBWR=AVX512, ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 ({got.cpu})"
+        f"deterministic mode: 2 threads, MKL_CBWR=AUTO, ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 ({got.cpu})"
     )
-    assert got.kind == f"{platform.machine()} AVX512/AVX512_CORE_BF16 torch {torch.__version__}"
+    assert got.kind == f"{platform.machine()} {AMD} AUTO/AVX512_CORE_BF16 torch {torch.__version__}"
+    assert determinism.machine_kind() == got.kind
     assert got.to_dict()["kind"] == got.kind
 
 
@@ -130,8 +149,10 @@ def test_apply_without_a_count_keeps_torchs_own(clean_env):
 
 def test_describe_and_kind_where_nothing_is_pinned():
     """A CPU without the x86 pins (aarch64): the line has no ISA part, the kind says none."""
-    got = Determinism(True, 1, {"MKL_DYNAMIC": "FALSE"}, "Neoverse-V1", "2.13.0")
+    got = Determinism(True, 1, {"MKL_DYNAMIC": "FALSE"}, "Neoverse-V1", "aarch64", "2.13.0")
     assert got.describe() == "deterministic mode: 1 thread (Neoverse-V1)"
-    assert got.kind == f"{platform.machine()} -/- torch 2.13.0"
-    other = Determinism(True, 4, {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, "x", "2.13.0")
-    assert other.kind.endswith(" AVX2/AVX2 torch 2.13.0") and other.kind != got.kind
+    assert got.kind == f"{platform.machine()} aarch64 -/- torch 2.13.0"
+    other = Determinism(True, 4, {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, "x", INTEL, "2.13.0")
+    assert other.kind.endswith(f" {INTEL} AVX2/AVX2 torch 2.13.0") and other.kind != got.kind
+    amd = Determinism(True, 4, {"MKL_CBWR": "AUTO", "ONEDNN_MAX_CPU_ISA": "AVX2"}, "x", AMD, "2.13.0")
+    assert amd.kind != other.kind  # MKL picks its kernels by vendor

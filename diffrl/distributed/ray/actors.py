@@ -35,7 +35,7 @@ class RolloutEngine:
     """Holds the base model with the sampling weights; samples micro-groups of a plan."""
 
     def __init__(self, config: Config, threads: int):
-        determinism.apply(config.run.deterministic, threads, config.run.device)
+        determinism.apply(config.run.deterministic, threads, str(resolve_device(config.run.device)))
         self.config = config
         self.family = load_family(config)
         if config.model.encode_once:
@@ -112,7 +112,7 @@ class TrainerRank:
     """One FSDP2 rank: the actor (policy + optimizer) on this rank's shard of the weights."""
 
     def __init__(self, config: Config, rank: int, world_size: int, threads: int):
-        determinism.apply(config.run.deterministic, threads, config.run.device)
+        determinism.apply(config.run.deterministic, threads, str(resolve_device(config.run.device)))
         self.config, self.rank, self.world_size = config, rank, world_size
 
     def address(self) -> tuple[str, int]:

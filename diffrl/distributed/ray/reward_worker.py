@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from diffrl import determinism
 from diffrl.config import RewardConfig
 from diffrl.distributed.ray.actor_errors import names_user_errors
 from diffrl.rewards.base import RewardOutput, RewardSet
@@ -19,9 +20,12 @@ from diffrl.rollout import Audio
 class RewardWorker:
     """Scores images with one reward type, in this process."""
 
-    def __init__(self, reward: RewardConfig, threads: int, label: str | None = None):
-        """``label``: the reward's key in the run's outputs (:func:`~diffrl.rewards.base.reward_labels`)."""
-        torch.set_num_threads(threads)
+    def __init__(
+        self, reward: RewardConfig, threads: int, label: str | None = None, deterministic: bool = True
+    ):
+        """``label``: the reward's key in the run's outputs (:func:`~diffrl.rewards.base.reward_labels`);
+        ``deterministic``: the run's ``run.deterministic`` (the environment pins came with the process)."""
+        determinism.apply(deterministic, threads, "cuda" if torch.cuda.is_available() else "cpu")
         self.rewards = RewardSet([reward], in_process=True, labels=[label or reward.name])
 
     def score(

@@ -109,7 +109,7 @@ class RayRunner:
             ActorPool(  # reward k's worker i is reward actor k * workers + i (its bundle, on GPUs)
                 lambda i, k=k, c=c, label=label: worker_cls.options(
                     **cluster.reward_options(k * r.num_reward_workers + i)
-                ).remote(c, 1, label),
+                ).remote(c, 1, label, config.run.deterministic),
                 r.num_reward_workers,
             )
             for k, (c, label) in enumerate(zip(actor_config.rewards, reward_labels(actor_config.rewards)))
