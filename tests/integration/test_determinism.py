@@ -97,8 +97,12 @@ def mode_line(stdout: str) -> str:
 @contextmanager
 def busy(processes: int = 2):
     """``processes`` Python processes spinning on the cores this test may use, until the block ends
-    (killed, and waited for, even if it fails)."""
-    spin = "import sys; print('spinning', flush=True)\nwhile True: pass"
+    (killed, and waited for, even if it fails; a spinner whose test process died, e.g. a worker
+    killed by xdist, ends by itself: it spins only while its parent lives)."""
+    spin = (
+        "import os\nparent = os.getppid()\nprint('spinning', flush=True)\n"
+        "while os.getppid() == parent:\n    for _ in range(100000): pass"
+    )
     procs = []
     try:
         for _ in range(processes):
