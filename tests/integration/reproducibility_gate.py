@@ -108,6 +108,14 @@ def fail_with(recipe: str, reference: dict, problems: list[str], what: str) -> N
     )
 
 
+def run_gate(recipes: list[str], tmp_path_factory) -> dict[str, dict]:
+    """A module's runs (its fixture): skipped before anything runs on a machine of another kind."""
+    why = kind_mismatch(recipes)
+    if why:
+        pytest.skip(why)
+    return reference_metrics.run_recipes(recipes, tmp_path_factory.mktemp("gate"))
+
+
 def check(recipe: str, got: dict) -> None:
     """``got`` (``run_recipes``'s result for ``recipe``) against the reference, exactly."""
     reference = load_reference(recipe)

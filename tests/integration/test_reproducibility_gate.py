@@ -17,10 +17,10 @@ import pytest
 from tests.integration.reproducibility_gate import (
     REFERENCES,
     check,
-    kind_mismatch,
     load_reference,
     reference_metrics,
     referenced,
+    run_gate,
 )
 
 RECIPES = referenced(grpo=False)
@@ -28,10 +28,7 @@ RECIPES = referenced(grpo=False)
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    why = kind_mismatch(RECIPES)
-    if why:
-        pytest.skip(why)
-    return reference_metrics.run_recipes(RECIPES, tmp_path_factory.mktemp("gate"))
+    return run_gate(RECIPES, tmp_path_factory)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.reproducibility_gate import check, kind_mismatch, reference_metrics, referenced
+from tests.integration.reproducibility_gate import check, referenced, run_gate
 
 RECIPES = referenced(grpo=True)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    why = kind_mismatch(RECIPES)
-    if why:
-        pytest.skip(why)
-    return reference_metrics.run_recipes(RECIPES, tmp_path_factory.mktemp("gate"))
+    return run_gate(RECIPES, tmp_path_factory)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
