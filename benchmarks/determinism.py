@@ -1,4 +1,4 @@
-"""What deterministic mode (``run.deterministic``, :mod:`diffrl.determinism`) costs: the main job's
+"""What deterministic mode (``run.deterministic``, :mod:`diffrl.core.determinism`) costs: the main job's
 recipe run with it on and off, side by side.
 
     python benchmarks/determinism.py [--recipe recipes/tiny_demo.yaml] [--rounds 3] [--iterations 4]

@@ -74,8 +74,8 @@ def tiny_rewards(root: Path) -> dict[str, Callable[[], object]]:
 def throughput(repeats: int) -> None:
     import random
 
+    from diffrl.core.rollout import quantize
     from diffrl.data.synthetic_text import draw_style, prompt_for, render, to_tensor
-    from diffrl.rollout import quantize
 
     # the tiny world's pictures (digits rendered on a plain ground), so OCR finds text to read
     rng = random.Random(0)

@@ -253,8 +253,8 @@ def run_bare(s: Setup, rollout_id: int) -> None:
 
 
 def run_diffusers(s: Setup, rollout_id: int) -> torch.Tensor:
+    from diffrl.core.rollout import quantize
     from diffrl.models.numerics import autocast
-    from diffrl.rollout import quantize
 
     prompts, x = draw(s, rollout_id)
     c = s.collector
@@ -272,8 +272,8 @@ def run_diffusers(s: Setup, rollout_id: int) -> torch.Tensor:
 
 
 def run_flow_grpo(pipeline_with_logprob, s: Setup, rollout_id: int) -> torch.Tensor:
+    from diffrl.core.rollout import quantize
     from diffrl.models.numerics import autocast
-    from diffrl.rollout import quantize
 
     prompts, x = draw(s, rollout_id)
     c = s.collector

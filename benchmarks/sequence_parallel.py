@@ -29,8 +29,8 @@ import torch.multiprocessing as mp
 from diffusers import WanTransformer3DModel
 from peft import LoraConfig, inject_adapter_in_model
 
+from diffrl.core.parallel import free_port, sequence_mesh
 from diffrl.models.sequence_parallel import enable_sequence_parallel
-from diffrl.parallel import free_port, sequence_mesh
 
 
 def model(device: torch.device) -> WanTransformer3DModel:

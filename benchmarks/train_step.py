@@ -61,9 +61,9 @@ import torch
 
 from diffrl.algorithms.forward_process import noised
 from diffrl.algorithms.registry import build_algorithm
+from diffrl.core.rollout import Conditioning, RolloutBatch, TrainExamples
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
-from diffrl.rollout import Conditioning, RolloutBatch, TrainExamples
 from diffrl.sampling.engine import build_collector
 from diffrl.train.actor import Actor
 from diffrl.train.loop import Driver

@@ -13,7 +13,7 @@ the process), through the ``diffrl train`` command line in a subprocess that sta
 test (``tests/integration/test_reproducibility_gate*.py``) runs the same :func:`run_recipes`, so
 the reference and the test compute the same way. Each recipe writes
 ``tests/data/reproducibility/<name>.json``: the recipe, the overrides, the machine kind
-(``diffrl.determinism.Determinism.kind``: what two machines must share to give the same bits; the
+(``diffrl.core.determinism.Determinism.kind``: what two machines must share to give the same bits; the
 CPU and torch version for information), the commit (``+dirty`` when tracked files had edits), the
 command that regenerates it, every metric of every step but the wall-clock ones
 (:func:`is_wall_clock`), and the sha256 of every tensor of the final checkpoint's safetensors
@@ -185,7 +185,7 @@ def _train_here(workdir: Path, recipes: list[str]) -> int:
     deterministic mode's environment before torch loads), then ``diffrl train`` for each recipe,
     then the machine's kind (``machine.json``)."""
     from diffrl import command  # noqa: F401, I001 - first: it pins the environment before torch loads
-    from diffrl import determinism
+    from diffrl.core import determinism
     from diffrl.cli import main
 
     for recipe in recipes:

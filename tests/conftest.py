@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from diffrl.pins import wanted_environment
+from diffrl.core.pins import wanted_environment
 
 # Every test process computes with deterministic mode's library pins from its start (before torch:
 # MKL and oneDNN read them once), as the diffrl command does, so a run in a test's process and one

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from diffrl.rollout import RolloutBatch
+from diffrl.core.rollout import RolloutBatch
 from diffrl.sampling.collector import OnlineCollector
 
 SHIFT = (1.0, -0.25)

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 from diffrl.algorithms.sft import SFT
+from diffrl.core.rollout import TrainSignals
 from diffrl.models.tiny import TinyFamily
 from diffrl.rewards.base import Reward
-from diffrl.rollout import TrainSignals
 
 # ---- an algorithm's compute_loss: (a 0-dim float tensor with gradients, {str: float}) ---------
 

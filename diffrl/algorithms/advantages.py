@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from diffrl.config import RewardConfig
+from diffrl.core.rollout import RolloutBatch
 from diffrl.rewards.base import reward_labels
-from diffrl.rollout import RolloutBatch
 
 EPS = 1e-4
 AGGREGATIONS = ("sum", "per_reward")

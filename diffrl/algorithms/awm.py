@@ -56,7 +56,7 @@ from diffrl.algorithms.flow_grpo import ppo_clip_loss
 from diffrl.algorithms.forward_process import expand_timesteps, noised
 from diffrl.config import Range
 from diffrl.config.binding import value_problems
-from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
+from diffrl.core.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 
 GHUBER_DELTA = 1e-10
 EMA_KL_RAMP = 0.001

@@ -8,7 +8,7 @@ build_train_data --TrainExamples--> Actor (micro-batches) --> compute_loss
 An algorithm is one file under ``algorithms/`` implementing :class:`DiffusionAlgorithm`; a user's
 own is a dotted path (``my_pkg.my_algo:MyAlgo``). Its :meth:`~DiffusionAlgorithm.collection_spec`
 decides what the collector produces, so an algorithm never pays for data it does not use. The
-types passing between the stages live at the bottom of the layers, in :mod:`diffrl.rollout`.
+types passing between the stages live at the bottom of the layers, in :mod:`diffrl.core.rollout`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Annotated, Any, ClassVar, Protocol
 import torch
 
 from diffrl.config import Config, Range
+from diffrl.core.registry import RegistryError
+from diffrl.core.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.models.base import ModelFamily
-from diffrl.registry import RegistryError
-from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.sampling.kernels import kernel_problems, resolve_kernel
 from diffrl.sampling.step_strategies import AllSteps
 

@@ -36,7 +36,7 @@ from diffrl.algorithms.base import (
 from diffrl.algorithms.forward_process import expand_timesteps, noised
 from diffrl.config import Range
 from diffrl.config.binding import value_problems
-from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
+from diffrl.core.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 
 DECAY_SCHEDULES = ("none", "ramp", "flat_ramp")
 ADV_MODES = ("all", "positive_only", "negative_only", "binary")

@@ -53,9 +53,9 @@ from diffrl.algorithms.forward_process import noised
 from diffrl.algorithms.sft import flow_matching_loss
 from diffrl.config import Range
 from diffrl.config.binding import value_problems
-from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
+from diffrl.core.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
+from diffrl.core.seeding import generator
 from diffrl.sampling.kernels import kernel_problems
-from diffrl.seeding import generator
 
 
 @dataclass

@@ -58,8 +58,8 @@ from diffrl.algorithms.base import AdvClip, ClipRange, DiffusionAlgorithm, KlBet
 from diffrl.algorithms.rollout_correction import correction_problems, correction_weights
 from diffrl.config import Config, Range
 from diffrl.config.binding import value_problems
+from diffrl.core.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.rewards.base import reward_labels
-from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
 from diffrl.sampling.kernels import FlowSDE, kernel_problems, resolve_kernel
 from diffrl.sampling.step_strategies import build_step_strategy
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from diffrl.rollout import RolloutBatch
-from diffrl.seeding import generator
+from diffrl.core.rollout import RolloutBatch
+from diffrl.core.seeding import generator
 
 
 @dataclass

@@ -7,8 +7,8 @@ import inspect
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config, ConfigError, bind_dataclass
-from diffrl.registry import Registry, RegistryError
-from diffrl.user_code import kind
+from diffrl.core.registry import Registry, RegistryError
+from diffrl.core.user_code import kind
 
 ALGORITHMS = Registry(
     "algorithm",

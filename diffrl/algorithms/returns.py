@@ -2,7 +2,7 @@
 
 A user's algorithm (a dotted path) whose method returns the wrong kind (a loss of shape ``(3,)``,
 a float, a loss without gradients, metrics that are no mapping of names to numbers, signals of
-another length, ``None``) is a :class:`~diffrl.user_code.PluginError` naming it and what the
+another length, ``None``) is a :class:`~diffrl.core.user_code.PluginError` naming it and what the
 method must return, raised at the call: not a failure deep in diffrl's code ("a bug in diffrl").
 The same check on one of diffrl's own algorithms is a ``RuntimeError`` (a bug).
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from diffrl.rollout import CollectionSpec, TrainExamples, TrainSignals
-from diffrl.user_code import is_diffrl_module, kind, path_of, returned_wrong
+from diffrl.core.rollout import CollectionSpec, TrainExamples, TrainSignals
+from diffrl.core.user_code import is_diffrl_module, kind, path_of, returned_wrong
 
 LOSS = (
     "(loss, metrics): loss a 0-dim floating-point tensor with gradients (e.g. per_sample.mean()), "
@@ -101,7 +101,10 @@ def checked_examples(algorithm: Any, call: str, examples: Any) -> TrainExamples:
 def checked_spec(algorithm: Any, spec: Any) -> CollectionSpec:
     if not isinstance(spec, CollectionSpec):
         raise returned_wrong(
-            algorithm, "collection_spec()", kind(spec), "a CollectionSpec (diffrl.rollout.CollectionSpec)"
+            algorithm,
+            "collection_spec()",
+            kind(spec),
+            "a CollectionSpec (diffrl.core.rollout.CollectionSpec)",
         )
     return spec
 

@@ -20,8 +20,8 @@ import torch
 from diffrl.algorithms.base import DiffusionAlgorithm, LogitMean, LogitStd, TimeShift
 from diffrl.config import Range
 from diffrl.config.binding import value_problems
-from diffrl.rollout import CollectionSpec, RolloutBatch, Source, TrainExamples, TrainSignals
-from diffrl.seeding import generator
+from diffrl.core.rollout import CollectionSpec, RolloutBatch, Source, TrainExamples, TrainSignals
+from diffrl.core.seeding import generator
 
 
 @dataclass

@@ -37,7 +37,8 @@ from transformers import (
 
 from diffrl.bench.geneval import Detection, compute_iou
 from diffrl.bench.suites import COLORS
-from diffrl.errors import DiffrlError
+from diffrl.core.errors import DiffrlError
+from diffrl.core.user_files import read_json_object
 from diffrl.rewards.clip_embed import (
     image_embeddings,
     load_clip_model,
@@ -49,7 +50,6 @@ from diffrl.rewards.clip_embed import (
     unit,
 )
 from diffrl.rewards.pretrained import folder_problems
-from diffrl.user_files import read_json_object
 
 COCO_CLASSES = (
     "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat",

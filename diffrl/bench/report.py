@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from diffrl.user_files import UserFileError, read_bytes, read_json
+from diffrl.core.user_files import UserFileError, read_bytes, read_json
 
 BENCH_JSON = "bench.json"
 """The file ``diffrl bench`` writes into ``--out`` (a run folder's: this page shows it)."""

@@ -27,8 +27,8 @@ from diffrl.bench.geneval import Detection, GenevalSettings, classes, judge, kee
 from diffrl.bench.suites import BenchPrompts
 from diffrl.bench.table import OVERALL_MEAN, OVERALL_OF_CATEGORIES, Row, rows_json, table
 from diffrl.config import Config
+from diffrl.core.errors import DiffrlError
 from diffrl.data.prompts import PromptSet
-from diffrl.errors import DiffrlError
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.ocr import OCRReward, default_num_workers, ocr_reward_from_text

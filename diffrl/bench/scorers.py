@@ -17,7 +17,7 @@ from diffrl.bench.detect import ColourClassifier, Detector, model_problems
 from diffrl.bench.geneval import GenevalSettings
 from diffrl.bench.score import GenevalScorer, OcrScorer, RewardsScorer, Scorer
 from diffrl.config import RewardConfig
-from diffrl.errors import DiffrlError
+from diffrl.core.errors import DiffrlError
 from diffrl.rewards.base import RewardSet
 
 

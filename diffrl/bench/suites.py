@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diffrl.core.errors import DiffrlError, quoted
+from diffrl.core.user_files import read_text
 from diffrl.data.jsonl import JsonLineError, parse_json_line
 from diffrl.data.lines import LINE_BREAK, MAX_PROMPTS, prompt_problem, separator_problem
-from diffrl.errors import DiffrlError, quoted
-from diffrl.user_files import read_text
 
 DATA = Path(__file__).parent / "data"
 

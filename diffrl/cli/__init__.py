@@ -11,7 +11,7 @@ error answer before torch loads.
 from __future__ import annotations
 
 # first: a Ctrl-C while the command line itself is imported is one line, not a traceback
-from diffrl import interrupts
+from diffrl.core import interrupts
 
 _imported = interrupts.exit_on_ctrl_c_from_here()
 
@@ -28,8 +28,8 @@ from typing import Any  # noqa: E402
 
 from diffrl.cli import inputs  # noqa: E402
 from diffrl.cli.parser import build_parser  # noqa: E402
-from diffrl.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError  # noqa: E402
-from diffrl.user_code import (  # noqa: E402
+from diffrl.core.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError  # noqa: E402
+from diffrl.core.user_code import (  # noqa: E402
     PluginError,
     calling_plugin,
     describe,
@@ -89,7 +89,7 @@ quota, a file over the file system's size limit, a failing disk), not bugs."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; return its exit code (see :mod:`diffrl.errors`). A user's error prints
+    """Run one command; return its exit code (see :mod:`diffrl.core.errors`). A user's error prints
     ``error: <what is wrong and what to do>``, never a traceback (``--debug`` shows it); a
     plugin's error (anything it raises, ``sys.exit()`` too) names the plugin; a Ctrl-C at any
     moment prints ``interrupted (Ctrl-C)`` and returns 130 (a training run saves first: exit 75,
@@ -176,7 +176,7 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 
 def _bug(e: BaseException) -> int:
-    """A plugin's error (:func:`~diffrl.user_code.plugin_origin`) names the plugin (exit 2);
+    """A plugin's error (:func:`~diffrl.core.user_code.plugin_origin`) names the plugin (exit 2);
     anything else is a bug in diffrl (exit 70)."""
     if (origin := plugin_origin(e)) is not None:
         return _user_error(plugin_error(e, origin))

@@ -9,11 +9,11 @@ import sys
 if sys.path and not sys.flags.safe_path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
-from diffrl import pins  # noqa: E402 - after the path is made safe
+from diffrl.core import pins  # noqa: E402 - after the path is made safe
 
 pins.pin_environment()  # before torch loads, as the diffrl command does (run.deterministic)
 
 from diffrl.cli import main  # noqa: E402
-from diffrl.user_code import end_process  # noqa: E402
+from diffrl.core.user_code import end_process  # noqa: E402
 
 sys.exit(end_process(main()))  # no thread a plugin left running keeps the process alive

@@ -22,8 +22,8 @@ from diffrl.bench.table import finite, render
 from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import BenchInputs
 from diffrl.cli.outputs import claim_out_folder
+from diffrl.core.user_files import UserFileError, read_json
 from diffrl.train.evaluate import Caption, save_grid
-from diffrl.user_files import UserFileError, read_json
 
 GRID_IMAGES = 32
 

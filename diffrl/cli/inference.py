@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from diffrl import determinism
 from diffrl.cli.inputs import SAMPLE_SECTIONS, Target, resolve_target
 from diffrl.config import Config
+from diffrl.core import determinism
+from diffrl.core.registry import refusing
 from diffrl.models.base import ModelFamily
 from diffrl.models.registry import load_family, resolve_device
 from diffrl.preflight.plugins import check_plugins
-from diffrl.registry import refusing
 from diffrl.train.actor import apply_lora
 from diffrl.train.checkpoint import (
     check_checkpoint_family,
@@ -57,7 +57,7 @@ def load_for_inference(config: Config, checkpoint: Path | None) -> ModelFamily:
 
 def guarded(untrusted: Mapping[str, str], writing: str, fix: str, command: Callable[[], int]) -> int:
     """``command()`` with the dotted paths a checkpoint's config names (and the user did not)
-    refused (:func:`~diffrl.registry.refusing`), and a full disk while ``writing`` a clear error
+    refused (:func:`~diffrl.core.registry.refusing`), and a full disk while ``writing`` a clear error
     that says ``fix``."""
     with refusing(untrusted):
         try:

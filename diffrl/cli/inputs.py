@@ -29,8 +29,9 @@ from diffrl.cli.outputs import (
 )
 from diffrl.config import SECTIONS, Config, ConfigError
 from diffrl.config.binding import YamlProblem, load_yaml
+from diffrl.core.errors import DiffrlError, quoted
+from diffrl.core.user_files import file_problem, read_text
 from diffrl.data.lines import prompt_problem
-from diffrl.errors import DiffrlError, quoted
 from diffrl.preflight.schema import read_config, schema_problems
 from diffrl.rewards.server_limits import MAX_TOKEN_FILE_BYTES, ServerLimits, limit_fields
 from diffrl.train.manifest import (
@@ -41,7 +42,6 @@ from diffrl.train.manifest import (
     run_folder_hint,
     verify_checkpoint,
 )
-from diffrl.user_files import file_problem, read_text
 
 # What each command checks of a config (``train`` checks every section, ``load_config``'s default).
 EVAL_SECTIONS = ("run", "model", "sampling", "eval")
@@ -67,7 +67,7 @@ class Target:
     sections: tuple[str, ...]
     untrusted: dict[str, str] = field(default_factory=dict)
     """The dotted paths a checkpoint's config names that the user did not name again -> why each is
-    refused: the command runs under :func:`diffrl.registry.refusing` of them (importing one would
+    refused: the command runs under :func:`diffrl.core.registry.refusing` of them (importing one would
     run code that came with the checkpoint). Empty with ``--trust-checkpoint-code``."""
 
     def inputs(self, role: str) -> dict[str, Path | str | None]:
@@ -181,7 +181,7 @@ def resolve_target(
 
 
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?")
-"""What :func:`diffrl.registry.import_object` can import: ``pkg.mod:attr`` or ``pkg.mod.attr``."""
+"""What :func:`diffrl.core.registry.import_object` can import: ``pkg.mod:attr`` or ``pkg.mod.attr``."""
 
 
 def _strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping
 from itertools import islice
 from pathlib import Path
 
-from diffrl.errors import DiffrlError, quoted
+from diffrl.core.errors import DiffrlError, quoted
+from diffrl.core.user_files import file_kind
 from diffrl.train.manifest import overlap
-from diffrl.user_files import file_kind
 
 MARKER = ".diffrl-output"
 MARKER_BYTES = 4096

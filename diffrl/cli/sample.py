@@ -9,8 +9,8 @@ import dataclasses
 from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import SampleInputs
 from diffrl.cli.outputs import claim_out_folder
+from diffrl.core.errors import DiffrlError
 from diffrl.data.prompts import given_prompts, load_prompts
-from diffrl.errors import DiffrlError
 from diffrl.train.evaluate import generate, save_grid, to_pil
 from diffrl.train.media import write_video_sample
 

@@ -7,9 +7,9 @@ import argparse
 import signal
 
 from diffrl.cli.inputs import ServeInputs
+from diffrl.core.errors import DiffrlError
 from diffrl.distributed.ray.cluster import import_ray, ray_address_problem
 from diffrl.distributed.ray.reward_server import start_reward_server
-from diffrl.errors import DiffrlError
 from diffrl.rewards.server import bind_problem, check_served_reward, serve, served_protocol
 
 

@@ -24,9 +24,9 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import yaml
 
 from diffrl.config.schema import Config, FolderName, Range
-from diffrl.errors import DiffrlError, quoted
-from diffrl.registry import did_you_mean
-from diffrl.user_files import file_problem
+from diffrl.core.errors import DiffrlError, quoted
+from diffrl.core.registry import did_you_mean
+from diffrl.core.user_files import file_problem
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 """The ``diffrl`` package folder (its ``data/`` holds the ``builtin:`` files)."""

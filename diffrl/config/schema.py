@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from diffrl.errors import quoted
+from diffrl.core.errors import quoted
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class RunConfig:
     """Same inputs, same bits, also on a busy machine and on another CPU of the same kind: a fixed
     thread count per process, MKL's dynamic threading off, MKL's and oneDNN's kernels pinned to one
     ISA level (``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``), and cuBLAS/cuDNN's deterministic settings on a
-    GPU, in the driver, reward workers and Ray actors (:mod:`diffrl.determinism`; what it cannot
+    GPU, in the driver, reward workers and Ray actors (:mod:`diffrl.core.determinism`; what it cannot
     promise: ``docs/reproducibility.md``). Measured cost on the main job: on/off 1.000 (0.999-1.006,
     ``benchmarks/determinism.py``, an AMD CPU); not measured on an Intel CPU or a GPU; on a CPU
     with AMX it gives up AMX for bf16 autocast.

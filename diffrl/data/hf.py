@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from diffrl.config import resolve_data_path
+from diffrl.core.errors import DiffrlError
+from diffrl.core.user_files import UserFileError, file_problem, read_text
 from diffrl.data.lines import MAX_PROMPT_CHARS
-from diffrl.errors import DiffrlError
 from diffrl.logging.quiet import quiet_libraries
-from diffrl.user_files import UserFileError, file_problem, read_text
 
 PROMPT_COLUMNS = ("prompt", "text", "caption")
 """The prompt (caption) column: the first of these a split has."""

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from diffrl.errors import quoted
+from diffrl.core.errors import quoted
 
 MAX_DEPTH = 64
 """Objects and arrays nested in one line at most (a prompt's metadata nests three or four deep)."""

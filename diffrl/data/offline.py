@@ -28,6 +28,9 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from diffrl.config import Config
+from diffrl.core.errors import DiffrlError, quoted
+from diffrl.core.rollout import Source
+from diffrl.core.user_files import UserFileError, file_problem, read_text
 from diffrl.data.hf import (
     PROMPT_COLUMNS,
     TRAIN_SPLITS,
@@ -43,9 +46,6 @@ from diffrl.data.jsonl import JsonLineError, parse_json_line
 from diffrl.data.lines import LINE_BREAK
 from diffrl.data.prompts import load_prompts
 from diffrl.data.synthetic_text import SyntheticEditDataset, SyntheticTextDataset, to_tensor
-from diffrl.errors import DiffrlError, quoted
-from diffrl.rollout import Source
-from diffrl.user_files import UserFileError, file_problem, read_text
 
 SYNTHETIC = {"synthetic_text": SyntheticTextDataset, "synthetic_edit": SyntheticEditDataset}
 """The built-in datasets, rendered from ``data.prompts`` (edit pairs for editing families)."""
@@ -75,7 +75,7 @@ class OfflineDataset(Protocol):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, str] | tuple[torch.Tensor, str, Source]:
         """``(image (3, H, W) in [0, 1], caption)``, or ``(images (K, 3, H, W), caption)``: K
         images of one caption, best first (a preference pair: chosen, rejected); an edit pair
-        adds its :class:`~diffrl.rollout.Source`, ``(target, instruction, source)``."""
+        adds its :class:`~diffrl.core.rollout.Source`, ``(target, instruction, source)``."""
 
 
 def scan_image_folder(folder: str | Path) -> list[tuple[Path, str]]:

@@ -27,12 +27,12 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from diffrl.config import resolve_data_path
+from diffrl.core.errors import DiffrlError, quoted
+from diffrl.core.rollout import Source
+from diffrl.core.user_files import UserFileError, file_problem, read_text
 from diffrl.data.hf import TRAIN_SPLITS, HFFolderError, find_hf_folder, read_prompt_rows, split_path
 from diffrl.data.jsonl import JsonLineError, parse_json_line
 from diffrl.data.lines import LINE_BREAK, MAX_PROMPT_CHARS, MAX_PROMPTS, prompt_problem, separator_problem
-from diffrl.errors import DiffrlError, quoted
-from diffrl.rollout import Source
-from diffrl.user_files import UserFileError, file_problem, read_text
 
 SOURCE_CACHE = 256
 """Source images a :class:`PromptSet` keeps decoded (the most recently used)."""
@@ -338,7 +338,7 @@ def image_size(path: Path) -> tuple[int, int]:
 
 
 def load_source(path: Path, height: int, width: int) -> Source:
-    """``path``'s image as a :class:`~diffrl.rollout.Source`: RGB, centre-cropped to the aspect
+    """``path``'s image as a :class:`~diffrl.core.rollout.Source`: RGB, centre-cropped to the aspect
     ratio ``height : width`` (the largest such window of the image), not resized."""
     try:
         with Image.open(path) as img:

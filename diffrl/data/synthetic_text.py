@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from diffrl.rollout import Source
-from diffrl.seeding import derive_seed
+from diffrl.core.rollout import Source
+from diffrl.core.seeding import derive_seed
 
 ALPHABET = "0123456789"
 FONT_FILES = ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf")

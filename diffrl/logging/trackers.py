@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from diffrl.errors import DiffrlError
-from diffrl.registry import Registry, RegistryError, did_you_mean
-from diffrl.user_code import PluginError
+from diffrl.core.errors import DiffrlError
+from diffrl.core.registry import Registry, RegistryError, did_you_mean
+from diffrl.core.user_code import PluginError
 
 TRACKERS = Registry(
     "logger",
@@ -94,7 +94,7 @@ rather than holding it for ever. Generous: a hosted tracker's close uploads what
 class BoundedTracker:
     """A tracker whose every call runs on a daemon thread of its own and is waited for at most
     :data:`CALL_TIMEOUT_S`. A call still running then is the tracker's error
-    (:class:`~diffrl.user_code.PluginError` for a dotted path, :class:`TrackerError` for a built-in
+    (:class:`~diffrl.core.user_code.PluginError` for a dotted path, :class:`TrackerError` for a built-in
     one), and the tracker is called no more (its thread is left to it: Python cannot stop a thread;
     a daemon one does not hold up the process's exit). What a call raises is raised here, with its
     traceback (a plugin's error is named by it)."""

@@ -24,12 +24,12 @@ import torch
 from torch import nn
 
 from diffrl.config import Config, ConfigError, Range, bind_dataclass
-from diffrl.errors import DiffrlError, quoted
+from diffrl.core.errors import DiffrlError, quoted
+from diffrl.core.rollout import Conditioning, Media, Source
+from diffrl.core.user_code import is_diffrl_module, kind, returned_wrong
+from diffrl.core.user_files import UserFileError, layer_count_problem, read_text
 from diffrl.models.numerics import ForwardMeter, Numerics, autocast, prepare
 from diffrl.models.schedules import flow_sigmas
-from diffrl.rollout import Conditioning, Media, Source
-from diffrl.user_code import is_diffrl_module, kind, returned_wrong
-from diffrl.user_files import UserFileError, layer_count_problem, read_text
 
 FAMILY_FILE = "diffrl_model.json"
 
@@ -583,7 +583,7 @@ class ModelFamily(ABC):
         """``latents (B, *latent)`` -> images ``(B, 3, H, W)`` (or ``(B, 3, F, H, W)``) in [0, 1]."""
 
     def decode_media(self, latents: torch.Tensor) -> Media:
-        """``latents (B, *latent)`` -> :class:`~diffrl.rollout.Media`: :meth:`decode`'s images or
+        """``latents (B, *latent)`` -> :class:`~diffrl.core.rollout.Media`: :meth:`decode`'s images or
         videos and, for an audio-video family (:attr:`sound`), the waveform and the frame rate."""
         return Media(self.decode(latents), fps=self.fps)
 

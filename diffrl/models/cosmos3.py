@@ -87,6 +87,7 @@ from transformers import AutoTokenizer
 
 from diffrl.config import Range
 from diffrl.config.schema import MAX_SIDE
+from diffrl.core.rollout import Conditioning, Media
 from diffrl.models.base import DTYPES, FrameRate, Frames, SizeRule, TextTokens
 from diffrl.models.diffusers_folder import (
     DiffusersFolderFamily,
@@ -94,7 +95,6 @@ from diffrl.models.diffusers_folder import (
     latent_stats,
     load_part,
 )
-from diffrl.rollout import Conditioning, Media
 
 PIPELINE_CLASS = "Cosmos3OmniPipeline"
 TEMPORAL_FACTOR = 4

@@ -15,9 +15,9 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
-from diffrl.errors import DiffrlError, quoted
+from diffrl.core.errors import DiffrlError, quoted
+from diffrl.core.user_files import UserFileError, check_model_files, read_json_object
 from diffrl.models.base import DTYPES, SHIPPED_CONFIGS, ModelFamily, check_family_dir, write_family_file
-from diffrl.user_files import UserFileError, check_model_files, read_json_object
 
 
 def load_part(folder: Path, sub: str, part_class: type, dtype: torch.dtype | None = None) -> Any:
@@ -50,7 +50,7 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 def check_part_files(folder: Path, sub: str) -> None:
     """Refuse the part folder ``folder/sub`` before a library reads it: missing, or a file in it
-    that cannot be what a loader reads (:func:`~diffrl.user_files.check_model_files`). A
+    that cannot be what a loader reads (:func:`~diffrl.core.user_files.check_model_files`). A
     :class:`DiffrlError` naming the file."""
     if not (folder / sub).is_dir():
         raise DiffrlError(

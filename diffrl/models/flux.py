@@ -35,10 +35,10 @@ from torch import nn
 from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
 from diffrl.config import Config, Range
+from diffrl.core.rollout import Conditioning
 from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
 from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
-from diffrl.rollout import Conditioning
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:

@@ -88,11 +88,11 @@ from torch import nn
 from transformers import AutoProcessor, AutoTokenizer, Mistral3ForConditionalGeneration, Qwen3ForCausalLM
 
 from diffrl.config import Range
+from diffrl.core.rollout import Conditioning
 from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
 from diffrl.models.flux import folder_setting, packed_lengths, sample_size
 from diffrl.models.sd3 import SD3_LORA_TARGETS
-from diffrl.rollout import Conditioning
 
 
 def _dev_embeds(family: Flux2Family, prompts: list[str], layers: tuple[int, ...]) -> torch.Tensor:

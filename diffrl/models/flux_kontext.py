@@ -3,7 +3,7 @@
 
 The parts are FLUX.1's (see :mod:`diffrl.models.flux`): ``FluxTransformer2DModel`` (trained),
 ``AutoencoderKL``, CLIP-L (pooled) and T5. Each prompt comes with a source image
-(:class:`~diffrl.rollout.Source`, the prompt file's ``"image"``), and the conditioning holds it as
+(:class:`~diffrl.core.rollout.Source`, the prompt file's ``"image"``), and the conditioning holds it as
 ``FluxKontextPipeline`` prepares it:
 
 - the source is resized to the Kontext resolution nearest its aspect ratio
@@ -44,6 +44,7 @@ from diffusers.pipelines.flux import pipeline_flux_kontext
 from PIL import Image
 from torch import nn
 
+from diffrl.core.rollout import Conditioning, Source
 from diffrl.models.base import Planned, SourceError
 from diffrl.models.flux import (
     FluxFamily,
@@ -55,7 +56,6 @@ from diffrl.models.flux import (
     sequence_ranks,
     unpack,
 )
-from diffrl.rollout import Conditioning, Source
 
 
 def kontext_size(width: int, height: int, multiple: int, auto_resize: bool) -> tuple[int, int]:

@@ -101,11 +101,11 @@ from torch import nn
 from transformers import AutoTokenizer
 
 from diffrl.config import Range
+from diffrl.core.rollout import Audio, Conditioning, Media
 from diffrl.models.base import DTYPES, FrameRate, Frames, Planned, SizeRule, TextTokens, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, as_videos, load_part, read_json
 from diffrl.models.flux import resolution_shifted_sigmas
 from diffrl.models.ltx2_sequence_parallel import prepare_sequence_parallel
-from diffrl.rollout import Audio, Conditioning, Media
 
 PIPELINE_CLASS = "LTX2Pipeline"
 DEFAULT_SIZE = (512, 768)
@@ -847,7 +847,7 @@ class LTX2Family(DiffusersFolderFamily):
 
     @torch.no_grad()
     def decode_media(self, latents: torch.Tensor) -> Media:
-        """``latents (B, N)`` -> :class:`~diffrl.rollout.Media`: the videos (:meth:`decode`), the
+        """``latents (B, N)`` -> :class:`~diffrl.core.rollout.Media`: the videos (:meth:`decode`), the
         vocoder's waveform ``(B, channels, samples)`` at its ``output_sampling_rate`` (the pipeline's
         ``audio``, ``pipeline_ltx2.py:1662-1664``) and ``frame_rate`` as the fps."""
         _, audio = self.unpack(latents.to(self.device))

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from diffrl.rollout import Conditioning
+from diffrl.core.rollout import Conditioning
 
 AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 

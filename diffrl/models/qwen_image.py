@@ -38,6 +38,7 @@ from torch import nn
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
 from diffrl.config import Range
+from diffrl.core.rollout import Conditioning
 from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import latent_stats, load_part, read_json
 from diffrl.models.flux import (
@@ -49,7 +50,6 @@ from diffrl.models.flux import (
     sequence_ranks,
     unpack,
 )
-from diffrl.rollout import Conditioning
 
 # QwenImagePipeline.__init__'s constants (the integration test checks they still match)
 PROMPT_TEMPLATE = (

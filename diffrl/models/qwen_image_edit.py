@@ -8,7 +8,7 @@ transformer's forward applies by itself from ``img_shapes``), ``AutoencoderKLQwe
 Qwen2.5-VL-7B ``text_encoder`` (here a vision-language encoder: it sees the source image), its
 ``tokenizer`` and ``processor`` (Qwen2VLProcessor: an image processor and a tokenizer).
 
-Every prompt comes with a source image (:class:`~diffrl.rollout.Source`, centre-cropped to the
+Every prompt comes with a source image (:class:`~diffrl.core.rollout.Source`, centre-cropped to the
 output's aspect ratio); :meth:`QwenImageEditFamily._encode_edits` prepares it as the pipeline:
 
 - the VL encoder's picture: the source resized with Lanczos (``VaeImageProcessor.resize``) to
@@ -68,6 +68,7 @@ from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditi
 
 from diffrl.config import ConfigError, Range
 from diffrl.config.schema import MAX_SIDE
+from diffrl.core.rollout import Conditioning, Source
 from diffrl.models.base import DTYPES, Planned, SourceError, TextTokens
 from diffrl.models.diffusers_folder import load_part, read_json
 from diffrl.models.flux import sample_size, sequence_ranks
@@ -77,7 +78,6 @@ from diffrl.models.qwen_image import (
     qwen_conditioning,
     qwen_image_forward,
 )
-from diffrl.rollout import Conditioning, Source
 
 # QwenImageEditPlusPipeline's constants (the integration test checks they still match)
 EDIT_TEMPLATE = (

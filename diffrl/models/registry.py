@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from diffrl import torch_state
 from diffrl.config import Config
+from diffrl.core import torch_state
+from diffrl.core.registry import Registry
+from diffrl.core.user_code import kind, plugin_named, returned_wrong
 from diffrl.logging.quiet import quiet_libraries
 from diffrl.models.base import DTYPES, ModelFamily
 from diffrl.models.numerics import resolve_numerics
-from diffrl.registry import Registry
-from diffrl.user_code import kind, plugin_named, returned_wrong
 
 FAMILIES = Registry(
     "model family",

@@ -23,9 +23,9 @@ from torch import nn
 from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
 from diffrl.config import Range
+from diffrl.core.rollout import Conditioning
 from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
-from diffrl.rollout import Conditioning
 
 CLIP_MAX_TOKENS = 77
 

@@ -2,8 +2,8 @@
 context-parallel plans (``ModelMixin.enable_parallelism`` with a ``ContextParallelConfig``; the
 plan is the model class's ``_cp_plan``): no attention all-to-all of our own where diffusers has one.
 
-A module of the models layer, not :mod:`diffrl.parallel`: it imports diffusers (2.4 s on 2 cores
-after torch), which the checkpoint and weight-sync code that import ``diffrl.parallel`` do not need.
+A module of the models layer, not :mod:`diffrl.core.parallel`: it imports diffusers (2.4 s on 2 cores
+after torch), which the checkpoint and weight-sync code that import ``diffrl.core.parallel`` do not need.
 """
 
 from __future__ import annotations

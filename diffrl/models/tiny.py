@@ -24,6 +24,7 @@ from tokenizers.processors import TemplateProcessing
 from torch import nn
 from transformers import CLIPTextConfig, CLIPTextModelWithProjection, PreTrainedTokenizerFast
 
+from diffrl.core.rollout import Conditioning
 from diffrl.models.base import (
     DTYPES,
     ModelFamily,
@@ -35,7 +36,6 @@ from diffrl.models.base import (
 )
 from diffrl.models.diffusers_folder import load_part, read_json
 from diffrl.models.sd3 import SD3_LORA_TARGETS, sd3_forward
-from diffrl.rollout import Conditioning
 
 BASE_DIR = Path(__file__).resolve().parent / "assets" / "tiny_base"
 MAX_PROMPT_TOKENS = 40

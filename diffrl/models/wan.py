@@ -46,6 +46,7 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import AutoTokenizer, UMT5EncoderModel
 
 from diffrl.config import Range
+from diffrl.core.rollout import Conditioning
 from diffrl.models.base import DTYPES, Frames, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import (
     DiffusersFolderFamily,
@@ -54,7 +55,6 @@ from diffrl.models.diffusers_folder import (
     load_part,
     read_json,
 )
-from diffrl.rollout import Conditioning
 
 # The attention projections of every block, self-attention (attn1) and cross-attention to the text
 # (attn2): flow_grpo's choice (attention projections only) and what diffusers' LoRA scripts'

@@ -50,11 +50,11 @@ from torch import nn
 from transformers import AutoTokenizer, Qwen3Model
 
 from diffrl.config import Range
+from diffrl.core.rollout import Conditioning
 from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens, meta_model
 from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
 from diffrl.models.flux import folder_setting, resolution_shifted_sigmas, sample_size
 from diffrl.models.sd3 import vae_decode, vae_encode
-from diffrl.rollout import Conditioning
 
 SEQ_MULTI_OF = 32
 """The transformer pads every caption and image to a multiple of this many tokens

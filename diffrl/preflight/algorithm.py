@@ -9,12 +9,12 @@ import dataclasses
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.algorithms.returns import checked_spec
 from diffrl.config import Config, ConfigError, DataConfig, RolloutConfig
+from diffrl.core.registry import RegistryError
+from diffrl.core.rollout import CollectionSpec
+from diffrl.core.user_code import checked_problems
 from diffrl.data.offline import SYNTHETIC
 from diffrl.preflight.schema import rollout_arithmetic
-from diffrl.registry import RegistryError
-from diffrl.rollout import CollectionSpec
 from diffrl.sampling.engine import engine_problems
-from diffrl.user_code import checked_problems
 
 
 def algorithm_problems(config: Config) -> tuple[list[str], CollectionSpec | None]:

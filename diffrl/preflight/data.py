@@ -6,10 +6,10 @@ from __future__ import annotations
 import functools
 
 from diffrl.config import Config, EvalConfig
+from diffrl.core.rollout import CollectionSpec
 from diffrl.data.hf import EVAL_SPLITS, TRAIN_SPLITS
 from diffrl.data.offline import SYNTHETIC, DatasetError, scan_image_data, scan_pair_folder
 from diffrl.data.prompts import PromptFileError, PromptSet, load_prompts
-from diffrl.rollout import CollectionSpec
 
 
 def data_problems(config: Config, spec: CollectionSpec | None, check_files: bool) -> list[str]:

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from diffrl.config import Config
+from diffrl.core.registry import RegistryError
+from diffrl.core.rollout import CollectionSpec
 from diffrl.data.hf import EVAL_SPLITS, TRAIN_SPLITS
 from diffrl.data.prompts import crop_box, edit_mismatch, image_size
 from diffrl.models.base import SourceError
 from diffrl.models.registry import FAMILIES
 from diffrl.preflight.data import prompt_set
-from diffrl.registry import RegistryError
-from diffrl.rollout import CollectionSpec
 
 
 def editing_problems(

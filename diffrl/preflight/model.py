@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from diffrl.config import Config
 from diffrl.config import number_problem as _number
+from diffrl.core.registry import RegistryError
+from diffrl.core.user_code import checked_problems
 from diffrl.models.base import ModelFamily
 from diffrl.models.registry import FAMILIES
-from diffrl.registry import RegistryError
-from diffrl.user_code import checked_problems
 
 
 def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:

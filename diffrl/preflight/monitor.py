@@ -8,12 +8,12 @@ from collections.abc import Collection
 from pathlib import Path
 
 from diffrl.config import Config
-from diffrl.errors import quoted
-from diffrl.registry import RegistryError
+from diffrl.core.errors import quoted
+from diffrl.core.registry import RegistryError
+from diffrl.core.user_files import UserFileError, read_json_object
 from diffrl.rewards.base import Reward
 from diffrl.rewards.clip_embed import image_processor_problems
 from diffrl.rewards.registry import REWARDS
-from diffrl.user_files import UserFileError, read_json_object
 
 FIX = (
     "give the path of a local CLIPModel folder (as CLIPModel.save_pretrained writes), or monitor.clip_every=0"

@@ -7,12 +7,12 @@ import re
 
 from diffrl.config import Config, RewardConfig
 from diffrl.config.binding import signature_problems
-from diffrl.errors import quoted
+from diffrl.core.errors import quoted
+from diffrl.core.registry import RegistryError
+from diffrl.core.user_code import checked_problems
 from diffrl.models.registry import FAMILIES
-from diffrl.registry import RegistryError
 from diffrl.rewards.base import Reward, param_name_problems
 from diffrl.rewards.registry import REWARDS
-from diffrl.user_code import checked_problems
 
 
 def reward_problems(where: str, rewards: list[RewardConfig], check_files: bool) -> list[str]:

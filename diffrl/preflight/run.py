@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from diffrl.config import Config
+from diffrl.core.registry import RegistryError
 from diffrl.logging import tracker_problems
-from diffrl.registry import RegistryError
 from diffrl.train.runner import RUNNERS
 
 

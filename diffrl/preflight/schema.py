@@ -16,7 +16,7 @@ from typing import Any
 
 from diffrl.config import SECTIONS, Config, ConfigError, bind_config
 from diffrl.config.binding import recipe_lines, value_problems, with_lines
-from diffrl.errors import quoted
+from diffrl.core.errors import quoted
 
 MAX_NAME_BYTES = 255
 MAX_PAIRED = 100_000

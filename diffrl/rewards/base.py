@@ -12,7 +12,7 @@ repeated per frame) and each video gets the mean of its frames' scores (:func:`s
 
 Sound (audio-video families such as ``ltx2``): a reward hears only if it says so (``Reward.audio =
 True``, or ``my_reward.audio = True`` on a function). It is then called with ``audio=`` an
-:class:`~diffrl.rollout.Audio` (float32 ``waveform (B, channels, samples)`` in [-1, 1] and its
+:class:`~diffrl.core.rollout.Audio` (float32 ``waveform (B, channels, samples)`` in [-1, 1] and its
 ``sample_rate``) and gets videos whole, one clip per row; every other reward sees the frames as
 before and never the sound. The preflight refuses a reward that hears on a silent family.
 
@@ -39,17 +39,17 @@ from typing import Any
 
 import torch
 
-from diffrl import torch_state
 from diffrl.config import RewardConfig
 from diffrl.config.binding import bind_signature
-from diffrl.errors import Abandoned, DiffrlError
-from diffrl.interrupts import is_real_interrupt
+from diffrl.core import torch_state
+from diffrl.core.errors import Abandoned, DiffrlError
+from diffrl.core.interrupts import is_real_interrupt
+from diffrl.core.registry import RegistryError, did_you_mean
+from diffrl.core.rollout import Audio
+from diffrl.core.user_code import GlobalStateChanged, describe, kind, plugin_named
 from diffrl.logging.quiet import quiet_libraries
-from diffrl.registry import RegistryError, did_you_mean
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.workers import CallThread, DeadlineExceeded, deadline_after, result_by
-from diffrl.rollout import Audio
-from diffrl.user_code import GlobalStateChanged, describe, kind, plugin_named
 
 
 class RewardError(DiffrlError, RuntimeError):
@@ -87,7 +87,7 @@ class Reward(ABC):
     are scored frame by frame and averaged, see :func:`submit_scores`)."""
     audio: bool = False
     """True: the reward hears. ``submit``, ``call_by`` and ``__call__`` take ``audio=`` (an
-    :class:`~diffrl.rollout.Audio`, float32, one clip per row) and videos come whole, as for a video
+    :class:`~diffrl.core.rollout.Audio`, float32, one clip per row) and videos come whole, as for a video
     reward. False: it never sees the sound."""
     clip_folders: tuple[str, str | None] | None = None
     """A CLIP-family reward's ``(CLIPModel folder param, image processor folder param or None: the

@@ -15,7 +15,7 @@ so it lies in [-1, 1]; ``ClapModel.forward``'s ``logits_per_audio`` are the same
 
 The waveform: the rollout's ``(B, channels, samples)`` at the family's rate is averaged to mono
 (CLAP is trained on mono), resampled to the feature extractor's ``sampling_rate`` (48 kHz for LAION's
-folders) band-limited (:meth:`~diffrl.rollout.Audio.resample`, torchaudio's algorithm), and made into log-mel features by the folder's
+folders) band-limited (:meth:`~diffrl.core.rollout.Audio.resample`, torchaudio's algorithm), and made into log-mel features by the folder's
 ``ClapFeatureExtractor`` (clips shorter than its ``max_length_s`` are repeated then padded, as it
 does). A clip longer than ``max_length_s`` is cut to its first ``max_length_s`` seconds here: the
 extractor would take random crops (``fusion`` / ``rand_trunc``), and a reward must not draw from an
@@ -39,10 +39,10 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer, ClapFeatureExtractor, ClapModel
 
 from diffrl.config.schema import ImagesPerForward
+from diffrl.core.rollout import Audio
 from diffrl.rewards.base import Reward
 from diffrl.rewards.clip_embed import loading
 from diffrl.rewards.pretrained import chunks, device_and_dtype, device_dtype_problems, folder_problems
-from diffrl.rollout import Audio
 
 MAX_TOKENS = 77
 """LAION-CLAP's text length (its ``tokenizer``: ``padding="max_length", max_length=77``)."""

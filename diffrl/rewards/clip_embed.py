@@ -22,9 +22,9 @@ import torch
 from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
+from diffrl.core.user_files import UserFileError, check_model_files, read_json_object
 from diffrl.rewards.base import RewardError
 from diffrl.rewards.pretrained import chunks, device_dtype_problems, pil_images
-from diffrl.user_files import UserFileError, check_model_files, read_json_object
 
 TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 """A CLIP tokenizer folder holds a ``tokenizers`` serialisation or the BPE vocab + merges."""
@@ -37,7 +37,7 @@ PROCESSOR_FILE = "processor_config.json"
 def loading(reward: str, what: str, path: str, load: Callable[[], Any]) -> Any:
     """``load()``, with any failure (missing or corrupt files, a wrong format) turned into a
     :class:`RewardError` that names the reward, the path and what was expected there. A folder's
-    files are checked first (:func:`~diffrl.user_files.check_model_files`: a FIFO there would hang
+    files are checked first (:func:`~diffrl.core.user_files.check_model_files`: a FIFO there would hang
     the load, JSON nested 100,000 deep crash it)."""
     if Path(path).expanduser().is_dir():
         try:

@@ -62,12 +62,12 @@ from transformers import BertTokenizer, BlipConfig, BlipForImageTextRetrieval
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 from diffrl.config.schema import ImagesPerForward
-from diffrl.errors import EXIT_USER_ERROR, DiffrlError
+from diffrl.core.errors import EXIT_USER_ERROR, DiffrlError
+from diffrl.core.user_files import UserFileError, check_file
 from diffrl.logging.quiet import quiet_libraries
 from diffrl.rewards import clip_embed
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.pretrained import device_and_dtype, folder_problems, load_state_dict, pil_images
-from diffrl.user_files import UserFileError, check_file
 
 MEAN = 0.16717362830052426
 STD = 1.0333394966054072

@@ -45,6 +45,7 @@ from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTo
 
 from diffrl.config import Range
 from diffrl.config.schema import MAX_SIDE, ImagesPerForward
+from diffrl.core.user_files import UserFileError, read_json_object, read_text
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.clip_embed import loading
 from diffrl.rewards.pretrained import (
@@ -54,7 +55,6 @@ from diffrl.rewards.pretrained import (
     folder_problems,
     pil_images,
 )
-from diffrl.user_files import UserFileError, read_json_object, read_text
 
 VQASCORE_QUESTION = 'Does this figure show "{prompt}"? Please answer yes or no.'
 

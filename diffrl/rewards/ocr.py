@@ -22,10 +22,10 @@ from typing import Annotated
 import torch
 
 from diffrl.config import Range
+from diffrl.core.rollout import quantize
 from diffrl.rewards.base import Pending, Reward
 from diffrl.rewards.ocr_worker import recognize, worker_init
 from diffrl.rewards.workers import ProcessPool, pool_size
-from diffrl.rollout import quantize
 
 
 def levenshtein(a: str, b: str) -> int:

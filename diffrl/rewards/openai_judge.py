@@ -98,6 +98,7 @@ from PIL import Image
 
 from diffrl.config import Range
 from diffrl.config.schema import MAX_SIDE
+from diffrl.core.rollout import quantize
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.remote import (
     ENV_NAME,
@@ -111,7 +112,6 @@ from diffrl.rewards.remote import (
     probe,
     with_retries,
 )
-from diffrl.rollout import quantize
 
 LOG = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from diffrl.rollout import quantize
-from diffrl.user_files import UserFileError, read_json_object
+from diffrl.core.rollout import quantize
+from diffrl.core.user_files import UserFileError, read_json_object
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """A reward's ``dtype`` param (the names ``model.dtype`` takes; rewards sit beside models, not on them)."""

@@ -68,10 +68,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from diffrl.errors import quoted
-from diffrl.registry import did_you_mean
+from diffrl.core.errors import quoted
+from diffrl.core.registry import did_you_mean
+from diffrl.core.rollout import Audio, quantize
 from diffrl.rewards.base import RewardError
-from diffrl.rollout import Audio, quantize
 
 MAX_JSON_ITEMS = 2**20
 """Values (array items, object members) one JSON body may hold, counted from its bytes before it is

@@ -1,6 +1,6 @@
 """Rewards by short name, or a dotted path to a user's Reward class or function."""
 
-from diffrl.registry import Registry
+from diffrl.core.registry import Registry
 
 REWARDS = Registry(
     "reward",

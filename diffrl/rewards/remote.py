@@ -52,12 +52,12 @@ from typing import Annotated, Any, TypeVar
 import torch
 
 from diffrl.config import Range
+from diffrl.core.rollout import Audio
 from diffrl.rewards.base import Reward, RewardError
 from diffrl.rewards.protocols import DIFFRL, PROTOCOLS, AnswerError, Protocol, protocol_problem
 from diffrl.rewards.protocols import encode_png as encode_png
 from diffrl.rewards.protocols import encode_request as encode_request
 from diffrl.rewards.workers import seconds_left
-from diffrl.rollout import Audio
 
 FORMATS = ("png", "raw")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -131,8 +131,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from diffrl.config import Range, RewardConfig
 from diffrl.config.binding import bind_signature
-from diffrl.errors import quoted
-from diffrl.registry import RegistryError, did_you_mean
+from diffrl.core.errors import quoted
+from diffrl.core.registry import RegistryError, did_you_mean
+from diffrl.core.rollout import Audio
 from diffrl.rewards.base import Reward, RewardError, build_reward, param_name_problems, submit_scores
 from diffrl.rewards.protocols import (
     DIFFRL,
@@ -147,7 +148,6 @@ from diffrl.rewards.protocols import (
 from diffrl.rewards.registry import REWARDS
 from diffrl.rewards.server_limits import ServerLimits
 from diffrl.rewards.workers import DeadlineExceeded, deadline_after, seconds_left
-from diffrl.rollout import Audio
 
 LOG = logging.getLogger(__name__)  # warnings reach stderr even unconfigured: the operator sees failures
 MSGPACK = "application/msgpack"

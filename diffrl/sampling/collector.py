@@ -1,4 +1,4 @@
-"""Collectors turn the algorithm's :class:`~diffrl.rollout.CollectionSpec` into rollout batches.
+"""Collectors turn the algorithm's :class:`~diffrl.core.rollout.CollectionSpec` into rollout batches.
 
 A collector samples (or reads); it does not score. It yields a rollout's micro-groups one by one,
 as they are drawn, so the driver can hand each to the rewards at once (scoring in other processes
@@ -16,15 +16,15 @@ import torch
 from torch import nn
 
 from diffrl.config import Config
+from diffrl.core.errors import Abandoned
+from diffrl.core.rollout import Audio, CollectionSpec, Conditioning, RolloutBatch, quantize
+from diffrl.core.seeding import EpochStream, randn_batch
 from diffrl.data.offline import OfflineDataset
 from diffrl.data.prompts import PromptSet
-from diffrl.errors import Abandoned
 from diffrl.models.base import ModelFamily
 from diffrl.models.numerics import ForwardMeter
-from diffrl.rollout import Audio, CollectionSpec, Conditioning, RolloutBatch, quantize
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sampler import denoise, image_size, initial_noise, sampling_sigmas
-from diffrl.seeding import EpochStream, randn_batch
 
 
 @dataclass
@@ -199,7 +199,7 @@ class OnlineCollector:
         self, rollout_id: int, module: nn.Module | None = None, should_stop: Callable[[], bool] | None = None
     ) -> Iterator[RolloutBatch]:
         """Sample rollout ``rollout_id`` micro-group by micro-group; ``should_stop`` is asked before
-        each (a stop signal: the rollout is abandoned with :class:`~diffrl.errors.Abandoned`)."""
+        each (a stop signal: the rollout is abandoned with :class:`~diffrl.core.errors.Abandoned`)."""
         plan = self.plan(rollout_id)
         for g, chunk in enumerate(plan.micro_groups):
             if should_stop is not None and should_stop():

@@ -2,8 +2,8 @@
 
 An engine turns the plan of a rollout (:class:`~diffrl.sampling.collector.RolloutPlan`: which
 ``(slot, prompt, sample)`` jobs each micro-group holds and which steps are stochastic) into
-:class:`~diffrl.rollout.RolloutBatch` es, micro-group by micro-group, filling what the algorithm's
-:class:`~diffrl.rollout.CollectionSpec` asks for and nothing more. The local runner and the Ray
+:class:`~diffrl.core.rollout.RolloutBatch` es, micro-group by micro-group, filling what the algorithm's
+:class:`~diffrl.core.rollout.CollectionSpec` asks for and nothing more. The local runner and the Ray
 runner's engine actors drive any engine alike:
 
 - ``diffrl`` (:class:`~diffrl.sampling.collector.OnlineCollector`): the built-in sampling loop on
@@ -25,11 +25,11 @@ from torch import nn
 
 from diffrl.config import Config, ConfigError
 from diffrl.config.binding import bind_dataclass
+from diffrl.core.registry import Registry, RegistryError
+from diffrl.core.rollout import CollectionSpec, RolloutBatch
 from diffrl.data.offline import build_offline_dataset
 from diffrl.data.prompts import PromptSet, load_prompts
 from diffrl.models.base import ModelFamily
-from diffrl.registry import Registry, RegistryError
-from diffrl.rollout import CollectionSpec, RolloutBatch
 from diffrl.sampling.collector import OfflineCollector, RolloutPlan, StageClock
 from diffrl.sampling.sampler import image_size
 
@@ -56,7 +56,7 @@ class Engine(Protocol):
     def micro_groups(
         self, rollout_id: int, module: nn.Module | None = None, should_stop: Callable[[], bool] | None = None
     ) -> Iterator[RolloutBatch]:
-        """The rollout's micro-groups as they are drawn; :class:`~diffrl.errors.Abandoned` once
+        """The rollout's micro-groups as they are drawn; :class:`~diffrl.core.errors.Abandoned` once
         ``should_stop()``."""
 
     def sync(self, module: nn.Module | None = None) -> dict[str, float]:

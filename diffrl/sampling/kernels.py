@@ -36,7 +36,7 @@ from typing import ClassVar
 
 import torch
 
-from diffrl.registry import Registry, RegistryError
+from diffrl.core.registry import Registry, RegistryError
 
 
 @dataclass
@@ -212,7 +212,7 @@ KERNELS = Registry(
 
 def resolve_kernel(name: str) -> Kernel:
     """``ode | sde | cps | heun`` or a dotted path to a :class:`Kernel` subclass -> an instance;
-    raises :class:`~diffrl.registry.RegistryError` naming the known ones."""
+    raises :class:`~diffrl.core.registry.RegistryError` naming the known ones."""
     obj = KERNELS.resolve(name)
     if isinstance(obj, type) and issubclass(obj, Kernel):
         return obj()

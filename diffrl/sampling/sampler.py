@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from diffrl.config import Config
+from diffrl.core.rollout import Conditioning
+from diffrl.core.seeding import randn_batch
 from diffrl.models.base import ModelFamily
-from diffrl.rollout import Conditioning
 from diffrl.sampling.kernels import Euler, Kernel
-from diffrl.seeding import randn_batch
 
 
 def image_size(config: Config, family: ModelFamily) -> tuple[int, int]:

@@ -51,11 +51,12 @@ from safetensors.torch import save_file
 from torch import nn
 
 from diffrl.config import Config, Range
+from diffrl.core.errors import Abandoned
+from diffrl.core.parallel import state_checksum
+from diffrl.core.rollout import CollectionSpec, RolloutBatch, quantize
+from diffrl.core.seeding import derive_seed
 from diffrl.data.prompts import PromptSet
-from diffrl.errors import Abandoned
 from diffrl.models.base import DTYPES, ModelFamily
-from diffrl.parallel import state_checksum
-from diffrl.rollout import CollectionSpec, RolloutBatch, quantize
 from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, StageClock
 from diffrl.sampling.engine import engine_options
 from diffrl.sampling.kernels import resolve_kernel
@@ -67,7 +68,6 @@ from diffrl.sampling.sglang_server import (
     Server,
     as_tensor,
 )
-from diffrl.seeding import derive_seed
 
 SDE_TYPES = {"sde": ("sde", False), "cps": ("cps", True)}
 """diffrl's stochastic kernel -> sglang's ``rollout_sde_type`` and ``rollout_log_prob_no_const``."""

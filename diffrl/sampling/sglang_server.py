@@ -33,8 +33,8 @@ import msgpack
 import torch
 from safetensors.torch import load as load_safetensors
 
-from diffrl.errors import DiffrlError
-from diffrl.parallel import listen_port
+from diffrl.core.errors import DiffrlError
+from diffrl.core.parallel import listen_port
 
 
 class EngineServerError(DiffrlError, RuntimeError):
@@ -60,7 +60,7 @@ def server_ports(host: str = "127.0.0.1") -> tuple[int, int, int]:
     taken in between as the local port of any outgoing connection (Ray's, a reward's): the CI saw a
     restarted server stop on "[Errno 98] ... address already in use". A port drawn here can still be
     taken by another program that binds one explicitly: :meth:`Server.launch` then starts again on
-    other ports (:func:`~diffrl.parallel.listen_port`)."""
+    other ports (:func:`~diffrl.core.parallel.listen_port`)."""
     port = listen_port(host, pair=True)
     master = listen_port(host, avoid=(port, port + 1))
     scheduler = listen_port(host, avoid=(port, port + 1, master))

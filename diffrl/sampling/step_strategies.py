@@ -29,8 +29,8 @@ from typing import Annotated, Any
 
 from diffrl.config import Range, bind_dataclass
 from diffrl.config.schema import MAX_COUNT
-from diffrl.registry import Registry, RegistryError
-from diffrl.seeding import derive_seed
+from diffrl.core.registry import Registry, RegistryError
+from diffrl.core.seeding import derive_seed
 
 MAX_STEPS = 1000
 """``sampling.num_steps`` at most: a step index or a count of steps is below or at it."""

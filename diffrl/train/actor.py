@@ -13,18 +13,18 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from torch import nn
 
-from diffrl import torch_state
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.algorithms.returns import checked_decay, checked_examples, checked_loss, checked_metrics
 from diffrl.config import Config, LoraConfig
+from diffrl.core import torch_state
+from diffrl.core.parallel import DistContext, full_tensor, shard_module
+from diffrl.core.rollout import Conditioning, TrainExamples
+from diffrl.core.user_code import kind, plugin_named, returned_wrong
 from diffrl.logging import console
 from diffrl.models.base import ModelFamily
 from diffrl.models.sequence_parallel import enable_sequence_parallel
-from diffrl.parallel import DistContext, full_tensor, shard_module
-from diffrl.rollout import Conditioning, TrainExamples
 from diffrl.sampling.sampler import sampling_sigmas
 from diffrl.train.ema import EMA
-from diffrl.user_code import kind, plugin_named, returned_wrong
 
 OLD_ADAPTER = "old"
 DRIFT = "a dict of str -> float, e.g. {'monitor/kl_to_base': kl.item()}, or {} for none"

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from diffrl.config.schema import KeepBestConfig
-from diffrl.errors import DiffrlError
+from diffrl.core.errors import DiffrlError
 from diffrl.train.alarms import MAX_PAIRED, from_json, paired, to_json
 
 BEST = "best"

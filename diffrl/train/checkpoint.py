@@ -56,9 +56,9 @@ from diffrl.config import (
     read_recipe,
     to_plain,
 )
-from diffrl.errors import DiffrlError
+from diffrl.core.errors import DiffrlError
+from diffrl.core.parallel import copy_full_, full_tensor
 from diffrl.models.base import FamilyMismatchError
-from diffrl.parallel import copy_full_, full_tensor
 from diffrl.train.manifest import (
     FORMAT,
     REQUIRED,

@@ -17,13 +17,13 @@ from matplotlib.ticker import MaxNLocator
 from PIL import Image, ImageDraw, ImageFont, PngImagePlugin
 
 from diffrl.config import Config
+from diffrl.core.errors import DiffrlError
+from diffrl.core.rollout import Audio, Media, quantize
 from diffrl.data.hf import EVAL_SPLITS
 from diffrl.data.prompts import PromptSet, edit_mismatch, load_prompts
-from diffrl.errors import DiffrlError
 from diffrl.logging import Progress
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardSet
-from diffrl.rollout import Audio, Media, quantize
 from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampling_sigmas
 
 

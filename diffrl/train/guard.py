@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffrl.errors import RunStopped
+from diffrl.core.errors import RunStopped
 
 
 class Guard:

@@ -13,12 +13,13 @@ import warnings
 
 import torch
 
-from diffrl import torch_state
 from diffrl.algorithms.returns import checked_examples, checked_signals
 from diffrl.config import Config
-from diffrl.errors import Abandoned, Interrupted, quoted
+from diffrl.core import torch_state
+from diffrl.core.errors import Abandoned, Interrupted, quoted
+from diffrl.core.rollout import RolloutBatch, RolloutStats
+from diffrl.core.user_code import plugin_named, plugin_paths
 from diffrl.logging import Progress, console
-from diffrl.rollout import RolloutBatch, RolloutStats
 from diffrl.train import stages
 from diffrl.train.checkpoint import iteration_of, storage_failure
 from diffrl.train.evaluate import EvalResult
@@ -26,7 +27,6 @@ from diffrl.train.pipeline import RolloutAhead
 from diffrl.train.session import TrainSession
 from diffrl.train.stages import TrainResult
 from diffrl.train.stop import StopSignals
-from diffrl.user_code import plugin_named, plugin_paths
 
 
 def train(config: Config) -> TrainResult:

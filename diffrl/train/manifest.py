@@ -25,8 +25,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from diffrl.errors import DiffrlError
-from diffrl.user_files import UserFileError, file_problem, read_bytes
+from diffrl.core.errors import DiffrlError
+from diffrl.core.user_files import UserFileError, file_problem, read_bytes
 
 FORMAT = "diffrl-checkpoint-3"
 UNSEALED_FORMAT = "diffrl-checkpoint-2"

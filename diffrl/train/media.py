@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from diffrl.errors import DiffrlError
-from diffrl.rollout import Audio, quantize
+from diffrl.core.errors import DiffrlError
+from diffrl.core.rollout import Audio, quantize
 
 DEFAULT_FPS = 24.0
 """The frame rate of a video whose family does not say (LTX-2's default)."""

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from diffrl.errors import Abandoned
-from diffrl.rollout import RolloutBatch, RolloutStats
+from diffrl.core.errors import Abandoned
+from diffrl.core.rollout import RolloutBatch, RolloutStats
 from diffrl.train.runner import Runner
 from diffrl.train.stages import collect_rollout
 

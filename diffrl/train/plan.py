@@ -37,12 +37,12 @@ from torch.utils.flop_counter import flop_registry
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
-from diffrl.errors import DiffrlError
+from diffrl.core.errors import DiffrlError
+from diffrl.core.parallel import sequence_mesh
 from diffrl.models.base import SHIPPED_CONFIGS, ModelFamily, Planned
 from diffrl.models.numerics import GPU_PEAK_TFLOPS
 from diffrl.models.registry import FAMILIES
 from diffrl.models.sequence_parallel import enable_sequence_parallel
-from diffrl.parallel import sequence_mesh
 
 GiB = 2**30
 

@@ -34,10 +34,10 @@ from matplotlib.ticker import MaxNLocator
 from PIL import Image, ImageDraw, ImageFont
 
 from diffrl.config.binding import YamlProblem, load_yaml
-from diffrl.errors import DiffrlError
+from diffrl.core.errors import DiffrlError
+from diffrl.core.user_files import UserFileError, check_file, file_problem, read_bytes, read_text
 from diffrl.logging import fmt
 from diffrl.train.evaluate import eval_grid_path, eval_table, plot_eval_curve, read_grid_note, wrap
-from diffrl.user_files import UserFileError, check_file, file_problem, read_bytes, read_text
 
 EVAL_KEY = "eval/reward_mean"
 

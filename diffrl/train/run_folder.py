@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from diffrl.config import Config, ConfigError
-from diffrl.errors import DiffrlError, quoted
+from diffrl.core.errors import DiffrlError, quoted
+from diffrl.core.user_files import read_text
 from diffrl.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -42,7 +43,6 @@ from diffrl.train.checkpoint import (
     verify_checkpoint,
 )
 from diffrl.train.manifest import overlap
-from diffrl.user_files import read_text
 
 WRITTEN = ("config.yaml", "metrics.jsonl", "report.html", "metrics.png", "eval_curve.png")
 """Files a run writes in place at its folder's top: a symlink there would carry the write

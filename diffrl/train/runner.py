@@ -27,12 +27,12 @@ import torch
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
+from diffrl.core.registry import Registry
+from diffrl.core.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.logging import console
 from diffrl.models.numerics import peak_flops
 from diffrl.models.registry import load_family
-from diffrl.registry import Registry
 from diffrl.rewards.base import PendingRewards, RewardOutput, RewardSet, SharedRewards
-from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.sampling.engine import build_collector
 from diffrl.sampling.prompt_cache import encode_once
 from diffrl.train.actor import Actor
@@ -64,7 +64,7 @@ class Runner(Protocol):
 
     def sample(self, iteration: int, should_stop: Callable[[], bool] | None = None) -> Iterator[RolloutBatch]:
         """Sample one rollout with the current sampling policy, yielding its micro-groups as they
-        finish (in any order); raise :class:`~diffrl.errors.Abandoned` once ``should_stop()``."""
+        finish (in any order); raise :class:`~diffrl.core.errors.Abandoned` once ``should_stop()``."""
 
     def score(self, part: RolloutBatch) -> PendingScore | None:
         """Start scoring one micro-group (None when the algorithm needs no reward)."""

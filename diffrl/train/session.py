@@ -26,13 +26,13 @@ import json
 import warnings
 from pathlib import Path
 
-from diffrl import determinism
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config, dump_config
+from diffrl.core import determinism
+from diffrl.core.rollout import CollectionSpec
 from diffrl.logging import MetricsLogger, TrackerRun, start_trackers
 from diffrl.models.registry import resolve_device
-from diffrl.rollout import CollectionSpec
 from diffrl.train import report, stages
 from diffrl.train.alarms import Watch
 from diffrl.train.best import BEST, Best

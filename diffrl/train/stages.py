@@ -16,11 +16,11 @@ import torch
 
 from diffrl.config import Config, TrainConfig
 from diffrl.config.schema import MonitorConfig
-from diffrl.errors import Interrupted
+from diffrl.core.errors import Interrupted
+from diffrl.core.rollout import CollectionSpec, RewardScores, RolloutBatch, RolloutStats, TrainExamples
+from diffrl.core.seeding import generator
 from diffrl.logging import MetricsLogger, Progress
 from diffrl.rewards.base import RewardOutput
-from diffrl.rollout import CollectionSpec, RewardScores, RolloutBatch, RolloutStats, TrainExamples
-from diffrl.seeding import generator
 from diffrl.train.evaluate import EvalResult, eval_grid_path
 from diffrl.train.guard import Guard
 from diffrl.train.monitors import clip_metrics, collapse_warning, diversity_metrics

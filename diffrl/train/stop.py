@@ -5,7 +5,7 @@ first one is only noted (the handler never raises: an exception landing at an ar
 could leave EMA weights swapped in or an adapter switched). The driver asks at safe points: a
 rollout in progress stops before its next micro-group (it is recomputed exactly on resume: every
 draw is keyed by the iteration), an optimizer update or an eval in progress runs to the end of
-its iteration. The driver then saves a checkpoint and raises :class:`~diffrl.errors.Interrupted`.
+its iteration. The driver then saves a checkpoint and raises :class:`~diffrl.core.errors.Interrupted`.
 A second signal stops at once (SIGINT as ``KeyboardInterrupt``, SIGTERM with its default action).
 """
 

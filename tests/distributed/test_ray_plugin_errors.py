@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from diffrl.algorithms.flow_grpo import FlowGRPO
-from diffrl.errors import EXIT_USER_ERROR
+from diffrl.core.errors import EXIT_USER_ERROR
 from diffrl.models.tiny import TinyFamily
 from tests.conftest import ROOT
 

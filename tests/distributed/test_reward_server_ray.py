@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from diffrl.config import RewardConfig
+from diffrl.core.errors import DiffrlError
 from diffrl.distributed.ray.reward_server import start_reward_server
-from diffrl.errors import DiffrlError
 from diffrl.rewards.base import RewardSet
 
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from diffrl.algorithms.registry import build_algorithm
+from diffrl.core.parallel import free_port, full_tensor
 from diffrl.distributed.ray.sharding import shard_steps
-from diffrl.parallel import free_port, full_tensor
 from diffrl.train import stages
 from diffrl.train.runner import LocalRunner
 from tests.integration.test_wan import wan_config, write_tiny_wan

@@ -23,8 +23,8 @@ import torch
 from safetensors.torch import load_file
 
 from diffrl.config.schema import LoraConfig
+from diffrl.core.parallel import state_checksum
 from diffrl.models.flux import FluxFamily
-from diffrl.parallel import state_checksum
 from diffrl.sampling.sglang import merged_state
 from diffrl.sampling.sglang_server import ServeCommand, Server
 from diffrl.train.actor import apply_lora

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from diffrl.config import Config
+from diffrl.core.rollout import Source
 from diffrl.models.base import FamilyMismatchError, ModelFamily
 from diffrl.preflight import load_config
-from diffrl.rollout import Source
 from diffrl.train.loop import TrainResult, train
 from tests.conftest import ROOT, rehash_checkpoint
 

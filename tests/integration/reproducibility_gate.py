@@ -5,7 +5,7 @@ two modules so the two xdist workers share the runs, each module's recipes in on
 The runs and the references are made by one function, ``run_recipes`` of
 ``scripts/reference_metrics.py``, so both compute the same way.
 
-Only on a machine of the references' kind (``diffrl.determinism.kind_of``: the architecture, the
+Only on a machine of the references' kind (``diffrl.core.determinism.kind_of``: the architecture, the
 CPU's vendor, the ISA the libraries are pinned to and torch's version): there every metric and
 every tensor is compared exactly. On another kind the module is skipped before it runs anything,
 naming the kind the references need: another vendor or ISA level computes other bits from the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from diffrl.determinism import machine_kind
+from diffrl.core.determinism import machine_kind
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "reference_metrics.py"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diffrl.errors import EXIT_USER_ERROR
+from diffrl.core.errors import EXIT_USER_ERROR
 from diffrl.train.manifest import CheckpointError, base_problem, seal, verify_checkpoint
 from tests.conftest import ROOT, rehash_checkpoint
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diffrl.errors import EXIT_BUG, EXIT_RUN_STOPPED, EXIT_USER_ERROR
+from diffrl.core.errors import EXIT_BUG, EXIT_RUN_STOPPED, EXIT_USER_ERROR
 from diffrl.train.run_folder import RunFolder
 from tests.conftest import rehash_checkpoint
 
@@ -498,8 +498,9 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 def test_a_bug_is_one_line_naming_itself(monkeypatch, capsys):
-    from diffrl import cli, user_code
+    from diffrl import cli
     from diffrl.cli import recipes
+    from diffrl.core import user_code
 
     # this module's functions serve as reward plugins in other rows: here it is diffrl's own code
     monkeypatch.setattr(user_code, "_MODULES", {})
@@ -523,8 +524,9 @@ def test_an_os_error_of_the_users_environment_is_no_bug(code, monkeypatch, capsy
     import errno
     import os
 
-    from diffrl import cli, user_code
+    from diffrl import cli
     from diffrl.cli import recipes
+    from diffrl.core import user_code
 
     monkeypatch.setattr(user_code, "_MODULES", {})  # this module's rewards in other rows: not here
     number = getattr(errno, code)

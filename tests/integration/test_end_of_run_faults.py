@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
-from diffrl.errors import EXIT_USER_ERROR
+from diffrl.core.errors import EXIT_USER_ERROR
 from diffrl.train.manifest import verify_checkpoint
 from diffrl.train.run_folder import row_kind
 from tests.conftest import ROOT

@@ -281,7 +281,7 @@ def assert_planned_is_the_familys(config, folder, sources=None, masks: tuple[str
     full-length prompts), and gives the same velocity."""
     from pathlib import Path
 
-    from diffrl.rollout import Conditioning
+    from diffrl.core.rollout import Conditioning
 
     family = load_family(config)
     planned = type(family).planned(config, Path(folder))

@@ -117,7 +117,7 @@ def test_sources_of_different_sizes_are_refused_before_loading_and_when_given(tm
     import json
 
     from diffrl.config import ConfigError
-    from diffrl.errors import DiffrlError
+    from diffrl.core.errors import DiffrlError
 
     small, big = write_sources(tmp_path)[0], write_sources(tmp_path / "big", (32, 32))[0]
     mixed = tmp_path / "mixed.jsonl"

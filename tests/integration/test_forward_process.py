@@ -10,10 +10,10 @@ from diffrl.algorithms.awm import AWM
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.algorithms.sft import SFT, flow_matching_loss
 from diffrl.config import ConfigError
+from diffrl.core.rollout import CollectionSpec
 from diffrl.data.prompts import load_prompts
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
-from diffrl.rollout import CollectionSpec
 from diffrl.sampling.collector import OnlineCollector
 from diffrl.train.actor import Actor
 from diffrl.train.loop import train

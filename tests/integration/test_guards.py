@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffrl.algorithms.diffusion_nft import DiffusionNFT
-from diffrl.errors import RunStopped
+from diffrl.core.errors import RunStopped
 from diffrl.preflight import load_config
 from diffrl.train.loop import train
 from tests.conftest import tiny_overrides

@@ -23,12 +23,12 @@ import torch
 
 import diffrl.logging.trackers
 import diffrl.train.loop
-from diffrl import torch_state
 from diffrl.algorithms.returns import checked_loss
 from diffrl.config import RewardConfig
-from diffrl.registry import import_object
+from diffrl.core import torch_state
+from diffrl.core.registry import import_object
+from diffrl.core.user_code import PluginError
 from diffrl.rewards.base import FunctionReward, RewardError, RewardSet
-from diffrl.user_code import PluginError
 from tests.hostile_plugins import LossVector
 from tests.integration.test_bad_inputs import BAD, ROOT, SFT, Case, _check, _setup, run_row
 from tests.integration.test_plugin_exits import TINY
@@ -277,9 +277,9 @@ def test_a_plugins_exit_in_del_is_one_warning_line(monkeypatch, capsys):
 
 LINGERS = """
 import sys, threading
-from diffrl import user_code
+from diffrl.core import user_code
 from diffrl.algorithms.returns import checked_loss
-from diffrl.registry import import_object
+from diffrl.core.registry import import_object
 
 user_code.LINGER_S = 0.2
 import_object("lingering:f")  # a plugin module whose import started a thread that never ends

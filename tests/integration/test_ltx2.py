@@ -475,8 +475,8 @@ def test_plan_runs_and_its_planned_forward_is_the_familys(tmp_path, ltx2_dir, mo
     it measures is the family's: the meta-built transformer given the loaded one's weights, on the
     same ``x_t`` and sigmas, gives what :meth:`LTX2Family.forward` gives on zero conditioning of the
     shapes :meth:`_encode_prompts` produces (both streams, the grid of 5 frames at 32 x 32)."""
+    from diffrl.core.rollout import Conditioning
     from diffrl.models.ltx2 import LTX2Family
-    from diffrl.rollout import Conditioning
     from diffrl.train.plan import plan
 
     # a full fine-tune of the conditional velocity: the fewest modules and rows for torch's trackers

@@ -18,11 +18,11 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from peft import LoraConfig, inject_adapter_in_model
 
 from diffrl.config import ConfigError
+from diffrl.core.parallel import free_port, sequence_mesh
+from diffrl.core.rollout import Conditioning
 from diffrl.models.ltx2 import LTX2_LORA_TARGETS
 from diffrl.models.registry import load_family
 from diffrl.models.sequence_parallel import enable_sequence_parallel
-from diffrl.parallel import free_port, sequence_mesh
-from diffrl.rollout import Conditioning
 from tests.integration.test_ltx2 import SIZE, ltx2_config, write_tiny_ltx2
 from tests.ranks import run_ranks
 

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from diffrl.config import RewardConfig
-from diffrl.parallel import listen_port
+from diffrl.core.parallel import listen_port
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.openai_judge import YES_NO_QUESTION, OpenAIJudge
 from tests.conftest import ROOT
@@ -87,7 +87,7 @@ def serving(
     command: Callable[[int], list[str]], path: str, model: str, log: Path
 ) -> tuple[subprocess.Popen, str]:
     """A server ``command(port)`` answering ``path`` on loopback and listing ``model``, and its base
-    URL. The port is drawn below the ephemeral range (:func:`~diffrl.parallel.listen_port`), and
+    URL. The port is drawn below the ephemeral range (:func:`~diffrl.core.parallel.listen_port`), and
     drawn again (3 tries) when another program took it between drawing and binding."""
     for attempt in range(3):
         base_url = f"http://127.0.0.1:{listen_port('127.0.0.1')}"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from diffrl.errors import EXIT_BUG, EXIT_RUN_STOPPED, EXIT_USER_ERROR
-from diffrl.interrupts import CtrlC, noting_ctrl_c
-from diffrl.registry import import_object
+from diffrl.core.errors import EXIT_BUG, EXIT_RUN_STOPPED, EXIT_USER_ERROR
+from diffrl.core.interrupts import CtrlC, noting_ctrl_c
+from diffrl.core.registry import import_object
 from diffrl.train.stop import StopSignals
 from tests.conftest import sigint_as_in_a_terminal
 
@@ -241,7 +241,7 @@ def test_a_second_ctrl_c_in_training_is_real():
 # ---- a Ctrl-C while diffrl starts (imports) -----------------------------------------------------
 
 MOMENTS = [  # (how diffrl is started, the module whose import sends the signal, what runs then)
-    pytest.param("-m diffrl.cli", "diffrl.errors", id="-m: importing the command line"),
+    pytest.param("-m diffrl.cli", "diffrl.core.errors", id="-m: importing the command line"),
     pytest.param("-m diffrl.cli", "diffrl.cli", id="-m: runpy finding __main__, then main"),
     pytest.param("-m diffrl.cli", "torch._C", id="-m: importing torch"),
     pytest.param("console script", "diffrl.cli.parser", id="script: importing the command line"),

@@ -2,7 +2,7 @@
 references' bits (``tests/data/reproducibility/``, made by ``python scripts/reference_metrics.py``):
 every metric but the wall-clock ones and every tensor of the final checkpoint, exactly.
 
-On a machine of another kind (``diffrl.determinism.kind_of``: another CPU vendor, ISA level or
+On a machine of another kind (``diffrl.core.determinism.kind_of``: another CPU vendor, ISA level or
 torch version) both modules are skipped before they run anything, naming the kind the references
 need (why: ``reproducibility_gate.py``).
 

@@ -16,8 +16,8 @@ from diffusers import WanTransformer3DModel
 from peft import LoraConfig, inject_adapter_in_model
 from torch.distributed.fsdp import fully_shard
 
+from diffrl.core.parallel import free_port, sequence_mesh
 from diffrl.models.sequence_parallel import enable_sequence_parallel
-from diffrl.parallel import free_port, sequence_mesh
 from tests.ranks import run_ranks
 
 
@@ -174,8 +174,8 @@ def family_forward_backward(config, mesh=None) -> tuple[torch.Tensor, dict[str, 
     the velocity and the LoRA gradients (the last Qwen-Image block's text output gets none and its
     text query zeros: they feed nothing the image sees)."""
     from diffrl.config import LoraConfig
+    from diffrl.core.rollout import Source
     from diffrl.models.registry import load_family
-    from diffrl.rollout import Source
     from diffrl.train.actor import apply_lora
 
     family = load_family(config)

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from diffrl.cli import main
+from diffrl.core.rollout import Conditioning
 from diffrl.models.registry import load_family
 from diffrl.models.tiny import build_tokenizer
-from diffrl.rollout import Conditioning
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from tests.integration.family_checks import (
     OTHER_ALGORITHMS,
@@ -301,7 +301,7 @@ def test_fsdp_ranks_holding_rows_of_different_experts_match_one_process(tmp_path
     equal one process's on the whole batch (to 1e-6; measured <= 2e-8 of a 0.07 scale). Without
     the ranks agreeing on the experts, rank 0 all-gathers one expert's blocks while rank 1 gathers
     the other's: same shapes, so gloo pairs them silently and the gradients are wrong."""
-    from diffrl.parallel import free_port
+    from diffrl.core.parallel import free_port
 
     family = _fsdp_family(wan22_dir, tmp_path)
     x, sigma, cond = _fsdp_batch(family)
@@ -338,7 +338,7 @@ def _fsdp_batch(family):
 
 
 def _lora_grads(family) -> dict[str, torch.Tensor]:
-    from diffrl.parallel import full_tensor
+    from diffrl.core.parallel import full_tensor
 
     return {n: full_tensor(p.grad).clone() for n, p in family.transformer.named_parameters() if "lora_" in n}
 
@@ -346,7 +346,7 @@ def _lora_grads(family) -> dict[str, torch.Tensor]:
 def _fsdp_rank(rank, splits, wan_dir, tmp_path, port):
     """Rank ``rank`` of 2: for each split, a freshly sharded model's LoRA gradients on the rows
     ``split[rank]`` (rank 0 saves them as ``grads_<i>.pt``)."""
-    from diffrl.parallel import init_distributed, shard_module
+    from diffrl.core.parallel import init_distributed, shard_module
 
     init_distributed(rank, 2, "127.0.0.1", port, "gloo", torch.device("cpu"))
     for i, split in enumerate(splits):

@@ -3,10 +3,10 @@
 A plugin (a user's model family, algorithm, engine, reward, ... named by dotted path) runs inside
 the engines, trainer ranks and reward workers. Whatever it raises or does there, ``sys.exit()``
 and ``KeyboardInterrupt`` included, is named in the actor, where its traceback is (the driver only
-gets Ray's copy of it): :func:`names_user_errors` turns it into a :class:`~diffrl.user_code.PluginError`
+gets Ray's copy of it): :func:`names_user_errors` turns it into a :class:`~diffrl.core.user_code.PluginError`
 before Ray sees it (a ``SystemExit`` that reached Ray would end the actor, and the driver would
 replace the engine again and again). The driver's :func:`get` raises a
-:class:`~diffrl.errors.DiffrlError` made in an actor as itself, not wrapped in Ray's
+:class:`~diffrl.core.errors.DiffrlError` made in an actor as itself, not wrapped in Ray's
 ``RayTaskError`` (whose text is the actor's traceback): the command line prints its one line and
 exits 2. (A Ctrl-C never raises ``KeyboardInterrupt`` in an actor: Ray's processes block SIGINT,
 and diffrl cancels no Ray task; so there one is always raised by code.)
@@ -22,9 +22,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from diffrl.core.errors import Abandoned, DiffrlError
+from diffrl.core.user_code import as_plugin_error
 from diffrl.distributed.ray.cluster import import_ray
-from diffrl.errors import Abandoned, DiffrlError
-from diffrl.user_code import as_plugin_error
 
 T = TypeVar("T", bound=type)
 
@@ -34,10 +34,10 @@ _FAILED = "_diffrl_failed_at_start"
 
 def names_user_errors(context: str) -> Callable[[T], T]:
     """Class decorator for an actor class: in ``__init__`` and every public method, a plugin's
-    error (``BaseException`` included; :class:`~diffrl.errors.Abandoned` excepted) is raised as the
-    :class:`~diffrl.user_code.PluginError` naming it, with ``context`` (``in a Ray rollout engine``)
+    error (``BaseException`` included; :class:`~diffrl.core.errors.Abandoned` excepted) is raised as the
+    :class:`~diffrl.core.user_code.PluginError` naming it, with ``context`` (``in a Ray rollout engine``)
     saying where it ran. A user error in ``__init__`` (a plugin's, or a
-    :class:`~diffrl.errors.DiffrlError`) is kept and raised by each method call instead: Ray would
+    :class:`~diffrl.core.errors.DiffrlError`) is kept and raised by each method call instead: Ray would
     end the actor and report only its text, so the driver could not tell a user's error from an
     actor that died."""
 
@@ -76,7 +76,7 @@ def _guarded(method: Callable, context: str, at_start: bool) -> Callable:
 
 
 def user_error(error: BaseException) -> DiffrlError | None:
-    """The :class:`~diffrl.errors.DiffrlError` an actor raised, when ``error`` is Ray's
+    """The :class:`~diffrl.core.errors.DiffrlError` an actor raised, when ``error`` is Ray's
     ``RayTaskError`` wrapping one; else None."""
     cause = getattr(error, "cause", None)
     if isinstance(error, import_ray().exceptions.RayTaskError) and isinstance(cause, DiffrlError):

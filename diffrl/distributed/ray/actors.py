@@ -10,18 +10,18 @@ import os
 
 import torch
 
-from diffrl import determinism
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config
+from diffrl.core import determinism
+from diffrl.core.parallel import free_port, init_distributed
+from diffrl.core.rollout import RolloutBatch
 from diffrl.distributed.ray.actor_errors import names_user_errors
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.distributed.ray.sharding import RankPart
 from diffrl.distributed.ray.weight_sync import checksum, live_state, load_state, module_state, sampling_state
 from diffrl.models.numerics import peak_flops
 from diffrl.models.registry import load_family, resolve_device
-from diffrl.parallel import free_port, init_distributed
 from diffrl.rewards.base import RewardSet
-from diffrl.rollout import RolloutBatch
 from diffrl.sampling.collector import RolloutPlan
 from diffrl.sampling.engine import build_collector
 from diffrl.sampling.prompt_cache import encode_once

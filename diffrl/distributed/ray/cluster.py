@@ -10,10 +10,10 @@ import os
 import re
 import socket
 
-from diffrl import pins
 from diffrl.config import Config
 from diffrl.config import number_problem as _number
-from diffrl.errors import DiffrlError
+from diffrl.core import pins
+from diffrl.core.errors import DiffrlError
 
 
 def ray_checks(config: Config, check_files: bool) -> list[str]:

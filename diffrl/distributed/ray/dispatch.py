@@ -18,11 +18,11 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 
 from diffrl.config import RewardConfig
+from diffrl.core.errors import Abandoned, RunStopped
+from diffrl.core.rollout import RolloutBatch
 from diffrl.distributed.ray.actor_errors import get
 from diffrl.distributed.ray.cluster import import_ray
-from diffrl.errors import Abandoned, RunStopped
 from diffrl.rewards.base import RewardOutput, reward_labels
-from diffrl.rollout import RolloutBatch
 from diffrl.sampling.collector import RolloutPlan
 
 MAX_REISSUES = 3

@@ -28,9 +28,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from diffrl.core.errors import DiffrlError
 from diffrl.distributed.ray.actor_errors import names_user_errors
 from diffrl.distributed.ray.cluster import import_ray
-from diffrl.errors import DiffrlError
 from diffrl.rewards.server import RewardServer, bind_problem, build_served_reward
 from diffrl.rewards.server_limits import ServerLimits
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from diffrl import determinism
 from diffrl.config import RewardConfig
+from diffrl.core import determinism
+from diffrl.core.rollout import Audio
 from diffrl.distributed.ray.actor_errors import names_user_errors
 from diffrl.rewards.base import RewardOutput, RewardSet
-from diffrl.rollout import Audio
 
 
 @names_user_errors("in a Ray reward worker")

@@ -39,6 +39,7 @@ from safetensors.torch import load_file
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config
+from diffrl.core.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.data.prompts import load_prompts
 from diffrl.distributed.ray.actor_errors import get
 from diffrl.distributed.ray.actors import RolloutEngine, TrainerRank
@@ -48,7 +49,6 @@ from diffrl.distributed.ray.reward_worker import RewardWorker
 from diffrl.distributed.ray.sharding import shard_steps
 from diffrl.distributed.ray.weight_sync import EngineWeights
 from diffrl.rewards.base import reward_labels
-from diffrl.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.sampling.collector import RolloutPlanner
 from diffrl.sampling.engine import engine_devices
 from diffrl.train.checkpoint import ROLLOUT_VERSION, ROLLOUT_WEIGHTS, read_checkpoint_info

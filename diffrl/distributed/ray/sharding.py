@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from diffrl.rollout import TrainExamples
+from diffrl.core.rollout import TrainExamples
 
 RankPart = tuple[TrainExamples, int, int]
 """One optimizer step on one rank: its share of the examples, the step's global example count

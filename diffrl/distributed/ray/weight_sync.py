@@ -17,10 +17,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from diffrl.core.parallel import full_tensor, state_checksum
 from diffrl.distributed.ray.actor_errors import get
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.distributed.ray.dispatch import ActorPool
-from diffrl.parallel import full_tensor, state_checksum
 from diffrl.train.actor import OLD_ADAPTER
 
 LIVE_ADAPTER = "default"

@@ -13,7 +13,7 @@ from diffrl.algorithms.advantages import (
     pixel_features,
 )
 from diffrl.config import RewardConfig
-from diffrl.rollout import Conditioning, RewardScores, RolloutBatch
+from diffrl.core.rollout import Conditioning, RewardScores, RolloutBatch
 
 
 @pytest.mark.parametrize("global_std", [True, False])

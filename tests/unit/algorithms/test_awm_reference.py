@@ -11,8 +11,8 @@ import torch
 from diffrl.algorithms.awm import AWM, AWMExamples, ema_kl_decay, scaled_advantages
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import ConfigError
+from diffrl.core.rollout import Conditioning
 from diffrl.preflight import load_config
-from diffrl.rollout import Conditioning
 
 LATENT = (2, 3, 4)
 

@@ -10,9 +10,9 @@ from PIL import Image
 
 from diffrl.algorithms.dpo import DPO, DPOExamples, diffusion_dpo_loss, select_pairs
 from diffrl.config import ConfigError
+from diffrl.core.rollout import Conditioning, RolloutBatch, TrainSignals
 from diffrl.data.offline import DatasetError, PreferencePairDataset, scan_pair_folder
 from diffrl.preflight import load_config
-from diffrl.rollout import Conditioning, RolloutBatch, TrainSignals
 from diffrl.sampling.collector import OfflineCollector
 
 LATENT = (2, 3, 4)

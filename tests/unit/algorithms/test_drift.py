@@ -9,12 +9,12 @@ import torch
 
 from diffrl.algorithms.flow_grpo import FlowGRPO
 from diffrl.algorithms.registry import build_algorithm
+from diffrl.core.user_code import PluginError
 from diffrl.data.prompts import load_prompts
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
 from diffrl.sampling.collector import OnlineCollector
 from diffrl.train.actor import Actor
-from diffrl.user_code import PluginError
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
 RECIPES = {"flow_grpo": "tiny_grpo_ocr_small", "awm": "tiny_awm_ocr", "diffusion_nft": "tiny_nft_ocr"}

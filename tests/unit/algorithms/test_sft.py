@@ -1,8 +1,8 @@
 import torch
 
 from diffrl.algorithms.sft import SFT, SFTExamples, flow_matching_loss
+from diffrl.core.rollout import Conditioning
 from diffrl.preflight import load_config
-from diffrl.rollout import Conditioning
 
 
 class FakeFamily:
@@ -62,7 +62,7 @@ def test_micro_batch_split_gives_the_same_gradient():
 
 
 def test_train_data_draws_depend_on_identity_not_batch_layout():
-    from diffrl.rollout import RolloutBatch
+    from diffrl.core.rollout import RolloutBatch
 
     algo = SFT(SFT.Params(cond_dropout=0.5), load_config({}))
     n = 6

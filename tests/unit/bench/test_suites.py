@@ -12,7 +12,7 @@ import pytest
 
 from diffrl.bench.scorers import SCORERS
 from diffrl.bench.suites import SUITES, SuiteError, load_suite, ocr_target, suite_name
-from diffrl.user_files import UserFileError
+from diffrl.core.user_files import UserFileError
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -25,12 +25,12 @@ from diffrl import cli
 from diffrl.algorithms.registry import ALGORITHMS
 from diffrl.config import Config, ConfigError, Range, TrainConfig, bind_config
 from diffrl.config.binding import YamlProblem, load_yaml, signature_problems, with_lines
-from diffrl.errors import EXIT_USER_ERROR, quoted
+from diffrl.core.errors import EXIT_USER_ERROR, quoted
+from diffrl.core.registry import Registry
 from diffrl.logging.trackers import PACKAGES, TRACKERS
 from diffrl.models.registry import FAMILIES
 from diffrl.preflight import load_config
 from diffrl.preflight.schema import largest_divisor, read_config, schema_problems
-from diffrl.registry import Registry
 from diffrl.rewards.registry import REWARDS
 from diffrl.sampling.engine import ENGINES
 from diffrl.sampling.kernels import KERNELS

@@ -1,7 +1,7 @@
 """Damaged data a user may point a run at (issue 36, class 9): image folders, pair folders,
 editing prompt sets, Hugging Face ``datasets`` folders, recipes and prompt files.
 
-Every case is refused before any model loads, with a :class:`~diffrl.errors.DiffrlError` that
+Every case is refused before any model loads, with a :class:`~diffrl.core.errors.DiffrlError` that
 names the file and the fix, and nothing waits: a FIFO where a file is expected is refused before
 it is opened (reading it would wait for a writer for ever). A file cut short after its image
 header is the one thing found only when it is decoded (by the run, still a clear error)."""
@@ -19,10 +19,10 @@ import pytest
 from PIL import Image
 
 from diffrl.config.binding import read_recipe
+from diffrl.core.errors import DiffrlError
+from diffrl.core.user_files import UserFileError, file_problem, read_text
 from diffrl.data.offline import ImageFolderDataset, PreferencePairDataset, load_image
 from diffrl.data.prompts import load_prompts
-from diffrl.errors import DiffrlError
-from diffrl.user_files import UserFileError, file_problem, read_text
 
 
 @contextmanager

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from diffrl.core.errors import Abandoned, DiffrlError
+from diffrl.core.registry import import_object
+from diffrl.core.user_code import PluginError
 from diffrl.distributed.ray.actor_errors import get, names_user_errors, user_error
-from diffrl.errors import Abandoned, DiffrlError
-from diffrl.registry import import_object
-from diffrl.user_code import PluginError
 
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
 
@@ -33,7 +33,7 @@ def raises():
 
 
 def abandons():
-    from diffrl.errors import Abandoned
+    from diffrl.core.errors import Abandoned
 
     raise Abandoned
 """

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from diffrl.core.rollout import TrainExamples
 from diffrl.distributed.ray.sharding import micro_batch_count, shard_steps, split_by_samples
-from diffrl.rollout import TrainExamples
 
 
 @dataclass

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from diffrl.core.rollout import Conditioning
 from diffrl.models import numerics
 from diffrl.models.numerics import Float32Attention, ForwardMeter, Numerics, peak_flops, resolve_numerics
-from diffrl.rollout import Conditioning
 
 CPU = torch.device("cpu")
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from diffrl.config import RewardConfig
-from diffrl.errors import Abandoned
+from diffrl.core.errors import Abandoned
 from diffrl.rewards.base import Pending, Reward, RewardSet
 from diffrl.rewards.workers import ProcessPool
 

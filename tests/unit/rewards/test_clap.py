@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import ClapFeatureExtractor
 
+from diffrl.core.rollout import Audio, resample
 from diffrl.rewards.clap import ClapScore
-from diffrl.rollout import Audio, resample
 from tests.unit.rewards.tiny_clap import MAX_SECONDS, write_clap
 from tests.unit.rewards.tiny_clip import preflight_problems
 

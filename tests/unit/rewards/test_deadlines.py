@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from diffrl.config import RewardConfig
-from diffrl.registry import RegistryError
+from diffrl.core.registry import RegistryError
 from diffrl.rewards.base import Pending, Reward, RewardSet
 from diffrl.rewards.workers import CallThread
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides

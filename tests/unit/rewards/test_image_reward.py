@@ -23,7 +23,7 @@ from PIL import Image
 from safetensors.torch import save_file
 from transformers import BertTokenizer
 
-from diffrl.errors import EXIT_USER_ERROR
+from diffrl.core.errors import EXIT_USER_ERROR
 from diffrl.rewards.base import RewardError
 from diffrl.rewards.image_reward import (
     HEAD_FILE,

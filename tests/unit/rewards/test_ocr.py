@@ -56,8 +56,8 @@ def test_rollouts_keep_uint8_images_and_rewards_score_them_as_the_floats():
     """Rollouts quantize decoded images to uint8 (a quarter of the bytes); the reward set hands
     every reward float32 in [0, 1] again, and OCR (which reads uint8 itself) scores them the same."""
     from diffrl.config import RewardConfig
+    from diffrl.core.rollout import quantize
     from diffrl.rewards.base import RewardSet
-    from diffrl.rollout import quantize
 
     style = TextStyle("DejaVuSans-Bold.ttf", 16, 4, 6, (10, 10, 10), (240, 240, 240))
     gen = torch.Generator().manual_seed(0)

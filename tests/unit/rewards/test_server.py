@@ -26,11 +26,11 @@ import torch
 from diffrl.cli import main
 from diffrl.cli.inputs import reward_params
 from diffrl.config import RewardConfig
-from diffrl.errors import DiffrlError
+from diffrl.core.errors import DiffrlError
+from diffrl.core.rollout import Audio
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.remote import RemoteReward, encode_request, server_problems
 from diffrl.rewards.server import RewardServer, ServerError, build_served_reward
-from diffrl.rollout import Audio
 from tests.rewards import pixel_sum
 
 HERE = "tests.unit.rewards.test_server"

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from diffrl.config import ConfigError, RewardConfig
+from diffrl.core.rollout import Audio, Media
 from diffrl.distributed.ray.reward_worker import RewardWorker
 from diffrl.preflight import load_config
 from diffrl.rewards.base import Reward, RewardSet
-from diffrl.rollout import Audio, Media
 from tests.conftest import ROOT
 
 HERE = "tests.unit.rewards.test_sound"

@@ -5,7 +5,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from diffrl.registry import RegistryError
+from diffrl.core.registry import RegistryError
 from diffrl.sampling.kernels import Kernel, cps_step, ode_step, resolve_kernel, sde_step
 
 CASES = ["sde_image", "sde_video", "cps_image", "sde_last_step"]

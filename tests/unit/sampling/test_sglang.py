@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from diffrl.algorithms.registry import build_algorithm
+from diffrl.core.parallel import LISTEN_PORTS_FROM, ephemeral_ports
 from diffrl.data.prompts import load_prompts
 from diffrl.models.registry import load_family
-from diffrl.parallel import LISTEN_PORTS_FROM, ephemeral_ports
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sglang import SglangEngine, default_model_id
 from diffrl.sampling.sglang_server import (

@@ -8,7 +8,7 @@ import av
 import pytest
 import torch
 
-from diffrl.rollout import Audio
+from diffrl.core.rollout import Audio
 from diffrl.train.media import write_mp4
 
 

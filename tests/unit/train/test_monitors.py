@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffrl.config.schema import MonitorConfig, TrainConfig
-from diffrl.rollout import Conditioning, RolloutBatch, RolloutStats
+from diffrl.core.rollout import Conditioning, RolloutBatch, RolloutStats
 from diffrl.train.monitors import POOL, collapse_warning, diversity_metrics, pooled
 from diffrl.train.stages import LoopState, rollout_metrics
 

@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch
 
-from diffrl.errors import Abandoned
-from diffrl.rollout import Conditioning, RolloutBatch, RolloutStats
+from diffrl.core.errors import Abandoned
+from diffrl.core.rollout import Conditioning, RolloutBatch, RolloutStats
 from diffrl.train.pipeline import RolloutAhead
 from diffrl.train.stages import rollout_metrics
 

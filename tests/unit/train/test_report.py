@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from diffrl.cli import main
-from diffrl.errors import EXIT_USER_ERROR
+from diffrl.core.errors import EXIT_USER_ERROR
 from diffrl.train.evaluate import EvalResult, eval_grid_path, eval_table, save_grid
 from diffrl.train.report import (
     STYLE,

@@ -1,6 +1,6 @@
-"""The :class:`~diffrl.batching.Batch` mixin: a dataclass of per-sample fields (tensors with the
+"""The :class:`~diffrl.core.batching.Batch` mixin: a dataclass of per-sample fields (tensors with the
 batch on dim 0, lists, objects with their own ``select``/``cat`` such as
-:class:`~diffrl.rollout.Conditioning`, or ``None``) sliced, concatenated, split and moved by sample."""
+:class:`~diffrl.core.rollout.Conditioning`, or ``None``) sliced, concatenated, split and moved by sample."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from diffrl.batching import Batch
-from diffrl.rollout import Conditioning
+from diffrl.core.batching import Batch
+from diffrl.core.rollout import Conditioning
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The types that pass between the loop's stages (:mod:`diffrl.rollout`): what a collection spec
+"""The types that pass between the loop's stages (:mod:`diffrl.core.rollout`): what a collection spec
 says a collector fills, the per-sample containers, and the uint8 images rollouts keep."""
 
 import dataclasses
@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from diffrl.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainSignals, quantize
+from diffrl.core.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainSignals, quantize
 
 TRAJECTORY = {"traj_x", "traj_next", "traj_step", "traj_sigma", "traj_sigma_next"}
 OPTIONAL = {f.name for f in dataclasses.fields(RolloutBatch) if f.default is None}

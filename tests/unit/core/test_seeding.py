@@ -1,5 +1,5 @@
 """Every random draw derives from the run seed and the identity of what it is for
-(:mod:`diffrl.seeding`): the same key gives the same draw in any process, another key another
+(:mod:`diffrl.core.seeding`): the same key gives the same draw in any process, another key another
 draw, and a sample's draw does not depend on the batch it is drawn in."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from diffrl.seeding import EpochStream, derive_seed, generator, randn, randn_batch
+from diffrl.core.seeding import EpochStream, derive_seed, generator, randn, randn_batch
 
 KEY = (0, "rollout", 3, 7, 1)
 
@@ -24,7 +24,7 @@ def test_derive_seed_is_a_63_bit_function_of_the_key():
 
 def test_derive_seed_is_the_same_in_another_process():
     """Stable across processes: not Python's salted ``hash``."""
-    code = f"from diffrl.seeding import derive_seed; print(derive_seed(*{KEY!r}))"
+    code = f"from diffrl.core.seeding import derive_seed; print(derive_seed(*{KEY!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(out.stdout) == derive_seed(*KEY)
 

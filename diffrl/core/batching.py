@@ -1,7 +1,7 @@
 """A small mixin that lets boundary dataclasses be sliced and concatenated by sample.
 
 Every field is either a tensor with the batch on dim 0, a list with one item per sample, an object
-with its own ``select``/``cat`` (e.g. :class:`~diffrl.rollout.Conditioning`), or ``None``.
+with its own ``select``/``cat`` (e.g. :class:`~diffrl.core.rollout.Conditioning`), or ``None``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from diffrl.batching import Batch
+from diffrl.core.batching import Batch
 
 
 @dataclass

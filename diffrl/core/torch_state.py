@@ -5,7 +5,7 @@
 ``torch.set_grad_enabled(False)``) would change every tensor diffrl makes afterwards, and so the
 training numbers, without a word. Where diffrl calls a plugin it compares these settings before
 and after (:func:`guarding`): a change is put back and is that plugin's error
-(:class:`~diffrl.user_code.GlobalStateChanged`), naming the setting. The driver also compares
+(:class:`~diffrl.core.user_code.GlobalStateChanged`), naming the setting. The driver also compares
 them once per iteration (code that runs in no guarded call, e.g. a model family's forward).
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from diffrl.user_code import GlobalStateChanged
+from diffrl.core.user_code import GlobalStateChanged
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import importlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from diffrl.errors import DiffrlError
-from diffrl.interrupts import is_real_interrupt
-from diffrl.user_code import describe, note_plugin
+from diffrl.core.errors import DiffrlError
+from diffrl.core.interrupts import is_real_interrupt
+from diffrl.core.user_code import describe, note_plugin
 
 
 class RegistryError(DiffrlError, ValueError):
@@ -42,7 +42,7 @@ def import_object(path: str) -> Any:
     """Import ``pkg.mod:attr`` or ``pkg.mod.attr``; raise ``RegistryError`` naming what failed,
     whatever the module's import raised or did (``sys.exit()`` at its top, as a script's argparse
     does, included; a real Ctrl-C goes through). A module outside diffrl is recorded as a plugin
-    (:mod:`diffrl.user_code`): its later errors are named by ``path``."""
+    (:mod:`diffrl.core.user_code`): its later errors are named by ``path``."""
     if path in _REFUSED:
         raise RegistryError(_REFUSED[path])
     if ":" in path:

@@ -7,10 +7,10 @@ from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.algorithms.registry import ALGORITHMS, build_algorithm
 from diffrl.algorithms.sft import SFT
 from diffrl.config import ConfigError, RewardConfig
+from diffrl.core.registry import RegistryError, import_object
+from diffrl.core.rollout import CollectionSpec
 from diffrl.preflight import load_config
-from diffrl.registry import RegistryError, import_object
 from diffrl.rewards.base import FunctionReward, build_reward
-from diffrl.rollout import CollectionSpec
 
 
 class EchoAlgorithm(SFT):
@@ -32,19 +32,19 @@ def test_builtin_by_name():
 
 
 def test_dotted_path_with_colon_and_dot():
-    assert import_object("tests.unit.test_registry:EchoAlgorithm") is EchoAlgorithm
-    assert import_object("tests.unit.test_registry.EchoAlgorithm") is EchoAlgorithm
+    assert import_object("tests.unit.core.test_registry:EchoAlgorithm") is EchoAlgorithm
+    assert import_object("tests.unit.core.test_registry.EchoAlgorithm") is EchoAlgorithm
 
 
 def test_user_algorithm_by_dotted_path_gets_its_own_params():
     cfg = load_config(
-        {"algorithm": {"name": "tests.unit.test_registry:EchoAlgorithm", "params": {"scale": 3.0}}}
+        {"algorithm": {"name": "tests.unit.core.test_registry:EchoAlgorithm", "params": {"scale": 3.0}}}
     )
     algo = build_algorithm(cfg)
     assert isinstance(algo, EchoAlgorithm) and algo.params.scale == 3.0
     with pytest.raises(ConfigError, match="algorithm.params.scael"):
         load_config(
-            {"algorithm": {"name": "tests.unit.test_registry:EchoAlgorithm", "params": {"scael": 3.0}}}
+            {"algorithm": {"name": "tests.unit.core.test_registry:EchoAlgorithm", "params": {"scael": 3.0}}}
         )
 
 
@@ -60,17 +60,17 @@ def test_bad_dotted_paths():
     with pytest.raises(RegistryError, match="cannot import module"):
         import_object("not_a_module_xyz:thing")
     with pytest.raises(RegistryError, match="has no attribute"):
-        import_object("tests.unit.test_registry:Nope")
+        import_object("tests.unit.core.test_registry:Nope")
 
 
 def test_not_an_algorithm_is_refused():
     with pytest.raises(ConfigError, match="not a DiffusionAlgorithm"):
-        load_config({"algorithm": {"name": "tests.unit.test_registry:constant_reward"}})
+        load_config({"algorithm": {"name": "tests.unit.core.test_registry:constant_reward"}})
 
 
 def test_function_reward_by_dotted_path_with_params():
     reward = build_reward(
-        RewardConfig(name="tests.unit.test_registry:constant_reward", params={"value": 0.5})
+        RewardConfig(name="tests.unit.core.test_registry:constant_reward", params={"value": 0.5})
     )
     assert isinstance(reward, FunctionReward)
     assert reward(torch.zeros(3, 3, 8, 8), ["a", "b", "c"], [{}] * 3).tolist() == [0.5] * 3
@@ -90,7 +90,7 @@ def broken_reward(images, prompts, metadata):
 def test_reward_set_reports_failures():
     from diffrl.rewards.base import RewardError, RewardSet
 
-    rs = RewardSet([RewardConfig(name="tests.unit.test_registry:broken_reward")])
+    rs = RewardSet([RewardConfig(name="tests.unit.core.test_registry:broken_reward")])
     out = rs.submit(torch.zeros(2, 3, 4, 4), ["a", "b"], [{}, {}]).result()
     assert torch.isnan(out.total).all() and "scorer offline" in out.errors[0]
     with pytest.raises(RewardError, match="broken_reward.*scorer offline"):

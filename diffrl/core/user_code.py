@@ -1,7 +1,7 @@
 """Whose error is it: diffrl's, or a plugin's (the user's code named by a dotted path)?
 
 Plugins are the user's rewards, algorithms, model families, engines, trackers and kernels,
-imported by :func:`diffrl.registry.import_object` (which records them here). Whatever a plugin
+imported by :func:`diffrl.core.registry.import_object` (which records them here). Whatever a plugin
 raises or does is the plugin's error, named by its dotted path: an ``Exception``, and also a
 ``sys.exit()`` (an argparse tool wrapped as a reward), a ``KeyboardInterrupt`` that no Ctrl-C
 sent, a ``GeneratorExit`` or any other ``BaseException``. Where diffrl calls a plugin it can name
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from diffrl.errors import DiffrlError
+from diffrl.core.errors import DiffrlError
 
 
 class PluginError(DiffrlError):
@@ -30,7 +30,7 @@ class PluginError(DiffrlError):
 
 
 class GlobalStateChanged(PluginError):
-    """A plugin changed torch's process-wide settings (:mod:`diffrl.torch_state`): the run's
+    """A plugin changed torch's process-wide settings (:mod:`diffrl.core.torch_state`): the run's
     numbers are no longer what its config says, so the run stops (a reward's, too)."""
 
 

@@ -1,4 +1,4 @@
-"""The library environment variables deterministic mode pins (:mod:`diffrl.determinism`), without
+"""The library environment variables deterministic mode pins (:mod:`diffrl.core.determinism`), without
 torch: the ``diffrl`` command sets them before torch loads (MKL and oneDNN read them once, when they
 first run in a process) and every child process inherits them; the tests' processes set them too.
 """

@@ -20,7 +20,7 @@ from typing import Any
 
 from safetensors import safe_open
 
-from diffrl.errors import DiffrlError
+from diffrl.core.errors import DiffrlError
 
 MAX_TEXT_BYTES = 256 * 1024**2
 """The largest text file read whole (a prompt set of millions of lines is well below it)."""

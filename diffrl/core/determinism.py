@@ -10,7 +10,7 @@ What moves a CPU run's bits, measured on the tiny recipes (``docs/reproducibilit
   hand). MKL's conditional numerical reproducibility (``MKL_CBWR``) fixes its code path: to an ISA
   branch on Intel CPUs, ``AUTO`` elsewhere (MKL offers its branches on Intel CPUs only);
   ``ONEDNN_MAX_CPU_ISA`` caps oneDNN at a level CPUs of one kind share. Both are read once, when the
-  library first runs in a process: :func:`diffrl.pins.pin_environment` sets them at each process's
+  library first runs in a process: :func:`diffrl.core.pins.pin_environment` sets them at each process's
   start (the ``diffrl`` command, before torch loads; children inherit them). Machines of one
   :func:`kind_of` (vendor, pinned ISA, torch) are meant to agree; only one kind was at hand to test.
 - **Threads**: a fixed count per process (``torch.set_num_threads``, which also turns MKL's dynamic
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from diffrl.pins import PINNED_KEYS, cpu_model, cpu_vendor, pin_environment, unpin_environment
+from diffrl.core.pins import PINNED_KEYS, cpu_model, cpu_vendor, pin_environment, unpin_environment
 
 ISA_KEYS = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 
@@ -96,7 +96,7 @@ def _threads(n: int) -> str:
 
 
 def apply(deterministic: bool, threads: int | None, device: str = "cpu") -> Determinism:
-    """Put this process in (or out of) deterministic mode: the environment (:func:`diffrl.pins.pin_environment`,
+    """Put this process in (or out of) deterministic mode: the environment (:func:`diffrl.core.pins.pin_environment`,
     effective for what has not run yet and for children), a fixed thread count (``threads``, or the
     count torch has now), and torch's deterministic algorithms and cuDNN flags on a GPU."""
     if deterministic:

@@ -1,4 +1,4 @@
-"""diffrl/pins.py: the ISA pins chosen for a CPU's flags, the environment pinned and taken
+"""diffrl/core/pins.py: the ISA pins chosen for a CPU's flags, the environment pinned and taken
 back (a user's own settings kept), the thread count fixed, and what a process reports."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import platform
 import pytest
 import torch
 
-from diffrl import determinism, pins
-from diffrl.determinism import Determinism, apply
-from diffrl.pins import CUBLAS_WORKSPACE, PINNED_KEYS, isa_pins, wanted_environment
+from diffrl.core import determinism, pins
+from diffrl.core.determinism import Determinism, apply
+from diffrl.core.pins import CUBLAS_WORKSPACE, PINNED_KEYS, isa_pins, wanted_environment
 
 AVX2 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx f16c fma bmi1 bmi2 avx2".split())
 AVX512_CORE = AVX2 | {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
