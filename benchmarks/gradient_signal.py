@@ -28,8 +28,8 @@ import torch
 
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.preflight import load_config
+from diffrl.train.gather import collect_rollout
 from diffrl.train.runner import LocalRunner
-from diffrl.train.stages import collect_rollout
 
 
 def rollout_gradients(recipe: str, rollouts: int, overrides: list[str]) -> tuple[list[torch.Tensor], float]:

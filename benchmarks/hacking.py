@@ -34,8 +34,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -33,8 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 
 TRAIN_KEYS = ("perf/before_update_time", "perf/train_forward_backward_time", "perf/optimizer_time")
 """The rank's busy seconds of an iteration (its optimizer steps; summed over them)."""
@@ -52,8 +52,8 @@ def run(recipe: str, out: Path, name: str, iterations: int, k: int, extra: list[
         "train.save_every": 0,
         "train.time_budget_minutes": "null",
         "eval.enabled": "false",
-        "ray.num_engines": 1,
-        "ray.num_trainer_ranks": 1,
+        "parallel.engines": 1,
+        "parallel.trainer_ranks": 1,
         "ray.num_reward_workers": 1,
         "ray.threads_per_actor": 1,
     }

@@ -265,8 +265,8 @@ def start_server(port: int, token_file: Path) -> subprocess.Popen:
 def overlap(repeats: int) -> None:
     from diffrl.algorithms.registry import build_algorithm
     from diffrl.preflight import load_config
+    from diffrl.train.gather import collect_rollout
     from diffrl.train.runner import LocalRunner
-    from diffrl.train.stages import collect_rollout
 
     with tempfile.TemporaryDirectory() as tmp:
         token = Path(tmp) / "token"

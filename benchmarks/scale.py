@@ -18,8 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 
 
 def run(recipe: str, out: Path, name: str, iterations: int, **overrides) -> list[dict]:
@@ -30,8 +30,8 @@ def run(recipe: str, out: Path, name: str, iterations: int, **overrides) -> list
         "train.save_every": 0,
         "train.time_budget_minutes": "null",
         "eval.enabled": "false",
-        "ray.num_engines": 1,
-        "ray.num_trainer_ranks": 1,
+        "parallel.engines": 1,
+        "parallel.trainer_ranks": 1,
         "ray.num_reward_workers": 1,
         **overrides,
     }

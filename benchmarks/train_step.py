@@ -62,13 +62,14 @@ import torch
 from diffrl.algorithms.forward_process import noised
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.core.rollout import Conditioning, RolloutBatch, TrainExamples
+from diffrl.launch import runner_class
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
 from diffrl.sampling.engine import build_collector
 from diffrl.train.actor import Actor
+from diffrl.train.batches import optimizer_steps
 from diffrl.train.loop import Driver
 from diffrl.train.session import TrainSession
-from diffrl.train.stages import optimizer_steps
 from diffrl.train.stop import StopSignals
 
 RECIPES = {
@@ -234,7 +235,7 @@ class Bench:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="train_step_")))
         self.config = config_for(name, option, args, [f"run.output_dir={tmp / 'run'}"])
         stop = stack.enter_context(StopSignals())
-        session = TrainSession(self.config)
+        session = TrainSession(self.config, runner_class(self.config))
         with contextlib.redirect_stdout(io.StringIO()):  # its start-up lines
             session.open()
         stack.callback(session.folder.release)

@@ -134,8 +134,8 @@ def sigint_as_in_a_terminal() -> None:
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A checkpoint of the ``tiny`` family (one SFT step from a random init): what the real
     families' tests hand to another family to see it refused."""
+    from diffrl.launch import train
     from diffrl.preflight import load_config
-    from diffrl.train.loop import train
 
     out = tmp_path_factory.mktemp("tiny_checkpoint")
     config = load_config(

@@ -29,11 +29,11 @@ from diffrl.bench.table import OVERALL_MEAN, OVERALL_OF_CATEGORIES, Row, rows_js
 from diffrl.config import Config
 from diffrl.core.errors import DiffrlError
 from diffrl.data.prompts import PromptSet
+from diffrl.evaluation.evaluate import generate
 from diffrl.models.base import ModelFamily
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.ocr import OCRReward, default_num_workers, ocr_reward_from_text
 from diffrl.rewards.pretrained import pil_images
-from diffrl.train.evaluate import generate
 
 
 @dataclass

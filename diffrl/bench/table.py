@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from diffrl.train.evaluate import paired_difference
+from diffrl.evaluation.evaluate import paired_difference
 
 OVERALL_MEAN = "all"
 """The overall row of a suite scored by its plain mean over every sample (OCR, DrawBench)."""

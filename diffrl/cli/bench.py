@@ -23,7 +23,7 @@ from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import BenchInputs
 from diffrl.cli.outputs import claim_out_folder
 from diffrl.core.user_files import UserFileError, read_json
-from diffrl.train.evaluate import Caption, save_grid
+from diffrl.evaluation.evaluate import Caption, save_grid
 
 GRID_IMAGES = 32
 

@@ -10,9 +10,9 @@ import json
 from diffrl.cli.inference import checked, guarded, load_for_inference
 from diffrl.cli.inputs import EvalInputs
 from diffrl.cli.outputs import claim_out_folder
+from diffrl.evaluation.evaluate import evaluate, paired_difference
 from diffrl.rewards.base import RewardError, RewardSet
-from diffrl.train.alarms import paired, to_json
-from diffrl.train.evaluate import evaluate, paired_difference
+from diffrl.trust.alarms import paired, to_json
 
 
 def run(args: argparse.Namespace, inputs: EvalInputs) -> int:

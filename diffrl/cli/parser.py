@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         "model size, without its weights (the model on fake tensors, measured by torch's tools)",
     )
     n.add_argument("recipe")
-    n.add_argument("overrides", nargs="*", help="key=value overrides, e.g. ray.num_trainer_ranks=16")
+    n.add_argument("overrides", nargs="*", help="key=value overrides, e.g. parallel.trainer_ranks=16")
     n.add_argument(
         "--gpu",
         default="H100",

@@ -11,8 +11,8 @@ from diffrl.cli.inputs import SampleInputs
 from diffrl.cli.outputs import claim_out_folder
 from diffrl.core.errors import DiffrlError
 from diffrl.data.prompts import given_prompts, load_prompts
-from diffrl.train.evaluate import generate, save_grid, to_pil
-from diffrl.train.media import write_video_sample
+from diffrl.evaluation.evaluate import generate, save_grid, to_pil
+from diffrl.evaluation.media import write_video_sample
 
 
 def run(args: argparse.Namespace, inputs: SampleInputs) -> int:

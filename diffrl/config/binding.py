@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 
-from diffrl.config.schema import Config, FolderName, Range
+from diffrl.config.schema import MOVED, Config, FolderName, Range
 from diffrl.core.errors import DiffrlError, quoted
 from diffrl.core.registry import did_you_mean
 from diffrl.core.user_files import file_problem
@@ -209,6 +209,13 @@ def bind_dataclass(cls: type, data: Any, where: str, errors: list[str]) -> Any:
     kwargs = {}
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
+        if key not in names and path in MOVED:
+            errors.append(
+                f"unknown key {quoted(path)}: it moved to {MOVED[path]} (how many ranks and engines a run "
+                "has is the parallel: section's, apart from ray:'s address and resources); write "
+                f"{MOVED[path]} instead"
+            )
+            continue
         if key not in names:
             head, colon, _ = str(key).partition(":")
             hint = (  # YAML reads {rank:4} as the key "rank:4"; a mapping needs "key: value"

@@ -320,7 +320,7 @@ class RewardConfig:
 
 @dataclass
 class MonitorConfig:
-    """The collapse alarm of the per-iteration diversity monitors (:mod:`diffrl.train.monitors`),
+    """The collapse alarm of the per-iteration diversity monitors (:mod:`diffrl.trust.monitors`),
     and how often the policy's drift from the base is measured."""
 
     near_duplicate_std: Annotated[float, Range(0, 255, hint="uint8 levels, e.g. 2.0")] = 2.0
@@ -409,23 +409,40 @@ class KeepBestConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How a run's work is laid out over processes, whichever runner places them (``runner: ray``
+    does; ``runner: local`` is one process, so every count here is 1 there)."""
+
+    trainer_ranks: Batch = 1
+    """FSDP2 ranks (under Ray: one actor each, in one placement group)."""
+    sequence: Annotated[int, Range(1, 1024)] = 1
+    """Trainer ranks per sample (Ulysses sequence parallel, for long videos): each sample's tokens
+    are split over this many ranks, whose attention exchanges heads for sequence (all-to-all);
+    ``trainer_ranks`` = data-parallel groups x this, and FSDP2 shards over all of them.
+    Families whose diffusers transformer has a context-parallel plan only."""
+    engines: Annotated[int, Range(1, 4096)] = 1
+    """Rollout engines; the micro-groups of a rollout are shared out among them."""
+
+
+MOVED = {
+    "ray.num_engines": "parallel.engines",
+    "ray.num_trainer_ranks": "parallel.trainer_ranks",
+    "ray.sequence_parallel": "parallel.sequence",
+}
+"""Keys that moved: the old spelling -> the new one (a config with the old one is refused, naming
+the new)."""
+
+
+@dataclass
 class RayConfig:
-    """``runner: ray``: rollout engines, reward workers and FSDP2 trainer ranks as Ray actors."""
+    """``runner: ray``: where the actors run (the cluster's address, their resources and threads);
+    how many there are is :class:`ParallelConfig`'s."""
 
     address: str | None = None
     """``null``: start a local Ray cluster for this run; ``auto``: join the cluster started with
     ``ray start`` on this node; or ``host:port`` of a cluster's head."""
-    num_engines: Annotated[int, Range(1, 4096)] = 1
-    """Rollout engines; the micro-groups of a rollout are shared out among them."""
     num_reward_workers: Annotated[int, Range(1, 4096)] = 1
     """Actors per reward type, fed per micro-group as rollouts finish."""
-    num_trainer_ranks: Batch = 1
-    """FSDP2 ranks (one Ray actor each, in one placement group)."""
-    sequence_parallel: Annotated[int, Range(1, 1024)] = 1
-    """Trainer ranks per sample (Ulysses sequence parallel, for long videos): each sample's tokens
-    are split over this many ranks, whose attention exchanges heads for sequence (all-to-all);
-    ``num_trainer_ranks`` = data-parallel groups x this, and FSDP2 shards over all of them.
-    Families whose diffusers transformer has a context-parallel plan only."""
     colocate: bool = True
     """Engine i shares rank i's device (GPU runs); false: engines get devices of their own."""
     rewards_on_gpu: bool = False
@@ -447,6 +464,7 @@ class Config:
     runner: str = "local"
     """``local``: one process; ``ray``: actors on a Ray cluster (see :class:`RayConfig`); or a
     dotted path to a user's runner class (see :mod:`diffrl.train.runner`)."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

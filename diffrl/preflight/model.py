@@ -44,9 +44,9 @@ def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
 
 
 def sequence_parallel_problems(family_cls: type[ModelFamily], config: Config, check_files: bool) -> list[str]:
-    """``ray.sequence_parallel`` > 1 needs a family that can split its samples' tokens, and
+    """``parallel.sequence`` > 1 needs a family that can split its samples' tokens, and
     lengths that split evenly."""
-    n = config.ray.sequence_parallel
+    n = config.parallel.sequence
     if not isinstance(n, int) or n <= 1:
         return []
     if not family_cls.sequence_parallel:
@@ -54,10 +54,10 @@ def sequence_parallel_problems(family_cls: type[ModelFamily], config: Config, ch
             name for name in FAMILIES.names() if getattr(FAMILIES.resolve(name), "sequence_parallel", False)
         ]
         return [
-            f"ray.sequence_parallel={n}: the {family_cls.name} family's transformer cannot split a "
+            f"parallel.sequence={n}: the {family_cls.name} family's transformer cannot split a "
             f"sample over ranks (diffusers declares no context-parallel plan for it, or diffrl has "
             f"not tested it); families that can: {', '.join(able) or 'none'}. Set "
-            "ray.sequence_parallel: 1 (FSDP2 still shards the weights over ray.num_trainer_ranks)"
+            "parallel.sequence: 1 (FSDP2 still shards the weights over parallel.trainer_ranks)"
         ]
     return checked_problems(
         family_cls, "sequence_problems()", family_cls.sequence_problems(config, check_files)

@@ -11,6 +11,7 @@ from diffrl.config import Config
 from diffrl.core.errors import quoted
 from diffrl.core.registry import RegistryError
 from diffrl.core.user_files import UserFileError, read_json_object
+from diffrl.launch import RUNNERS
 from diffrl.rewards.base import Reward
 from diffrl.rewards.clip_embed import image_processor_problems
 from diffrl.rewards.registry import REWARDS
@@ -98,9 +99,20 @@ def resolve_monitor(config: Config, sections: Collection[str]) -> None:
         m.clip = found[0]
         m.clip_processor = m.clip_processor or found[1]
     if m.clip is not None and m.clip_device is None:
-        # the monitor runs in the driver: under a cluster runner run.device names the actors'
-        # devices, which the driver's machine may not have (or shares with rank 0)
-        m.clip_device = config.run.device if config.runner == "local" else "cpu"
+        m.clip_device = driver_device(config)
+
+
+def driver_device(config: Config) -> str:
+    """Where the monitor runs: the driver process, whose device the runner says (``run.device``
+    in one process; under a cluster runner ``run.device`` names the actors' devices, which the
+    driver's machine may not have, or shares with rank 0: the CPU, also for a runner that does
+    not say)."""
+    try:
+        runner = RUNNERS.resolve(config.runner)
+    except RegistryError:
+        return "cpu"  # reported by the runner checks
+    said = getattr(runner, "driver_device", None)
+    return str(said(config)) if said is not None else "cpu"
 
 
 def default_clip(config: Config) -> tuple[str, str | None] | None:

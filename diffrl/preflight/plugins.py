@@ -79,7 +79,7 @@ def plugin_problems(
     on = set(sections)
     errors: list[str] = []
     prompt_set.cache_clear()  # files may have changed since the last validation
-    if "runner" in on or "ray" in on:
+    if "runner" in on or "ray" in on or "parallel" in on:
         errors += runner_problems(config, check_files)
     if "run" in on:
         errors += run_problems(config, on, check_files)

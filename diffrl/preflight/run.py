@@ -11,8 +11,8 @@ import torch
 
 from diffrl.config import Config
 from diffrl.core.registry import RegistryError
+from diffrl.launch import RUNNERS
 from diffrl.logging import tracker_problems
-from diffrl.train.runner import RUNNERS
 
 
 def run_problems(config: Config, sections: set[str], check_files: bool) -> list[str]:

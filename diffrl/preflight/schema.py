@@ -20,7 +20,7 @@ from diffrl.core.errors import quoted
 
 MAX_NAME_BYTES = 255
 MAX_PAIRED = 100_000
-"""As :data:`diffrl.train.alarms.MAX_PAIRED` (this module imports no torch)."""
+"""As :data:`diffrl.trust.alarms.MAX_PAIRED` (this module imports no torch)."""
 """``run.name`` names a folder: at most this many bytes (UTF-8), as file systems allow."""
 
 

@@ -2,7 +2,7 @@
 
 A collector samples (or reads); it does not score. It yields a rollout's micro-groups one by one,
 as they are drawn, so the driver can hand each to the rewards at once (scoring in other processes
-overlaps the sampling of the next): see :class:`~diffrl.train.stages.Rollout`.
+overlaps the sampling of the next): see :class:`~diffrl.train.gather.Rollout`.
 """
 
 from __future__ import annotations

@@ -181,11 +181,6 @@ class SglangEngine:
                 "rollout.engine_options.sequence_parallel: diffrl starts no server when urls are "
                 "given; start those servers with --num-gpus/--sp-degree/--ulysses-degree yourself"
             )
-        elif options.sequence_parallel > 1 and config.runner == "ray" and config.ray.colocate:
-            errors.append(
-                f"rollout.engine_options.sequence_parallel={options.sequence_parallel}: an engine "
-                "spanning several GPUs cannot share a trainer rank's GPU; set ray.colocate=false"
-            )
         return errors
 
     @classmethod

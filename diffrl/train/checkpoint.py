@@ -443,6 +443,7 @@ RESUMABLE = (
     "run.threads",
     "run.deterministic",
     "runner",
+    "parallel.*",
     "ray.*",
     "model.compile",
     "model.autocast",

@@ -23,8 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from diffrl.core.errors import Abandoned
 from diffrl.core.rollout import RolloutBatch, RolloutStats
+from diffrl.train.gather import collect_rollout
 from diffrl.train.runner import Runner
-from diffrl.train.stages import collect_rollout
 
 
 class RolloutAhead:
@@ -62,6 +62,17 @@ class RolloutAhead:
         finally:
             self.pending = None
         return batch, stats, time.time() - t0
+
+    def next(self, iteration: int, iterations: int) -> tuple[RolloutBatch, RolloutStats, dict[str, float]]:
+        """Rollout ``iteration`` (:meth:`take`); then, nothing being in flight, the engines take the
+        weights of ``iteration`` (``runner.end_rollout``) and rollout ``iteration + 1`` is launched
+        (unless ``iteration`` is the run's last of ``iterations``). The rollout side's metrics come
+        with the seconds waited (``perf/rollout_wait_time``)."""
+        batch, stats, waited = self.take(iteration)
+        side = self.runner.end_rollout()
+        if iteration + 1 < iterations:
+            self.launch(iteration + 1)
+        return batch, stats, {**side, "perf/rollout_wait_time": waited}
 
     def close(self) -> None:
         """Stop the rollout in flight (if any) at its next micro-group and wait for the thread."""

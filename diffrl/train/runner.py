@@ -1,6 +1,7 @@
 """Runners: where the loop's parts live. The driver (``train/loop.py``) reads the same for all.
 
-``runner:`` in a recipe names one in :data:`RUNNERS`, or gives a dotted path to a user's class:
+``runner:`` in a recipe names one in :data:`diffrl.launch.RUNNERS` (the composition root, which
+hands the class to the session), or gives a dotted path to a user's class:
 
 - ``local`` (:class:`LocalRunner`): one process; the built-in engine samples with the actor's own
   module, so there is nothing to sync (a serving engine, ``rollout.engine: sglang``, takes the
@@ -14,7 +15,10 @@ Each iteration the driver calls ``sample`` (and ``score`` on each micro-group as
 (the algorithm's signals and examples) -> ``optimize`` -> ``end_iteration``; and ``evaluate`` /
 ``save`` between iterations. A runner class may also have ``validate(config, check_files) ->
 list[str]`` (its own config checks, run with all the others before anything loads) and
-``uses_local_devices(config) -> bool`` (whether ``run.device`` names a device of this machine).
+``uses_local_devices(config) -> bool`` (whether ``run.device`` names a device of this machine) and
+``driver_device(config) -> str`` (the device of the driver process, where the monitors run; the
+CPU for a runner without it) and ``layout(config) -> ParallelConfig`` (the ranks and engines it
+places, which ``diffrl plan`` sizes; ``parallel:`` as the recipe says for a runner without it).
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ from typing import Any, Protocol
 import torch
 
 from diffrl.algorithms.base import DiffusionAlgorithm
-from diffrl.config import Config
-from diffrl.core.registry import Registry
+from diffrl.config import Config, ParallelConfig
 from diffrl.core.rollout import CollectionSpec, RolloutBatch, TrainExamples
+from diffrl.evaluation.evaluate import EvalResult, evaluate
 from diffrl.logging import console
 from diffrl.models.numerics import peak_flops
 from diffrl.models.registry import load_family
@@ -37,15 +41,6 @@ from diffrl.sampling.engine import build_collector
 from diffrl.sampling.prompt_cache import encode_once
 from diffrl.train.actor import Actor
 from diffrl.train.checkpoint import load_resume_state, save_checkpoint
-from diffrl.train.evaluate import EvalResult, evaluate
-
-RUNNERS = Registry(
-    "runner",
-    {
-        "local": "diffrl.train.runner:LocalRunner",
-        "ray": "diffrl.distributed.ray.runner:RayRunner",
-    },
-)
 
 
 class PendingScore(Protocol):
@@ -94,22 +89,17 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def build_runner(config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec) -> Runner:
-    return RUNNERS.resolve(config.runner)(config, algorithm, spec)
-
-
 class LocalRunner:
     """Everything in this process: the family, the actor, the collector and the rewards."""
 
     @classmethod
     def validate(cls, config: Config, check_files: bool = True) -> list[str]:
-        errors = []
-        sp = config.ray.sequence_parallel
+        errors, sp = [], config.parallel.sequence
         if sp != 1:
             errors.append(
-                f"ray.sequence_parallel={sp} splits each sample over trainer ranks, and runner=local "
-                "is one process: set runner: ray (with ray.num_trainer_ranks a multiple of it), or "
-                "ray.sequence_parallel: 1"
+                f"parallel.sequence={sp} splits each sample over trainer ranks, and runner=local "
+                "is one process: set runner: ray (with parallel.trainer_ranks a multiple of it), or "
+                "parallel.sequence: 1"
             )
         if config.train.off_policy_steps > 0:
             errors.append(
@@ -120,6 +110,17 @@ class LocalRunner:
                 "train.off_policy_steps: 0"
             )
         return errors
+
+    @classmethod
+    def driver_device(cls, config: Config) -> str:
+        """Everything runs in the driver: on ``run.device``."""
+        return config.run.device
+
+    @classmethod
+    def layout(cls, config: Config) -> ParallelConfig:
+        """One process: one rank, one engine (``parallel.trainer_ranks`` and ``engines`` are for a
+        runner that places parts; ``parallel.sequence`` > 1 is refused by :meth:`validate`)."""
+        return ParallelConfig()
 
     def __init__(self, config: Config, algorithm: DiffusionAlgorithm, spec: CollectionSpec):
         self.config, self.algorithm = config, algorithm

@@ -24,22 +24,29 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import Config, dump_config
 from diffrl.core import determinism
+from diffrl.core.errors import Interrupted
 from diffrl.core.rollout import CollectionSpec
-from diffrl.logging import MetricsLogger, TrackerRun, start_trackers
+from diffrl.evaluation import report
+from diffrl.evaluation.evaluate import EvalResult
+from diffrl.logging import MetricsLogger, TrackerRun, console, start_trackers
 from diffrl.models.registry import resolve_device
-from diffrl.train import report, stages
-from diffrl.train.alarms import Watch
-from diffrl.train.best import BEST, Best
-from diffrl.train.checkpoint import config_changes, prune_checkpoints
+from diffrl.train.batches import describe_batches
+from diffrl.train.checkpoint import config_changes, iteration_of, prune_checkpoints, storage_failure
+from diffrl.train.hygiene import CheckedAlgorithm
 from diffrl.train.run_folder import RunFolder, write_atomic
-from diffrl.train.runner import Runner, build_runner
-from diffrl.train.stages import LoopState, TrainResult
+from diffrl.train.runner import Runner
+from diffrl.train.state import LoopState, TrainResult, interrupted_error
+from diffrl.trust.best import BEST
+from diffrl.trust.report import trust_section
+from diffrl.trust.trust import Trust, Verdict
 
 
 class TrainSession:
@@ -51,8 +58,8 @@ class TrainSession:
     the run returns (its ``history`` the driver's to fill).
     """
 
-    def __init__(self, config: Config):
-        self.config = config
+    def __init__(self, config: Config, runner_class: type[Runner]):
+        self.config, self.runner_class = config, runner_class
         self.folder = RunFolder(config.run.resolved_output_dir())
         self.out = self.folder.path
         self.logger: MetricsLogger | None = None  # these two exist once open() got that far
@@ -76,11 +83,8 @@ class TrainSession:
         config = self.config
         self.resume_from, info, self.run_id = self.folder.begin(config)  # before any model loads
         self.start = int(info["iteration"]) if info else 0
-        self.state = LoopState.resumed(info, config.train)
-        loop = info["loop"] if info else {}
-        self.watch = Watch.resumed(config.eval.watch_alarm, loop.get("watch"))
-        keep = config.train.keep_best
-        self.best = Best.resumed(keep, loop.get("best")) if keep is not None else None
+        self.state = LoopState.resumed(info)
+        self.trust = Trust(config, info["loop"] if info else None)
         self.result = TrainResult(self.out, self.out / "checkpoints" / "final", evals=self.state.evals)
         self.last_saved: Path | None = self.resume_from
         self.finished = self.folder.finished
@@ -110,12 +114,15 @@ class TrainSession:
                 config.run.deterministic, config.run.threads, str(resolve_device(config.run.device))
             )
             self.algorithm: DiffusionAlgorithm = build_algorithm(config)
+            self.checked = CheckedAlgorithm(self.algorithm)  # the driver's calls, guarded and checked
             self.spec: CollectionSpec = self.algorithm.collection_spec()
-            self.runner = build_runner(config, self.algorithm, self.spec)  # one failing to start cleans up
+            self.runner = self.runner_class(
+                config, self.algorithm, self.spec
+            )  # one failing to start cleans up
             head = (
                 f"diffrl: {self.algorithm.name} on {config.model.family} ({config.model.path}) -> {self.out}"
             )
-            arithmetic = stages.describe_batches(config, self.spec, self.runner)
+            arithmetic = describe_batches(config, self.spec, self.runner)
             arithmetic += f"\n  {self.determinism.describe()}"
             print(f"{head}\n{arithmetic}", flush=True)
             self.logger.log_metadata(config.to_dict(), f"{head}\n{arithmetic}")
@@ -148,9 +155,23 @@ class TrainSession:
         return self.runner.save(self.out / "checkpoints" / BEST, step, self.run_id, self.loop_state(False))
 
     def loop_state(self, final: bool) -> dict:
-        """What a checkpoint keeps for the driver: the loop's state, the watch's and the best's."""
-        extra = {"best": self.best.state()} if self.best is not None else {}
-        return {**self.state.saved(final), "watch": self.watch.state(), **extra}
+        """What a checkpoint keeps for the driver: the loop's state and the run's trust."""
+        return {**self.state.saved(final), **self.trust.state()}
+
+    def record_eval(self, step: int, result: EvalResult, seconds: float, verdict: Verdict) -> None:
+        """Keep the eval of ``step`` (its grid, metrics and ``eval_curve.json``) and, when the
+        trust's verdict says so, move ``checkpoints/best`` to it."""
+        self.state.record_eval(step, result, self.out, self.config.eval.grid_images, self.logger, seconds)
+        if verdict.moved:
+            console(f"best checkpoint: {self.save_best(step)}")
+
+    def interrupted(self, signal_name: str, step: int, start: int) -> Interrupted:
+        """A stop at ``step`` (this process began at ``start``): the last completed iteration saved
+        (unless it is saved already), and the error that says how to go on."""
+        saved = self.last_saved
+        if step > start and (saved is None or iteration_of(saved) != step):
+            saved = self.save(step)
+        return interrupted_error(signal_name, step, saved)
 
     # ---- finish ----------------------------------------------------------------------------------
     def close(self, ok: bool) -> None:
@@ -178,7 +199,7 @@ class TrainSession:
     def write_report(self) -> None:
         """The run in pictures: eval curve, first-vs-last grids, training curves, one HTML page."""
         try:
-            print(f"report: {report.write_report(self.out)}", flush=True)
+            print(f"report: {report.write_report(self.out, panels=trust_section)}", flush=True)
         except Exception as e:  # the run is saved: a picture that fails costs only itself
             # (a full disk, an image too large for Pillow, a plotting error)
             warnings.warn(
@@ -186,3 +207,21 @@ class TrainSession:
                 f"saved: write them again with `diffrl report {self.out}`",
                 stacklevel=2,
             )
+
+
+@contextmanager
+def storage_errors(config: Config) -> Iterator[None]:
+    """A full disk (or another storage failure) anywhere in the run is a
+    :class:`~diffrl.train.checkpoint.StorageError` that says the last checkpoint is intact and how
+    to resume."""
+    try:
+        yield
+    except Exception as e:  # safetensors reports a full disk as its own error, not an OSError
+        fix = (
+            "the checkpoints already written are intact, so resuming is safe: free space (or fix the "
+            "device), then rerun the same command with train.resume=latest"
+        )
+        failure = storage_failure(e, f"into the run folder {str(config.run.resolved_output_dir())!r}", fix)
+        if failure is None:
+            raise
+        raise failure from e

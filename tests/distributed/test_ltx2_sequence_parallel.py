@@ -1,4 +1,4 @@
-"""``ray.sequence_parallel: 2`` for LTX-2 on 2 gloo trainer ranks, as
+"""``parallel.sequence: 2`` for LTX-2 on 2 gloo trainer ranks, as
 ``tests/distributed/test_sequence_parallel.py`` does for Wan (its helpers drive
 :class:`~diffrl.distributed.ray.actors.TrainerRank` without Ray): Flow-GRPO's and DiffusionNFT's
 updates of the tiny LTX-2.3 (LoRA, the pipeline's full guidance: CFG, STG, modality isolation),
@@ -32,8 +32,8 @@ def _config(tmp_path, folder, algorithm: str, runner: str):
             "algorithm.params": ALGORITHMS[algorithm],
             "model.lora": "{rank: 4}",
             "model.options": OPTIONS,
-            "ray.num_trainer_ranks": 2 if ray else 1,
-            "ray.sequence_parallel": 2 if ray else 1,
+            "parallel.trainer_ranks": 2 if ray else 1,
+            "parallel.sequence": 2 if ray else 1,
         },
     )
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import pytest
 
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
 PIPELINED = {
     "runner": "ray",
-    "ray.num_engines": 1,
-    "ray.num_trainer_ranks": 1,
+    "parallel.engines": 1,
+    "parallel.trainer_ranks": 1,
     "train.off_policy_steps": 1,
     "train.iterations": 2,
     "train.lr": 1e-3,

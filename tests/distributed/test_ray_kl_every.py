@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffrl.train.loop import train
+from diffrl.launch import train
 from tests.distributed.test_ray_runner import config, train_local
 
 pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
@@ -19,7 +19,7 @@ pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install
 def test_ray_ranks_measure_the_drift_as_one_process_does(tmp_path, ray_cluster):
     extra = {
         "monitor.kl_every": 1,
-        "ray.num_engines": 1,
+        "parallel.engines": 1,
         # one trained step per sample, 8 samples in one micro-batch: the ranks' 4 + 4 rows are the 8
         "algorithm.params": "{step_strategy: {name: sde_window, size: 1, range: [0, 6]}}",
         "train.micro_batch_size": 8,

@@ -15,15 +15,15 @@ import time
 
 import pytest
 
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 from tests.conftest import ROOT
 from tests.integration.test_crash_safety import RECIPE, SETTINGS, assert_same, run, state
 
 RAY = {
     "runner": "ray",
-    "ray.num_engines": 1,
-    "ray.num_trainer_ranks": 2,
+    "parallel.engines": 1,
+    "parallel.trainer_ranks": 2,
     "train.keep_last": "null",
     "train.iterations": 4,
 }

@@ -27,9 +27,9 @@ from safetensors.torch import load_file
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.distributed.ray.dispatch import TrainerRankDied
 from diffrl.distributed.ray.runner import RayRunner
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
-from diffrl.train.stages import collect_rollout
+from diffrl.train.gather import collect_rollout
 from tests.conftest import ROOT, SMALL_ROLLOUT
 
 ray = pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
@@ -47,8 +47,8 @@ def config(tmp_path, algorithm: str, runner: str, **extra):
     overrides = {
         "run.output_dir": str(tmp_path / runner),
         "runner": runner,
-        "ray.num_engines": 2,
-        "ray.num_trainer_ranks": 2,
+        "parallel.engines": 2,
+        "parallel.trainer_ranks": 2,
         "algorithm.name": algorithm,
         "algorithm.params": params,
         "model.path": "base",
@@ -91,7 +91,7 @@ def assert_rewards_match(local: dict[str, float], distributed: dict[str, float],
 EXTRA = {
     "flow_grpo": {},
     "diffusion_nft": {
-        "ray.num_engines": 1,  # the engines' union is Flow-GRPO's case; this one's claims are the EMA's
+        "parallel.engines": 1,  # the engines' union is Flow-GRPO's case; this one's claims are the EMA's
         "train.ema_decay": 0.5,
         "eval.enabled": "true",
         "eval.num_prompts": 4,
@@ -173,7 +173,7 @@ def test_uneven_shares_after_dropped_samples_still_match_the_local_run(tmp_path,
     """A NaN reward per micro-group drops 3 of 12 samples: the ranks get 5 and 4 samples, run the same
     number of micro-batches (the collectives pair up) and the update is still the local one."""
     extra = {
-        "ray.num_engines": 1,  # the ranks' shares are the claim (the engines' union is the one above)
+        "parallel.engines": 1,  # the ranks' shares are the claim (the engines' union is the one above)
         "rewards": "[{name: tests.rewards:flaky}]",
         "rollout.batch_size": 3,
         "train.batch_size": 12,
@@ -196,7 +196,7 @@ def test_engine_and_reward_worker_killed_mid_rollout_are_replaced(tmp_path, ray_
         tmp_path,
         "flow_grpo",
         "ray",
-        **{"rollout.micro_group_size": 2, "ray.num_trainer_ranks": 1, "ray.rewards_on_gpu": "true"},
+        **{"rollout.micro_group_size": 2, "parallel.trainer_ranks": 1, "ray.rewards_on_gpu": "true"},
     )
     algorithm = build_algorithm(cfg)
     runner = RayRunner(cfg, algorithm, algorithm.collection_spec())
@@ -237,7 +237,7 @@ def test_engine_and_reward_worker_killed_mid_rollout_are_replaced(tmp_path, ray_
 def test_dead_trainer_rank_stops_the_run_naming_the_last_checkpoint(tmp_path, ray_cluster):
     """Rank 1 dies; rank 0 is then stuck in an FSDP collective of the update: the run stops at once
     with an error naming the last checkpoint."""
-    cfg = config(tmp_path, "flow_grpo", "ray", **{"ray.num_engines": 1})
+    cfg = config(tmp_path, "flow_grpo", "ray", **{"parallel.engines": 1})
     algorithm = build_algorithm(cfg)
     runner = RayRunner(cfg, algorithm, algorithm.collection_spec())
     try:
@@ -282,7 +282,7 @@ def test_real_families_run_on_ray_as_in_one_process(tmp_path, ray_cluster, write
     runs = {}
     for runner in ("local", "ray"):
         # one engine: the engines' union is test_ray_run_equals_local_run's claim, on any family
-        extra = {"ray.num_engines": 1, "ray.num_trainer_ranks": 2, "ray.num_reward_workers": 1}
+        extra = {"parallel.engines": 1, "parallel.trainer_ranks": 2, "ray.num_reward_workers": 1}
         cfg = make(tmp_path / runner, folder, **{"runner": runner, "train.iterations": 2, **extra})
         runs[runner] = (train_local if runner == "local" else train)(cfg).history
     for iteration, (local, distributed) in enumerate(zip(runs["local"], runs["ray"], strict=True)):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffrl.train.loop import train
+from diffrl.launch import train
 from tests.distributed.test_ray_runner import REWARD_ATOL, config, train_local
 
 pytest.importorskip("ray", reason="runner=ray needs the ray package (pip install -e '.[test]')")
@@ -18,7 +18,7 @@ WATCHED = "eval/watch/tests.rewards:contrast_mean"
 @pytest.mark.slow
 def test_a_ray_run_scores_the_watched_rewards_at_its_evals(tmp_path, ray_cluster):
     extra = {
-        "ray.num_engines": 1,
+        "parallel.engines": 1,
         "eval.enabled": "true",
         "eval.num_prompts": 4,
         "eval.batch_size": 4,

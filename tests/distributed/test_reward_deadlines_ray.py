@@ -12,7 +12,7 @@ from diffrl.algorithms.registry import build_algorithm
 from diffrl.distributed.ray.dispatch import Dispatch
 from diffrl.distributed.ray.runner import RayRunner
 from diffrl.preflight import load_config
-from diffrl.train.stages import collect_rollout
+from diffrl.train.gather import collect_rollout
 from tests.conftest import ROOT, SMALL_ROLLOUT, tiny_overrides
 from tests.rewards import WARM_UP
 

@@ -1,4 +1,4 @@
-"""``ray.sequence_parallel: 2`` on 2 gloo trainer ranks (:class:`~diffrl.distributed.ray.actors.TrainerRank`,
+"""``parallel.sequence: 2`` on 2 gloo trainer ranks (:class:`~diffrl.distributed.ray.actors.TrainerRank`,
 driven here without Ray): Flow-GRPO's and DiffusionNFT's updates of a tiny Wan 2.2 (two experts,
 LoRA), each sample's tokens split over the ranks (Ulysses), give the one-process losses, gradient
 norms, LoRA gradients and replayed log-probs; resuming from a checkpoint saved between two
@@ -19,7 +19,7 @@ import torch
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.core.parallel import free_port, full_tensor
 from diffrl.distributed.ray.sharding import shard_steps
-from diffrl.train import stages
+from diffrl.train import gather
 from diffrl.train.runner import LocalRunner
 from tests.integration.test_wan import wan_config, write_tiny_wan
 from tests.ranks import run_ranks
@@ -47,8 +47,8 @@ def _config(tmp_path, folder, algorithm: str, runner: str):
             "algorithm.name": algorithm,
             "algorithm.params": ALGORITHMS[algorithm],
             "model.lora": "{rank: 4}",
-            "ray.num_trainer_ranks": 2 if runner == "ray" else 1,
-            "ray.sequence_parallel": 2 if runner == "ray" else 1,
+            "parallel.trainer_ranks": 2 if runner == "ray" else 1,
+            "parallel.sequence": 2 if runner == "ray" else 1,
         },
     )
 
@@ -65,11 +65,11 @@ def _one_process(config):
     algorithm = build_algorithm(config)
     runner = LocalRunner(config, algorithm, algorithm.collection_spec())
     try:
-        rollout = stages.Rollout()
+        rollout = gather.Rollout()
         for part in runner.sample(0):
             rollout.add(part, runner.score(part))
         batch, _ = rollout.finish()
-        batch = stages.scored_samples(batch)
+        batch = gather.scored_samples(batch)
         examples = algorithm.build_train_data(batch, algorithm.postprocess_rewards(batch, batch.rewards), 0)
         updates = []
         for _ in range(2):

@@ -24,12 +24,12 @@ from safetensors.torch import load_file
 
 from diffrl.config.schema import LoraConfig
 from diffrl.core.parallel import state_checksum
+from diffrl.launch import train
 from diffrl.models.flux import FluxFamily
 from diffrl.sampling.sglang import merged_state
 from diffrl.sampling.sglang_server import ServeCommand, Server
 from diffrl.train.actor import apply_lora
 from diffrl.train.checkpoint import load_trainable_state
-from diffrl.train.loop import train
 from tests.integration.family_checks import family_config
 from tests.integration.test_flux import SIZE, write_tiny_flux
 
@@ -76,8 +76,8 @@ def config(tmp_path, flux_dir, algorithm: str, engine_options: str, **extra):
     params = {"flow_grpo": {}, "diffusion_nft": {"algorithm.name": "diffusion_nft", "algorithm.params": "{}"}}
     settings = {
         "runner": "ray",
-        "ray.num_engines": 1,
-        "ray.num_trainer_ranks": 1,
+        "parallel.engines": 1,
+        "parallel.trainer_ranks": 1,
         "train.iterations": 2,
         "rollout.engine": "sglang",
         "rollout.engine_options": engine_options,
@@ -177,11 +177,11 @@ def test_a_server_spanning_two_ranks_rolls_out_for_sequence_parallel_trainer_ran
 ):
     """Long sequences end to end on the CPU: diffrl starts the server with ``sequence_parallel: 2``
     (``--num-gpus 2 --sp-degree 2 --ulysses-degree 2``: two worker processes, each sample's tokens
-    split over them) and 2 trainer ranks split each sample's tokens too (``ray.sequence_parallel:
+    split over them) and 2 trainer ranks split each sample's tokens too (``parallel.sequence:
     2``). The replay still matches the server's log-probs (measured 3.4e-8 and 4.8e-8, as with one
     worker), and the rollout is the one-worker server's (same seeds; rewards to a uint8 level)."""
     engine = f"{{command: '{SGLANG}', sequence_parallel: 2}}"
-    sp = {"ray.num_trainer_ranks": 2, "ray.sequence_parallel": 2, "ray.colocate": "false"}
+    sp = {"parallel.trainer_ranks": 2, "parallel.sequence": 2, "ray.colocate": "false"}
     run = train(config(tmp_path, flux_dir, "flow_grpo", engine, **sp, **{"train.iterations": 1}))
     [m] = run.history
     assert m["train/log_prob_mean_abs_diff"] < ALIGNMENT

@@ -130,7 +130,7 @@ def install(mode: str, iteration: int) -> None:
 
         RayRunner.sample = sample
     elif where == "eval":
-        from diffrl.train.stages import LoopState
+        from diffrl.train.state import LoopState
 
         original_record = LoopState.record_eval
 
@@ -141,7 +141,7 @@ def install(mode: str, iteration: int) -> None:
 
         LoopState.record_eval = record_eval
     elif where == "report":
-        from diffrl.train import report
+        from diffrl.evaluation import report
 
         def write_report(*args, **kwargs):
             _hit(sig)

@@ -11,9 +11,10 @@ import torch
 
 from diffrl.config import Config
 from diffrl.core.rollout import Source
+from diffrl.launch import train
 from diffrl.models.base import FamilyMismatchError, ModelFamily
 from diffrl.preflight import load_config
-from diffrl.train.loop import TrainResult, train
+from diffrl.train.state import TrainResult
 from tests.conftest import ROOT, rehash_checkpoint
 
 ITERATION = {

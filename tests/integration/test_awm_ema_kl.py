@@ -8,8 +8,8 @@ import torch
 
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.distributed.ray.weight_sync import sampling_state
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 from diffrl.train.runner import LocalRunner
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 

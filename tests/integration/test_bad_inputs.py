@@ -225,7 +225,7 @@ CASES: list[Case] = [
     Case("output-dir-under-a-file", ["train", SFT, "run.output_dir={tmp}/out/run"], BAD, "run.output_dir's parent", files={"out": "x"}),
     Case("ray-address-unreachable", ["train", GRPO, "runner=ray", "ray.address=127.0.0.1:1"], BAD, "nothing accepts connections at 127.0.0.1:1"),
     Case("ray-address-malformed", ["train", GRPO, "runner=ray", "ray.address=headnode"], BAD, "or HOST:PORT of a cluster's head (e.g. 10.0.0.5:6379), got 'headnode'"),
-    Case("ray-engines-zero", ["train", GRPO, "runner=ray", "ray.num_engines=0"], BAD, "ray.num_engines must be in [1, 4096], got 0"),
+    Case("ray-engines-zero", ["train", GRPO, "runner=ray", "parallel.engines=0"], BAD, "parallel.engines must be in [1, 4096], got 0"),
     # ---- prompt files
     Case("prompts-binary", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "is not UTF-8 text (line 1, column 1: byte 0xff)", files={"p.txt": b"\xff\xfe\x00\x01binary"}),
     Case("prompts-nul-bytes", ["train", GRPO, "data.prompts={tmp}/p.txt"], BAD, "holds NUL bytes: not a text file", files={"p.txt": b"a\x00b\n"}),
@@ -334,7 +334,7 @@ CASES: list[Case] = [
     Case("eval-seed-huge", ["eval", "base", f"eval.seed={10**30}"], BAD, "eval.seed must be in [-2**63, 2**64 - 1] (torch's seed range)"),
     Case("peak-tflops-nan", ["train", SFT, "run.peak_tflops=.nan"], BAD, "run.peak_tflops must be in (0, 100000] (or null), got nan"),
     Case("cpus-per-actor-nan", ["train", GRPO, "runner=ray", "ray.cpus_per_actor=.nan"], BAD, "ray.cpus_per_actor must be in [0, 1024], got nan"),
-    Case("ray-engines-1e9", ["train", GRPO, "runner=ray", "ray.num_engines=1000000000"], BAD, "ray.num_engines must be in [1, 4096]"),
+    Case("ray-engines-1e9", ["train", GRPO, "runner=ray", "parallel.engines=1000000000"], BAD, "parallel.engines must be in [1, 4096]"),
     Case("dataset-size-huge", ["train", SFT, f"data.dataset_size={10**15}"], BAD, "data.dataset_size must be in [1, 10_000_000]"),
     Case("rollout-batch-huge", ["train", GRPO, f"rollout.batch_size={10**9}"], BAD, "rollout.batch_size must be in [1, 65536]"),
     Case("reward-weight-400-digits", ["train", GRPO, "rewards=[{name: ocr, weight: " + "9" * 400 + "}]"], BAD, "rewards[0].weight must be in [-1e6, 1e6] (e.g. 1.0), got an integer of about"),
@@ -454,14 +454,14 @@ def run_row(case: Case, argv: list[str], monkeypatch, capsys) -> tuple[int, str,
     """``diffrl.cli.main(argv)`` in this process as ``case`` runs: training refused unless the row
     ``trains`` (a row that got past validation must not start a 1,500-iteration recipe), the row's
     warning expected; (exit code, stdout, stderr). The hostile-input tables run their rows by it."""
-    import diffrl.train.loop
+    import diffrl.launch
     from diffrl.cli import main
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"row {case.id!r} reached training")
 
     if not case.trains:
-        monkeypatch.setattr(diffrl.train.loop, "train", refuse)
+        monkeypatch.setattr(diffrl.launch, "train", refuse)
     capsys.readouterr()
     with pytest.warns(UserWarning, match=case.warns) if case.warns else contextlib.nullcontext():
         code = main(argv)

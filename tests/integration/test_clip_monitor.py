@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save
 
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
-from diffrl.train.monitors import clip_embedder
+from diffrl.trust.monitors import clip_embedder
 from tests.conftest import tiny_overrides
 from tests.integration.test_bad_inputs import BAD, GRPO, ROOT, Case, _check, _setup, run_row
 from tests.integration.test_hacking import HACKING

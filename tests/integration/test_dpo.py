@@ -6,8 +6,8 @@ import json
 
 from PIL import Image
 
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
 REWARD = "tests.rewards:brightness"

@@ -9,11 +9,11 @@ from diffrl.algorithms.flow_grpo import FlowGRPO
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.config import ConfigError
 from diffrl.data.prompts import load_prompts
+from diffrl.launch import train
 from diffrl.models.numerics import resolve_numerics
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
 from diffrl.sampling.collector import OnlineCollector
-from diffrl.train.loop import train
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 from tests.engines import SHIFT
 

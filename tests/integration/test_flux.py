@@ -20,9 +20,9 @@ from tests.integration.family_checks import (
 )
 
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
-SEQUENCE_3 = {"runner": "ray", "ray.num_trainer_ranks": 3, "ray.sequence_parallel": 3}
+SEQUENCE_3 = {"runner": "ray", "parallel.trainer_ranks": 3, "parallel.sequence": 3}
 """One sequence group of 3 trainer ranks: the tiny models' 16-token images and 2 heads do not split."""
-SEQUENCE_2 = {**SEQUENCE_3, "ray.num_trainer_ranks": 2, "ray.sequence_parallel": 2}
+SEQUENCE_2 = {**SEQUENCE_3, "parallel.trainer_ranks": 2, "parallel.sequence": 2}
 
 
 def pretend_sequence_ranks(module, n: int) -> None:
@@ -223,7 +223,7 @@ def test_bad_folders_and_options_are_reported_together_before_loading(tmp_path, 
 
 
 def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path, flux_dir):
-    """``ray.sequence_parallel: 3``: 16 image tokens, 16 T5 tokens (``max_sequence_length``) and 2
+    """``parallel.sequence: 3``: 16 image tokens, 16 T5 tokens (``max_sequence_length``) and 2
     heads; none splits over 3 ranks (diffusers would assert mid-forward); over 2 all do."""
     from diffrl.config import ConfigError
 
@@ -235,7 +235,7 @@ def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path,
         "text tokens (model.options.max_sequence_length) (16)",
         "attention heads (2)",
     ):
-        assert f"ray.sequence_parallel=3: the flux model's {what} do not split over 3 ranks" in msg
+        assert f"parallel.sequence=3: the flux model's {what} do not split over 3 ranks" in msg
     assert flux_config(tmp_path, flux_dir, **SEQUENCE_2).ray.sequence_parallel == 2
 
 
@@ -261,8 +261,8 @@ def assert_plan_runs(config) -> None:
     """``diffrl plan`` of ``config`` (the family's ``planned`` from the model folder's JSON files,
     one micro-batch's step on fake tensors) measures memory and FLOPs."""
     from diffrl.algorithms.registry import build_algorithm
+    from diffrl.plan.planner import plan
     from diffrl.train.actor import apply_lora
-    from diffrl.train.plan import plan
 
     result = plan(config, build_algorithm(config))
     assert result.memory.peak > 0 and result.memory.activations > 0 and result.train_flops > 0

@@ -402,7 +402,7 @@ def test_bad_folders_and_options_are_reported_together_before_loading(tmp_path, 
 
 
 def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path, dev_dir):
-    """``ray.sequence_parallel: 3``: 16 image tokens, [dev]'s 256 text tokens
+    """``parallel.sequence: 3``: 16 image tokens, [dev]'s 256 text tokens
     (``max_sequence_length``) and 2 heads; none splits over 3 ranks; over 2 all do."""
     from diffrl.config import ConfigError
     from tests.integration.test_flux import SEQUENCE_2, SEQUENCE_3
@@ -415,7 +415,7 @@ def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path,
         "text tokens (model.options.max_sequence_length) (256)",
         "attention heads (2)",
     ):
-        assert f"ray.sequence_parallel=3: the flux2 model's {what} do not split over 3 ranks" in msg
+        assert f"parallel.sequence=3: the flux2 model's {what} do not split over 3 ranks" in msg
     assert flux2_config(tmp_path, dev_dir, "dev", **SEQUENCE_2).ray.sequence_parallel == 2
 
 

@@ -221,7 +221,7 @@ def test_offline_preference_pairs_are_refused_for_an_editing_family(tmp_path, ko
 
 
 def test_sequence_parallel_lengths_that_do_not_split_are_errors(tmp_path, kontext_dir):
-    """``ray.sequence_parallel: 3``: with ``auto_resize`` the image tokens are the 16 noisy ones and
+    """``parallel.sequence: 3``: with ``auto_resize`` the image tokens are the 16 noisy ones and
     the 1024 x 1024 source's 65536 (the tiny VAE halves, 2 x 2 packing), 65552, which with the 16
     T5 tokens and 2 heads do not split over 3 ranks; without, a source keeps its own size, so its
     tokens are counted at the forward: 16 + 16 refused there, before diffusers' assert."""
@@ -238,7 +238,7 @@ def test_sequence_parallel_lengths_that_do_not_split_are_errors(tmp_path, kontex
         "text tokens (model.options.max_sequence_length) (16)",
         "attention heads (2)",
     ):
-        assert f"ray.sequence_parallel=3: the flux_kontext model's {what} do not split over 3 ranks" in msg
+        assert f"parallel.sequence=3: the flux_kontext model's {what} do not split over 3 ranks" in msg
     with pytest.raises(ConfigError) as e:
         kontext_config(tmp_path, kontext_dir, **SEQUENCE_3)
     assert "image tokens" not in str(e.value) and "attention heads (2)" in str(e.value)
@@ -248,7 +248,7 @@ def test_sequence_parallel_lengths_that_do_not_split_are_errors(tmp_path, kontex
     pretend_sequence_ranks(family.transformer, 3)
     with pytest.raises(
         SourceError,
-        match=r"16 output tokens and 16 source tokens \(16x16 px\) do not split over ray.sequence_parallel=3",
+        match=r"16 output tokens and 16 source tokens \(16x16 px\) do not split over parallel.sequence=3",
     ):
         family.velocity(torch.zeros(2, 4, 8, 8), torch.tensor([0.9, 0.4]), cond)
 

@@ -12,11 +12,11 @@ from diffrl.algorithms.sft import SFT, flow_matching_loss
 from diffrl.config import ConfigError
 from diffrl.core.rollout import CollectionSpec
 from diffrl.data.prompts import load_prompts
+from diffrl.launch import train
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
 from diffrl.sampling.collector import OnlineCollector
 from diffrl.train.actor import Actor
-from diffrl.train.loop import train
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
 REWARD = "tests.rewards:brightness"

@@ -8,8 +8,8 @@ import torch
 
 from diffrl.algorithms.diffusion_nft import DiffusionNFT
 from diffrl.core.errors import RunStopped
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 
 

@@ -7,8 +7,8 @@ enough for another CPU's rounding."""
 
 import pytest
 
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 
 HACKING = {

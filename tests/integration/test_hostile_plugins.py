@@ -21,8 +21,8 @@ import sys
 import pytest
 import torch
 
+import diffrl.launch
 import diffrl.logging.trackers
-import diffrl.train.loop
 from diffrl.algorithms.returns import checked_loss
 from diffrl.config import RewardConfig
 from diffrl.core import torch_state

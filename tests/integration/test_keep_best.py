@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from diffrl.cli import main
+from diffrl.launch import train
 from diffrl.preflight import load_config
 from diffrl.train.checkpoint import iteration_of
-from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 from tests.integration.test_watch import ROOT, TINY
 

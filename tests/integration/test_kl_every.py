@@ -8,8 +8,8 @@ import math
 import torch
 from safetensors.torch import load_file
 
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 from tests.integration.test_hacking import HACKING
 

@@ -12,9 +12,9 @@ from PIL import Image
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing import event_accumulator as ea
 
+from diffrl.launch import train
 from diffrl.logging.wandb import wandb_id
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 
 SMALL = {"train.batch_size": 2, "train.micro_batch_size": 2, "eval.num_prompts": 2}

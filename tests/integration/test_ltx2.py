@@ -19,12 +19,12 @@ from diffrl.cli import main
 from diffrl.cli.inference import load_target
 from diffrl.config import ConfigError
 from diffrl.data.prompts import PromptSet
+from diffrl.evaluation.evaluate import generate
 from diffrl.models.registry import load_family
 from diffrl.models.tiny import build_tokenizer
 from diffrl.rewards.base import RewardSet
 from diffrl.sampling.engine import build_collector
 from diffrl.sampling.sampler import initial_noise, sample_ode
-from diffrl.train.evaluate import generate
 from tests.integration.family_checks import (
     OTHER_ALGORITHMS,
     assert_refuses,
@@ -477,7 +477,7 @@ def test_plan_runs_and_its_planned_forward_is_the_familys(tmp_path, ltx2_dir, mo
     shapes :meth:`_encode_prompts` produces (both streams, the grid of 5 frames at 32 x 32)."""
     from diffrl.core.rollout import Conditioning
     from diffrl.models.ltx2 import LTX2Family
-    from diffrl.train.plan import plan
+    from diffrl.plan.planner import plan
 
     # a full fine-tune of the conditional velocity: the fewest modules and rows for torch's trackers
     config = ltx2_config(tmp_path, ltx2_dir, **{"model.lora": "null", "sampling.guidance_scale": 1.0})

@@ -137,23 +137,23 @@ def test_two_sequence_ranks_give_one_process_s_velocity_and_gradients(tmp_path, 
 
 
 def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path, folders):
-    """``ray.sequence_parallel: 4``: 5 frames of 32 x 32 at 24 fps are 3 x 8 x 8 = 192 video tokens
+    """``parallel.sequence: 4``: 5 frames of 32 x 32 at 24 fps are 3 x 8 x 8 = 192 video tokens
     (they split) and 5 / 24 s x 25 = 5 audio tokens; the tiny transformer has 2 heads per stream.
     The text is not split, so 16 text tokens need not divide."""
-    sp = {"runner": "ray", "ray.num_trainer_ranks": 4, "ray.sequence_parallel": 4}
+    sp = {"runner": "ray", "parallel.trainer_ranks": 4, "parallel.sequence": 4}
     options = "{num_frames: 5, max_sequence_length: 16, stg_blocks: [1]}"
     with pytest.raises(ConfigError) as e:
         ltx2_config(tmp_path, folders["split"], **sp, **{"model.options": options})
     msg = str(e.value)
     assert "video tokens" not in msg
     assert (
-        "ray.sequence_parallel=4: the ltx2 model's audio tokens (5) do not split over 4 ranks (Ulysses "
+        "parallel.sequence=4: the ltx2 model's audio tokens (5) do not split over 4 ranks (Ulysses "
         "needs a multiple of 4; change model.options.num_frames or frame_rate)" in msg
     )
     for stream in ("video", "audio"):
         assert f"the ltx2 model's {stream} attention heads (2) do not split over 4 ranks" in msg
     # 2 ranks: 10 audio tokens at 12.5 fps, 192 video tokens and 2 heads per stream split
-    sp = {**sp, "ray.num_trainer_ranks": 2, "ray.sequence_parallel": 2}
+    sp = {**sp, "parallel.trainer_ranks": 2, "parallel.sequence": 2}
     assert (
         ltx2_config(tmp_path, folders["split"], **sp, **{"model.options": OPTIONS}).ray.sequence_parallel == 2
     )

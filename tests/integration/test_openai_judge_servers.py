@@ -220,7 +220,7 @@ def test_group_judging_reads_the_ranking(served):
 def test_a_grpo_run_ranks_each_prompts_samples_by_their_group(served, tmp_path):
     # the collector's group_id reaches the judge: 2 prompts x 2 samples in one micro-group are two
     # requests "Ranking: 2 > 1" (scores 0 and 1 each), none failed; without groups every call fails
-    from diffrl.train.loop import train
+    from diffrl.launch import train
     from tests.integration.test_flow_grpo import grpo
 
     url, model = served

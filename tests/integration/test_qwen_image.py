@@ -200,7 +200,7 @@ def test_bad_options_and_a_guidance_embedded_transformer_are_refused(tmp_path, q
 
 
 def test_sequence_parallel_config_errors_and_the_text_padded_to_a_multiple_of_the_ranks(tmp_path, qwen_dir):
-    """``ray.sequence_parallel: 3``: 16 image tokens and 2 heads do not split over 3 ranks. The text
+    """``parallel.sequence: 3``: 16 image tokens and 2 heads do not split over 3 ranks. The text
     is no config error: a forward takes the batch's longest prompt (143 tokens here, a prompt
     ending exactly at ``max_sequence_length``) and, under sequence parallel, pads it with masked
     zeros to a multiple of the ranks (144 for 2); the velocity stays the unpadded one's (masked
@@ -213,7 +213,7 @@ def test_sequence_parallel_config_errors_and_the_text_padded_to_a_multiple_of_th
         qwen_config(tmp_path, qwen_dir, **SEQUENCE_3)
     msg = str(e.value)
     for what in ("image tokens (16)", "attention heads (2)"):
-        assert f"ray.sequence_parallel=3: the qwen_image model's {what} do not split over 3 ranks" in msg
+        assert f"parallel.sequence=3: the qwen_image model's {what} do not split over 3 ranks" in msg
     assert "text tokens" not in msg
     config = qwen_config(tmp_path, qwen_dir, **SEQUENCE_2, **{"model.options": "{max_sequence_length: 143}"})
     family = load_family(config)

@@ -437,7 +437,7 @@ def test_long_edits_sources_of_another_size_and_prompts_without_sources_are_erro
 
 
 def test_sequence_parallel_lengths_that_do_not_split_are_errors(tmp_path, edit_dir):
-    """``ray.sequence_parallel: 3``: the image tokens are the output's 24 and the reference's 128
+    """``parallel.sequence: 3``: the image tokens are the output's 24 and the reference's 128
     (``vae_image_area`` at the output's 2:3), 152, which with the 2 heads do not split over 3 ranks;
     the forward refuses them too, before diffusers' assert (a source of another aspect than the
     output's brings a reference of another size than the config check counted)."""
@@ -448,7 +448,7 @@ def test_sequence_parallel_lengths_that_do_not_split_are_errors(tmp_path, edit_d
         qedit_config(tmp_path, edit_dir, **SEQUENCE_3)
     msg = str(e.value)
     for what in ("image tokens (152)", "attention heads (2)"):
-        assert f"ray.sequence_parallel=3: the qwen_image_edit model's {what} do not split over 3 ranks" in msg
+        assert f"parallel.sequence=3: the qwen_image_edit model's {what} do not split over 3 ranks" in msg
     family = load_family(qedit_config(tmp_path, edit_dir, **{"model.lora": "null"}))
     sources = [load_source(p, HEIGHT, WIDTH) for p in write_sources(tmp_path / "signs")]
     cond = family.encode_prompts(['write "7"'] * 2, sources)

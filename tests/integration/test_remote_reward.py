@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from diffrl.config import RewardConfig
+from diffrl.launch import train
 from diffrl.rewards.base import RewardSet
-from diffrl.train.loop import train
 from tests.conftest import ROOT
 from tests.integration.hanging_reward import HANG_AT_ENV, MARKER_ENV
 from tests.integration.test_flow_grpo import grpo

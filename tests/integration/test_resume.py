@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from diffrl.config import ConfigError
+from diffrl.launch import train
 from diffrl.preflight import load_config
 from diffrl.train.checkpoint import CheckpointError
-from diffrl.train.loop import train
 from diffrl.train.run_folder import RunFolder
 from tests.conftest import tiny_overrides
 

@@ -26,10 +26,10 @@ import torch
 from PIL import Image
 
 from diffrl.config import RewardConfig
+from diffrl.launch import train
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.remote import RemoteReward
 from diffrl.rewards.server import RewardServer, build_served_reward
-from diffrl.train.loop import train
 from tests.conftest import ROOT
 from tests.integration.test_bad_inputs import BAD, GRPO, Case, _check, run_row
 from tests.integration.test_flow_grpo import grpo

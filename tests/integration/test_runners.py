@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from diffrl.config import ConfigError
+from diffrl.launch import train
 from diffrl.preflight import load_config
 from diffrl.rewards.workers import ProcessPool
-from diffrl.train.loop import train
 from diffrl.train.runner import LocalRunner
 from tests.conftest import tiny_overrides
 from tests.integration.test_flow_grpo import grpo

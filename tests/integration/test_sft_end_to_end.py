@@ -8,8 +8,8 @@ from PIL import Image
 
 from diffrl.cli import main
 from diffrl.cli.inference import load_for_inference, load_target
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 
 

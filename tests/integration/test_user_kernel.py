@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from diffrl.config import ConfigError
+from diffrl.launch import train
 from diffrl.sampling.kernels import Kernel, StepOutput
-from diffrl.train.loop import train
 from tests.integration.test_flow_grpo import grpo
 
 KERNEL = "tests.integration.test_user_kernel:EulerMaruyama"

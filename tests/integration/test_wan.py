@@ -388,15 +388,15 @@ def test_sample_writes_each_video_as_an_mp4_and_its_frames(tmp_path, wan21_dir, 
 
 
 def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path, wan21_dir):
-    """``ray.sequence_parallel: 4``: 5 frames of 48 x 48 are 2 x 3 x 3 = 18 video tokens, and the
+    """``parallel.sequence: 4``: 5 frames of 48 x 48 are 2 x 3 x 3 = 18 video tokens, and the
     tiny transformer has 2 heads; neither splits over 4 ranks (diffusers would assert mid-forward)."""
     from diffrl.config import ConfigError
 
-    sp = {"runner": "ray", "ray.num_trainer_ranks": 4, "ray.sequence_parallel": 4}
+    sp = {"runner": "ray", "parallel.trainer_ranks": 4, "parallel.sequence": 4}
     with pytest.raises(ConfigError) as e:
         wan_config(tmp_path, wan21_dir, **sp, **{"sampling.height": 48, "sampling.width": 48})
     msg = str(e.value)
-    assert "ray.sequence_parallel=4: the wan model's video tokens (18) do not split over 4 ranks" in msg
+    assert "parallel.sequence=4: the wan model's video tokens (18) do not split over 4 ranks" in msg
     assert "the wan model's attention heads (2) do not split over 4 ranks" in msg
     # 2 ranks: 18 tokens and 2 heads split
     assert (
@@ -405,8 +405,8 @@ def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path,
             wan21_dir,
             **{
                 **sp,
-                "ray.num_trainer_ranks": 2,
-                "ray.sequence_parallel": 2,
+                "parallel.trainer_ranks": 2,
+                "parallel.sequence": 2,
                 "sampling.height": 48,
                 "sampling.width": 48,
             },
@@ -421,11 +421,11 @@ def test_plan_of_sequence_parallel_ranks_holds_less_activation_per_rank(tmp_path
     less activation memory (the patch embedding, rope, text cross-attention's keys and the gathered
     output stay whole: measured 0.57x)."""
     from diffrl.algorithms.registry import build_algorithm
-    from diffrl.train.plan import plan
+    from diffrl.plan.planner import plan
 
     def planned(sp: int):
         options = {"model.options": "{num_frames: 33, max_sequence_length: 16}", "sampling.height": 128}
-        ray = {"runner": "ray", "ray.num_trainer_ranks": 2, "ray.sequence_parallel": sp}
+        ray = {"runner": "ray", "parallel.trainer_ranks": 2, "parallel.sequence": sp}
         cfg = wan_config(tmp_path, wan22_dir, **ray, **options, **{"sampling.width": 128})
         return plan(cfg, build_algorithm(cfg)).memory
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 from tests.integration.test_bad_inputs import BAD, GRPO, ROOT, Case, _check, _setup, run_row
 

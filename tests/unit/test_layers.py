@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -166,3 +168,83 @@ def test_the_checks_catch_bad_imports(spoiled):
     assert ["diffrl.models.base", "diffrl.models.registry"] in cycles(import_graph(spoiled / "diffrl"))
     bad = function_level_imports(spoiled / "diffrl")
     assert any(b.startswith("diffrl/models/base.py:") and b.endswith(" numpy") for b in bad)
+
+
+# ---- every module in a layer; the docs' table is the contract; runners chosen at the top --------
+
+
+def contract_layers(pyproject: Path, name: str = "diffrl layers") -> list[set[str]]:
+    """The layers of the import-linter contract ``name``, top first, each a set of modules."""
+    contracts = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
+    [contract] = [c for c in contracts if c["name"] == name]
+    return [{part.strip() for part in layer.split("|")} for layer in contract["layers"]]
+
+
+def doc_layers(markdown: Path) -> list[set[str]]:
+    """The layer column of the table under ``## Layers`` in ``docs/ARCHITECTURE.md``, top first."""
+    text = markdown.read_text().split("\n## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
+    return [set(re.findall(r"`(diffrl[\w.]*)`", row.split("|")[2])) for row in rows]
+
+
+def top_level(package_dir: Path) -> set[str]:
+    """``diffrl.X`` for each module and package right under the package (data folders aside)."""
+    names = {f"diffrl.{p.stem}" for p in package_dir.glob("*.py") if p.stem != "__init__"}
+    return names | {f"diffrl.{p.name}" for p in package_dir.iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_every_module_of_the_package_is_in_one_layer():
+    layers = contract_layers(ROOT / "pyproject.toml")
+    placed = [m for layer in layers for m in layer]
+    assert sorted(placed) == sorted(set(placed)), "a module in two layers"
+    assert set(placed) == top_level(ROOT / "diffrl")
+
+
+def test_the_docs_layer_table_is_the_contract():
+    assert doc_layers(ROOT / "docs" / "ARCHITECTURE.md") == contract_layers(ROOT / "pyproject.toml")
+
+
+RUNNER_HOMES = ("diffrl/launch.py", "diffrl/train/runner.py", "diffrl/distributed/")
+"""The composition root and the runners: the only modules that may name a runner."""
+ABOVE_ROOT = ("diffrl/command.py", "diffrl/cli/", "diffrl/preflight/")
+"""The layers above the composition root (they may read ``config.ray`` to check it)."""
+
+
+def runner_names_below_the_root(package_dir: Path) -> list[str]:
+    """``file:line what`` for each comparison with a runner's name (``"ray"``, ``"local"``) outside
+    the runners' homes, and each read of ``config.ray`` below the composition root."""
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir.parent).as_posix()
+        if rel.startswith(RUNNER_HOMES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                named = [
+                    s.value for s in sides if isinstance(s, ast.Constant) and s.value in ("ray", "local")
+                ]
+                if named:
+                    found.append(f"{rel}:{node.lineno} compares with {named[0]!r}")
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr == "ray"
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("config", "cfg")
+                and not rel.startswith(ABOVE_ROOT)
+            ):
+                found.append(f"{rel}:{node.lineno} reads config.ray")
+    return found
+
+
+def test_no_module_below_the_composition_root_names_a_runner(tmp_path):
+    assert runner_names_below_the_root(ROOT / "diffrl") == []
+    spoiled = tmp_path / "diffrl" / "models"
+    spoiled.mkdir(parents=True)
+    (spoiled / "bad.py").write_text(
+        "def f(config):\n    return config.runner == 'ray' or config.ray.colocate\n"
+    )
+    assert runner_names_below_the_root(tmp_path / "diffrl") == [
+        "diffrl/models/bad.py:2 compares with 'ray'",
+        "diffrl/models/bad.py:2 reads config.ray",
+    ]

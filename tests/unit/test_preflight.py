@@ -94,22 +94,22 @@ def test_guidance_defaults_to_the_familys_and_an_explicit_value_wins():
 def test_sequence_parallel_settings_are_checked_before_anything_starts():
     recipe = "recipes/tiny_grpo_ocr_small.yaml"
     with pytest.raises(ConfigError) as e:
-        load_config(recipe, ["runner=ray", "ray.num_trainer_ranks=3", "ray.sequence_parallel=2"])
+        load_config(recipe, ["runner=ray", "parallel.trainer_ranks=3", "parallel.sequence=2"])
     msg = str(e.value)
-    assert "ray.sequence_parallel=2 ranks per sample do not divide ray.num_trainer_ranks=3" in msg
+    assert "parallel.sequence=2 ranks per sample do not divide parallel.trainer_ranks=3" in msg
     # the tiny family (SD3's transformer class) has no context-parallel plan: the error names who can
     assert "the tiny family's transformer cannot split a sample over ranks" in msg
     assert "families that can: " in msg and "ltx2" in msg and "wan" in msg
-    with pytest.raises(ConfigError, match=r"over 2 data-parallel group\(s\) \(ray.num_trainer_ranks=4 / "):
+    with pytest.raises(ConfigError, match=r"over 2 data-parallel group\(s\) \(parallel.trainer_ranks=4 / "):
         load_config(
             recipe,
-            ["runner=ray", "ray.num_trainer_ranks=4", "ray.sequence_parallel=2", "train.batch_size=3"],
+            ["runner=ray", "parallel.trainer_ranks=4", "parallel.sequence=2", "train.batch_size=3"],
             check_files=False,
         )
     with pytest.raises(ConfigError, match="runner=local is one process: set runner: ray"):
-        load_config(recipe, ["ray.sequence_parallel=2"])
-    with pytest.raises(ConfigError, match=r"ray.sequence_parallel must be in \[1, 1024\], got 0"):
-        load_config(recipe, ["runner=ray", "ray.sequence_parallel=0"])
+        load_config(recipe, ["parallel.sequence=2"])
+    with pytest.raises(ConfigError, match=r"parallel.sequence must be in \[1, 1024\], got 0"):
+        load_config(recipe, ["runner=ray", "parallel.sequence=0"])
 
 
 def scores_on(images, prompts, metadata, device="cpu"):
@@ -120,18 +120,18 @@ def test_ray_settings_are_checked_before_anything_starts():
     with pytest.raises(ConfigError) as e:
         load_config(
             "recipes/tiny_grpo_ocr_small.yaml",
-            ["runner=ray", "ray.num_trainer_ranks=3", "ray.num_engines=0", "ray.backend=mpi"],
+            ["runner=ray", "parallel.trainer_ranks=3", "parallel.engines=0", "ray.backend=mpi"],
         )
     msg = str(e.value)
-    assert "do not split evenly over ray.num_trainer_ranks=3" in msg
+    assert "do not split evenly over parallel.trainer_ranks=3" in msg
     assert (
-        "ray.num_engines must be in [1, 4096], got 0" in msg
+        "parallel.engines must be in [1, 4096], got 0" in msg
         and "ray.backend must be gloo, nccl or null" in msg
     )
-    with pytest.raises(ConfigError, match="model.compile=true with ray.num_trainer_ranks=2"):
+    with pytest.raises(ConfigError, match="model.compile=true with parallel.trainer_ranks=2"):
         load_config(
             "recipes/tiny_grpo_ocr_small.yaml",
-            ["runner=ray", "ray.num_trainer_ranks=2", "model.compile=true"],
+            ["runner=ray", "parallel.trainer_ranks=2", "model.compile=true"],
         )
     here = "tests.unit.test_preflight:scores_on"
     gpu_reward = ["runner=ray", f"rewards=[{{name: ocr}}, {{name: {here}, params: {{device: cuda}}}}]"]

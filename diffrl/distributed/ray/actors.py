@@ -19,6 +19,7 @@ from diffrl.distributed.ray.actor_errors import names_user_errors
 from diffrl.distributed.ray.cluster import import_ray
 from diffrl.distributed.ray.sharding import RankPart
 from diffrl.distributed.ray.weight_sync import checksum, live_state, load_state, module_state, sampling_state
+from diffrl.evaluation.evaluate import EvalResult, evaluate
 from diffrl.models.numerics import peak_flops
 from diffrl.models.registry import load_family, resolve_device
 from diffrl.rewards.base import RewardSet
@@ -27,7 +28,6 @@ from diffrl.sampling.engine import build_collector
 from diffrl.sampling.prompt_cache import encode_once
 from diffrl.train.actor import Actor, apply_lora
 from diffrl.train.checkpoint import load_resume_state, save_checkpoint
-from diffrl.train.evaluate import EvalResult, evaluate
 
 
 @names_user_errors("in a Ray rollout engine")
@@ -122,7 +122,9 @@ class TrainerRank:
         config = self.config
         device = resolve_device(config.run.device)
         r = config.ray
-        ctx = init_distributed(self.rank, self.world_size, host, port, r.backend, device, r.sequence_parallel)
+        ctx = init_distributed(
+            self.rank, self.world_size, host, port, r.backend, device, config.parallel.sequence
+        )
         torch.manual_seed(config.run.seed)  # the same LoRA init on every rank as in one process
         self.algorithm = build_algorithm(config)
         family = load_family(config)

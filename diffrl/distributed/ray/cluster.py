@@ -14,6 +14,7 @@ from diffrl.config import Config
 from diffrl.config import number_problem as _number
 from diffrl.core import pins
 from diffrl.core.errors import DiffrlError
+from diffrl.sampling.engine import engine_devices
 
 
 def ray_checks(config: Config, check_files: bool) -> list[str]:
@@ -22,9 +23,12 @@ def ray_checks(config: Config, check_files: bool) -> list[str]:
     r, errors = config.ray, []
     if importlib.util.find_spec("ray") is None:
         errors.append("runner=ray needs the ray package: pip install 'ray>=2.40'")
-    for name in ("num_engines", "num_reward_workers", "num_trainer_ranks"):
-        if getattr(r, name) < 1:
-            errors.append(f"ray.{name} must be >= 1, got {getattr(r, name)}")
+    p = config.parallel
+    for key, value in (("parallel.engines", p.engines), ("ray.num_reward_workers", r.num_reward_workers)):
+        if value < 1:
+            errors.append(f"{key} must be >= 1, got {value}")
+    if p.trainer_ranks < 1:
+        errors.append(f"parallel.trainer_ranks must be >= 1, got {p.trainer_ranks}")
     errors += _number("ray.cpus_per_actor", r.cpus_per_actor, r.cpus_per_actor >= 0, ">= 0")
     if r.threads_per_actor is not None and not 1 <= r.threads_per_actor <= 4096:
         errors.append(
@@ -48,33 +52,48 @@ def ray_checks(config: Config, check_files: bool) -> list[str]:
                 "workers get no GPU unless ray.rewards_on_gpu=true (they then share the ranks' "
                 "GPUs); or serve the reward on GPUs of its own (diffrl serve-reward, reward 'remote')"
             )
-    if config.model.compile and r.num_trainer_ranks > 1:
+    if config.model.compile and p.trainer_ranks > 1:
         errors.append(
-            f"model.compile=true with ray.num_trainer_ranks={r.num_trainer_ranks}: compiling "
+            f"model.compile=true with parallel.trainer_ranks={p.trainer_ranks}: compiling "
             "FSDP2-sharded transformers is not supported yet; set model.compile=false, or train on "
-            "one rank (ray.num_trainer_ranks=1; the engines compile either way)"
+            "one rank (parallel.trainer_ranks=1; the engines compile either way)"
+        )
+    gpus = _engine_gpus(config)
+    if gpus > 1 and r.colocate:
+        errors.append(
+            f"rollout.engine={config.rollout.engine}: an engine spanning {gpus} GPUs (its options' "
+            "sequence_parallel) cannot share a trainer rank's GPU; set ray.colocate=false"
         )
     if r.backend not in (None, "gloo", "nccl"):
         errors.append(f"ray.backend must be gloo, nccl or null, got {r.backend!r}")
-    ranks, per_step, sp = r.num_trainer_ranks, config.train.batch_size, r.sequence_parallel
+    ranks, per_step, sp = p.trainer_ranks, config.train.batch_size, p.sequence
     if sp < 1:
-        errors.append(f"ray.sequence_parallel must be >= 1, got {sp}")
+        errors.append(f"parallel.sequence must be >= 1, got {sp}")
     elif ranks >= 1 and ranks % sp:
         errors.append(
-            f"ray.sequence_parallel={sp} ranks per sample do not divide ray.num_trainer_ranks={ranks}: "
-            f"the trainer ranks form data-parallel groups of {sp} (e.g. ray.num_trainer_ranks={sp * max(1, ranks // sp)})"
+            f"parallel.sequence={sp} ranks per sample do not divide parallel.trainer_ranks={ranks}: "
+            f"the trainer ranks form data-parallel groups of {sp} (e.g. parallel.trainer_ranks={sp * max(1, ranks // sp)})"
         )
     elif ranks >= 1 and per_step % (ranks // sp):
         groups = ranks // sp
         errors.append(
             f"batch arithmetic: train.batch_size={per_step} samples per optimizer step do not split "
-            f"evenly over {groups} data-parallel group(s) (ray.num_trainer_ranks={ranks} / "
-            f"ray.sequence_parallel={sp}; groups take whole samples)"
+            f"evenly over {groups} data-parallel group(s) (parallel.trainer_ranks={ranks} / "
+            f"parallel.sequence={sp}; groups take whole samples)"
             if sp > 1
             else f"batch arithmetic: train.batch_size={per_step} samples per optimizer step do not "
-            f"split evenly over ray.num_trainer_ranks={ranks} (ranks take whole samples)"
+            f"split evenly over parallel.trainer_ranks={ranks} (ranks take whole samples)"
         )
     return errors
+
+
+def _engine_gpus(config: Config) -> int:
+    """The GPUs one rollout engine holds (1 where its settings cannot be read: the engine's own
+    checks report them)."""
+    try:
+        return engine_devices(config)
+    except DiffrlError:
+        return 1
 
 
 def ray_host_port(address: str) -> tuple[str, int] | None:
@@ -147,7 +166,7 @@ class Cluster:
         """Join the cluster at ``ray.address``, or start a local one with room for every actor
         (CPU counts are scheduling units)."""
         ray = import_ray()
-        self.settings = r = config.ray
+        self.settings, self.parallel = r, p = config.ray, config.parallel
         self.pg = None
         pinned = {k: os.environ[k] for k in pins.PINNED_KEYS if k in os.environ}
         self.runtime_env = {"runtime_env": {"env_vars": pinned}} if r.address and pinned else {}
@@ -165,7 +184,7 @@ class Cluster:
             ray.init(address=r.address)
         else:
             n_rewards = r.num_reward_workers * len(config.rewards) if needs_reward else 0
-            need = int(r.cpus_per_actor * (r.num_trainer_ranks + r.num_engines + n_rewards)) + 1
+            need = int(r.cpus_per_actor * (p.trainer_ranks + p.engines + n_rewards)) + 1
             ray.init(
                 num_cpus=max(os.cpu_count() or 1, need),
                 include_dashboard=False,
@@ -178,8 +197,8 @@ class Cluster:
         actors get (under Ray each actor sees its own GPU(s) from 0). ``engine_gpus``: the GPUs an
         engine on devices of its own holds (a server spanning several)."""
         ray = import_ray()
-        r = self.settings
-        n_ranks, n_engines, cpus = r.num_trainer_ranks, r.num_engines, r.cpus_per_actor
+        r, p = self.settings, self.parallel
+        n_ranks, n_engines, cpus = p.trainer_ranks, p.engines, r.cpus_per_actor
         self.gpu = config.run.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
         if config.run.device.startswith("cuda") and not self.gpu:
             raise DiffrlError(
@@ -203,7 +222,7 @@ class Cluster:
         except ray.exceptions.GetTimeoutError as e:
             raise DiffrlError(
                 f"the Ray cluster cannot place {n_ranks} trainer-rank bundle(s) of {bundle} within 5 "
-                f"minutes (cluster: {ray.cluster_resources()}); lower ray.num_trainer_ranks or "
+                f"minutes (cluster: {ray.cluster_resources()}); lower parallel.trainer_ranks or "
                 "ray.cpus_per_actor, or add nodes"
             ) from e
         return config
@@ -229,7 +248,7 @@ class Cluster:
             return {
                 "num_cpus": cpus,
                 "num_gpus": self.share,
-                "scheduling_strategy": self._in_bundle(i % self.settings.num_trainer_ranks),
+                "scheduling_strategy": self._in_bundle(i % self.parallel.trainer_ranks),
                 **self.runtime_env,
             }
         return {"num_cpus": cpus, "num_gpus": float(self.engine_gpus) if self.gpu else 0, **self.runtime_env}
@@ -242,7 +261,7 @@ class Cluster:
         return {
             "num_cpus": self.settings.cpus_per_actor,
             "num_gpus": self.share,
-            "scheduling_strategy": self._in_bundle(i % self.settings.num_trainer_ranks),
+            "scheduling_strategy": self._in_bundle(i % self.parallel.trainer_ranks),
             **self.runtime_env,
         }
 

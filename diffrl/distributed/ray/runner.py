@@ -2,9 +2,9 @@
 
 ```
 driver (this process: plans rollouts, runs the algorithm's postprocess/build_train_data)
-  ├─ RolloutEngine x ray.num_engines      base model + sampling weights; samples micro-groups
+  ├─ RolloutEngine x parallel.engines      base model + sampling weights; samples micro-groups
   ├─ RewardWorker  x ray.num_reward_workers per reward type; scores micro-groups as they finish
-  └─ TrainerRank   x ray.num_trainer_ranks in one placement group; torch.distributed (gloo on
+  └─ TrainerRank   x parallel.trainer_ranks in one placement group; torch.distributed (gloo on
                    CPU, NCCL on GPU), FSDP2 fully_shard per transformer block, peft LoRA
 ```
 
@@ -12,7 +12,7 @@ Every random draw of a rollout is keyed by (seed, prompt slot, sample, step), so
 union is the single-process rollout whatever engine samples which micro-group. Each optimizer
 step's examples are split over the ranks by whole samples; each rank weights its loss by its
 share of the global count, so the reduced gradient is the single-process one. With
-``ray.sequence_parallel: N`` the ranks form data-parallel groups of N: a group's ranks take the
+``parallel.sequence: N`` the ranks form data-parallel groups of N: a group's ranks take the
 same samples and each runs its part of every sample's tokens (Ulysses attention). After each update
 only the trainable tensors (LoRA A/B pairs) go to the engines, with a checksum.
 
@@ -38,7 +38,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from diffrl.algorithms.base import DiffusionAlgorithm
-from diffrl.config import Config
+from diffrl.config import Config, ParallelConfig
 from diffrl.core.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.data.prompts import load_prompts
 from diffrl.distributed.ray.actor_errors import get
@@ -48,11 +48,11 @@ from diffrl.distributed.ray.dispatch import ActorPool, Dispatch, kill, ranks_cal
 from diffrl.distributed.ray.reward_worker import RewardWorker
 from diffrl.distributed.ray.sharding import shard_steps
 from diffrl.distributed.ray.weight_sync import EngineWeights
+from diffrl.evaluation.evaluate import EvalResult
 from diffrl.rewards.base import reward_labels
 from diffrl.sampling.collector import RolloutPlanner
 from diffrl.sampling.engine import engine_devices
 from diffrl.train.checkpoint import ROLLOUT_VERSION, ROLLOUT_WEIGHTS, read_checkpoint_info
-from diffrl.train.evaluate import EvalResult
 from diffrl.train.runner import PendingScore
 
 
@@ -63,6 +63,16 @@ class RayRunner:
     @classmethod
     def validate(cls, config: Config, check_files: bool = True) -> list[str]:
         return ray_checks(config, check_files)
+
+    @classmethod
+    def layout(cls, config: Config) -> ParallelConfig:
+        """The ranks and engines of ``parallel:``, each an actor."""
+        return config.parallel
+
+    @classmethod
+    def driver_device(cls, config: Config) -> str:
+        """The driver holds no actor's device (``run.device`` names the actors'): the CPU."""
+        return "cpu"
 
     @classmethod
     def uses_local_devices(cls, config: Config) -> bool:
@@ -87,14 +97,14 @@ class RayRunner:
             raise
 
     def _start(self, config: Config, spec: CollectionSpec) -> None:
-        ray, cluster, r = import_ray(), self.cluster, config.ray
+        ray, cluster, r, p = import_ray(), self.cluster, config.ray, config.parallel
         actor_config = cluster.place(config, engine_devices(config))
         rank_cls = ray.remote(TrainerRank)
         self.ranks = [
             rank_cls.options(**cluster.rank_options(i)).remote(
-                actor_config, i, r.num_trainer_ranks, cluster.threads
+                actor_config, i, p.trainer_ranks, cluster.threads
             )
-            for i in range(r.num_trainer_ranks)
+            for i in range(p.trainer_ranks)
         ]
         host, port = get(self.ranks[0].address.remote())
         self.trainable = self._ranks_call("setup", host, port)[0]
@@ -102,7 +112,7 @@ class RayRunner:
         engine_cls, worker_cls = ray.remote(RolloutEngine), ray.remote(RewardWorker)
         self.dispatch.engines = ActorPool(
             lambda i: engine_cls.options(**cluster.engine_options(i)).remote(actor_config, cluster.threads),
-            r.num_engines,
+            p.engines,
             on_replace=self.weights.load_into,  # a new engine first takes the current weights
         )
         self.dispatch.reward_pools = [
@@ -124,11 +134,11 @@ class RayRunner:
         return ranks_call(self.ranks, method, *args, per_rank=per_rank, last_checkpoint=self.last_checkpoint)
 
     def describe(self) -> str:
-        r = self.config.ray
+        r, p = self.config.ray, self.config.parallel
         forwards, notes = get(self.dispatch.engines.actors[0].forwards.remote())
         return (
-            f"{self.trainable:,} trainable parameters; Ray: {r.num_engines} engine(s), "
-            f"{r.num_trainer_ranks} FSDP2 rank(s), {r.num_reward_workers} reward worker(s) per reward"
+            f"{self.trainable:,} trainable parameters; Ray: {p.engines} engine(s), "
+            f"{p.trainer_ranks} FSDP2 rank(s), {r.num_reward_workers} reward worker(s) per reward"
             f"{', rollouts drawn one iteration ahead' if self.pipelined else ''}; "
             f"forwards {forwards}" + "".join(f"\n  note: {note}" for note in notes)
         )
@@ -154,9 +164,8 @@ class RayRunner:
 
     # ---- training ----------------------------------------------------------------------------------
     def optimize(self, chunks: list[TrainExamples]) -> list[dict[str, float]]:
-        r = self.config.ray
         per_rank, skipped = shard_steps(
-            chunks, len(self.ranks), self.config.train.micro_batch_size, r.sequence_parallel
+            chunks, len(self.ranks), self.config.train.micro_batch_size, self.config.parallel.sequence
         )
         if skipped:
             warnings.warn(

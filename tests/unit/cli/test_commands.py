@@ -81,8 +81,8 @@ def test_train_prints_no_line_of_the_driver_again(tmp_path, capsys, monkeypatch)
     """The driver prints its stage summary and ``report: ...``; the command's closing lines add
     the checkpoint and the pictures, never a line it already printed (here a driver that prints
     as the real one does, so the test does not train)."""
-    import diffrl.train.loop
-    from diffrl.train.stages import TrainResult
+    import diffrl.launch
+    from diffrl.train.state import TrainResult
 
     said = ["seconds per iteration (mean of 1): rollout 1.00 s", f"report: {tmp_path / 'report.html'}"]
 
@@ -93,7 +93,7 @@ def test_train_prints_no_line_of_the_driver_again(tmp_path, capsys, monkeypatch)
             (tmp_path / name).write_text("x")
         return TrainResult(output_dir=tmp_path, checkpoint=tmp_path / "checkpoints" / "final")
 
-    monkeypatch.setattr(diffrl.train.loop, "train", driver)
+    monkeypatch.setattr(diffrl.launch, "train", driver)
     assert main(["train", str(recipes_dir() / "tiny_sft.yaml"), f"run.output_dir={tmp_path}"]) == 0
     printed = capsys.readouterr().out.splitlines()
     for line in said:

@@ -14,7 +14,7 @@ from tests.integration.test_plugin_exits import NFT, TINY
 
 
 def _format() -> str:
-    return warnings.formatwarning("3 sample(s) dropped", UserWarning, DIFFRL_DIR + "train/stages.py", 12)
+    return warnings.formatwarning("3 sample(s) dropped", UserWarning, DIFFRL_DIR + "train/gather.py", 12)
 
 
 def test_diffrls_warning_is_one_line_and_a_librarys_keeps_pythons_format():
@@ -24,12 +24,12 @@ def test_diffrls_warning_is_one_line_and_a_librarys_keeps_pythons_format():
         assert warnings.formatwarning("x", UserWarning, library, 12).startswith(
             f"{library}:12: UserWarning: x"
         )
-    assert "stages.py:12: UserWarning: 3 sample(s) dropped" in _format()  # outside a command: Python's
+    assert "gather.py:12: UserWarning: 3 sample(s) dropped" in _format()  # outside a command: Python's
 
 
 def test_a_recorded_warning_is_still_recorded():
     with _warning_lines(), pytest.warns(UserWarning, match="dropped"):
-        warnings.warn_explicit("3 sample(s) dropped", UserWarning, DIFFRL_DIR + "train/stages.py", 12)
+        warnings.warn_explicit("3 sample(s) dropped", UserWarning, DIFFRL_DIR + "train/gather.py", 12)
 
 
 FORMATS: list[str] = []
@@ -54,4 +54,4 @@ def test_a_commands_warnings_read_as_lines_and_debug_keeps_pythons(tmp_path, mon
         ]
         assert main([*debug, *argv]) == 0
     assert FORMATS[0] == "warning: 3 sample(s) dropped\n"
-    assert "stages.py:12: UserWarning" in FORMATS[-1]
+    assert "gather.py:12: UserWarning" in FORMATS[-1]

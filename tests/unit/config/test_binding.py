@@ -4,7 +4,7 @@ files that are missing or malformed. Through :func:`~diffrl.preflight.load_confi
 
 import pytest
 
-from diffrl.config import ConfigError, parse_overrides, recipes_dir
+from diffrl.config import ConfigError, bind_config, parse_overrides, recipes_dir
 from diffrl.preflight import load_config
 
 
@@ -67,3 +67,20 @@ def test_a_shipped_recipe_by_name_from_any_folder(tmp_path, monkeypatch):
     (tmp_path / "tiny_demo.yaml").write_text("run: {name: mine}\n")  # a file of the name wins
     assert load_config("tiny_demo.yaml").run.name == "mine"
     assert load_config("tiny_demo").run.name == "mine"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("ray.sequence_parallel", "parallel.sequence"),
+        ("ray.num_trainer_ranks", "parallel.trainer_ranks"),
+        ("ray.num_engines", "parallel.engines"),
+    ],
+)
+def test_a_moved_key_is_refused_with_its_new_spelling(old, new):
+    for recipe, overrides in (({}, [f"{old}=2"]), ({"ray": {old.split(".")[1]: 2}}, [])):
+        with pytest.raises(ConfigError) as e:
+            load_config(recipe, overrides)
+        assert f"unknown key '{old}': it moved to {new}" in str(e.value)
+    config, errors, _ = bind_config({}, [f"{new}=2"])
+    assert not errors and getattr(config.parallel, new.split(".")[1]) == 2

@@ -20,13 +20,15 @@ from typing import Annotated, Any, get_args, get_origin
 import pytest
 import yaml
 
-import diffrl.train.loop
+import diffrl.launch
 from diffrl import cli
 from diffrl.algorithms.registry import ALGORITHMS
 from diffrl.config import Config, ConfigError, Range, TrainConfig, bind_config
 from diffrl.config.binding import YamlProblem, load_yaml, signature_problems, with_lines
 from diffrl.core.errors import EXIT_USER_ERROR, quoted
 from diffrl.core.registry import Registry
+from diffrl.evaluation.evaluate import caption_font, wrap
+from diffrl.launch import RUNNERS
 from diffrl.logging.trackers import PACKAGES, TRACKERS
 from diffrl.models.registry import FAMILIES
 from diffrl.preflight import load_config
@@ -35,8 +37,6 @@ from diffrl.rewards.registry import REWARDS
 from diffrl.sampling.engine import ENGINES
 from diffrl.sampling.kernels import KERNELS
 from diffrl.sampling.step_strategies import STEP_STRATEGIES
-from diffrl.train.evaluate import caption_font, wrap
-from diffrl.train.runner import RUNNERS
 
 
 def _numeric(tp: Any) -> tuple[type, Range | None] | None:
@@ -488,7 +488,7 @@ def test_the_command_line_refuses_a_plugin_param_out_of_range(
     def refuse(config):  # a row that got past validation must not start the recipe's training
         raise AssertionError(f"{overrides} reached training")
 
-    monkeypatch.setattr(diffrl.train.loop, "train", refuse)
+    monkeypatch.setattr(diffrl.launch, "train", refuse)
     recipe = Path(__file__).resolve().parents[3] / "recipes" / "tiny_grpo_ocr_small.yaml"
     code = cli.main(["train", str(recipe), f"run.output_dir={tmp_path / 'run'}", *overrides])
     err = capsys.readouterr().err

@@ -19,11 +19,11 @@ from diffrl.data.offline import (
     scan_image_folder,
 )
 from diffrl.data.prompts import PromptFileError, load_prompts
+from diffrl.evaluation.evaluate import evaluate
+from diffrl.launch import train
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
 from diffrl.rewards.ocr import ocr_reward_from_text
-from diffrl.train.evaluate import evaluate
-from diffrl.train.loop import train
 from tests.conftest import tiny_overrides
 
 # Lines copied from github.com/yifan123/flow_grpo (commit ac4c86e): dataset/ocr/test.txt lines 1, 2,

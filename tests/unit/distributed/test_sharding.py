@@ -75,7 +75,7 @@ def test_shard_steps_with_every_step_skipped_leaves_the_ranks_nothing():
 
 
 def test_shard_steps_gives_a_sequence_groups_ranks_the_same_share_counted_once():
-    """``ray.sequence_parallel: 2`` on 4 ranks: 2 data groups (ranks 0-1, 2-3) split the samples;
+    """``parallel.sequence: 2`` on 4 ranks: 2 data groups (ranks 0-1, 2-3) split the samples;
     the global count is the step's, not twice it."""
     per_rank, skipped = shard_steps([examples([0, 1, 2, 3, 4, 5], steps_per_sample=2)], 4, 2, sequence=2)
     assert skipped == 0

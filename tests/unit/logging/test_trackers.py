@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from diffrl import launch
 from diffrl.config import ConfigError
 from diffrl.logging import MetricsLogger, TrackerError, TrackerRun, start_trackers
 from diffrl.preflight import load_config
-from diffrl.train import loop, session
+from diffrl.train import loop
 from tests.conftest import tiny_overrides
 
 
@@ -87,15 +88,14 @@ def test_the_driver_starts_the_trackers_before_any_model_loads(tmp_path, monkeyp
     def no_runner(*args):
         raise AssertionError("the runner was built before the trackers started")
 
-    monkeypatch.setattr(session, "build_runner", no_runner)  # the session builds it
     config = load_config(
         "recipes/tiny_sft.yaml", tiny_overrides(tmp_path, **{"run.loggers": f"[{REFUSING}]"})
     )
     with pytest.raises(TrackerError, match="Refusing' could not start"):
-        loop.train(config)
-    monkeypatch.undo()  # the logger fixed: the same folder trains (nothing of the failed start holds it)
+        loop.train(config, no_runner)  # the session builds the runner it is handed
+    # the logger fixed: the same folder trains (nothing of the failed start holds it)
     fixed = load_config("recipes/tiny_sft.yaml", tiny_overrides(tmp_path, **{"train.iterations": 1}))
-    assert loop.train(fixed).history[-1]["step"] == 1
+    assert launch.train(fixed).history[-1]["step"] == 1
 
 
 def test_every_metric_image_and_the_metadata_reach_each_tracker(tmp_path, capsys):

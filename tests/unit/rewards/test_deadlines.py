@@ -143,7 +143,7 @@ def test_the_collector_counts_the_samples_a_hung_reward_failed(tmp_path):
     from diffrl.models.registry import load_family
     from diffrl.preflight import load_config
     from diffrl.sampling.collector import OnlineCollector
-    from diffrl.train.stages import Rollout, reward_metrics
+    from diffrl.train.gather import Rollout, rollout_metrics
 
     overrides = {
         **SMALL_ROLLOUT,
@@ -169,7 +169,7 @@ def test_the_collector_counts_the_samples_a_hung_reward_failed(tmp_path):
     with pytest.warns(
         UserWarning, match="4 of them missed a reward's deadline .* does not reproduce bit for bit"
     ):
-        reward_metrics(batch, stats, 0)
+        rollout_metrics(batch, stats, 0)
 
 
 class OldStyleSubmit(Reward):

@@ -511,10 +511,10 @@ def test_the_params_each_mode_uses_are_accepted():
 
 
 def test_eval_judges_each_prompt_apart_even_where_two_share_their_text(server, tmp_path):
+    from diffrl.evaluation.evaluate import evaluate
     from diffrl.models.registry import load_family
     from diffrl.preflight import load_config
     from diffrl.rewards.base import RewardSet
-    from diffrl.train.evaluate import evaluate
     from tests.conftest import tiny_overrides
 
     url, script = server(ok(completion("Ranking: 2 > 1")))

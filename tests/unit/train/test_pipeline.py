@@ -1,5 +1,5 @@
 """The pipelined driver's rollout in flight (:mod:`diffrl.train.pipeline`) and the staleness each
-sample carries (:func:`diffrl.train.stages.rollout_metrics`). The end-to-end behaviour (a Ray run
+sample carries (:func:`diffrl.train.gather.rollout_metrics`). The end-to-end behaviour (a Ray run
 at ``train.off_policy_steps: 1``, killed and resumed bit for bit) is
 ``tests/distributed/test_ray_resume.py``."""
 
@@ -10,8 +10,8 @@ import torch
 
 from diffrl.core.errors import Abandoned
 from diffrl.core.rollout import Conditioning, RolloutBatch, RolloutStats
+from diffrl.train.gather import rollout_metrics
 from diffrl.train.pipeline import RolloutAhead
-from diffrl.train.stages import rollout_metrics
 
 
 def _part(group: int, n: int, version: int) -> RolloutBatch:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from diffrl.launch import runner_class
 from diffrl.preflight import load_config
 from diffrl.train.run_folder import RunFolder
 from diffrl.train.runner import LocalRunner
@@ -58,7 +59,7 @@ def test_a_fresh_run_whose_model_fails_to_load_closes_its_loggers_and_leaves_the
     Recording.started.clear()
     config = _config(tmp_path, "Unloadable")
     with pytest.raises(OSError, match="model weights not found"):
-        with TrainSession(config):
+        with TrainSession(config, runner_class(config)):
             pytest.fail("the session opened without a runner")
     [tracker] = Recording.started
     assert tracker.closed == "failed"
@@ -72,7 +73,7 @@ def test_a_run_that_fails_while_it_iterates_closes_everything_and_keeps_its_id(t
     Closing.closed.clear()
     config = _config(tmp_path, "Closing")
     with pytest.raises(RuntimeError, match="an iteration failed"):
-        with TrainSession(config) as session:
+        with TrainSession(config, runner_class(config)) as session:
             session.logger.log(1, {"train/loss": 0.5})  # what an iteration leaves in the folder
             raise RuntimeError("an iteration failed")
     assert Closing.closed == ["closed"]
@@ -88,7 +89,7 @@ def test_the_loggers_close_and_the_lock_is_released_when_the_runner_fails_to_clo
     Recording.started.clear()
     config = _config(tmp_path, "FailingToClose")
     with pytest.raises(RuntimeError, match="a reward pool would not stop"):
-        with TrainSession(config):
+        with TrainSession(config, runner_class(config)):
             pass
     [tracker] = Recording.started
     assert tracker.closed == "ok"  # the run itself ended well
@@ -97,7 +98,7 @@ def test_the_loggers_close_and_the_lock_is_released_when_the_runner_fails_to_clo
 
 def test_a_run_that_ends_well_writes_its_report_and_says_so_once(tmp_path, capsys):
     config = _config(tmp_path, "Closing")
-    with TrainSession(config) as session:
+    with TrainSession(config, runner_class(config)) as session:
         session.logger.log(1, {"train/loss": 0.5})
     out = capsys.readouterr().out
     assert out.count("report: ") == 1, out
@@ -109,7 +110,7 @@ def test_pictures_that_cannot_be_written_are_a_warning_naming_diffrl_report(tmp_
     config = _config(tmp_path, "Closing")
     out = config.run.resolved_output_dir()
     with pytest.warns(UserWarning, match=r"could not write the run's pictures .* `diffrl report .*`"):
-        with TrainSession(config) as session:
+        with TrainSession(config, runner_class(config)) as session:
             session.logger.log(1, {"train/loss": 0.5})
             # the page cannot be written where a folder is (one made while the run ran: a run
             # refuses to start on a folder there)

@@ -1,4 +1,4 @@
-"""The driver's stage helpers (:mod:`diffrl.train.stages`): per-iteration metrics of optimizer
+"""The driver's stage helpers (:mod:`diffrl.train.perf`, :mod:`diffrl.train.batches`): per-iteration metrics of optimizer
 steps, the end-of-run stage summary, and what the progress bars count and show."""
 
 import pytest
@@ -6,7 +6,8 @@ import pytest
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.preflight import load_config
 from diffrl.sampling.collector import RolloutPlanner
-from diffrl.train.stages import mean_metrics, mfu_metrics, micro_group_count, progress_postfix, stage_summary
+from diffrl.train.batches import micro_group_count
+from diffrl.train.perf import mean_metrics, mfu_metrics, progress_postfix, stage_summary
 
 
 def test_step_metrics_are_averaged_and_times_added_up():

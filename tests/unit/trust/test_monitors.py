@@ -1,15 +1,17 @@
-"""The diversity and collapse monitors (diffrl.train.monitors) and how a rollout's metrics carry
-them (stages.rollout_metrics): golden values on hand-made images."""
+"""The diversity and collapse monitors (diffrl.trust.monitors) and how a rollout's metrics carry
+them (the run's Trust, diffrl.trust.trust): golden values on hand-made images."""
 
 import warnings
 
 import pytest
 import torch
 
-from diffrl.config.schema import MonitorConfig, TrainConfig
+from diffrl.config import Config
+from diffrl.config.schema import MonitorConfig
 from diffrl.core.rollout import Conditioning, RolloutBatch, RolloutStats
-from diffrl.train.monitors import POOL, collapse_warning, diversity_metrics, pooled
-from diffrl.train.stages import LoopState, rollout_metrics
+from diffrl.train.gather import rollout_metrics
+from diffrl.trust.monitors import POOL, collapse_warning, diversity_metrics, pooled
+from diffrl.trust.trust import Trust
 
 
 def flat(levels: list[int], size: int = 8) -> torch.Tensor:
@@ -84,7 +86,10 @@ def test_rollout_metrics_carry_the_monitors_of_the_scored_samples_and_warn():
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        m = rollout_metrics(batch, RolloutStats(reward_failed=1), iteration=2)
+        m = {
+            **rollout_metrics(batch, RolloutStats(reward_failed=1), iteration=2),
+            **Trust(Config()).rollout_monitors(batch, iteration=2),
+        }
     # the failed sample is left out: group 1 has one sample, group 0 is two equal images
     assert m["monitor/near_duplicate_groups"] == 1.0 and m["alarm/collapse"] == 1.0
     assert m["rollout/reward_failed_frac"] == 0.25 and m["rollout/reward_failed"] == 1.0
@@ -121,14 +126,14 @@ def test_the_threshold_follows_the_first_rollouts_spread():
 
 
 def test_the_first_rollouts_spread_is_the_reference_and_survives_a_checkpoint():
-    state = LoopState.resumed(None, TrainConfig())
-    assert state.base_spread is None
-    state.base_spread = 61.5
-    saved = state.saved(final=False)
-    assert LoopState.resumed({"loop": saved}, TrainConfig()).base_spread == 61.5
+    trust = Trust(Config())
+    assert trust.base_spread is None
+    trust.base_spread = 61.5
+    saved = trust.state()
+    assert Trust(Config(), saved).base_spread == 61.5
     # a checkpoint written before the reference existed: no reference (a later rollout may be
     # collapsed already), the absolute threshold only
     del saved["base_spread"]
-    assert LoopState.resumed({"loop": saved}, TrainConfig()).base_spread == 0.0
+    assert Trust(Config(), saved).base_spread == 0.0
     images, group_id = flat([10, 30, 100, 130]), torch.tensor([0, 0, 1, 1])
     assert diversity_metrics(images, group_id, base_spread=0.0)["monitor/near_duplicate_threshold"] == 2.0

@@ -1,4 +1,4 @@
-"""Videos to .mp4 files (``diffrl/train/media.py``): what FFmpeg reads back is what was written:
+"""Videos to .mp4 files (``diffrl/evaluation/media.py``): what FFmpeg reads back is what was written:
 the frames, their size and rate, and the sound's channels, rate and length; odd sizes are kept
 (4:4:4), rates AAC does not define are resampled to 48 kHz."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from diffrl.core.rollout import Audio
-from diffrl.train.media import write_mp4
+from diffrl.evaluation.media import write_mp4
 
 
 def read_back(path) -> dict:

@@ -1,4 +1,4 @@
-"""train.keep_best's decision (diffrl/train/best.py) on hand-made scores: the best moves only when
+"""train.keep_best's decision (diffrl/trust/best.py) on hand-made scores: the best moves only when
 the new eval beats it by more than the paired SE; the first eval is the first best (no checkpoint);
 the record survives a checkpoint exactly."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from diffrl.config.schema import KeepBestConfig
-from diffrl.train.best import Best, beats
+from diffrl.trust.best import Best, beats
 
 KEY = "eval/reward_mean"
 

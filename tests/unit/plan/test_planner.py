@@ -10,9 +10,9 @@ import torch
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.cli import main
 from diffrl.models.registry import load_family
+from diffrl.plan.planner import _FrozenAwareMemTracker, plan
 from diffrl.preflight import load_config
 from diffrl.train.actor import Actor
-from diffrl.train.plan import _FrozenAwareMemTracker, plan
 from tests.conftest import ROOT
 
 RECIPE = str(ROOT / "recipes" / "tiny_grpo_ocr_small.yaml")

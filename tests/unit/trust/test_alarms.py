@@ -1,4 +1,4 @@
-"""The reward-hacking alarm and the watch curves' paired gains (diffrl/train/alarms.py), on
+"""The reward-hacking alarm and the watch curves' paired gains (diffrl/trust/alarms.py), on
 hand-made per-sample scores: it fires only when the total rose while a watched reward fell by more
 than k paired SE, against the eval ``window`` evals back, and its state survives a checkpoint."""
 
@@ -10,8 +10,8 @@ import torch
 
 from diffrl.config.schema import WatchAlarmConfig
 from diffrl.preflight import schema
-from diffrl.train import alarms
-from diffrl.train.alarms import ALARM_METRIC, TOTAL, Watch, paired
+from diffrl.trust import alarms
+from diffrl.trust.alarms import ALARM_METRIC, TOTAL, Watch, paired
 
 W = "eval/watch/aesthetic_mean"
 

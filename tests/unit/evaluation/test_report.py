@@ -9,8 +9,8 @@ from PIL import Image
 
 from diffrl.cli import main
 from diffrl.core.errors import EXIT_USER_ERROR
-from diffrl.train.evaluate import EvalResult, eval_grid_path, eval_table, save_grid
-from diffrl.train.report import (
+from diffrl.evaluation.evaluate import EvalResult, eval_grid_path, eval_table, save_grid
+from diffrl.evaluation.report import (
     STYLE,
     compose_side_by_side,
     metric_panels,

@@ -2,7 +2,7 @@
 
 Every ``every`` iterations the run evaluates (the eval that runs anyway when it falls there), and
 the new weights' per-sample scores of ``metric`` are paired with the current best's (same prompts,
-same noise: :func:`diffrl.train.alarms.paired`). The best moves when the mean difference exceeds
+same noise: :func:`diffrl.trust.alarms.paired`). The best moves when the mean difference exceeds
 its standard error: a gain within the noise keeps the earlier checkpoint, so the last of many
 equally good checkpoints is not taken for an improvement. The first eval (the base model, or where
 a run began keeping the best) is the first best, with no checkpoint: ``checkpoints/best`` appears
@@ -20,7 +20,7 @@ import torch
 
 from diffrl.config.schema import KeepBestConfig
 from diffrl.core.errors import DiffrlError
-from diffrl.train.alarms import MAX_PAIRED, from_json, paired, to_json
+from diffrl.trust.alarms import MAX_PAIRED, from_json, paired, to_json
 
 BEST = "best"
 """The folder name under ``checkpoints/`` (and the target ``diffrl eval`` / ``export`` accept)."""

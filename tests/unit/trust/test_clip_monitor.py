@@ -1,4 +1,4 @@
-"""The CLIP diversity monitor (diffrl.train.monitors.clip_*): the distance math on hand-made
+"""The CLIP diversity monitor (diffrl.trust.monitors.clip_*): the distance math on hand-made
 embeddings, its schedule, the tiny CLIP's embeddings, and the default CLIP a config resolves to
 (diffrl.preflight.monitor)."""
 
@@ -9,7 +9,7 @@ from diffrl.config import Config, RewardConfig
 from diffrl.config.schema import MonitorConfig
 from diffrl.preflight.monitor import monitor_problems, resolve_monitor
 from diffrl.rewards import clip_embed
-from diffrl.train.monitors import clip_diversity, clip_embedder, clip_metrics, mean_pairwise_cosine_distance
+from diffrl.trust.monitors import clip_diversity, clip_embedder, clip_metrics, mean_pairwise_cosine_distance
 from tests.unit.rewards.tiny_clip import write_clip
 
 TRAIN = ("train", "rewards", "monitor")

@@ -1,9 +1,10 @@
-"""The report's trust section (diffrl/train/report.py): the paired-gain and diversity plot, the
+"""The report's trust section (diffrl/trust/report.py, a panel of diffrl/evaluation/report.py's page): the paired-gain and diversity plot, the
 alarms at their iteration, the best checkpoint, the group-health rows of the metrics a run logged."""
 
 import json
 
-from diffrl.train.report import AlarmSpell, alarm_spells, best_point, build_report, trust_section
+from diffrl.evaluation.report import build_report
+from diffrl.trust.report import AlarmSpell, alarm_spells, best_point, trust_section
 
 
 def test_the_section_shows_alarms_the_best_and_the_health_rows_logged(tmp_path):
@@ -50,7 +51,7 @@ def test_the_section_shows_alarms_the_best_and_the_health_rows_logged(tmp_path):
 def test_a_run_without_watch_monitors_or_best_gets_no_section(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 0.5}) + "\n")
     (tmp_path / "eval_curve.json").write_text(json.dumps([{"step": 0, "eval/reward_mean": 0.3}]))
-    page = build_report(tmp_path).path.read_text()
+    page = build_report(tmp_path, panels=trust_section).path.read_text()
     assert "Can this run be trusted?" not in page and not (tmp_path / "trust.png").exists()
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from diffrl.train.evaluate import (
+from diffrl.evaluation.evaluate import (
     Caption,
     EvalResult,
     GridNote,
@@ -56,13 +56,13 @@ def every_other_nan(images, prompts, metadata):
 
 
 def test_a_failing_eval_reward_costs_its_samples_not_the_run(tmp_path):
+    from diffrl.evaluation.evaluate import evaluate
     from diffrl.models.registry import load_family
     from diffrl.preflight import load_config
     from diffrl.rewards.base import RewardSet
-    from diffrl.train.evaluate import evaluate
     from tests.conftest import tiny_overrides
 
-    here = "tests.unit.train.test_evaluate:every_other_nan"
+    here = "tests.unit.evaluation.test_evaluate:every_other_nan"
     config = load_config(
         "recipes/tiny_sft.yaml", tiny_overrides(tmp_path, **{"eval.rewards": f"[{{name: {here}}}]"})
     )
@@ -212,9 +212,9 @@ def test_a_tile_is_drawn_again_by_the_command_its_note_gives(tmp_path):
     # tile #i.j is the last image of `diffrl sample --prompts P --num-prompts i+1
     # --samples-per-prompt j+1 --seed S`: the noise eval and sample draw is keyed the same way
     from diffrl.data.prompts import load_prompts
+    from diffrl.evaluation.evaluate import evaluate, generate
     from diffrl.models.registry import load_family
     from diffrl.preflight import load_config
-    from diffrl.train.evaluate import evaluate, generate
     from tests.conftest import tiny_overrides
 
     config = load_config(

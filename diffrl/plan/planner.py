@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from diffrl.algorithms.base import DiffusionAlgorithm
-from diffrl.config import Config
+from diffrl.config import Config, ParallelConfig
 from diffrl.core.errors import DiffrlError
 from diffrl.core.parallel import sequence_mesh
 from diffrl.models.base import SHIPPED_CONFIGS, ModelFamily, Planned
@@ -214,12 +214,15 @@ def _category(snapshot: dict, *names: str) -> int:
 
 
 def measure(
-    config: Config, planned: Planned, family: type[ModelFamily], algorithm: DiffusionAlgorithm
+    config: Config,
+    planned: Planned,
+    family: type[ModelFamily],
+    algorithm: DiffusionAlgorithm,
+    layout: ParallelConfig,
 ) -> Plan:
-    """One micro-batch's step on fake tensors (see the module's docstring)."""
-    runner_ray = config.runner == "ray"
-    ranks = config.ray.num_trainer_ranks if runner_ray else 1
-    sequence = config.ray.sequence_parallel if runner_ray else 1
+    """One micro-batch's step on fake tensors (see the module's docstring), for the ranks and
+    engines of ``layout``."""
+    ranks, sequence = layout.trainer_ranks, layout.sequence
     cost = algorithm.train_cost()
     guidance = config.sampling.guidance_scale
     cfg_on = guidance is not None and guidance > getattr(family, "no_guidance_scale", 1.0)
@@ -267,7 +270,7 @@ def measure(
         samples=samples,
         steps=s.num_steps,
         examples=examples,
-        engines=config.ray.num_engines if runner_ray else 1,
+        engines=layout.engines,
     )
 
 
@@ -332,8 +335,10 @@ def _memory(
     return memory, {"forward": float(forward), "train": float(counter.total)}
 
 
-def plan(config: Config, algorithm: DiffusionAlgorithm) -> Plan:
-    """The plan of ``config`` (a validated config; the model's weights need not exist)."""
+def plan(config: Config, algorithm: DiffusionAlgorithm, layout: ParallelConfig | None = None) -> Plan:
+    """The plan of ``config`` (a validated config; the model's weights need not exist) for the
+    ranks and engines of ``layout``, those its runner places (:func:`diffrl.launch.layout`;
+    ``None``: ``config.parallel`` as the recipe says)."""
     family = FAMILIES.resolve(config.model.family)
     folder, source = model_folder(config)
     planned = family.planned(config, folder)
@@ -343,7 +348,7 @@ def plan(config: Config, algorithm: DiffusionAlgorithm) -> Plan:
             f"diffrl plan: the {family.name} family cannot be planned yet (it builds no meta-device "
             f"copy of its transformer); families that can: {', '.join(able)}"
         )
-    result = measure(config, planned, family, algorithm)
+    result = measure(config, planned, family, algorithm, layout or config.parallel)
     result.source = source
     return result
 

@@ -1,6 +1,6 @@
 """Held-out judges (``eval.watch``) and the reward-hacking alarm (``eval.watch_alarm``).
 
-Every eval samples the same prompts with the same noise (:func:`diffrl.train.evaluate.generate`),
+Every eval samples the same prompts with the same noise (:func:`diffrl.evaluation.evaluate.generate`),
 so two evals of one run are paired sample by sample: the difference of their per-sample scores
 has a standard error far smaller than either mean's (:func:`paired`). :class:`Watch` keeps the
 per-sample scores of the run's first eval (the base, for each curve's gain and SE band) and of the

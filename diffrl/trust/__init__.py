@@ -1,0 +1,1 @@
+"""Trust: what tells a user whether to believe a run's gains (watched rewards and the reward-hacking alarm, keep-best, the diversity monitors, the guard that stops a run wasting its compute), owned by the session as one object."""
