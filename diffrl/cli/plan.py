@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.cli.inputs import Target
+from diffrl.cli.targets import Target
 from diffrl.models.numerics import GPU_MEMORY_GB
 from diffrl.preflight import check_plugins
 from diffrl.train.plan import plan, render

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from diffrl.cli.inference import checked
-from diffrl.cli.inputs import Target
+from diffrl.cli.targets import Target
 from diffrl.train import loop
 from diffrl.train.evaluate import eval_table
 
