@@ -22,6 +22,18 @@ BENCH_WRITES = (BENCH_JSON,)
 """What ``diffrl bench`` writes into a run folder given as ``--out`` (and ``bench_SUITE.png``)."""
 
 
+GENEVAL_FLAGS = (
+    ("--threshold", number(0, 1), 0.3, "geneval: keep detections scoring above this (0.3)"),
+    ("--counting-threshold", number(0, 1), 0.9, "geneval: ... for the counting tag (0.9)"),
+    ("--max-objects", integer(1, 1000), 16, "geneval: detections kept per class (16)"),
+    ("--max-overlap", number(0, 1), 1.0, "geneval: IoU dropping a less confident box (1: none)"),
+    ("--position-threshold", number(0, 10), 0.1, "geneval: the position rule's margin (0.1)"),
+    ("--nms", number(0, 1), 0.5, "geneval: the detector's per-class box merging IoU (0.5)"),
+)
+"""GenEval's detection settings (:class:`~diffrl.bench.geneval.GenevalSettings`, and the detector's
+box merging): flag, type, default, help."""
+
+
 @dataclass(frozen=True)
 class BenchInputs:
     eval: EvalInputs
@@ -65,36 +77,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--clip", help="geneval: a local CLIP folder for colours (e.g. openai/clip-vit-large-patch14)"
     )
-    p.add_argument(
-        "--threshold",
-        type=number(0, 1),
-        default=0.3,
-        help="geneval: keep detections scoring above this (0.3)",
-    )
-    p.add_argument(
-        "--counting-threshold", type=number(0, 1), default=0.9, help="geneval: ... for the counting tag (0.9)"
-    )
-    p.add_argument(
-        "--max-objects", type=integer(1, 1000), default=16, help="geneval: detections kept per class (16)"
-    )
-    p.add_argument(
-        "--max-overlap",
-        type=number(0, 1),
-        default=1.0,
-        help="geneval: IoU dropping a less confident box (1: none)",
-    )
-    p.add_argument(
-        "--position-threshold",
-        type=number(0, 10),
-        default=0.1,
-        help="geneval: the position rule's margin (0.1)",
-    )
-    p.add_argument(
-        "--nms",
-        type=number(0, 1),
-        default=0.5,
-        help="geneval: the detector's per-class box merging IoU (0.5)",
-    )
+    for flag, kind, default, text in GENEVAL_FLAGS:
+        p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument("--trust-checkpoint-code", action="store_true", help=TRUST_HELP)
 
 
