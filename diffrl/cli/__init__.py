@@ -1,11 +1,11 @@
 """``diffrl`` command line: train, eval, sample, export, report, recipes, serve-reward.
 
-Startup is a feature: the entry point imports only the argument definitions
-(:mod:`~diffrl.cli.parser`) and the checks that need no torch (:mod:`~diffrl.cli.inputs`). A
-command's own module, which imports its world (torch, the models, Ray, ...) at its top, is named in
-:data:`COMMANDS` by a dotted path and imported only when that command runs, after its arguments
-and the schema stage of its config passed. So ``--help``, ``diffrl recipes``, a typo and a config
-error answer before torch loads.
+Startup is a feature: the entry point imports only the commands' modules (:mod:`diffrl.cli.commands`:
+each command's argument definitions and its checks that need no torch). A command's run, which
+imports its world (torch, the models, Ray, ...) at its top, is named in
+:data:`~diffrl.cli.commands.COMMANDS` by a dotted path and imported only when that command runs,
+after its arguments and the schema stage of its config passed. So ``--help``, ``diffrl recipes``,
+a typo and a config error answer before torch loads.
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ import importlib  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
-from diffrl.cli import inputs  # noqa: E402
-from diffrl.cli.parser import build_parser  # noqa: E402
+from diffrl.cli.commands import COMMANDS, build_parser  # noqa: E402
 from diffrl.core.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError  # noqa: E402
 from diffrl.core.user_code import (  # noqa: E402
     PluginError,
@@ -46,29 +44,6 @@ from diffrl.core.user_code import (  # noqa: E402
 if sys.argv[:1] != ["-m"]:
     _imported()
 
-
-@dataclass(frozen=True)
-class Command:
-    run: str
-    """``module:function`` called as ``function(args, inputs) -> exit code``; imported only when
-    the command runs."""
-    inputs: Callable[[argparse.Namespace], Any] | None = None
-    """The command's checks that need no torch (:mod:`~diffrl.cli.inputs`): run first, their
-    result handed to ``run``."""
-
-
-COMMANDS: dict[str, Command] = {
-    "train": Command("diffrl.cli.train:run", inputs.train_inputs),
-    "eval": Command("diffrl.cli.eval:run", inputs.eval_inputs),
-    "sample": Command("diffrl.cli.sample:run", inputs.sample_inputs),
-    "export": Command("diffrl.cli.export:run", inputs.export_inputs),
-    "report": Command("diffrl.cli.report:run", inputs.report_inputs),
-    "plan": Command("diffrl.cli.plan:run", inputs.plan_inputs),
-    "recipes": Command("diffrl.cli.recipes:run"),
-    "serve-reward": Command("diffrl.cli.serve_reward:run", inputs.serve_inputs),
-    "bench": Command("diffrl.cli.bench:run", inputs.bench_inputs),
-}
-"""Each command of :func:`~diffrl.cli.parser.build_parser` -> where its code lives."""
 
 USER_OS_ERRORS = {
     errno.ENOENT,

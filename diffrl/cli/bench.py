@@ -6,7 +6,6 @@ grid ``bench_SUITE.png`` into ``--out`` (a run folder's: ``diffrl report`` shows
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,8 +18,8 @@ from diffrl.bench.report import BENCH_JSON, MAX_BENCH_JSON
 from diffrl.bench.score import Scorer, draw_and_score, tabulate
 from diffrl.bench.scorers import SCORERS, ScorerSetup
 from diffrl.bench.table import finite, render
+from diffrl.cli.commands.bench import BenchInputs
 from diffrl.cli.inference import checked, guarded, load_for_inference
-from diffrl.cli.inputs import BenchInputs
 from diffrl.cli.outputs import claim_out_folder
 from diffrl.core.user_files import UserFileError, read_json
 from diffrl.evaluation.evaluate import Caption, save_grid
@@ -29,13 +28,12 @@ GRID_IMAGES = 32
 
 
 def run(args: argparse.Namespace, inputs: BenchInputs) -> int:
-    out = inputs.eval.out.absolute()
-    inputs = dataclasses.replace(inputs, eval=dataclasses.replace(inputs.eval, out=out))
     return guarded(
         inputs.eval.untrusted(),
-        f"the bench's outputs into {str(out)!r}",
+        inputs.eval.out,
+        "the bench's outputs",
         "free space, then run it again",
-        lambda: _run(args, inputs),
+        lambda out: _run(args, inputs, out),
     )
 
 
@@ -57,7 +55,7 @@ def _scorer(args: argparse.Namespace, inputs: BenchInputs) -> Scorer:
     return SCORERS[inputs.prompts.suite](setup)
 
 
-def _run(args: argparse.Namespace, inputs: BenchInputs) -> int:
+def _run(args: argparse.Namespace, inputs: BenchInputs, out: Path) -> int:
     e, prompts, samples = inputs.eval, inputs.prompts, inputs.samples_per_prompt
     config = checked(e.target).config
     paired = None
@@ -93,7 +91,6 @@ def _run(args: argparse.Namespace, inputs: BenchInputs) -> int:
     for metric, rows in result.tables.items():
         print()
         print(render(metric, rows, base is not None))
-    out = e.out
     if not inputs.run_folder:
         claim_out_folder(out, "--out", "bench")  # checked again: files may have arrived meanwhile
     path = write_bench_json(out / BENCH_JSON, prompts.suite, result.to_json())

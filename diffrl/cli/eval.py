@@ -4,11 +4,11 @@ difference to ``--baseline``), write a grid and the per-sample scores."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+from pathlib import Path
 
+from diffrl.cli.commands.eval import EvalInputs
 from diffrl.cli.inference import checked, guarded, load_for_inference
-from diffrl.cli.inputs import EvalInputs
 from diffrl.cli.outputs import claim_out_folder
 from diffrl.evaluation.evaluate import evaluate, paired_difference
 from diffrl.rewards.base import RewardError, RewardSet
@@ -16,23 +16,21 @@ from diffrl.trust.alarms import paired, to_json
 
 
 def run(args: argparse.Namespace, inputs: EvalInputs) -> int:
-    # absolute now: a reward that changes the working directory (os.chdir) moves no output
-    inputs = dataclasses.replace(inputs, out=inputs.out.absolute())
     return guarded(
         inputs.untrusted(),
-        f"the eval's outputs into {str(inputs.out)!r}",
+        inputs.out,
+        "the eval's outputs",
         "free space, then run it again",
-        lambda: _run(args, inputs),
+        lambda out: _run(args, inputs, out),
     )
 
 
-def _run(args: argparse.Namespace, inputs: EvalInputs) -> int:
+def _run(args: argparse.Namespace, inputs: EvalInputs, out: Path) -> int:
     config, checkpoint = checked(inputs.target).config, inputs.target.checkpoint
     baseline = None
     if inputs.baseline is not None and inputs.paired is not None:
         checked(inputs.baseline)
         baseline = checked(inputs.paired)
-    out = inputs.out
     rewards = RewardSet(config.eval.rewards)
     watch = RewardSet(config.eval.watch) if config.eval.watch else None  # held-out judges
     try:

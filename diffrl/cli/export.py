@@ -5,28 +5,26 @@ diffusers-layout model folder. Prints what it wrote and the diffusers lines that
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 from pathlib import Path
 
+from diffrl.cli.commands.export import ExportInputs
 from diffrl.cli.inference import checked, guarded, load_for_inference
-from diffrl.cli.inputs import ExportInputs
+from diffrl.cli.targets import Target
 from diffrl.models.registry import DTYPES
 
 
 def run(args: argparse.Namespace, inputs: ExportInputs) -> int:
-    # absolute now: a plugin that changes the working directory (os.chdir) moves no output
-    inputs = dataclasses.replace(inputs, out=inputs.out.absolute())
     return guarded(
         inputs.target.untrusted,
-        f"the export into {str(inputs.out)!r}",
+        inputs.out,
+        "the export",
         "what it holds is incomplete: free space, then export again (--force to reuse the folder)",
-        lambda: _run(args, inputs),
+        lambda out: _run(args, checked(inputs.target), out),
     )
 
 
-def _run(args: argparse.Namespace, inputs: ExportInputs) -> int:
-    target, out = checked(inputs.target), inputs.out
+def _run(args: argparse.Namespace, target: Target, out: Path) -> int:
     config = target.config
     family = load_for_inference(config, target.checkpoint)
     if config.model.lora is not None and not args.merge:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from diffrl.cli.inputs import SAMPLE_SECTIONS, Target, resolve_target
+from diffrl.cli.targets import SAMPLE_SECTIONS, Target, resolve_target
 from diffrl.config import Config
 from diffrl.core import determinism
 from diffrl.core.registry import refusing
@@ -24,7 +24,7 @@ from diffrl.train.checkpoint import (
 
 
 def checked(target: Target) -> Target:
-    """``target`` with the plugin stage passed (the schema stage did, in :mod:`~diffrl.cli.inputs`)."""
+    """``target`` with the plugin stage passed (the schema stage did, in :mod:`~diffrl.cli.targets`)."""
     check_plugins(target.config, target.source, target.sections)
     return target
 
@@ -55,15 +55,19 @@ def load_for_inference(config: Config, checkpoint: Path | None) -> ModelFamily:
     return family
 
 
-def guarded(untrusted: Mapping[str, str], writing: str, fix: str, command: Callable[[], int]) -> int:
-    """``command()`` with the dotted paths a checkpoint's config names (and the user did not)
-    refused (:func:`~diffrl.core.registry.refusing`), and a full disk while ``writing`` a clear error
-    that says ``fix``."""
+def guarded(
+    untrusted: Mapping[str, str], out: Path, writing: str, fix: str, command: Callable[[Path], int]
+) -> int:
+    """``command(out)`` with ``out`` absolute (a plugin that changes the working directory, with
+    ``os.chdir``, moves no output), the dotted paths a checkpoint's config names (and the user did
+    not) refused (:func:`~diffrl.core.registry.refusing`), and a full disk while ``writing`` into
+    ``out`` a clear error that says ``fix``."""
+    out = out.absolute()
     with refusing(untrusted):
         try:
-            return command()
+            return command(out)
         except Exception as e:
-            failure = storage_failure(e, writing, fix)
+            failure = storage_failure(e, f"{writing} into {str(out)!r}", fix)
             if failure is None:
                 raise
             raise failure from e

@@ -1,7 +1,7 @@
-"""Where a command's outputs may go, checked before its world loads (torch-free). The other half
-of "no output destroys an input" is :func:`diffrl.cli.inputs.check_out_dir`: an output never lies
-inside a checkpoint or an input folder. Here: an output folder holds only what the same command
-wrote there before, no input lies inside it, and a report page replaces only a report page.
+"""Where a command's outputs may go, checked before its world loads (torch-free), so that no
+output destroys an input: an output never lies inside a checkpoint or an input folder
+(:func:`check_out_dir`), an output folder holds only what the same command wrote there before, no
+input lies inside it, and a report page replaces only a report page.
 
 ```
 OUT/.diffrl-output   {"command": "sample"}: written first into the folder of ``eval --out`` or
@@ -36,6 +36,49 @@ PAGE_SUFFIXES = (".html", ".htm")
 REPORT_HEAD = b"<title>diffrl report: "
 """What every page ``diffrl report`` writes holds in its first bytes (its ``<title>``)."""
 HEAD_BYTES = 4096
+
+
+def check_out_dir(
+    path: Path, flag: str, empty: bool = False, inputs: dict[str, Path | str | None] | None = None
+) -> None:
+    """Refuse an output folder that cannot be one (it, or a parent, is a file) before anything
+    loads; one that is or lies inside an input (``inputs``: role -> folder) or any checkpoint,
+    whose files the output would replace or join; with ``empty``, also one that holds files."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "it" if p == path else f"its parent {str(p)!r}"
+                raise DiffrlError(
+                    f"{flag} {str(path)!r} cannot be a folder: {where} is a file; give a folder path"
+                )
+            break
+    why = overlap(path, inputs or {})
+    if why is not None:
+        raise DiffrlError(
+            f"{flag} {why}: writing there would damage what this command reads; give another folder"
+        )
+    if empty and path.is_dir() and any(path.iterdir()):
+        n = sum(1 for _ in path.iterdir())
+        raise DiffrlError(
+            f"{flag} {str(path)!r} is not empty ({n} {'entry' if n == 1 else 'entries'}); give a new or empty folder, or pass --force "
+            "to write into it (files of the same name are replaced)"
+        )
+
+
+def check_command_out(
+    out: Path,
+    flag: str,
+    command: str,
+    folders: dict[str, Path | str | None],
+    files: list[tuple[str, Path | str | None]],
+) -> None:
+    """:func:`check_out_dir` against the input ``folders``, then no input (``folders``, ``files``)
+    inside ``out``, no symlink in ``out`` into one, and ``out`` new, empty or ``command``'s
+    earlier output."""
+    check_out_dir(out, flag, inputs=folders)
+    check_inputs_outside(out, flag, command, [*folders.items(), *files])
+    check_links_inside(out, flag, folders)
+    check_out_folder(out, flag, command)
 
 
 def _real(path: Path) -> Path:

@@ -7,7 +7,7 @@ import argparse
 
 from diffrl import launch
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.cli.inputs import Target
+from diffrl.cli.targets import Target
 from diffrl.models.numerics import GPU_MEMORY_GB
 from diffrl.plan.planner import plan, render
 from diffrl.preflight import check_plugins

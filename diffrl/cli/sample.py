@@ -4,11 +4,12 @@ with their sound, and frames) and a captioned grid."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
+from pathlib import Path
 
+from diffrl.cli.commands.sample import SampleInputs
 from diffrl.cli.inference import checked, guarded, load_for_inference
-from diffrl.cli.inputs import SampleInputs
 from diffrl.cli.outputs import claim_out_folder
+from diffrl.cli.targets import Target
 from diffrl.core.errors import DiffrlError
 from diffrl.data.prompts import given_prompts, load_prompts
 from diffrl.evaluation.evaluate import generate, save_grid, to_pil
@@ -16,18 +17,16 @@ from diffrl.evaluation.media import write_video_sample
 
 
 def run(args: argparse.Namespace, inputs: SampleInputs) -> int:
-    # absolute now: a plugin that changes the working directory (os.chdir) moves no output
-    inputs = dataclasses.replace(inputs, out=inputs.out.absolute())
     return guarded(
         inputs.target.untrusted,
-        f"the samples into {str(inputs.out)!r}",
+        inputs.out,
+        "the samples",
         "free space, then run it again",
-        lambda: _run(args, inputs),
+        lambda out: _run(args, checked(inputs.target), out),
     )
 
 
-def _run(args: argparse.Namespace, inputs: SampleInputs) -> int:
-    target, out = checked(inputs.target), inputs.out
+def _run(args: argparse.Namespace, target: Target, out: Path) -> int:
     config = target.config
     if args.prompt:
         prompts = given_prompts(list(args.prompt), args.image)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 
-from diffrl.cli.inputs import ServeInputs
+from diffrl.cli.commands.serve_reward import ServeInputs
 from diffrl.core.errors import DiffrlError
 from diffrl.distributed.ray.cluster import import_ray, ray_address_problem
 from diffrl.distributed.ray.reward_server import start_reward_server

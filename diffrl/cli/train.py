@@ -6,7 +6,7 @@ import argparse
 
 from diffrl import launch
 from diffrl.cli.inference import checked
-from diffrl.cli.inputs import Target
+from diffrl.cli.targets import Target
 from diffrl.evaluation.evaluate import eval_table
 
 

@@ -72,7 +72,7 @@ def train_local(cfg):
     threads = torch.get_num_threads()
     # Cluster.place: the machine's cores shared by the larger of the two actor groups
     torch.set_num_threads(
-        max(1, (os.cpu_count() or 1) // max(cfg.ray.num_trainer_ranks, cfg.ray.num_engines))
+        max(1, (os.cpu_count() or 1) // max(cfg.parallel.trainer_ranks, cfg.parallel.engines))
     )
     try:
         return train(cfg)

@@ -221,7 +221,7 @@ def test_refused_and_nothing_lost(case, tmp_path, tiny_checkpoint, evil, capsys,
 
 
 def test_a_refused_dotted_path_names_its_setting_and_both_ways_to_allow_it(tmp_path, tiny_checkpoint, evil):
-    from diffrl.cli.inputs import EVAL_SECTIONS, resolve_target
+    from diffrl.cli.targets import EVAL_SECTIONS, resolve_target
 
     shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
     evil_reward(tmp_path)
@@ -247,7 +247,7 @@ def test_a_refused_dotted_path_names_its_setting_and_both_ways_to_allow_it(tmp_p
     ],
 )
 def test_a_dotted_path_counts_as_named_only_as_a_whole_word(overrides, refused):
-    from diffrl.cli.inputs import untrusted_paths
+    from diffrl.cli.targets import untrusted_paths
     from diffrl.preflight.schema import read_config
 
     config = read_config({"eval": {"rewards": [{"name": "evilmod:score"}]}}, [], ("eval",))[0]

@@ -499,7 +499,7 @@ def test_debug_shows_the_traceback(tmp_path):
 
 def test_a_bug_is_one_line_naming_itself(monkeypatch, capsys):
     from diffrl import cli
-    from diffrl.cli import recipes
+    from diffrl.cli.commands import recipes
     from diffrl.core import user_code
 
     # this module's functions serve as reward plugins in other rows: here it is diffrl's own code
@@ -525,7 +525,7 @@ def test_an_os_error_of_the_users_environment_is_no_bug(code, monkeypatch, capsy
     import os
 
     from diffrl import cli
-    from diffrl.cli import recipes
+    from diffrl.cli.commands import recipes
     from diffrl.core import user_code
 
     monkeypatch.setattr(user_code, "_MODULES", {})  # this module's rewards in other rows: not here
@@ -543,7 +543,7 @@ def test_an_os_error_of_the_users_environment_is_no_bug(code, monkeypatch, capsy
 @pytest.mark.usefixtures("terminal_sigint")
 def test_ctrl_c_outside_training_is_one_line(monkeypatch, capsys):
     from diffrl import cli
-    from diffrl.cli import recipes
+    from diffrl.cli.commands import recipes
 
     def interrupted(args, inputs):
         signal.raise_signal(signal.SIGINT)  # a real Ctrl-C (a KeyboardInterrupt raised by code is no Ctrl-C)

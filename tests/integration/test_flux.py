@@ -236,7 +236,7 @@ def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path,
         "attention heads (2)",
     ):
         assert f"parallel.sequence=3: the flux model's {what} do not split over 3 ranks" in msg
-    assert flux_config(tmp_path, flux_dir, **SEQUENCE_2).ray.sequence_parallel == 2
+    assert flux_config(tmp_path, flux_dir, **SEQUENCE_2).parallel.sequence == 2
 
 
 def _assert_same(ours, theirs, where: str = "input") -> None:

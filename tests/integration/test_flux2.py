@@ -416,7 +416,7 @@ def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path,
         "attention heads (2)",
     ):
         assert f"parallel.sequence=3: the flux2 model's {what} do not split over 3 ranks" in msg
-    assert flux2_config(tmp_path, dev_dir, "dev", **SEQUENCE_2).ray.sequence_parallel == 2
+    assert flux2_config(tmp_path, dev_dir, "dev", **SEQUENCE_2).parallel.sequence == 2
 
 
 def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, dev_dir, klein_dir):

@@ -264,7 +264,8 @@ def test_a_hanging_tracker_stops_the_run_naming_it(tmp_path, monkeypatch, capsys
 def test_a_plugins_exit_in_del_is_one_warning_line(monkeypatch, capsys):
     """A plugin object whose ``__del__`` calls sys.exit(): Python ignores it, printing a traceback
     ("Exception ignored in"); under the command it is one warning line naming the plugin."""
-    from diffrl.cli import main, recipes
+    from diffrl.cli import main
+    from diffrl.cli.commands import recipes
 
     monkeypatch.setattr(recipes, "run", import_object(f"{H}:drops_an_exiting_object"))
     capsys.readouterr()

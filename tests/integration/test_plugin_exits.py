@@ -180,7 +180,7 @@ def test_a_reward_module_that_exits_when_imported_is_a_config_error(plugin, caps
 )
 @pytest.mark.usefixtures("terminal_sigint")  # "interrupts": told from a real Ctrl-C only where one can come
 def test_a_plugins_error_is_named_never_silent(call, code, message, plugin, monkeypatch, capsys):
-    from diffrl.cli import recipes
+    from diffrl.cli.commands import recipes
 
     # the command calls the plugin, imported as the registry imports one
     monkeypatch.setattr(recipes, "run", import_object(f"userplug:{call}"))
@@ -198,7 +198,8 @@ def test_a_plugins_error_is_named_never_silent(call, code, message, plugin, monk
 def test_diffrl_own_exit_keeps_its_code_and_a_librarys_is_a_bug(monkeypatch, capsys):
     import argparse
 
-    from diffrl.cli import recipes, serve_reward
+    from diffrl.cli import serve_reward
+    from diffrl.cli.commands import recipes
 
     # diffrl's own exit: serve-reward's SIGTERM handler
     monkeypatch.setattr(
@@ -216,7 +217,7 @@ def test_diffrl_own_exit_keeps_its_code_and_a_librarys_is_a_bug(monkeypatch, cap
 
 @pytest.mark.usefixtures("terminal_sigint")
 def test_only_a_real_ctrl_c_is_interrupted(monkeypatch, capsys):
-    from diffrl.cli import recipes
+    from diffrl.cli.commands import recipes
 
     monkeypatch.setattr(recipes, "run", lambda args, inputs: signal.raise_signal(signal.SIGINT))
     assert run(["recipes"], capsys) == (130, "\ninterrupted (Ctrl-C)\n")
@@ -244,7 +245,7 @@ MOMENTS = [  # (how diffrl is started, the module whose import sends the signal,
     pytest.param("-m diffrl.cli", "diffrl.core.errors", id="-m: importing the command line"),
     pytest.param("-m diffrl.cli", "diffrl.cli", id="-m: runpy finding __main__, then main"),
     pytest.param("-m diffrl.cli", "torch._C", id="-m: importing torch"),
-    pytest.param("console script", "diffrl.cli.parser", id="script: importing the command line"),
+    pytest.param("console script", "diffrl.cli.commands", id="script: importing the command line"),
     pytest.param("console script", "diffrl.models", id="script: importing the command's world"),
 ]
 """Moments of a start: the signal is sent once ``python -X importtime`` reports the module imported."""

@@ -410,7 +410,7 @@ def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path,
                 "sampling.height": 48,
                 "sampling.width": 48,
             },
-        ).ray.sequence_parallel
+        ).parallel.sequence
         == 2
     )
 

@@ -87,11 +87,25 @@ def test_python_dash_m_runs_the_command_line():
 def test_every_command_of_the_parser_has_its_module():
     import importlib
 
-    from diffrl.cli import COMMANDS
-    from diffrl.cli.parser import build_parser
+    from diffrl.cli.commands import COMMANDS, build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert sorted(sub.choices) == sorted(COMMANDS)
+    assert list(sub.choices) == list(COMMANDS)
     for name, command in COMMANDS.items():
         module, _, function = command.run.partition(":")
         assert callable(getattr(importlib.import_module(module), function)), name
+
+
+def test_every_module_of_the_commands_is_a_line_of_the_table():
+    """A command is its module in ``diffrl/cli/commands/`` and its line in ``COMMANDS``: a module
+    whose line is missing (or a line naming another module's entry) fails here."""
+    import importlib
+
+    from diffrl.cli.commands import COMMANDS
+
+    folder = ROOT / "diffrl" / "cli" / "commands"
+    names = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    assert sorted(name.replace("-", "_") for name in COMMANDS) == names
+    for name, command in COMMANDS.items():
+        module = importlib.import_module(f"diffrl.cli.commands.{name.replace('-', '_')}")
+        assert module.COMMAND is command, name

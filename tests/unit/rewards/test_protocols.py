@@ -16,7 +16,7 @@ import torch
 from fastapi import HTTPException
 from PIL import Image
 
-from diffrl.cli.parser import build_parser
+from diffrl.cli.commands import build_parser
 from diffrl.rewards.protocols import (
     DIFFRL,
     MAX_JSON_ITEMS,

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from diffrl.cli import main
-from diffrl.cli.inputs import reward_params
+from diffrl.cli.commands.serve_reward import reward_params
 from diffrl.config import RewardConfig
 from diffrl.core.errors import DiffrlError
 from diffrl.core.rollout import Audio

@@ -1,5 +1,5 @@
 """``diffrl recipes``: the shipped recipes, each with its description (its header comment),
-whole and wrapped to the terminal. Needs nothing but the files: no torch."""
+whole and wrapped to the terminal. Needs nothing but the files, no torch: its run is here too."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
+from diffrl.cli.arguments import Command
 from diffrl.config import recipes_dir
 
 DETAILS = ("Memory per GPU", "Host memory")
@@ -68,3 +69,6 @@ def description(recipe: Path) -> tuple[list[tuple[str, bool]], bool]:
     if current:
         paragraphs.append((" ".join(current), False))
     return paragraphs, details
+
+
+COMMAND = Command("list the shipped recipes", "diffrl.cli.commands.recipes:run")
