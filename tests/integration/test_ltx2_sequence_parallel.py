@@ -154,6 +154,4 @@ def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path,
         assert f"the ltx2 model's {stream} attention heads (2) do not split over 4 ranks" in msg
     # 2 ranks: 10 audio tokens at 12.5 fps, 192 video tokens and 2 heads per stream split
     sp = {**sp, "parallel.trainer_ranks": 2, "parallel.sequence": 2}
-    assert (
-        ltx2_config(tmp_path, folders["split"], **sp, **{"model.options": OPTIONS}).parallel.sequence == 2
-    )
+    assert ltx2_config(tmp_path, folders["split"], **sp, **{"model.options": OPTIONS}).parallel.sequence == 2
