@@ -33,7 +33,7 @@ from diffrl.core.errors import DiffrlError, quoted
 from diffrl.core.user_files import file_problem, read_text
 from diffrl.data.lines import prompt_problem
 from diffrl.preflight.schema import read_config, schema_problems
-from diffrl.rewards.server_limits import MAX_TOKEN_FILE_BYTES, ServerLimits, limit_fields
+from diffrl.serving.limits import MAX_TOKEN_FILE_BYTES, ServerLimits, limit_fields
 from diffrl.train.manifest import (
     CheckpointError,
     base_problem,

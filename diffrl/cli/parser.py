@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Callable
 
-from diffrl.rewards.server_limits import flag_name, limit_fields
+from diffrl.serving.limits import flag_name, limit_fields
 
 MAX_PROMPTS = 10**7
 """``--num-prompts`` at most (as ``eval.num_prompts``)."""
@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser(
         "serve-reward",
         parents=[common],
-        help="serve a reward over HTTP for the 'remote' reward (wire format: diffrl/rewards/server.py)",
+        help="serve a reward over HTTP for the 'remote' reward (wire format: diffrl/serving/server.py)",
     )
     v.add_argument("--reward", required=True, help="a reward name (e.g. ocr) or a dotted path module:obj")
     v.add_argument(
@@ -185,11 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="diffrl",
         help="the wire protocol to answer: diffrl (msgpack POST /score, the default), flow_factory "
         "(Flow-Factory's JSON POST /compute) or verl_omni (verl-omni's / flow_grpo's scorer fields "
-        "as JSON, POST / and /score); see diffrl/rewards/protocols.py",
+        "as JSON, POST / and /score); see diffrl/transport/protocols.py",
     )
     v.add_argument("--token-file", help="a file holding the token clients must send (Bearer)")
     v.add_argument("--token-env", help="an environment variable holding the token")
-    for name, limit in limit_fields().items():  # one flag per limit (diffrl/rewards/server_limits.py)
+    for name, limit in limit_fields().items():  # one flag per limit (diffrl/serving/limits.py)
         lo, hi = limit.bounds.lo, limit.bounds.hi
         v.add_argument(
             flag_name(name),

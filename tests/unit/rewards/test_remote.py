@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffrl.rewards.protocols import PROTOCOLS
-from diffrl.rewards.remote import RemoteReward, exchange, peer_problems, server_problems, url_problem
+from diffrl.rewards.remote import RemoteReward
+from diffrl.transport.client import exchange, peer_problems, server_problems, url_problem
+from diffrl.transport.protocols import PROTOCOLS
 from tests.conftest import ROOT
 from tests.integration.test_bad_inputs import BAD, GRPO, Case, _check, run_row
-from tests.unit.rewards.test_server import TOKEN, serving
+from tests.unit.serving.test_server import TOKEN, serving
 
 SECRET = "sk-SECRET-7f3a9c"
 """A token no message may show: every row sets :data:`ENV` to a value holding it."""
