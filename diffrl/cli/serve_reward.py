@@ -10,7 +10,7 @@ from diffrl.cli.commands.serve_reward import ServeInputs
 from diffrl.core.errors import DiffrlError
 from diffrl.distributed.ray.cluster import import_ray, ray_address_problem
 from diffrl.distributed.ray.reward_server import start_reward_server
-from diffrl.rewards.server import bind_problem, check_served_reward, serve, served_protocol
+from diffrl.serving.server import bind_problem, check_served_reward, serve, served_protocol
 
 
 def _print_serving(name: str, url: str, token: str | None, protocol: str = "diffrl") -> None:

@@ -46,6 +46,10 @@ class Interrupted(DiffrlError):
         self.checkpoint = checkpoint
 
 
+class RewardError(DiffrlError, RuntimeError):
+    """A reward raised or returned something unusable."""
+
+
 QUOTE_LIMIT = 200
 """The most characters of a user's value an error message quotes (a value may be megabytes)."""
 

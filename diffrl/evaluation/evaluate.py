@@ -222,7 +222,7 @@ class GridNote:
 
     SHOWN_KEY: ClassVar[str] = "diffrl:shown"
     HINT_KEY: ClassVar[str] = "diffrl:redraw"
-    """The PNG text fields that keep them, for a page that shows the grid (train/report.py)."""
+    """The PNG text fields that keep them, for a page that shows the grid (evaluation/report.py)."""
 
     def text(self) -> str:
         return f"{self.shown}; {self.hint}" if self.hint else self.shown

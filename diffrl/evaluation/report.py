@@ -5,7 +5,7 @@ side by side), ``metrics.png`` (the training curves) and ``report.html``, which 
 ```
 runs/NAME/
   metrics.png        reward, loss, KL, grad norm, log-prob diff against the iteration (those logged)
-  eval_curve.png     the mean eval reward at each eval (train/evaluate.py)
+  eval_curve.png     the mean eval reward at each eval (evaluation/evaluate.py)
   trust.png          paired gains of trained and watched rewards (± SE), diversity, alarms, best
   eval/step_NNNNN.png  each eval's grid, every sample captioned with its prompt and reward
   eval/compare.png   the first and last grids side by side: the same prompts and seeds

@@ -24,7 +24,7 @@ Samples are never grouped by their prompt text: two prompts of the same text are
 
 Deadlines: every call has ``timeout_s`` seconds (its :class:`RewardConfig`) from submit; a call
 still unfinished then fails its samples (NaN, "timed out") and the run goes on. An in-process
-reward is called on a daemon thread of its own (:class:`~diffrl.rewards.workers.CallThread`), so
+reward is called on a daemon thread of its own (:class:`~diffrl.transport.workers.CallThread`), so
 a call that never returns costs its deadline, not the run.
 """
 
@@ -42,18 +42,14 @@ import torch
 from diffrl.config import RewardConfig
 from diffrl.config.binding import bind_signature
 from diffrl.core import torch_state
-from diffrl.core.errors import Abandoned, DiffrlError
+from diffrl.core.errors import Abandoned, RewardError
 from diffrl.core.interrupts import is_real_interrupt
 from diffrl.core.registry import RegistryError, did_you_mean
 from diffrl.core.rollout import Audio
 from diffrl.core.user_code import GlobalStateChanged, describe, kind, plugin_named
 from diffrl.logging.quiet import quiet_libraries
 from diffrl.rewards.registry import REWARDS
-from diffrl.rewards.workers import CallThread, DeadlineExceeded, deadline_after, result_by
-
-
-class RewardError(DiffrlError, RuntimeError):
-    """A reward raised or returned something unusable."""
+from diffrl.transport.workers import CallThread, DeadlineExceeded, deadline_after, result_by
 
 
 class Pending:

@@ -7,7 +7,7 @@ distance capped at the target's length; reward = 1 - distance / len(target).
 
 Recognition uses PP-OCR through ``rapidocr-onnxruntime`` (its models ship inside the wheel, no
 download), in a small pool of worker processes so it does not block the trainer; the workers die
-with the trainer (:class:`~diffrl.rewards.workers.ProcessPool`). With one worker or none it runs
+with the trainer (:class:`~diffrl.transport.workers.ProcessPool`). With one worker or none it runs
 in this process, on the reward's call thread. The pool is sized to the cores this process may use
 (:func:`default_num_workers`) and started when the reward is built into a reward set
 (:meth:`OCRReward.start`), so that the first scoring call (often the eval before training) does not
@@ -25,7 +25,7 @@ from diffrl.config import Range
 from diffrl.core.rollout import quantize
 from diffrl.rewards.base import Pending, Reward
 from diffrl.rewards.ocr_worker import recognize, worker_init
-from diffrl.rewards.workers import ProcessPool, pool_size
+from diffrl.transport.workers import ProcessPool, pool_size
 
 
 def levenshtein(a: str, b: str) -> int:

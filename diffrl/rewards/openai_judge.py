@@ -100,18 +100,18 @@ from diffrl.config import Range
 from diffrl.config.schema import MAX_SIDE
 from diffrl.core.rollout import quantize
 from diffrl.rewards.base import Reward, RewardError
-from diffrl.rewards.remote import (
+from diffrl.transport.client import (
     ENV_NAME,
     AnswerTooLarge,
     GaveUp,
     Retry,
-    encode_png,
     exchange,
     host_problem,
     http_url,
     probe,
     with_retries,
 )
+from diffrl.transport.protocols import encode_png
 
 LOG = logging.getLogger(__name__)
 
@@ -637,8 +637,8 @@ class OpenAIJudge(Reward):
         return json.dumps(body).encode()
 
     def _run(self, request: Callable[[], bytes], n: int, deadline: float | None) -> _Outcome:
-        """One request, retried on :class:`~diffrl.rewards.remote.Retry` within ``deadline``
-        (:func:`~diffrl.rewards.remote.with_retries`, as the remote reward's); a failure as an outcome."""
+        """One request, retried on :class:`~diffrl.transport.client.Retry` within ``deadline``
+        (:func:`~diffrl.transport.client.with_retries`, as the remote reward's); a failure as an outcome."""
         body = request()
         try:
             return with_retries(

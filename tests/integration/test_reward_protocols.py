@@ -1,7 +1,7 @@
 """Peers' reward-server protocols, both directions, over real loopback HTTP (issue 37, part 2).
 
 - A verl-omni-style scorer and a Flow-Factory-style server, each a small ``http.server`` written
-  here from its documented contract (:mod:`diffrl.rewards.protocols` cites them), score one tiny
+  here from its documented contract (:mod:`diffrl.transport.protocols` cites them), score one tiny
   Flow-GRPO run through the ``remote`` reward.
 - ``diffrl serve-reward --protocol`` answers clients written here from the same contracts.
 - Pickle is refused both ways without being unpickled; malformed answers are clear errors.
@@ -29,7 +29,7 @@ from diffrl.config import RewardConfig
 from diffrl.launch import train
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.remote import RemoteReward
-from diffrl.rewards.server import RewardServer, build_served_reward
+from diffrl.serving.server import RewardServer, build_served_reward
 from tests.conftest import ROOT
 from tests.integration.test_bad_inputs import BAD, GRPO, Case, _check, run_row
 from tests.integration.test_flow_grpo import grpo

@@ -8,8 +8,8 @@ import pytest
 from diffrl.config import ConfigError
 from diffrl.launch import train
 from diffrl.preflight import load_config
-from diffrl.rewards.workers import ProcessPool
 from diffrl.train.runner import LocalRunner
+from diffrl.transport.workers import ProcessPool
 from tests.conftest import tiny_overrides
 from tests.integration.test_flow_grpo import grpo
 

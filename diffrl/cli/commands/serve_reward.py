@@ -16,7 +16,7 @@ from diffrl.cli.arguments import Command, integer, number
 from diffrl.config.binding import YamlProblem, load_yaml
 from diffrl.core.errors import DiffrlError, quoted
 from diffrl.core.user_files import read_text
-from diffrl.rewards.server_limits import MAX_TOKEN_FILE_BYTES, ServerLimits, flag_name, limit_fields
+from diffrl.serving.limits import MAX_TOKEN_FILE_BYTES, ServerLimits, flag_name, limit_fields
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,11 @@ def arguments(p: argparse.ArgumentParser) -> None:
         default="diffrl",
         help="the wire protocol to answer: diffrl (msgpack POST /score, the default), flow_factory "
         "(Flow-Factory's JSON POST /compute) or verl_omni (verl-omni's / flow_grpo's scorer fields "
-        "as JSON, POST / and /score); see diffrl/rewards/protocols.py",
+        "as JSON, POST / and /score); see diffrl/transport/protocols.py",
     )
     p.add_argument("--token-file", help="a file holding the token clients must send (Bearer)")
     p.add_argument("--token-env", help="an environment variable holding the token")
-    for name, limit in limit_fields().items():  # one flag per limit (diffrl/rewards/server_limits.py)
+    for name, limit in limit_fields().items():  # one flag per limit (diffrl/serving/limits.py)
         lo, hi = limit.bounds.lo, limit.bounds.hi
         p.add_argument(
             flag_name(name),
@@ -125,7 +125,7 @@ def server_token(args: argparse.Namespace) -> str | None:
 
 
 COMMAND = Command(
-    "serve a reward over HTTP for the 'remote' reward (wire format: diffrl/rewards/server.py)",
+    "serve a reward over HTTP for the 'remote' reward (wire format: diffrl/serving/server.py)",
     "diffrl.cli.serve_reward:run",
     arguments,
     inputs,

@@ -1,10 +1,10 @@
 """A reward server on a Ray cluster: the same app as ``diffrl serve-reward``
-(:class:`~diffrl.rewards.server.RewardServer`), run in-process by an actor that holds its own CPUs
+(:class:`~diffrl.serving.server.RewardServer`), run in-process by an actor that holds its own CPUs
 and GPUs, so a reward model can live on GPUs of its own, anywhere on the cluster; trainers score
 through the ``remote`` reward at the URL it reports.
 
 Ray Serve would need the ``ray[serve]`` extra; one actor running uvicorn needs nothing beyond
-``ray``, and speaks exactly the wire format of :mod:`diffrl.rewards.server`.
+``ray``, and speaks exactly the wire format of :mod:`diffrl.serving.server`.
 
 From the command line (prints the URL, serves until Ctrl-C, then ends the actor)::
 
@@ -31,8 +31,8 @@ from typing import Any
 from diffrl.core.errors import DiffrlError
 from diffrl.distributed.ray.actor_errors import names_user_errors
 from diffrl.distributed.ray.cluster import import_ray
-from diffrl.rewards.server import RewardServer, bind_problem, build_served_reward
-from diffrl.rewards.server_limits import ServerLimits
+from diffrl.serving.limits import ServerLimits
+from diffrl.serving.server import RewardServer, bind_problem, build_served_reward
 
 POLL_S = 10.0
 """How often :meth:`RayRewardServer.wait` checks that the actor lives."""

@@ -15,7 +15,7 @@ import torch
 from diffrl.config import RewardConfig
 from diffrl.core.errors import Abandoned
 from diffrl.rewards.base import Pending, Reward, RewardSet
-from diffrl.rewards.workers import ProcessPool
+from diffrl.transport.workers import ProcessPool
 
 IMAGES = torch.rand(2, 3, 8, 8)
 

@@ -18,7 +18,7 @@ import torch
 from diffrl.config import RewardConfig
 from diffrl.core.registry import RegistryError
 from diffrl.rewards.base import Pending, Reward, RewardSet
-from diffrl.rewards.workers import CallThread
+from diffrl.transport.workers import CallThread
 from tests.conftest import SMALL_ROLLOUT, tiny_overrides
 
 HERE = "tests.unit.rewards.test_deadlines"

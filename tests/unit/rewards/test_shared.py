@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from diffrl.config import RewardConfig
-from diffrl.rewards import workers
 from diffrl.rewards.base import Reward, RewardSet, SharedRewards
 from diffrl.rewards.ocr import OCR_MAX_WORKERS, OCR_WORKER_BYTES, OCRReward
+from diffrl.transport import workers
 
 
 class Counted(Reward):

@@ -15,7 +15,7 @@
 
 Deadlines are enforced when they pass, not when someone waits: a reward's calls run one at a
 time, so a hung call must not hold the ones behind it until the collector gets round to waiting.
-This module depends on nothing else in diffrl: ``base.py`` builds the reward API on it.
+This module depends on nothing else in diffrl: ``rewards/base.py`` builds the reward API on it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The peers' wire protocols (:mod:`diffrl.rewards.protocols`) without a network: what a client
+"""The peers' wire protocols (:mod:`diffrl.transport.protocols`) without a network: what a client
 encodes, the server reads back to the same pixels, prompts, metadata and source images; bodies are
 bounded before they are parsed or decoded; answers are checked field by field."""
 
@@ -17,7 +17,9 @@ from fastapi import HTTPException
 from PIL import Image
 
 from diffrl.cli.commands import build_parser
-from diffrl.rewards.protocols import (
+from diffrl.serving.limits import ServerLimits
+from diffrl.serving.server import decode_request
+from diffrl.transport.protocols import (
     DIFFRL,
     MAX_JSON_ITEMS,
     PROTOCOLS,
@@ -28,8 +30,6 @@ from diffrl.rewards.protocols import (
     protocol_problem,
     read_json,
 )
-from diffrl.rewards.server import decode_request
-from diffrl.rewards.server_limits import ServerLimits
 
 VERL, FF = PROTOCOLS["verl_omni"], PROTOCOLS["flow_factory"]
 

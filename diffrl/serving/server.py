@@ -6,7 +6,7 @@ uvicorn; the reward is built as a recipe builds it (:func:`~diffrl.rewards.base.
 registry name or a user's dotted path, with its params checked first).
 
 Peers' protocols: ``--protocol flow_factory`` or ``verl_omni`` answers Flow-Factory's or
-verl-omni's JSON contract instead (:mod:`diffrl.rewards.protocols`: their paths, fields and answers)
+verl-omni's JSON contract instead (:mod:`diffrl.transport.protocols`: their paths, fields and answers)
 with the same limits, token and deadlines; their bodies are read into the fields below, bounded
 before parsing and decoding. A pickled body (flow_grpo's and verl-omni's clients send pickle) is a
 415 on any protocol, never unpickled. ``/health`` then also says ``"protocol"``.
@@ -135,7 +135,9 @@ from diffrl.core.errors import quoted
 from diffrl.core.registry import RegistryError, did_you_mean
 from diffrl.core.rollout import Audio
 from diffrl.rewards.base import Reward, RewardError, build_reward, param_name_problems, submit_scores
-from diffrl.rewards.protocols import (
+from diffrl.rewards.registry import REWARDS
+from diffrl.serving.limits import ServerLimits
+from diffrl.transport.protocols import (
     DIFFRL,
     JSON_FIX,
     PICKLE_WHY,
@@ -145,9 +147,7 @@ from diffrl.rewards.protocols import (
     is_pickle,
     protocol_problem,
 )
-from diffrl.rewards.registry import REWARDS
-from diffrl.rewards.server_limits import ServerLimits
-from diffrl.rewards.workers import DeadlineExceeded, deadline_after, seconds_left
+from diffrl.transport.workers import DeadlineExceeded, deadline_after, seconds_left
 
 LOG = logging.getLogger(__name__)  # warnings reach stderr even unconfigured: the operator sees failures
 MSGPACK = "application/msgpack"
@@ -586,7 +586,7 @@ def decode_request(
     (too many images, pixels or objects) or 415 (a Python pickle), never anything else. Every field
     and every PNG header is checked before any image is decoded, so a request costs at most what
     ``limits`` allow. ``protocol``: diffrl's msgpack, or a peer's JSON, read into the same fields
-    (:meth:`~diffrl.rewards.protocols.Protocol.message`)."""
+    (:meth:`~diffrl.transport.protocols.Protocol.message`)."""
     limits = limits or ServerLimits()
     if is_pickle(body):
         raise HTTPException(
@@ -697,7 +697,7 @@ def field_problem(msg: dict[Any, Any]) -> None:
             hint = did_you_mean(key[:100], list(FIELDS)) if isinstance(key, str) else ""
             raise _bad(
                 f"unknown field {shown}.{hint} A /score body has: {', '.join(FIELDS)} (the wire format: "
-                "diffrl/rewards/server.py)"
+                "diffrl/serving/server.py)"
             )
     for key, needs in FIELDS.items():
         if key not in msg or needs is None:

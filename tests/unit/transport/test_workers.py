@@ -2,7 +2,7 @@
 a worker that dies is replaced, and no worker outlives the process that started it (``kill -9``
 and SIGTERM included) or :meth:`ProcessPool.close`.
 
-The pool's jobs live in :mod:`tests.unit.rewards.pool_jobs` (spawned workers import them; no torch there,
+The pool's jobs live in :mod:`tests.unit.transport.pool_jobs` (spawned workers import them; no torch there,
 so a worker starts quickly). Linux only where a test reads ``/proc``.
 """
 
@@ -22,9 +22,9 @@ import torch
 
 from diffrl.config import RewardConfig
 from diffrl.rewards.base import Pending, Reward, RewardSet, SharedRewards
-from diffrl.rewards.workers import DeadlineExceeded, ProcessPool
+from diffrl.transport.workers import DeadlineExceeded, ProcessPool
 from tests.conftest import ROOT
-from tests.unit.rewards import pool_jobs
+from tests.unit.transport import pool_jobs
 
 linux_only = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 
@@ -167,14 +167,14 @@ class StuckOnRequest(Reward):
 
 def test_a_pool_reward_that_hangs_fails_its_samples_and_scores_the_next_call():
     rewards = RewardSet(
-        [RewardConfig("tests.unit.rewards.test_workers:StuckOnRequest", timeout_s=1.0)],
+        [RewardConfig("tests.unit.transport.test_workers:StuckOnRequest", timeout_s=1.0)],
     )
     images = torch.rand(2, 3, 8, 8)
     try:
         out = rewards.submit(images, ["stuck", "stuck"], [{}] * 2).result()
         assert out.total.isnan().all() and out.timed_out.all()
         assert out.errors[0].startswith(
-            "reward 'tests.unit.rewards.test_workers:StuckOnRequest' timed out after 1 s"
+            "reward 'tests.unit.transport.test_workers:StuckOnRequest' timed out after 1 s"
         )
         out = rewards.submit(images, ["fine", "fine"], [{}] * 2).result()
         torch.testing.assert_close(out.total, images.mean(dim=(1, 2, 3)))
@@ -227,7 +227,7 @@ def test_a_pool_shared_by_training_and_eval_fails_a_hung_or_crashed_call_and_sco
         torch.testing.assert_close(out.total, images.mean(dim=(1, 2, 3)))
         out = evaluate.submit(images, ["crash"] * 2, [{}] * 2).result()  # re-sent, then failed
         assert out.total.isnan().all() and not out.timed_out.any()
-        assert "reward 'tests.unit.rewards.test_workers:Pooled' raised BrokenProcessPool" in out.errors[0]
+        assert "reward 'tests.unit.transport.test_workers:Pooled' raised BrokenProcessPool" in out.errors[0]
         out = train.submit(images, ["fine"] * 2, [{}] * 2).result()
         torch.testing.assert_close(out.total, images.mean(dim=(1, 2, 3)))
         assert reward.pool.restarts >= 2
@@ -249,7 +249,7 @@ import os, sys, time
 from pathlib import Path
 import torch
 from diffrl.rewards.ocr import OCRReward
-from tests.unit.rewards.test_workers import children
+from tests.unit.transport.test_workers import children
 
 reward = OCRReward(num_workers=2)
 reward(torch.rand(4, 3, 32, 64), ['the text "ab"'] * 4, [{}] * 4)  # the workers exist now
@@ -291,7 +291,7 @@ import os, subprocess, sys, time
 from pathlib import Path
 
 child = subprocess.Popen([sys.executable, "-c", (
-    "import os, time; from diffrl.rewards.workers import die_with_parent; "
+    "import os, time; from diffrl.transport.workers import die_with_parent; "
     f"die_with_parent({os.getpid()}, poll_s=0.1, pdeathsig=False); "
     f"open({sys.argv[1]!r} + '.up', 'w').close(); time.sleep(600)"
 )])

@@ -29,11 +29,13 @@ from diffrl.config import RewardConfig
 from diffrl.core.errors import DiffrlError
 from diffrl.core.rollout import Audio
 from diffrl.rewards.base import RewardError, RewardSet
-from diffrl.rewards.remote import RemoteReward, encode_request, server_problems
-from diffrl.rewards.server import RewardServer, ServerError, build_served_reward
+from diffrl.rewards.remote import RemoteReward
+from diffrl.serving.server import RewardServer, ServerError, build_served_reward
+from diffrl.transport.client import server_problems
+from diffrl.transport.protocols import encode_request
 from tests.rewards import pixel_sum
 
-HERE = "tests.unit.rewards.test_server"
+HERE = "tests.unit.serving.test_server"
 TOKEN = "s3cret-token"
 STRONG_TOKEN = "9f86d081884c7d659a2feaa0c55ad015"  # what a server reachable from other machines needs
 TOKEN_ENV = "DIFFRL_TEST_REWARD_TOKEN"

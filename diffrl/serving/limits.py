@@ -1,4 +1,4 @@
-"""What one client may cost a reward server (:mod:`diffrl.rewards.server`): :class:`ServerLimits`.
+"""What one client may cost a reward server (:mod:`diffrl.serving.server`): :class:`ServerLimits`.
 
 A module of its own with no heavy imports: ``diffrl serve-reward``'s flags (one per limit,
 :func:`flag_name`) are made from these fields when the command line starts, before torch or the
@@ -32,7 +32,7 @@ class ServerLimits:
 
     Memory: request bodies hold at most ``max_active x max_request_mb`` in all; at most
     ``max_active`` requests at once also hold their msgpack objects (``MAX_OBJECTS`` of
-    :mod:`diffrl.rewards.server`, ~64 MB at most) and decoded pixels (``max_request_pixels``, 3
+    :mod:`diffrl.serving.server`, ~64 MB at most) and decoded pixels (``max_request_pixels``, 3
     bytes each: another ``max_request_mb``), and one of them is being scored (float32, 4x its
     pixels, and whatever the reward makes of them); every other connection holds at most uvicorn's
     64 KB read buffer and a 16 KB head. With the defaults that is about 4 x 64 + 4 x (64 + 64) +

@@ -1,15 +1,16 @@
 """Reward-server wire protocols: diffrl's own and its peers', for both ends.
 
-The ``remote`` reward (:mod:`.remote`) speaks one of them to a server (``params: {protocol: ...}``),
-and ``diffrl serve-reward --protocol NAME`` (:mod:`.server`) answers one, so a reward server users
-already run for a peer framework can score a diffrl run, and a diffrl-served reward can score theirs.
+The ``remote`` reward (:mod:`diffrl.rewards.remote`) speaks one of them to a server (``params:
+{protocol: ...}``), and ``diffrl serve-reward --protocol NAME`` (:mod:`diffrl.serving.server`)
+answers one, so a reward server users already run for a peer framework can score a diffrl run,
+and a diffrl-served reward can score theirs.
 A protocol is a small object: the client side encodes a batch into a body and reads the answer's
 scores (an answer that breaks the contract is an :class:`AnswerError`, never a traceback); the server
-side reads a body into diffrl's ``/score`` fields (:data:`diffrl.rewards.server.FIELDS`), or a
+side reads a body into diffrl's ``/score`` fields (:data:`diffrl.serving.server.FIELDS`), or a
 :class:`ProtocolError` (400 / 413 / 415), and encodes the scores.
 
 ``diffrl`` (default)
-    msgpack ``POST {url}/score``: the wire format in :mod:`diffrl.rewards.server`'s docstring.
+    msgpack ``POST {url}/score``: the wire format in :mod:`diffrl.serving.server`'s docstring.
 
 ``flow_factory``
     Flow-Factory's remote reward server. Contract from X-GenGroup/Flow-Factory
@@ -68,14 +69,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from diffrl.core.errors import quoted
+from diffrl.core.errors import RewardError, quoted
 from diffrl.core.registry import did_you_mean
 from diffrl.core.rollout import Audio, quantize
-from diffrl.rewards.base import RewardError
 
 MAX_JSON_ITEMS = 2**20
 """Values (array items, object members) one JSON body may hold, counted from its bytes before it is
-parsed (commas and brackets: an upper bound), as :data:`diffrl.rewards.server.MAX_OBJECTS` bounds a
+parsed (commas and brackets: an upper bound), as :data:`diffrl.serving.server.MAX_OBJECTS` bounds a
 msgpack body: 64 MB of ``0,`` would otherwise become 32 M list slots."""
 DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]*;base64,")
 PICKLE_WHY = (
@@ -149,7 +149,7 @@ def encode_request(
     audio: Audio | None = None,
 ) -> bytes:
     """``images (B, 3, H, W)`` or clips ``(B, 3, F, H, W)`` in [0, 1], and their ``audio``, -> the
-    msgpack ``/score`` body (module docstring of :mod:`diffrl.rewards.server`), pixels through
+    msgpack ``/score`` body (module docstring of :mod:`diffrl.serving.server`), pixels through
     :func:`quantize` (the rollout's uint8), sound as float16 (the rollout's precision)."""
     pixels = quantize(images)
     metadata, sources = _split_sources(metadata)

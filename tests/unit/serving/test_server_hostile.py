@@ -39,11 +39,10 @@ from uvicorn.server import ServerState
 
 from diffrl.cli import main
 from diffrl.cli import serve_reward as serve_reward_module
-from diffrl.rewards import remote as remote_module
-from diffrl.rewards import server as server_module
 from diffrl.rewards.base import Pending, Reward, RewardError
-from diffrl.rewards.remote import RemoteReward, exchange, server_problems
-from diffrl.rewards.server import (
+from diffrl.rewards.remote import RemoteReward
+from diffrl.serving import server as server_module
+from diffrl.serving.server import (
     MAX_OBJECTS,
     GuardedH11Protocol,
     RewardServer,
@@ -58,10 +57,12 @@ from diffrl.rewards.server import (
     decode_request,
     request_timeout,
 )
-from diffrl.rewards.workers import CallThread
+from diffrl.transport import client as client_module
+from diffrl.transport.client import exchange, server_problems
+from diffrl.transport.workers import CallThread
 from tests.integration.test_bad_inputs import BAD, Case, _check, _setup
 from tests.rewards import pixel_sum
-from tests.unit.rewards.test_server import HERE, STRONG_TOKEN, TOKEN, serving
+from tests.unit.serving.test_server import HERE, STRONG_TOKEN, TOKEN, serving
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LIMITS = ServerLimits()
@@ -1114,7 +1115,7 @@ def test_a_broken_server_is_a_clear_bounded_error_of_the_client(monkeypatch, rep
     100 000 deep, crashed preflight with UnboundLocalError / RecursionError: exit 70; a detail of
     100 KB was quoted whole; an answer was read whatever its size)."""
     if "over 1,000 bytes" in health:  # as a server sending gigabytes would be refused at 64 MB
-        monkeypatch.setattr(remote_module, "MAX_ANSWER_BYTES", 1000)
+        monkeypatch.setattr(client_module, "MAX_ANSWER_BYTES", 1000)
     url, stop = answering_server(reply)
     try:
         [problem] = server_problems(url, None, timeout_s=5)
