@@ -90,7 +90,12 @@ from transformers import AutoProcessor, AutoTokenizer, Mistral3ForConditionalGen
 from diffrl.config import Range
 from diffrl.core.rollout import Conditioning
 from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens, meta_model
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
+from diffrl.models.diffusers_folder import (
+    DiffusersFolderDescription,
+    DiffusersFolderFamily,
+    load_part,
+    read_json,
+)
 from diffrl.models.flux import folder_setting, packed_lengths, sample_size
 from diffrl.models.sd3 import SD3_LORA_TARGETS
 
@@ -212,13 +217,14 @@ def folder_variant(folder: Path) -> Variant | None:
     return VARIANTS.get((read_json(folder / "model_index.json") or {}).get("_class_name"))
 
 
-class Flux2Family(DiffusersFolderFamily):
+class Flux2Description(DiffusersFolderDescription):
+    """What :class:`Flux2Family` declares (static): the FLUX.2 folders' checks ([dev] and [klein]), size rule, sequence lengths, plan and LoRA targets."""
+
     name = "flux2"
     pipeline_class = "Flux2Pipeline or Flux2KleinPipeline"
     pipeline_classes = ("Flux2Pipeline", "Flux2KleinPipeline")
     """For messages before a folder is read; a loaded family holds its folder's (:attr:`variant`)."""
     transformer_class = "Flux2Transformer2DModel"
-    components = ("vae", "text_encoder", "tokenizer", "transformer")
     default_guidance = 1.0
     """No CFG: what [dev] (no CFG at all) and a distilled [klein] take; a base [klein]'s recipe sets
     ``sampling.guidance_scale: 4.0`` (``Flux2KleinPipeline``'s default)."""
@@ -254,17 +260,6 @@ class Flux2Family(DiffusersFolderFamily):
         text_encoder_dtype: str = "float32"
         """dtype of the frozen text encoder and VAE (``bfloat16`` for the 24B / 4B encoders)."""
 
-    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
-        super().__init__(parts, pipeline_config, scheduler_config, device, options)
-        self.variant = VARIANTS[self.pipeline_config["_class_name"]]
-        self.pipeline_class = self.variant.pipeline_class
-        self.is_distilled = bool(self.pipeline_config.get("is_distilled", False))
-        """A step-distilled [klein] (``Flux2KleinPipeline``'s ``is_distilled``): no CFG."""
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)  # as the pipelines
-        layers = options.text_encoder_out_layers
-        self.text_layers = tuple(layers) if layers is not None else self.variant.text_layers
-
-    # ---- the folder and the config, before anything loads --------------------------------------
     @classmethod
     def folder_problems(cls, folder: Path) -> list[str]:
         problems = super().folder_problems(folder)
@@ -369,74 +364,6 @@ class Flux2Family(DiffusersFolderFamily):
         (``max_sequence_length``) and the attention heads."""
         return packed_lengths(cls, config, check_files, text=True)
 
-    # ---- construction --------------------------------------------------------------------------
-    @classmethod
-    def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
-        variant = folder_variant(folder)
-        frozen = DTYPES[options.text_encoder_dtype]
-        return {
-            "transformer": load_part(folder, "transformer", Flux2Transformer2DModel, dtype),
-            "vae": load_part(folder, "vae", AutoencoderKLFlux2, frozen),
-            "text_encoder": load_part(folder, "text_encoder", variant.text_encoder_class, frozen),
-            "tokenizer": load_part(folder, "tokenizer", variant.tokenizer_class),
-        }
-
-    def pipeline_components(self) -> dict[str, Any]:
-        """The pipeline's ``__init__`` arguments but the scheduler (and [klein]'s ``is_distilled``)."""
-        parts = super().pipeline_components()
-        return {**parts, "is_distilled": self.is_distilled} if self.variant is KLEIN else parts
-
-    # ---- geometry ------------------------------------------------------------------------------
-    @property
-    def default_size(self) -> tuple[int, int]:
-        side = 128 * self.vae_scale_factor  # the pipelines' default_sample_size: 1024 px
-        return (side, side)
-
-    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
-        step = self.vae_scale_factor * 2
-        if height % step or width % step:
-            raise ValueError(
-                f"{self.name}: height and width must be multiples of {step}, got {height}x{width}"
-            )
-        return (self.transformer.config.in_channels, height // step, width // step)
-
-    # ---- the sigma schedule --------------------------------------------------------------------
-    def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
-        """The pipelines' ``(num_steps + 1,)`` schedule (:func:`flux2_sigmas`); a numeric ``shift``
-        replaces it with a static shift (see :meth:`ModelFamily.sigmas`)."""
-        if shift is not None:
-            return super().sigmas(num_steps, shift, height, width)
-        _, h, w = self.latent_shape(height, width)
-        return flux2_sigmas(self.scheduler_config, num_steps, h * w)
-
-    # ---- text ----------------------------------------------------------------------------------
-    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
-        """``encoder_hidden_states (B, max_sequence_length, len(layers) * D)``, the pipeline's own."""
-        return {"encoder_hidden_states": self.variant.prompt_embeds(self, prompts, self.text_layers)}
-
-    # ---- guidance ------------------------------------------------------------------------------
-    def negative(
-        self, prompt: str, guidance_scale: float, cond: Conditioning | None = None
-    ) -> Conditioning | None:
-        """As :meth:`ModelFamily.negative` for a base [klein]; [dev] and a distilled [klein] have no
-        CFG (the config check refuses ``sampling.guidance_scale`` > 1 for them before loading)."""
-        if guidance_scale > self.no_guidance_scale and (self.variant is DEV or self.is_distilled):
-            kind = "FLUX.2 [dev]" if self.variant is DEV else "a step-distilled FLUX.2 [klein]"
-            raise ValueError(
-                f"{self.name}: guidance_scale={guidance_scale}, but {kind} has no classifier-free "
-                "guidance in its diffusers pipeline; use 1"
-            )
-        return super().negative(prompt, guidance_scale, cond)
-
-    # ---- the velocity forward ------------------------------------------------------------------
-    def forward(
-        self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
-    ) -> torch.Tensor:
-        """One ``Flux2Transformer2DModel`` call (:func:`flux2_forward`): ``x_t (B, C, h, w)``,
-        ``sigma (B,)`` -> velocity ``(B, C, h, w)``, with ``options.guidance`` embedded for [dev]."""
-        guidance = float(self.options.guidance) if self.variant.embeds_guidance else None
-        return flux2_forward(module, x_t, sigma, cond, guidance)
-
     @classmethod
     def planned(cls, config, folder: Path) -> Planned | None:
         """The transformer from ``folder/transformer/config.json`` at ``sampling.height x width``
@@ -464,6 +391,104 @@ class Flux2Family(DiffusersFolderFamily):
             return flux2_forward(m, x_t, sigma, Conditioning({"encoder_hidden_states": text}), guidance)
 
         return Planned(module, latent, forward, f"Flux2Transformer2DModel ({variant.label})")
+
+    @classmethod
+    def lora_targets_of(cls, module: nn.Module, configured: list[str] | None) -> list[str]:
+        """``configured``, else :attr:`default_lora_targets` and each single-stream block's
+        ``attn.to_out`` by name (diffusers' FLUX.2 LoRA scripts' choice)."""
+        if configured:
+            return list(configured)
+        singles = range(len(module.single_transformer_blocks))
+        return [*cls.default_lora_targets, *(f"single_transformer_blocks.{i}.attn.to_out" for i in singles)]
+
+
+class Flux2Family(DiffusersFolderFamily):
+    description = Flux2Description
+    components = ("vae", "text_encoder", "tokenizer", "transformer")
+
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        self.description.variant = VARIANTS[self.pipeline_config["_class_name"]]
+        self.description.pipeline_class = self.description.variant.pipeline_class
+        self.is_distilled = bool(self.pipeline_config.get("is_distilled", False))
+        """A step-distilled [klein] (``Flux2KleinPipeline``'s ``is_distilled``): no CFG."""
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)  # as the pipelines
+        layers = options.text_encoder_out_layers
+        self.text_layers = tuple(layers) if layers is not None else self.description.variant.text_layers
+
+    # ---- the folder and the config, before anything loads --------------------------------------
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
+        variant = folder_variant(folder)
+        frozen = DTYPES[options.text_encoder_dtype]
+        return {
+            "transformer": load_part(folder, "transformer", Flux2Transformer2DModel, dtype),
+            "vae": load_part(folder, "vae", AutoencoderKLFlux2, frozen),
+            "text_encoder": load_part(folder, "text_encoder", variant.text_encoder_class, frozen),
+            "tokenizer": load_part(folder, "tokenizer", variant.tokenizer_class),
+        }
+
+    def pipeline_components(self) -> dict[str, Any]:
+        """The pipeline's ``__init__`` arguments but the scheduler (and [klein]'s ``is_distilled``)."""
+        parts = super().pipeline_components()
+        return {**parts, "is_distilled": self.is_distilled} if self.description.variant is KLEIN else parts
+
+    # ---- geometry ------------------------------------------------------------------------------
+    @property
+    def default_size(self) -> tuple[int, int]:
+        side = 128 * self.vae_scale_factor  # the pipelines' default_sample_size: 1024 px
+        return (side, side)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        step = self.vae_scale_factor * 2
+        if height % step or width % step:
+            raise ValueError(
+                f"{self.description.name}: height and width must be multiples of {step}, got {height}x{width}"
+            )
+        return (self.transformer.config.in_channels, height // step, width // step)
+
+    # ---- the sigma schedule --------------------------------------------------------------------
+    def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor:
+        """The pipelines' ``(num_steps + 1,)`` schedule (:func:`flux2_sigmas`); a numeric ``shift``
+        replaces it with a static shift (see :meth:`ModelFamily.sigmas`)."""
+        if shift is not None:
+            return super().sigmas(num_steps, shift, height, width)
+        _, h, w = self.latent_shape(height, width)
+        return flux2_sigmas(self.scheduler_config, num_steps, h * w)
+
+    # ---- text ----------------------------------------------------------------------------------
+    def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """``encoder_hidden_states (B, max_sequence_length, len(layers) * D)``, the pipeline's own."""
+        return {
+            "encoder_hidden_states": self.description.variant.prompt_embeds(self, prompts, self.text_layers)
+        }
+
+    # ---- guidance ------------------------------------------------------------------------------
+    def negative(
+        self, prompt: str, guidance_scale: float, cond: Conditioning | None = None
+    ) -> Conditioning | None:
+        """As :meth:`ModelFamily.negative` for a base [klein]; [dev] and a distilled [klein] have no
+        CFG (the config check refuses ``sampling.guidance_scale`` > 1 for them before loading)."""
+        if guidance_scale > self.description.no_guidance_scale and (
+            self.description.variant is DEV or self.is_distilled
+        ):
+            kind = "FLUX.2 [dev]" if self.description.variant is DEV else "a step-distilled FLUX.2 [klein]"
+            raise ValueError(
+                f"{self.description.name}: guidance_scale={guidance_scale}, but {kind} has no classifier-free "
+                "guidance in its diffusers pipeline; use 1"
+            )
+        return super().negative(prompt, guidance_scale, cond)
+
+    # ---- the velocity forward ------------------------------------------------------------------
+    def forward(
+        self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
+    ) -> torch.Tensor:
+        """One ``Flux2Transformer2DModel`` call (:func:`flux2_forward`): ``x_t (B, C, h, w)``,
+        ``sigma (B,)`` -> velocity ``(B, C, h, w)``, with ``options.guidance`` embedded for [dev]."""
+        guidance = float(self.options.guidance) if self.description.variant.embeds_guidance else None
+        return flux2_forward(module, x_t, sigma, cond, guidance)
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     def _bn_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -496,11 +521,3 @@ class Flux2Family(DiffusersFolderFamily):
         return (images.float() * 0.5 + 0.5).clamp(0.0, 1.0)
 
     # ---- LoRA ----------------------------------------------------------------------------------
-    @classmethod
-    def lora_targets_of(cls, module: nn.Module, configured: list[str] | None) -> list[str]:
-        """``configured``, else :attr:`default_lora_targets` and each single-stream block's
-        ``attn.to_out`` by name (diffusers' FLUX.2 LoRA scripts' choice)."""
-        if configured:
-            return list(configured)
-        singles = range(len(module.single_transformer_blocks))
-        return [*cls.default_lora_targets, *(f"single_transformer_blocks.{i}.attn.to_out" for i in singles)]
