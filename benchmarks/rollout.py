@@ -149,9 +149,7 @@ def make_pipeline(family, collector):
         shift = collector.config.sampling.shift
         pipe = StableDiffusion3Pipeline(
             transformer=family.transformer,
-            scheduler=FlowMatchEulerDiscreteScheduler(
-                shift=family.description.default_shift if shift is None else shift
-            ),
+            scheduler=FlowMatchEulerDiscreteScheduler(shift=family.default_shift if shift is None else shift),
             vae=PixelSpace(family.device),
             text_encoder=None,
             tokenizer=None,

@@ -155,9 +155,6 @@ class FamilyDescription:
     name: ClassVar[str]
     """The family's short name (``model.family``), in every message about it."""
     default_lora_targets: ClassVar[list[str]]
-    default_shift: ClassVar[float] = 3.0
-    """Sigma-schedule shift used when ``sampling.shift`` is not set (families whose pipeline shifts
-    by image size override :meth:`ModelFamily.sigmas` instead)."""
     default_guidance: ClassVar[float] = 1.0
     """``sampling.guidance_scale`` when the recipe does not set it (1: no guidance)."""
     no_guidance_scale: ClassVar[float] = 1.0
@@ -369,6 +366,9 @@ class ModelFamily(ABC):
 
     description: ClassVar[type[FamilyDescription]]
     """The family's static half (a :class:`FamilyDescription` subclass, in the same file)."""
+    default_shift: ClassVar[float] = 3.0
+    """Sigma-schedule shift used when ``sampling.shift`` is not set (families whose pipeline shifts
+    by image size override :meth:`sigmas` instead)."""
 
     def __init__(self, transformer: nn.Module, device: torch.device, options: Any):
         self.transformer = transformer
@@ -459,7 +459,8 @@ class ModelFamily(ABC):
         ):
             what = "one source image per prompt" if self.description.edits else "no source images"
             raise ValueError(
-                f"the {self.description.name} family takes {what}; got {len(sources or [])} for {len(prompts)}"
+                f"the {self.description.name} family "
+                f"takes {what}; got {len(sources or [])} for {len(prompts)}"
             )
         if self.text_encoder_trainable:
             return Conditioning(self._encode(list(prompts), None if sources is None else list(sources)))
@@ -495,7 +496,8 @@ class ModelFamily(ABC):
     def _encode(self, prompts: list[str], sources: list[Source] | None) -> dict[str, torch.Tensor]:
         if self.text_encoders_released:
             raise RuntimeError(
-                f"model.encode_once: the {self.description.name} family's text encoders were released after the run's "
+                f"model.encode_once: the {self.description.name} family's "
+                "text encoders were released after the run's "
                 f"prompts were encoded, and {prompts[0]!r:.200} is not one of them"
             )
         return self._encode_prompts(prompts) if sources is None else self._encode_edits(prompts, sources)
@@ -525,7 +527,7 @@ class ModelFamily(ABC):
         ``shift`` (``sampling.shift``) None: the schedule this family's diffusers pipeline uses;
         a number: ``FlowMatchEulerDiscreteScheduler(shift=shift)``'s (SD3's static shift).
         """
-        return flow_sigmas(num_steps, self.description.default_shift if shift is None else shift)
+        return flow_sigmas(num_steps, self.default_shift if shift is None else shift)
 
     # ---- the velocity forward ------------------------------------------------------------------
     @abstractmethod

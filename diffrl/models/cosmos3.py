@@ -111,7 +111,8 @@ COSMOS3_LORA_TARGETS = [
 
 
 class Cosmos3Description(DiffusersFolderDescription):
-    """What :class:`Cosmos3Family` declares (static): the Cosmos 3 folder's checks, its frame and size rules."""
+    """What :class:`Cosmos3Family` declares (static): the Cosmos 3 folder's checks, its frame and size
+    rules."""
 
     name = "cosmos3"
     pipeline_class = PIPELINE_CLASS
@@ -206,6 +207,8 @@ class Cosmos3Description(DiffusersFolderDescription):
 
 
 class Cosmos3Family(DiffusersFolderFamily):
+    """Cosmos 3 loaded: its tokenizer-only prompts, the joint token sequence, the VAE."""
+
     description = Cosmos3Description
     components = ("transformer", "text_tokenizer", "vae")
 

@@ -15,6 +15,7 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
+from diffrl.config import Config
 from diffrl.core.errors import DiffrlError, quoted
 from diffrl.core.user_files import UserFileError, check_model_files, read_json_object
 from diffrl.models.base import (
@@ -23,6 +24,7 @@ from diffrl.models.base import (
     FamilyDescription,
     ModelFamily,
     check_family_dir,
+    meta_model,
     write_family_file,
 )
 
@@ -218,6 +220,9 @@ class DiffusersFolderFamily(ModelFamily):
             setattr(self, name, part)
         self.pipeline_config = dict(pipeline_config)
         self.scheduler_config = dict(scheduler_config)
+        self.pipeline_class = self.description.pipeline_class
+        """The diffusers pipeline this model runs as (:meth:`pipeline`, the exports): the
+        description's, or the folder's variant's (FLUX.2)."""
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -246,12 +251,13 @@ class DiffusersFolderFamily(ModelFamily):
 
     @classmethod
     def pipeline_folder(cls, path: str) -> Path:
-        """``path`` as a folder of :attr:`pipeline_class`; a clear error when it is not one, or when
-        diffrl wrote it for another family."""
+        """``path`` as a folder of the description's ``pipeline_class``; a clear error when it
+        is not one, or when diffrl wrote it for another family."""
         folder = Path(path)
         if path in ("base", "random") or not folder.is_dir():
             raise FileNotFoundError(
-                f"{cls.description.name}: model.path must be a local diffusers folder of {cls.description.pipeline_class}, got {path!r}"
+                f"{cls.description.name}: "
+                f"model.path must be a local diffusers folder of {cls.description.pipeline_class}, got {path!r}"
             )
         problems = cls.description.folder_problems(folder)
         if problems:
@@ -275,9 +281,7 @@ class DiffusersFolderFamily(ModelFamily):
         scheduler = getattr(diffusers, self.scheduler_config["_class_name"]).from_config(
             self.scheduler_config
         )
-        return getattr(diffusers, self.description.pipeline_class)(
-            scheduler=scheduler, **self.pipeline_components()
-        )
+        return getattr(diffusers, self.pipeline_class)(scheduler=scheduler, **self.pipeline_components())
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
         pipe = self.pipeline()
@@ -289,18 +293,18 @@ class DiffusersFolderFamily(ModelFamily):
         write_family_file(Path(path), self.description.name)
 
     def load_snippet(self, path: str | Path) -> str:
-        return f"pipe = {self.description.pipeline_class}.from_pretrained({str(path)!r})"
+        return f"pipe = {self.pipeline_class}.from_pretrained({str(path)!r})"
 
     def save_lora(self, out_dir: str | Path) -> str:
         """The transformer's adapter via ``<pipeline_class>.save_lora_weights``, with its rank and
         alpha in the metadata (``load_lora_weights(out_dir)`` reads it back)."""
         self.write_lora(out_dir, get_peft_model_state_dict(self.transformer))
-        return f"pipe = {self.description.pipeline_class}.from_pretrained(BASE); pipe.load_lora_weights({str(out_dir)!r})"
+        return f"pipe = {self.pipeline_class}.from_pretrained(BASE); pipe.load_lora_weights({str(out_dir)!r})"
 
     def write_lora(self, out_dir: str | Path, layers: dict[str, torch.Tensor]) -> None:
         """``layers`` (a peft state dict of the transformer's adapter) via
         ``<pipeline_class>.save_lora_weights``, with the adapter's config in the metadata."""
-        getattr(diffusers, self.description.pipeline_class).save_lora_weights(
+        getattr(diffusers, self.pipeline_class).save_lora_weights(
             out_dir,
             transformer_lora_layers=layers,
             transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict(),
@@ -314,6 +318,23 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return read_json_object(path, "JSON file", PART_FIX)
     except UserFileError:
         return None
+
+
+def meta_transformer(
+    description: type[FamilyDescription], model_cls: type, config: Config, folder: Path
+) -> tuple[nn.Module, Any] | None:
+    """Where a family's :meth:`~diffrl.models.base.FamilyDescription.planned` starts: the
+    transformer of ``folder/transformer/config.json`` on the meta device in ``model.dtype``
+    (:func:`~diffrl.models.base.meta_model`), with gradient checkpointing where ``model.options``
+    asks for it, and those options bound (``description.parse_options``); None without the file."""
+    settings = read_json(folder / "transformer" / "config.json")
+    if settings is None:
+        return None
+    module = meta_model(model_cls, settings, DTYPES[config.model.dtype])
+    options = description.parse_options(config.model.options)
+    if options.gradient_checkpointing:
+        module.enable_gradient_checkpointing()
+    return module, options
 
 
 def latent_stats(vae_config: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,11 +36,12 @@ from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
 from diffrl.config import Config, Range
 from diffrl.core.rollout import Conditioning
-from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
+from diffrl.models.base import DTYPES, Planned, SizeRule
 from diffrl.models.diffusers_folder import (
     DiffusersFolderDescription,
     DiffusersFolderFamily,
     load_part,
+    meta_transformer,
     read_json,
 )
 from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
@@ -239,7 +240,8 @@ class PackedLatentFamily(DiffusersFolderFamily):
 
 
 class FluxDescription(DiffusersFolderDescription):
-    """What :class:`FluxFamily` declares (static): FLUX.1's options, size rule, sequence lengths and meta-device plan."""
+    """What :class:`FluxFamily` declares (static): FLUX.1's options, size rule, sequence lengths and
+    meta-device plan."""
 
     name = "flux"
     pipeline_class = "FluxPipeline"
@@ -289,13 +291,10 @@ class FluxDescription(DiffusersFolderDescription):
         on the meta device, the parsed options, the VAE's compression ``v`` (``folder``'s
         ``vae/config.json``, else ``AutoencoderKL``'s default) and the sample's height and width
         (:func:`sample_size`); None without the transformer's config."""
-        settings = read_json(folder / "transformer" / "config.json")
-        if settings is None:
+        built = meta_transformer(cls, FluxTransformer2DModel, config, folder)
+        if built is None:
             return None
-        module = meta_model(FluxTransformer2DModel, settings, DTYPES[config.model.dtype])
-        options = cls.parse_options(config.model.options)
-        if options.gradient_checkpointing:
-            module.enable_gradient_checkpointing()
+        module, options = built
         vae = 2 ** (len(folder_setting(folder, "vae", "AutoencoderKL", "block_out_channels")) - 1)
         height, width = sample_size(config, SizeRule(vae * 2, "the VAE's compression, then 2 x 2 packing"))
         return module, options, vae, height, width
@@ -322,6 +321,8 @@ class FluxDescription(DiffusersFolderDescription):
 
 
 class FluxFamily(PackedLatentFamily):
+    """FLUX.1 loaded: CLIP + T5 prompts, packed-token forward with the embedded guidance, the VAE."""
+
     description = FluxDescription
     components = ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
 

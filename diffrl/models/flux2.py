@@ -89,11 +89,12 @@ from transformers import AutoProcessor, AutoTokenizer, Mistral3ForConditionalGen
 
 from diffrl.config import Range
 from diffrl.core.rollout import Conditioning
-from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens, meta_model
+from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens
 from diffrl.models.diffusers_folder import (
     DiffusersFolderDescription,
     DiffusersFolderFamily,
     load_part,
+    meta_transformer,
     read_json,
 )
 from diffrl.models.flux import folder_setting, packed_lengths, sample_size
@@ -218,7 +219,8 @@ def folder_variant(folder: Path) -> Variant | None:
 
 
 class Flux2Description(DiffusersFolderDescription):
-    """What :class:`Flux2Family` declares (static): the FLUX.2 folders' checks ([dev] and [klein]), size rule, sequence lengths, plan and LoRA targets."""
+    """What :class:`Flux2Family` declares (static): the FLUX.2 folders' checks ([dev] and [klein]),
+    size rule, sequence lengths, plan and LoRA targets."""
 
     name = "flux2"
     pipeline_class = "Flux2Pipeline or Flux2KleinPipeline"
@@ -371,13 +373,10 @@ class Flux2Description(DiffusersFolderDescription):
         :meth:`_encode_prompts` gives it: ``max_sequence_length`` tokens of the stacked text
         features (``joint_attention_dim``), ``options.guidance`` embedded for [dev] (the variant
         from ``model_index.json``; without one, from the transformer's ``guidance_embeds``)."""
-        settings = read_json(folder / "transformer" / "config.json")
-        if settings is None:
+        built = meta_transformer(cls, Flux2Transformer2DModel, config, folder)
+        if built is None:
             return None
-        module = meta_model(Flux2Transformer2DModel, settings, DTYPES[config.model.dtype])
-        options = cls.parse_options(config.model.options)
-        if options.gradient_checkpointing:
-            module.enable_gradient_checkpointing()
+        module, options = built
         variant = folder_variant(folder) or (DEV if module.config.guidance_embeds else KLEIN)
         blocks = folder_setting(folder, "vae", "AutoencoderKLFlux2", "block_out_channels")
         step = 2 ** (len(blocks) - 1) * 2  # the VAE's compression, then 2 x 2 patches
@@ -403,18 +402,21 @@ class Flux2Description(DiffusersFolderDescription):
 
 
 class Flux2Family(DiffusersFolderFamily):
+    """FLUX.2 loaded ([dev] or [klein], by the folder's pipeline): the stacked text features, the
+    forward, the BatchNorm-normalised VAE latents."""
+
     description = Flux2Description
     components = ("vae", "text_encoder", "tokenizer", "transformer")
 
     def __init__(self, parts, pipeline_config, scheduler_config, device, options):
         super().__init__(parts, pipeline_config, scheduler_config, device, options)
-        self.description.variant = VARIANTS[self.pipeline_config["_class_name"]]
-        self.description.pipeline_class = self.description.variant.pipeline_class
+        self.variant = VARIANTS[self.pipeline_config["_class_name"]]
+        self.pipeline_class = self.variant.pipeline_class
         self.is_distilled = bool(self.pipeline_config.get("is_distilled", False))
         """A step-distilled [klein] (``Flux2KleinPipeline``'s ``is_distilled``): no CFG."""
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)  # as the pipelines
         layers = options.text_encoder_out_layers
-        self.text_layers = tuple(layers) if layers is not None else self.description.variant.text_layers
+        self.text_layers = tuple(layers) if layers is not None else self.variant.text_layers
 
     # ---- the folder and the config, before anything loads --------------------------------------
 
@@ -433,7 +435,7 @@ class Flux2Family(DiffusersFolderFamily):
     def pipeline_components(self) -> dict[str, Any]:
         """The pipeline's ``__init__`` arguments but the scheduler (and [klein]'s ``is_distilled``)."""
         parts = super().pipeline_components()
-        return {**parts, "is_distilled": self.is_distilled} if self.description.variant is KLEIN else parts
+        return {**parts, "is_distilled": self.is_distilled} if self.variant is KLEIN else parts
 
     # ---- geometry ------------------------------------------------------------------------------
     @property
@@ -461,9 +463,7 @@ class Flux2Family(DiffusersFolderFamily):
     # ---- text ----------------------------------------------------------------------------------
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         """``encoder_hidden_states (B, max_sequence_length, len(layers) * D)``, the pipeline's own."""
-        return {
-            "encoder_hidden_states": self.description.variant.prompt_embeds(self, prompts, self.text_layers)
-        }
+        return {"encoder_hidden_states": self.variant.prompt_embeds(self, prompts, self.text_layers)}
 
     # ---- guidance ------------------------------------------------------------------------------
     def negative(
@@ -471,12 +471,11 @@ class Flux2Family(DiffusersFolderFamily):
     ) -> Conditioning | None:
         """As :meth:`ModelFamily.negative` for a base [klein]; [dev] and a distilled [klein] have no
         CFG (the config check refuses ``sampling.guidance_scale`` > 1 for them before loading)."""
-        if guidance_scale > self.description.no_guidance_scale and (
-            self.description.variant is DEV or self.is_distilled
-        ):
-            kind = "FLUX.2 [dev]" if self.description.variant is DEV else "a step-distilled FLUX.2 [klein]"
+        if guidance_scale > self.description.no_guidance_scale and (self.variant is DEV or self.is_distilled):
+            kind = "FLUX.2 [dev]" if self.variant is DEV else "a step-distilled FLUX.2 [klein]"
             raise ValueError(
-                f"{self.description.name}: guidance_scale={guidance_scale}, but {kind} has no classifier-free "
+                f"{self.description.name}: "
+                f"guidance_scale={guidance_scale}, but {kind} has no classifier-free "
                 "guidance in its diffusers pipeline; use 1"
             )
         return super().negative(prompt, guidance_scale, cond)
@@ -487,7 +486,7 @@ class Flux2Family(DiffusersFolderFamily):
     ) -> torch.Tensor:
         """One ``Flux2Transformer2DModel`` call (:func:`flux2_forward`): ``x_t (B, C, h, w)``,
         ``sigma (B,)`` -> velocity ``(B, C, h, w)``, with ``options.guidance`` embedded for [dev]."""
-        guidance = float(self.options.guidance) if self.description.variant.embeds_guidance else None
+        guidance = float(self.options.guidance) if self.variant.embeds_guidance else None
         return flux2_forward(module, x_t, sigma, cond, guidance)
 
     # ---- pixels <-> latents --------------------------------------------------------------------

@@ -112,7 +112,8 @@ def kontext_forward(
 
 
 class FluxKontextDescription(FluxDescription):
-    """What :class:`FluxKontextFamily` declares (static): FLUX.1 Kontext's: an editing FLUX.1, its sources' size and the source tokens in its sequence and plan."""
+    """What :class:`FluxKontextFamily` declares (static): FLUX.1 Kontext's: an editing FLUX.1, its
+    sources' size and the source tokens in its sequence and plan."""
 
     name = "flux_kontext"
     pipeline_class = "FluxKontextPipeline"
@@ -182,6 +183,8 @@ class FluxKontextDescription(FluxDescription):
 
 
 class FluxKontextFamily(FluxFamily):
+    """FLUX.1 Kontext loaded: each prompt's source image encoded beside it, its tokens after the noise's."""
+
     description = FluxKontextDescription
 
     def __init__(self, parts, pipeline_config, scheduler_config, device, options):

@@ -257,7 +257,8 @@ AudioRescale = Annotated[float, Range(0, 1, hint="null or 0: guidance_rescale")]
 
 
 class LTX2Description(DiffusersFolderDescription):
-    """What :class:`LTX2Family` declares (static): the LTX-2 folder's checks, the frame, size and sequence rules of both streams, and the plan."""
+    """What :class:`LTX2Family` declares (static): the LTX-2 folder's checks, the frame, size and
+    sequence rules of both streams, and the plan."""
 
     name = "ltx2"
     pipeline_class = PIPELINE_CLASS

@@ -160,7 +160,8 @@ def planned_qwen_transformer(config, folder: Path, options) -> tuple[nn.Module, 
 
 
 class QwenImageDescription(DiffusersFolderDescription):
-    """What :class:`QwenImageFamily` declares (static): Qwen-Image's folder check, size rule, sequence lengths and plan."""
+    """What :class:`QwenImageFamily` declares (static): Qwen-Image's folder check, size rule, sequence
+    lengths and plan."""
 
     name = "qwen_image"
     pipeline_class = "QwenImagePipeline"
@@ -243,6 +244,9 @@ class QwenImageDescription(DiffusersFolderDescription):
 
 
 class QwenImageFamily(PackedLatentFamily):
+    """Qwen-Image loaded: the Qwen2.5-VL prompt embeddings, true CFG with the pipeline's norm rescale,
+    the VAE."""
+
     description = QwenImageDescription
     components = ("vae", "text_encoder", "tokenizer", "transformer")
 

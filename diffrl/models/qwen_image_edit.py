@@ -343,7 +343,8 @@ class QwenImageEditFamily(QwenImageFamily):
         vae_w, vae_h, cond_w, cond_h = sizes
         if not min(sizes):
             raise SourceError(
-                f"{self.description.name}: the source image {source.key!r} ({image.width} x {image.height}) is too "
+                f"{self.description.name}: "
+                f"the source image {source.key!r} ({image.width} x {image.height}) is too "
                 f"narrow for the image areas (a side rounds to 0 px at 32-px steps); use a less extreme "
                 "aspect ratio (sampling.height : sampling.width) or larger model.options.*_image_area"
             )
@@ -381,7 +382,8 @@ class QwenImageEditFamily(QwenImageFamily):
         n = self.options.max_sequence_length
         if len(hidden) > n:
             raise SourceError(
-                f"{self.description.name}: the edit {prompt!r} with its source image encodes to {len(hidden)} tokens "
+                f"{self.description.name}: "
+                f"the edit {prompt!r} with its source image encodes to {len(hidden)} tokens "
                 f"after the template's system turn ({n_image} of them the picture's), more than "
                 f"model.options.max_sequence_length={n} (the pipeline cuts none); set it to at least "
                 f"{len(hidden)}"
@@ -411,7 +413,8 @@ class QwenImageEditFamily(QwenImageFamily):
             return None
         if cond is None:
             raise ValueError(
-                f"the {self.description.name} family encodes the negative prompt with each row's source image "
+                f"the {self.description.name} family "
+                "encodes the negative prompt with each row's source image "
                 "(the VL encoder sees it): pass the rows' conditioning to negative()"
             )
         pixels = cond.tensors["condition_pixels"]

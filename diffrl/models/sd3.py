@@ -13,6 +13,7 @@ A user's checkpoint: ``model: {family: sd3, path: /models/stable-diffusion-3.5-m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,11 +25,12 @@ from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderMo
 
 from diffrl.config import Range
 from diffrl.core.rollout import Conditioning
-from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
+from diffrl.models.base import DTYPES, Planned, SizeRule
 from diffrl.models.diffusers_folder import (
     DiffusersFolderDescription,
     DiffusersFolderFamily,
     load_part,
+    meta_transformer,
     read_json,
 )
 
@@ -60,6 +62,21 @@ def sd3_forward(
         timestep=(sigma * 1000).to(dtype),  # the scheduler's timesteps: sigma * num_train_timesteps
         return_dict=False,
     )[0]
+
+
+def sd3_planned_forward(tokens: int) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """:attr:`~diffrl.models.base.Planned.forward` of an ``SD3Transformer2DModel``: :func:`sd3_forward`
+    on zero conditioning of ``tokens`` text tokens and the pooled embedding (a full prompt's shapes)."""
+
+    def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        b, c = len(x_t), m.config
+        cond = {
+            "encoder_hidden_states": x_t.new_zeros(b, tokens, c.joint_attention_dim),
+            "pooled_projections": x_t.new_zeros(b, c.pooled_projection_dim),
+        }
+        return sd3_forward(m, x_t, sigma, Conditioning(cond))
+
+    return forward
 
 
 @torch.no_grad()
@@ -123,31 +140,21 @@ class SD3Description(DiffusersFolderDescription):
     def planned(cls, config, folder: Path) -> Planned | None:
         """The transformer from ``folder/transformer/config.json``; conditioning as
         :meth:`_encode_prompts` gives it: 77 CLIP tokens then ``max_sequence_length`` T5 tokens."""
-        settings = read_json(folder / "transformer" / "config.json")
-        if settings is None:
+        built = meta_transformer(cls, SD3Transformer2DModel, config, folder)
+        if built is None:
             return None
-        module = meta_model(SD3Transformer2DModel, settings, DTYPES[config.model.dtype])
-        options = cls.parse_options(config.model.options)
-        if options.gradient_checkpointing:
-            module.enable_gradient_checkpointing()
+        module, options = built
         vae = read_json(folder / "vae" / "config.json") or {}
         factor = 2 ** (len(vae.get("block_out_channels", [128, 256, 512, 512])) - 1)
         height, width = config.sampling.height or 1024, config.sampling.width or 1024
         latent = (module.config.in_channels, height // factor, width // factor)
-        tokens = 77 + options.max_sequence_length
-
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            b, c = len(x_t), m.config
-            cond = {
-                "encoder_hidden_states": x_t.new_zeros(b, tokens, c.joint_attention_dim),
-                "pooled_projections": x_t.new_zeros(b, c.pooled_projection_dim),
-            }
-            return sd3_forward(m, x_t, sigma, Conditioning(cond))
-
+        forward = sd3_planned_forward(77 + options.max_sequence_length)
         return Planned(module, latent, forward, "SD3Transformer2DModel")
 
 
 class SD3Family(DiffusersFolderFamily):
+    """SD3 / SD3.5 loaded: CLIP-L, CLIP-G and T5 prompts, the forward, the VAE."""
+
     description = SD3Description
     components = (
         "transformer",
@@ -162,7 +169,7 @@ class SD3Family(DiffusersFolderFamily):
 
     def __init__(self, parts, pipeline_config, scheduler_config, device, options):
         super().__init__(parts, pipeline_config, scheduler_config, device, options)
-        self.description.default_shift = float(self.scheduler_config.get("shift", 3.0))
+        self.default_shift = float(self.scheduler_config.get("shift", 3.0))
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
 
     # ---- construction --------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from diffrl.models.base import (
     write_family_file,
 )
 from diffrl.models.diffusers_folder import load_part, read_json
-from diffrl.models.sd3 import SD3_LORA_TARGETS, sd3_forward
+from diffrl.models.sd3 import SD3_LORA_TARGETS, sd3_forward, sd3_planned_forward
 
 BASE_DIR = Path(__file__).resolve().parent / "assets" / "tiny_base"
 MAX_PROMPT_TOKENS = 40
@@ -94,7 +94,8 @@ def text_encoder_config(vocab_size: int) -> CLIPTextConfig:
 
 
 class TinyDescription(FamilyDescription):
-    """What :class:`TinyFamily` declares (static): the tiny world's options, checks, module names, size rule and plan, from its built-in config or the folder's."""
+    """What :class:`TinyFamily` declares (static): the tiny world's options, checks, module names, size
+    rule and plan, from its built-in config or the folder's."""
 
     name = "tiny"
     default_guidance = 4.5
@@ -167,19 +168,14 @@ class TinyDescription(FamilyDescription):
         settings = read_json(folder / "transformer" / "config.json") or TRANSFORMER_CONFIG
         module = meta_model(SD3Transformer2DModel, settings, DTYPES[config.model.dtype])
         latent = (module.config.in_channels, config.sampling.height or 32, config.sampling.width or 32)
-
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            b, c = len(x_t), m.config
-            cond = {
-                "encoder_hidden_states": x_t.new_zeros(b, MAX_PROMPT_TOKENS, c.joint_attention_dim),
-                "pooled_projections": x_t.new_zeros(b, c.pooled_projection_dim),
-            }
-            return sd3_forward(m, x_t, sigma, Conditioning(cond))
-
+        forward = sd3_planned_forward(MAX_PROMPT_TOKENS)
         return Planned(module, latent, forward, "SD3Transformer2DModel (tiny)")
 
 
 class TinyFamily(ModelFamily):
+    """The tiny world loaded: an SD3 transformer on pixels with a character-level CLIP text encoder
+    (trainable with it, ``model.options.train_text_encoder``)."""
+
     description = TinyDescription
 
     def __init__(self, transformer, text_encoder, tokenizer, device, options):

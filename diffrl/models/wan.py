@@ -124,7 +124,8 @@ class WanExperts(nn.Module, PeftAdapterMixin):
             expert.enable_gradient_checkpointing()
 
     def owner(self, timestep: torch.Tensor) -> torch.Tensor:
-        """``timestep (B,)`` or ``(B, L)`` -> ``(B,)`` long: 0 for ``transformer``, 1 for ``transformer_2``."""
+        """``timestep (B,)`` or ``(B, L)`` -> ``(B,)`` long: 0 for ``transformer``, 1 for
+        ``transformer_2``."""
         t = timestep if timestep.ndim == 1 else timestep.amax(dim=1)
         if self.transformer_2 is None:
             return torch.zeros(t.shape[0], dtype=torch.long, device=t.device)
@@ -188,7 +189,8 @@ class WanExperts(nn.Module, PeftAdapterMixin):
 
 
 class WanDescription(DiffusersFolderDescription):
-    """What :class:`WanFamily` declares (static): the Wan folders' checks (2.1, 2.2's two experts), the frame, size and sequence rules, the FSDP2 units and the plan."""
+    """What :class:`WanFamily` declares (static): the Wan folders' checks (2.1, 2.2's two experts), the
+    frame, size and sequence rules, the FSDP2 units and the plan."""
 
     name = "wan"
     pipeline_class = PIPELINE_CLASS
@@ -359,6 +361,9 @@ class WanDescription(DiffusersFolderDescription):
 
 
 class WanFamily(DiffusersFolderFamily):
+    """Wan 2.1 / 2.2 loaded: UMT5 prompts, the forward through one expert or two (:class:`WanExperts`),
+    the video VAE."""
+
     description = WanDescription
 
     def __init__(self, parts, pipeline_config, scheduler_config, device, options):
@@ -368,7 +373,7 @@ class WanFamily(DiffusersFolderFamily):
         self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
         # UniPC (what Wan folders ship) calls the shift flow_shift; FlowMatchEuler calls it shift
         shift = self.scheduler_config.get("flow_shift") or self.scheduler_config.get("shift") or 3.0
-        self.description.default_shift = float(shift)
+        self.default_shift = float(shift)
         self.spatial_factor = int(self.vae.config.scale_factor_spatial)
         self.temporal_factor = int(self.vae.config.scale_factor_temporal)
 
@@ -399,7 +404,7 @@ class WanFamily(DiffusersFolderFamily):
 
     def pipeline_components(self) -> dict[str, Any]:
         """With the folder's own scheduler in :meth:`pipeline` (UniPC for Wan folders): set
-        ``pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.description.default_shift)`` to get what
+        ``pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.default_shift)`` to get what
         diffrl's ODE sampler computes."""
         return dict(
             tokenizer=self.tokenizer,

@@ -51,11 +51,12 @@ from transformers import AutoTokenizer, Qwen3Model
 
 from diffrl.config import Range
 from diffrl.core.rollout import Conditioning
-from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens, meta_model
+from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens
 from diffrl.models.diffusers_folder import (
     DiffusersFolderDescription,
     DiffusersFolderFamily,
     load_part,
+    meta_transformer,
     read_json,
 )
 from diffrl.models.flux import folder_setting, resolution_shifted_sigmas, sample_size
@@ -109,7 +110,8 @@ def z_image_forward(
 
 
 class ZImageDescription(DiffusersFolderDescription):
-    """What :class:`ZImageFamily` declares (static): Z-Image's options, guidance off at 0, size rule, FSDP2 units and plan."""
+    """What :class:`ZImageFamily` declares (static): Z-Image's options, guidance off at 0, size rule,
+    FSDP2 units and plan."""
 
     name = "z_image"
     pipeline_class = "ZImagePipeline"
@@ -178,13 +180,10 @@ class ZImageDescription(DiffusersFolderDescription):
         as :meth:`_encode_prompts` gives it for prompts of the full ``max_sequence_length``, each
         row's caption that long (the forward's slicing to each caption reads the mask's values,
         which fake tensors do not hold: the lengths are given instead)."""
-        settings = read_json(folder / "transformer" / "config.json")
-        if settings is None:
+        built = meta_transformer(cls, ZImageTransformer2DModel, config, folder)
+        if built is None:
             return None
-        module = meta_model(ZImageTransformer2DModel, settings, DTYPES[config.model.dtype])
-        options = cls.parse_options(config.model.options)
-        if options.gradient_checkpointing:
-            module.enable_gradient_checkpointing()
+        module, options = built
         vae = 2 ** (len(folder_setting(folder, "vae", "AutoencoderKL", "block_out_channels")) - 1)
         scheduler = read_json(folder / "scheduler" / "scheduler_config.json") or {}
         steps = int(scheduler.get("num_train_timesteps", 1000))
@@ -204,6 +203,9 @@ class ZImageDescription(DiffusersFolderDescription):
 
 
 class ZImageFamily(DiffusersFolderFamily):
+    """Z-Image loaded: Qwen3 prompt embeddings, the pipeline's ``pos + s (pos - neg)`` guidance with
+    CFG truncation, the VAE."""
+
     description = ZImageDescription
     components = ("vae", "text_encoder", "tokenizer", "transformer")
 

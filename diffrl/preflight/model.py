@@ -58,7 +58,8 @@ def sequence_parallel_problems(family_cls: type[ModelFamily], config: Config, ch
     if not family_cls.description.sequence_parallel:
         able = [name for name in FAMILIES.names() if FAMILIES.resolve(name).description.sequence_parallel]
         return [
-            f"ray.sequence_parallel={n}: the {family_cls.description.name} family's transformer cannot split a "
+            f"ray.sequence_parallel={n}: the {family_cls.description.name} family's "
+            "transformer cannot split a "
             f"sample over ranks (diffusers declares no context-parallel plan for it, or diffrl has "
             f"not tested it); families that can: {', '.join(able) or 'none'}. Set "
             "ray.sequence_parallel: 1 (FSDP2 still shards the weights over ray.num_trainer_ranks)"

@@ -46,7 +46,8 @@ def reward_problems(where: str, rewards: list[RewardConfig], check_files: bool) 
 
 
 def hearing_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[str]:
-    """A reward that hears (``Reward.audio``) needs a family that makes sound (``FamilyDescription.sound``)."""
+    """A reward that hears (``Reward.audio``) needs a family that makes sound
+    (``FamilyDescription.sound``)."""
     try:
         family = getattr(FAMILIES.resolve(config.model.family), "description", None)
     except RegistryError:

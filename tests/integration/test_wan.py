@@ -121,7 +121,7 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, wan21_dir, wan22_
     folder = wan21_dir if version == "2.1" else wan22_dir
     cfg = wan_config(tmp_path, folder, **{"model.lora": "null", "model.options": f"{{num_frames: {FRAMES}}}"})
     family = load_family(cfg)
-    assert family.description.default_shift == 3.0 and family.options.max_sequence_length == 512
+    assert family.default_shift == 3.0 and family.options.max_sequence_length == 512
     assert len(family.transformer.experts) == (1 if version == "2.1" else 2)
     prompts = ['the word "cat"', '  a  <b>dog</b> &amp; "42" ']  # prompt_clean: html and spaces
     noise = initial_noise(family, [(0, "test", i) for i in range(2)], SIZE, SIZE)
@@ -130,7 +130,7 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, wan21_dir, wan22_
     negative = family.encode_prompts([""]).repeat(2)
     ours = sample_ode(family, noise, cond, family.sigmas(4, None, SIZE, SIZE), 5.0, negative)
     pipe = family.pipeline()
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.description.default_shift)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.default_shift)
     theirs = pipe(
         prompt=prompts,
         negative_prompt="",
@@ -172,7 +172,7 @@ def test_per_token_timesteps_match_the_pipeline(tmp_path, wan21_dir):
     family.expand_timesteps = True
     pipe = family.pipeline()
     pipe.register_to_config(expand_timesteps=True)
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.description.default_shift)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.default_shift)
     noise = initial_noise(family, [(0, "test", 0)], SIZE, SIZE)
     cond = family.encode_prompts(["a"])
     shapes = []  # every token has the same t here, so the numbers alone cannot tell: check the shape
