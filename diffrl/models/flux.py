@@ -150,7 +150,7 @@ def flux_conditioning(module: nn.Module, like: torch.Tensor, tokens: int) -> dic
 
 
 def packed_lengths(
-    family: type[DiffusersFolderFamily], config: Config, check_files: bool, text: bool
+    family: type[DiffusersFolderDescription], config: Config, check_files: bool, text: bool
 ) -> dict[str, int] | None:
     """What the context-parallel plans of FLUX.1, FLUX.2 and Qwen-Image split, for
     :meth:`~diffrl.models.base.FamilyDescription.sequence_lengths`: the packed image tokens of a
