@@ -166,11 +166,12 @@ class FamilyDescription:
     .mp4 files); None: stills, or not known."""
     edits: ClassVar[bool] = False
     """True: an editing family. Every prompt comes with a source image (the prompt file's
-    ``"image"``), which :meth:`ModelFamily.encode_prompts` takes as ``sources`` and which conditions every
-    forward through the conditioning (:meth:`ModelFamily._encode_edits`)."""
+    ``"image"``), which :meth:`ModelFamily.encode_prompts` takes as ``sources`` and which conditions
+    every forward through the conditioning (:meth:`ModelFamily._encode_edits`)."""
     sound: ClassVar[bool] = False
-    """True: an audio-video family, whose :meth:`ModelFamily.decode_media` returns a waveform with the frames
-    (its latent state holds the audio stream too); rewards that hear (``Reward.audio``) need one."""
+    """True: an audio-video family, whose :meth:`ModelFamily.decode_media` returns a waveform with
+    the frames (its latent state holds the audio stream too); rewards that hear (``Reward.audio``)
+    need one."""
     sequence_parallel: ClassVar[bool] = False
     """True: the family's transformer trains with each sample's tokens split over
     ``ray.sequence_parallel`` ranks (Ulysses, through the context-parallel plan diffusers declares
@@ -186,6 +187,8 @@ class FamilyDescription:
 
     @classmethod
     def parse_options(cls, options: dict[str, Any]) -> Any:
+        """``options`` (``model.options``) bound to :attr:`Options`; a :class:`ConfigError` listing
+        every value that does not bind."""
         errors: list[str] = []
         parsed = bind_dataclass(cls.Options, options, "model.options", errors)
         if errors:
