@@ -14,7 +14,7 @@ import torch
 
 from diffrl.algorithms.sft import SFT
 from diffrl.core.rollout import TrainSignals
-from diffrl.models.tiny import TinyFamily
+from diffrl.models.tiny import TinyDescription, TinyFamily
 from diffrl.rewards.base import Reward
 
 # ---- an algorithm's compute_loss: (a 0-dim float tensor with gradients, {str: float}) ---------
@@ -186,10 +186,14 @@ class AbstractAlgorithm(SFT.__mro__[1]):
     Params = SFT.Params
 
 
-class SizeProblemsText(TinyFamily):
+class SizeProblemsTextDescription(TinyDescription):
     @classmethod
     def size_problems(cls, config, check_files=True):
         return "too big"
+
+
+class SizeProblemsText(TinyFamily):
+    description = SizeProblemsTextDescription
 
 
 class ForwardTuple(TinyFamily):

@@ -167,7 +167,7 @@ def draw_and_score(
     index, media = generate(family, config, prompt_set, samples_per_prompt, e.seed, e.batch_size, label)
     if media.images.ndim != 4:  # (N, 3, F, H, W): the benchmarks judge pictures
         raise DiffrlError(
-            f"{prompts.suite} scores images; model family {family.name!r} draws videos (frames "
+            f"{prompts.suite} scores images; model family {family.description.name!r} draws videos (frames "
             f"{tuple(media.images.shape[2:3])}): bench a text-to-image model"
         )
     texts = [prompts.prompts[i] for i in index]

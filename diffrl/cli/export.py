@@ -40,7 +40,7 @@ def _run(args: argparse.Namespace, target: Target, out: Path) -> int:
         family.transformer.fuse_lora()
         family.transformer.unload_lora()
     family.save_pretrained(out, dtype=DTYPES[args.dtype] if args.dtype else None)
-    print(f"wrote {family.name} model to {out}:")
+    print(f"wrote {family.description.name} model to {out}:")
     print(written(out))
     how = family.load_snippet(out)
     if how is not None:

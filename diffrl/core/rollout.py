@@ -57,7 +57,7 @@ class Conditioning:
 
 @dataclass(frozen=True)
 class Source:
-    """A prompt's source image: what an editing family (``ModelFamily.edits``) edits.
+    """A prompt's source image: what an editing family (``FamilyDescription.edits``) edits.
 
     ``pixels (3, H, W)`` uint8 on the CPU: the prompt file's image, centre-cropped to the aspect
     ratio of the output (``sampling.height : sampling.width``) and otherwise at the file's

@@ -128,8 +128,10 @@ def generate(
     """
     s = config.sampling
     height, width = image_size(config, family)
-    if family.edits != prompts.edits:
-        raise DiffrlError(edit_mismatch(family.name, family.edits, prompts.source or "the prompts"))
+    if family.description.edits != prompts.edits:
+        raise DiffrlError(
+            edit_mismatch(family.description.name, family.description.edits, prompts.source or "the prompts")
+        )
     jobs = [(i, j) for i in range(len(prompts)) for j in range(samples_per_prompt)]
     if not jobs or batch_size < 1:  # the commands check these; a caller's bug otherwise
         raise ValueError(

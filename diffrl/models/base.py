@@ -1,8 +1,13 @@
 """The model-family adapter: everything model-specific lives behind this interface.
 
-A family (``tiny``, SD3/SD3.5, FLUX.1, Qwen-Image, Wan, ...) is one file implementing
-:class:`ModelFamily` plus a registry entry. The trainer, the samplers and the algorithms only call
-these methods; nothing outside ``models/`` branches on a family's name.
+A family (``tiny``, SD3/SD3.5, FLUX.1, Qwen-Image, Wan, ...) is one file implementing two classes
+plus a registry entry: :class:`ModelFamily`, the runtime protocol the loop calls on a loaded model
+(encode, velocity, decode, latents, LoRA targets, export), and beside it a
+:class:`FamilyDescription`, the static half (class attributes and classmethods only, nothing
+loaded): what the family declares (its name, options, defaults, capabilities) for the checks, the
+planner's sizes and the parallel hooks. The runtime class names its description
+(``ModelFamily.description``). The trainer, the samplers and the algorithms only call these;
+nothing outside ``models/`` branches on a family's name.
 
 Conventions (as diffusers' flow-matching pipelines):
 - ``x_t = (1 - sigma) * x0 + sigma * noise`` with sigma in [0, 1]; sigma = 1 is pure noise.
@@ -73,7 +78,7 @@ SHIPPED_CONFIGS = Path(__file__).resolve().parent / "assets" / "configs"
 
 
 def _length_fix(what: str) -> str:
-    """What to change when ``what`` (a :meth:`ModelFamily.sequence_lengths` entry) does not split:
+    """What to change when ``what`` (a :meth:`FamilyDescription.sequence_lengths` entry) does not split:
     nothing for the model's heads, the named setting where the entry names one, else the size."""
     if what == "attention heads" or "(" in what:
         return ""
@@ -139,18 +144,17 @@ class Planned:
     prompt's; more where the family's guidance adds passes (LTX-2's modality isolation, STG)."""
 
 
-class ModelFamily(ABC):
-    """Adapter for one model family.
-
-    Holds the trainable ``transformer`` (a diffusers model) and the frozen parts (text encoders,
-    VAE). Subclasses implement the abstract methods; shared behaviour (prompt cache, CFG) lives here.
-    """
+class FamilyDescription:
+    """What a model family declares, static: its name, options, defaults and capabilities, and
+    what the checks (preflight), the planner (``diffrl plan``) and the parallel hooks (FSDP2 units,
+    sequence parallel) read from the config and the model folder's JSON files before anything
+    loads. Class attributes and classmethods only: never instantiated, no state. Each family's file
+    defines its description beside its :class:`ModelFamily`, which names it as
+    :attr:`ModelFamily.description`."""
 
     name: ClassVar[str]
+    """The family's short name (``model.family``), in every message about it."""
     default_lora_targets: ClassVar[list[str]]
-    default_shift: ClassVar[float] = 3.0
-    """Sigma-schedule shift used when ``sampling.shift`` is not set (families whose pipeline shifts
-    by image size override :meth:`sigmas` instead)."""
     default_guidance: ClassVar[float] = 1.0
     """``sampling.guidance_scale`` when the recipe does not set it (1: no guidance)."""
     no_guidance_scale: ClassVar[float] = 1.0
@@ -162,108 +166,41 @@ class ModelFamily(ABC):
     .mp4 files); None: stills, or not known."""
     edits: ClassVar[bool] = False
     """True: an editing family. Every prompt comes with a source image (the prompt file's
-    ``"image"``), which :meth:`encode_prompts` takes as ``sources`` and which conditions every
-    forward through the conditioning (:meth:`_encode_edits`)."""
+    ``"image"``), which :meth:`ModelFamily.encode_prompts` takes as ``sources`` and which conditions
+    every forward through the conditioning (:meth:`ModelFamily._encode_edits`)."""
     sound: ClassVar[bool] = False
-    """True: an audio-video family, whose :meth:`decode_media` returns a waveform with the frames
-    (its latent state holds the audio stream too); rewards that hear (``Reward.audio``) need one."""
+    """True: an audio-video family, whose :meth:`ModelFamily.decode_media` returns a waveform with
+    the frames (its latent state holds the audio stream too); rewards that hear (``Reward.audio``)
+    need one."""
     sequence_parallel: ClassVar[bool] = False
     """True: the family's transformer trains with each sample's tokens split over
-    ``ray.sequence_parallel`` ranks (Ulysses, through the context-parallel plan diffusers declares
+    ``parallel.sequence`` ranks (Ulysses, through the context-parallel plan diffusers declares
     for its class; ``tests/distributed/test_sequence_parallel.py`` checks each such family)."""
+    sequence_hints: ClassVar[dict[str, str]] = {}
+    """What to change when a length of :meth:`sequence_lengths` does not split, by what it counts
+    (``"; change ..."``); a length not here: nothing for ``"attention heads"`` or a length naming
+    its setting in parentheses, else the sample's size."""
 
     @dataclass
     class Options:
         """Family-specific options (``model.options`` in a recipe)."""
 
-    def __init__(self, transformer: nn.Module, device: torch.device, options: Any):
-        self.transformer = transformer
-        self.device = device
-        self.options = options
-        self._prompt_cache: dict[Any, dict[str, torch.Tensor]] = {}
-        """Encoded rows by prompt (by (prompt, source key) for an editing family)."""
-        self.text_encoders_released = False
-        """True after :meth:`release_text_encoders` (``model.encode_once``)."""
-        self.numerics = Numerics()
-        """How the transformer forwards run (``model.autocast``, ``model.compile``); set by
-        :func:`~diffrl.models.registry.load_family`."""
-        self._joint_memo: tuple[Conditioning, Conditioning, Conditioning] | None = None
-        self.meter = ForwardMeter()
-        """The model FLOPs and compile seconds of the forwards so far (``perf/*_mfu``)."""
-
-    @property
-    def text_encoder_trainable(self) -> bool:
-        """True when the text encoder trains with the transformer (then prompts are not cached)."""
-        return False
-
-    def trainable_module(self) -> nn.Module:
-        """The module a full fine-tune optimises (its ``state_dict`` is what checkpoints hold)."""
-        return self.transformer
-
-    def save_lora(self, out_dir: str | Path) -> str | None:
-        """Write the transformer's LoRA adapter in the format diffusers' ``load_lora_weights``
-        reads for this family's pipeline and return how to load it (``diffrl export`` prints it);
-        None when the family has no such pipeline (then ``diffrl export`` merges the adapter into a
-        full model folder instead)."""
-        return None
+    @classmethod
+    def parse_options(cls, options: dict[str, Any]) -> Any:
+        """``options`` (``model.options``) bound to :attr:`Options`; a :class:`ConfigError` listing
+        every value that does not bind."""
+        errors: list[str] = []
+        parsed = bind_dataclass(cls.Options, options, "model.options", errors)
+        if errors:
+            raise ConfigError(errors)
+        return parsed
 
     @classmethod
-    def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
-        """The units FSDP2 shards one by one inside ``module`` (a transformer): its blocks, under
-        the names diffusers gives them; the rest of ``module`` becomes the root unit."""
-        names = ("transformer_blocks", "single_transformer_blocks", "blocks")
-        return [block for name in names for block in getattr(module, name, None) or []]
-
-    @classmethod
-    def sequence_parallel_modules(cls, module: nn.Module) -> list[nn.Module]:
-        """The diffusers transformers inside ``module`` (the transformer, or a frozen copy of it)
-        that take the context-parallel plan: ``module`` itself unless it wraps several."""
-        return [module]
-
-    @classmethod
-    def sequence_lengths(cls, config: Config, check_files: bool = True) -> dict[str, int] | None:
-        """The lengths the context-parallel plan splits, by what they count (e.g. ``{"video
-        tokens": 2048}``), and the attention heads under ``"attention heads"``, from the config and
-        the model folder's JSON files before anything loads; None when they cannot be known yet.
-        Families with :attr:`sequence_parallel` override it."""
-        return None
-
-    @classmethod
-    def sequence_problems(cls, config: Config, check_files: bool = True) -> list[str]:
-        """Problems with splitting this config's samples over ``ray.sequence_parallel`` ranks:
-        every length the plan splits, and the heads Ulysses exchanges for tokens, must be a
-        multiple of it (diffusers asserts it mid-forward)."""
-        n = config.ray.sequence_parallel
-        lengths = cls.sequence_lengths(config, check_files) if n > 1 else None
-        return [
-            f"ray.sequence_parallel={n}: the {cls.name} model's {what} ({length}) do not split over "
-            f"{n} ranks (Ulysses needs a multiple of {n}{_length_fix(what)})"
-            for what, length in (lengths or {}).items()
-            if length % n
-        ]
-
-    @classmethod
-    def planned(cls, config: Config, folder: Path) -> Planned | None:
-        """The trainable transformer of the model whose JSON files are in ``folder`` (a diffusers
-        folder, weights not needed), on the meta device, at ``config``'s size and options; None
-        when the family cannot be planned yet (``diffrl plan`` says so)."""
-        return None
-
-    # ---- construction ------------------------------------------------------------------------
-    @classmethod
-    @abstractmethod
-    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options: Any) -> Self:
-        """Build from ``path``: ``base``, ``random`` or a local directory in diffusers layout."""
-
-    @abstractmethod
-    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
-        """Write the whole model in diffusers layout (plus :data:`FAMILY_FILE`)."""
-
-    def load_snippet(self, path: str | Path) -> str | None:
-        """How diffusers loads the folder :meth:`save_pretrained` wrote at ``path``, as
-        ``; ``-separated Python statements (``diffrl export`` prints them, one a line, as
-        :meth:`save_lora`'s); None when no diffusers class reads it."""
-        return None
+    def bound_options(cls, config: Config) -> Any:
+        """``model.options`` bound to :attr:`Options` for the checks of what the values mean
+        together: a value that does not bind (a wrong type, out of its range; :meth:`validate_config`
+        reports it) is at its default, so it is reported once."""
+        return bind_dataclass(cls.Options, config.model.options, "model.options", [])
 
     @classmethod
     def validate_config(cls, config: Config, check_files: bool = True) -> list[str]:
@@ -285,11 +222,11 @@ class ModelFamily(ABC):
         return errors
 
     @classmethod
-    def bound_options(cls, config: Config) -> Any:
-        """``model.options`` bound to :attr:`Options` for the checks of what the values mean
-        together: a value that does not bind (a wrong type, out of its range; :meth:`validate_config`
-        reports it) is at its default, so it is reported once."""
-        return bind_dataclass(cls.Options, config.model.options, "model.options", [])
+    def one_process_problems(cls, config: Config) -> list[str]:
+        """What this config asks of the family that only one process can do (sampling with the
+        trainer's own modules: e.g. a text encoder that trains, which no weight sync sends); a
+        runner that places the sampler and the trainer apart refuses these. None by default."""
+        return []
 
     @classmethod
     def makes_videos(cls, config: Config) -> bool:
@@ -380,12 +317,115 @@ class ModelFamily(ABC):
         ]
 
     @classmethod
-    def parse_options(cls, options: dict[str, Any]) -> Any:
-        errors: list[str] = []
-        parsed = bind_dataclass(cls.Options, options, "model.options", errors)
-        if errors:
-            raise ConfigError(errors)
-        return parsed
+    def lora_targets_of(cls, module: nn.Module, configured: list[str] | None) -> list[str]:
+        """:meth:`ModelFamily.lora_targets` for ``module`` (the transformer, or ``diffrl plan``'s meta copy):
+        ``configured``, else :attr:`default_lora_targets`."""
+        return list(configured) if configured else list(cls.default_lora_targets)
+
+    @classmethod
+    def sequence_lengths(cls, config: Config, check_files: bool = True) -> dict[str, int] | None:
+        """The lengths the context-parallel plan splits, by what they count (e.g. ``{"video
+        tokens": 2048}``), and the attention heads under ``"attention heads"``, from the config and
+        the model folder's JSON files before anything loads; None when they cannot be known yet.
+        Families with :attr:`sequence_parallel` override it."""
+        return None
+
+    @classmethod
+    def sequence_problems(cls, config: Config, check_files: bool = True) -> list[str]:
+        """Problems with splitting this config's samples over ``parallel.sequence`` ranks:
+        every length the plan splits, and the heads Ulysses exchanges for tokens, must be a
+        multiple of it (diffusers asserts it mid-forward)."""
+        n = config.parallel.sequence
+        lengths = cls.sequence_lengths(config, check_files) if n > 1 else None
+        return [
+            f"parallel.sequence={n}: the {cls.name} model's {what} ({length}) do not split over "
+            f"{n} ranks (Ulysses needs a multiple of {n}{cls.sequence_hints.get(what, _length_fix(what))})"
+            for what, length in (lengths or {}).items()
+            if length % n
+        ]
+
+    @classmethod
+    def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
+        """The units FSDP2 shards one by one inside ``module`` (a transformer): its blocks, under
+        the names diffusers gives them; the rest of ``module`` becomes the root unit."""
+        names = ("transformer_blocks", "single_transformer_blocks", "blocks")
+        return [block for name in names for block in getattr(module, name, None) or []]
+
+    @classmethod
+    def sequence_parallel_modules(cls, module: nn.Module) -> list[nn.Module]:
+        """The diffusers transformers inside ``module`` (the transformer, or a frozen copy of it)
+        that take the context-parallel plan: ``module`` itself unless it wraps several."""
+        return [module]
+
+    @classmethod
+    def planned(cls, config: Config, folder: Path) -> Planned | None:
+        """The trainable transformer of the model whose JSON files are in ``folder`` (a diffusers
+        folder, weights not needed), on the meta device, at ``config``'s size and options; None
+        when the family cannot be planned yet (``diffrl plan`` says so)."""
+        return None
+
+
+class ModelFamily(ABC):
+    """Adapter for one model family: the runtime protocol the loop calls on a loaded model.
+
+    Holds the trainable ``transformer`` (a diffusers model) and the frozen parts (text encoders,
+    VAE). Subclasses implement the abstract methods; shared behaviour (prompt cache, CFG) lives here.
+    What the family declares (name, options, defaults, checks, sizes, parallel hooks) is its
+    :attr:`description`'s.
+    """
+
+    description: ClassVar[type[FamilyDescription]]
+    """The family's static half (a :class:`FamilyDescription` subclass, in the same file)."""
+    default_shift: ClassVar[float] = 3.0
+    """Sigma-schedule shift used when ``sampling.shift`` is not set (families whose pipeline shifts
+    by image size override :meth:`sigmas` instead)."""
+
+    def __init__(self, transformer: nn.Module, device: torch.device, options: Any):
+        self.transformer = transformer
+        self.device = device
+        self.options = options
+        self._prompt_cache: dict[Any, dict[str, torch.Tensor]] = {}
+        """Encoded rows by prompt (by (prompt, source key) for an editing family)."""
+        self.text_encoders_released = False
+        """True after :meth:`release_text_encoders` (``model.encode_once``)."""
+        self.numerics = Numerics()
+        """How the transformer forwards run (``model.autocast``, ``model.compile``); set by
+        :func:`~diffrl.models.registry.load_family`."""
+        self._joint_memo: tuple[Conditioning, Conditioning, Conditioning] | None = None
+        self.meter = ForwardMeter()
+        """The model FLOPs and compile seconds of the forwards so far (``perf/*_mfu``)."""
+
+    @property
+    def text_encoder_trainable(self) -> bool:
+        """True when the text encoder trains with the transformer (then prompts are not cached)."""
+        return False
+
+    def trainable_module(self) -> nn.Module:
+        """The module a full fine-tune optimises (its ``state_dict`` is what checkpoints hold)."""
+        return self.transformer
+
+    def save_lora(self, out_dir: str | Path) -> str | None:
+        """Write the transformer's LoRA adapter in the format diffusers' ``load_lora_weights``
+        reads for this family's pipeline and return how to load it (``diffrl export`` prints it);
+        None when the family has no such pipeline (then ``diffrl export`` merges the adapter into a
+        full model folder instead)."""
+        return None
+
+    # ---- construction ------------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options: Any) -> Self:
+        """Build from ``path``: ``base``, ``random`` or a local directory in diffusers layout."""
+
+    @abstractmethod
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        """Write the whole model in diffusers layout (plus :data:`FAMILY_FILE`)."""
+
+    def load_snippet(self, path: str | Path) -> str | None:
+        """How diffusers loads the folder :meth:`save_pretrained` wrote at ``path``, as
+        ``; ``-separated Python statements (``diffrl export`` prints them, one a line, as
+        :meth:`save_lora`'s); None when no diffusers class reads it."""
+        return None
 
     # ---- geometry ------------------------------------------------------------------------------
     @property
@@ -416,16 +456,21 @@ class ModelFamily(ABC):
     def _encode_edits(self, prompts: list[str], sources: list[Source]) -> dict[str, torch.Tensor]:
         """An editing family's conditioning of ``prompts`` with their source images, one each
         (e.g. the prompt's embedding and the source's latents): tensors with the batch on dim 0."""
-        raise NotImplementedError(f"the {self.name} family does not edit images (it takes no sources)")
+        raise NotImplementedError(
+            f"the {self.description.name} family does not edit images (it takes no sources)"
+        )
 
     def encode_prompts(self, prompts: Sequence[str], sources: Sequence[Source] | None = None) -> Conditioning:
         """Encode ``prompts`` (with their ``sources``, one each, for an editing family; None
         otherwise) with a cache per (prompt, source) while the encoders are frozen; with
         gradients and no cache while they train."""
-        if (sources is not None) != self.edits or (sources is not None and len(sources) != len(prompts)):
-            what = "one source image per prompt" if self.edits else "no source images"
+        if (sources is not None) != self.description.edits or (
+            sources is not None and len(sources) != len(prompts)
+        ):
+            what = "one source image per prompt" if self.description.edits else "no source images"
             raise ValueError(
-                f"the {self.name} family takes {what}; got {len(sources or [])} for {len(prompts)}"
+                f"the {self.description.name} family "
+                f"takes {what}; got {len(sources or [])} for {len(prompts)}"
             )
         if self.text_encoder_trainable:
             return Conditioning(self._encode(list(prompts), None if sources is None else list(sources)))
@@ -461,7 +506,8 @@ class ModelFamily(ABC):
     def _encode(self, prompts: list[str], sources: list[Source] | None) -> dict[str, torch.Tensor]:
         if self.text_encoders_released:
             raise RuntimeError(
-                f"model.encode_once: the {self.name} family's text encoders were released after the run's "
+                f"model.encode_once: the {self.description.name} family's "
+                "text encoders were released after the run's "
                 f"prompts were encoded, and {prompts[0]!r:.200} is not one of them"
             )
         return self._encode_prompts(prompts) if sources is None else self._encode_edits(prompts, sources)
@@ -516,7 +562,7 @@ class ModelFamily(ABC):
         compile). Returns ``(B, *latent)`` in float32.
         """
         module = module or self.transformer
-        if guidance_scale == self.no_guidance_scale or negative is None:
+        if guidance_scale == self.description.no_guidance_scale or negative is None:
             return self._forward(module, x_t, sigma, cond)
         v = self._forward(
             module, torch.cat([x_t, x_t]), torch.cat([sigma, sigma]), self._joint(negative, cond)
@@ -558,15 +604,17 @@ class ModelFamily(ABC):
         self, prompt: str, guidance_scale: float, cond: Conditioning | None = None
     ) -> Conditioning | None:
         """The negative prompt's conditioning when ``guidance_scale`` asks for CFG (None when it is
-        <= :attr:`no_guidance_scale`: no negative forward): one row for each row of ``cond`` (an
+        <= the description's ``no_guidance_scale``: no negative forward): one row for each row of ``cond`` (an
         editing family's negative carries each row's source image), or one row without ``cond``."""
-        if guidance_scale <= self.no_guidance_scale:
+        if guidance_scale <= self.description.no_guidance_scale:
             return None
-        if not self.edits:
+        if not self.description.edits:
             one = self.encode_prompts([prompt])
             return one if cond is None else one.repeat(len(cond))
         if cond is None:
-            raise ValueError(f"{self.name}: an editing family's negative needs the rows' conditioning")
+            raise ValueError(
+                f"{self.description.name}: an editing family's negative needs the rows' conditioning"
+            )
         # the negative prompt's text tensors, each row's source tensors (its latents) as they are;
         # a family whose text encoder sees the source (Qwen-Image-Edit) overrides this
         with torch.no_grad():
@@ -584,19 +632,13 @@ class ModelFamily(ABC):
 
     def decode_media(self, latents: torch.Tensor) -> Media:
         """``latents (B, *latent)`` -> :class:`~diffrl.core.rollout.Media`: :meth:`decode`'s images or
-        videos and, for an audio-video family (:attr:`sound`), the waveform and the frame rate."""
-        return Media(self.decode(latents), fps=self.fps)
+        videos and, for an audio-video family (``description.sound``), the waveform and the frame rate."""
+        return Media(self.decode(latents), fps=self.description.fps)
 
     # ---- LoRA ----------------------------------------------------------------------------------
     def lora_targets(self, configured: list[str] | None) -> list[str]:
         """The module names peft's LoRA targets in this family's transformer."""
-        return self.lora_targets_of(self.transformer, configured)
-
-    @classmethod
-    def lora_targets_of(cls, module: nn.Module, configured: list[str] | None) -> list[str]:
-        """:meth:`lora_targets` for ``module`` (the transformer, or ``diffrl plan``'s meta copy):
-        ``configured``, else :attr:`default_lora_targets`."""
-        return list(configured) if configured else list(cls.default_lora_targets)
+        return self.description.lora_targets_of(self.transformer, configured)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.trainable_module().parameters() if p.requires_grad]

@@ -90,6 +90,7 @@ from diffrl.config.schema import MAX_SIDE
 from diffrl.core.rollout import Conditioning, Media
 from diffrl.models.base import DTYPES, FrameRate, Frames, SizeRule, TextTokens
 from diffrl.models.diffusers_folder import (
+    DiffusersFolderDescription,
     DiffusersFolderFamily,
     encode_normalised_videos,
     latent_stats,
@@ -109,11 +110,13 @@ COSMOS3_LORA_TARGETS = [
 ]
 
 
-class Cosmos3Family(DiffusersFolderFamily):
+class Cosmos3Description(DiffusersFolderDescription):
+    """What :class:`Cosmos3Family` declares (static): the Cosmos 3 folder's checks, its frame and size
+    rules."""
+
     name = "cosmos3"
     pipeline_class = PIPELINE_CLASS
     transformer_class = "Cosmos3OmniTransformer"
-    components = ("transformer", "text_tokenizer", "vae")
     default_guidance = 6.0
     """``Cosmos3OmniPipeline.__call__``'s default ``guidance_scale``."""
     default_lora_targets = COSMOS3_LORA_TARGETS
@@ -142,18 +145,6 @@ class Cosmos3Family(DiffusersFolderFamily):
         vae_dtype: str = "float32"
         """dtype of the frozen VAE."""
 
-    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
-        super().__init__(parts, pipeline_config, scheduler_config, device, options)
-        self.use_native_flow_schedule = bool(self.pipeline_config.get("use_native_flow_schedule", False))
-        self.default_use_system_prompt = bool(self.pipeline_config.get("default_use_system_prompt", True))
-        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
-        self.spatial_factor = int(self.vae.config.scale_factor_spatial)
-        self.temporal_factor = int(self.vae.config.scale_factor_temporal)
-        self._tokenizing = None  # a pipeline over these parts, for its tokenize_prompt
-        self._sigma_cache: dict[int, torch.Tensor] = {}
-        self._negatives: dict[str, Conditioning] = {}
-
-    # ---- construction --------------------------------------------------------------------------
     @classmethod
     def folder_problems(cls, folder: Path) -> list[str]:
         problems = super().folder_problems(folder)
@@ -210,6 +201,31 @@ class Cosmos3Family(DiffusersFolderFamily):
         return SizeRule(int(spatial), f"the VAE's {spatial}x spatial compression")
 
     @classmethod
+    def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
+        """The decoder layers (``Cosmos3OmniTransformer.layers``)."""
+        return list(getattr(module, "layers", None) or []) or super().fsdp_blocks(module)
+
+
+class Cosmos3Family(DiffusersFolderFamily):
+    """Cosmos 3 loaded: its tokenizer-only prompts, the joint token sequence, the VAE."""
+
+    description = Cosmos3Description
+    components = ("transformer", "text_tokenizer", "vae")
+
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        self.use_native_flow_schedule = bool(self.pipeline_config.get("use_native_flow_schedule", False))
+        self.default_use_system_prompt = bool(self.pipeline_config.get("default_use_system_prompt", True))
+        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        self.spatial_factor = int(self.vae.config.scale_factor_spatial)
+        self.temporal_factor = int(self.vae.config.scale_factor_temporal)
+        self._tokenizing = None  # a pipeline over these parts, for its tokenize_prompt
+        self._sigma_cache: dict[int, torch.Tensor] = {}
+        self._negatives: dict[str, Conditioning] = {}
+
+    # ---- construction --------------------------------------------------------------------------
+
+    @classmethod
     def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
         return {
             "transformer": load_part(folder, "transformer", Cosmos3OmniTransformer, dtype),
@@ -246,11 +262,6 @@ class Cosmos3Family(DiffusersFolderFamily):
             transformer_lora_layers=layers,
             transformer_lora_adapter_metadata=self.transformer.peft_config["default"].to_dict(),
         )
-
-    @classmethod
-    def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
-        """The decoder layers (``Cosmos3OmniTransformer.layers``)."""
-        return list(getattr(module, "layers", None) or []) or super().fsdp_blocks(module)
 
     # ---- geometry ------------------------------------------------------------------------------
     @property

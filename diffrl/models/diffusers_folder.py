@@ -15,9 +15,18 @@ import torch
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
+from diffrl.config import Config
 from diffrl.core.errors import DiffrlError, quoted
 from diffrl.core.user_files import UserFileError, check_model_files, read_json_object
-from diffrl.models.base import DTYPES, SHIPPED_CONFIGS, ModelFamily, check_family_dir, write_family_file
+from diffrl.models.base import (
+    DTYPES,
+    SHIPPED_CONFIGS,
+    FamilyDescription,
+    ModelFamily,
+    check_family_dir,
+    meta_model,
+    write_family_file,
+)
 
 
 def load_part(folder: Path, sub: str, part_class: type, dtype: torch.dtype | None = None) -> Any:
@@ -60,61 +69,37 @@ def check_part_files(folder: Path, sub: str) -> None:
     check_model_files(folder / sub, f"model.path: the {sub}/ file", PART_FIX)
 
 
-class DiffusersFolderFamily(ModelFamily):
-    """A :class:`ModelFamily` whose ``model.path`` is a folder written by ``<pipeline_class>.save_pretrained``
-    (``model_index.json`` and one subfolder per part), e.g. a Hub snapshot on local disk."""
+def read_pipeline_config(folder: Path) -> dict[str, Any]:
+    """The folder's ``model_index.json``."""
+    return read_json_object(folder / "model_index.json", "the pipeline's file", PART_FIX)
+
+
+def read_scheduler_config(folder: Path) -> dict[str, Any]:
+    """The folder's ``scheduler/scheduler_config.json``, which must name a diffusers scheduler."""
+    file = folder / "scheduler" / "scheduler_config.json"
+    config = read_json_object(file, "the scheduler's file", PART_FIX)
+    name = config.get("_class_name")
+    scheduler = getattr(diffusers, name, None) if isinstance(name, str) else None
+    if not (isinstance(scheduler, type) and hasattr(scheduler, "from_config") and "Scheduler" in name):
+        raise UserFileError(
+            f"the scheduler's file {str(file)!r} names no diffusers scheduler (_class_name "
+            f"{quoted(name)}); {PART_FIX}"
+        )
+    return config
+
+
+class DiffusersFolderDescription(FamilyDescription):
+    """The :class:`FamilyDescription` of a :class:`DiffusersFolderFamily`: its pipeline and
+    transformer classes, the checks of its folder, and the settings read from the folder's JSON
+    files before any weights load."""
 
     pipeline_class: ClassVar[str]
     """The diffusers pipeline this family reproduces, e.g. ``"FluxPipeline"``."""
     pipeline_classes: ClassVar[tuple[str, ...]] = ()
     """The pipelines whose folders it reads when more than one (variants, e.g. FLUX.2 [dev] and
     [klein]); empty: :attr:`pipeline_class` alone."""
-    components: ClassVar[tuple[str, ...]]
-    """The pipeline's ``__init__`` arguments but the scheduler, each an attribute of the family."""
     transformer_class: ClassVar[str]
     """The diffusers class of the folder's ``transformer/``, e.g. ``"FluxTransformer2DModel"``."""
-
-    def __init__(
-        self,
-        parts: dict[str, Any],
-        pipeline_config: dict[str, Any],
-        scheduler_config: dict[str, Any],
-        device: torch.device,
-        options: Any,
-    ):
-        """``parts`` (from :meth:`load_parts`) become attributes of the family by name;
-        ``pipeline_config`` and ``scheduler_config`` are the folder's ``model_index.json`` and
-        ``scheduler/scheduler_config.json``."""
-        super().__init__(parts["transformer"], device, options)
-        for name, part in parts.items():
-            setattr(self, name, part)
-        self.pipeline_config = dict(pipeline_config)
-        self.scheduler_config = dict(scheduler_config)
-
-    # ---- construction --------------------------------------------------------------------------
-    @classmethod
-    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options: Any) -> Self:
-        """The folder's parts as the pipeline loads them (:meth:`load_parts`): the transformer in
-        ``dtype`` on ``device`` to train (with gradient checkpointing when
-        ``options.gradient_checkpointing``), every other module frozen on ``device``."""
-        folder = cls.pipeline_folder(path)
-        parts = cls.load_parts(folder, dtype, options)
-        transformer = parts["transformer"]
-        transformer.to(device)
-        cls.freeze(
-            [p for name, p in parts.items() if name != "transformer" and isinstance(p, nn.Module)], device
-        )
-        if options.gradient_checkpointing:
-            transformer.enable_gradient_checkpointing()
-        pipeline_config = cls.read_pipeline_config(folder)
-        return cls(parts, pipeline_config, cls.read_scheduler_config(folder), device, options)
-
-    @classmethod
-    @abstractmethod
-    def load_parts(cls, folder: Path, dtype: torch.dtype, options: Any) -> dict[str, Any]:
-        """The pipeline's parts from ``folder`` by name (each with :func:`load_part`), in the order
-        the pipeline loads them: the trained ``transformer`` in ``dtype``, a part the folder may lack
-        as None."""
 
     @classmethod
     def folder_problems(cls, folder: Path) -> list[str]:
@@ -141,7 +126,7 @@ class DiffusersFolderFamily(ModelFamily):
         ]
         if not problems:
             try:
-                cls.read_scheduler_config(folder)
+                read_scheduler_config(folder)
             except UserFileError as e:
                 problems.append(str(e))
         return problems
@@ -209,38 +194,76 @@ class DiffusersFolderFamily(ModelFamily):
             return None  # a config this diffusers cannot build: the load reports it
         return [name for name, _ in model.named_modules()]
 
+
+class DiffusersFolderFamily(ModelFamily):
+    """A :class:`ModelFamily` whose ``model.path`` is a folder written by ``<pipeline_class>.save_pretrained``
+    (``model_index.json`` and one subfolder per part), e.g. a Hub snapshot on local disk."""
+
+    description: ClassVar[type[DiffusersFolderDescription]]
+
+    components: ClassVar[tuple[str, ...]]
+    """The pipeline's ``__init__`` arguments but the scheduler, each an attribute of the family."""
+
+    def __init__(
+        self,
+        parts: dict[str, Any],
+        pipeline_config: dict[str, Any],
+        scheduler_config: dict[str, Any],
+        device: torch.device,
+        options: Any,
+    ):
+        """``parts`` (from :meth:`load_parts`) become attributes of the family by name;
+        ``pipeline_config`` and ``scheduler_config`` are the folder's ``model_index.json`` and
+        ``scheduler/scheduler_config.json``."""
+        super().__init__(parts["transformer"], device, options)
+        for name, part in parts.items():
+            setattr(self, name, part)
+        self.pipeline_config = dict(pipeline_config)
+        self.scheduler_config = dict(scheduler_config)
+        self.pipeline_class = self.description.pipeline_class
+        """The diffusers pipeline this model runs as (:meth:`pipeline`, the exports): the
+        description's, or the folder's variant's (FLUX.2)."""
+
+    # ---- construction --------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, options: Any) -> Self:
+        """The folder's parts as the pipeline loads them (:meth:`load_parts`): the transformer in
+        ``dtype`` on ``device`` to train (with gradient checkpointing when
+        ``options.gradient_checkpointing``), every other module frozen on ``device``."""
+        folder = cls.pipeline_folder(path)
+        parts = cls.load_parts(folder, dtype, options)
+        transformer = parts["transformer"]
+        transformer.to(device)
+        cls.freeze(
+            [p for name, p in parts.items() if name != "transformer" and isinstance(p, nn.Module)], device
+        )
+        if options.gradient_checkpointing:
+            transformer.enable_gradient_checkpointing()
+        pipeline_config = read_pipeline_config(folder)
+        return cls(parts, pipeline_config, read_scheduler_config(folder), device, options)
+
+    @classmethod
+    @abstractmethod
+    def load_parts(cls, folder: Path, dtype: torch.dtype, options: Any) -> dict[str, Any]:
+        """The pipeline's parts from ``folder`` by name (each with :func:`load_part`), in the order
+        the pipeline loads them: the trained ``transformer`` in ``dtype``, a part the folder may lack
+        as None."""
+
     @classmethod
     def pipeline_folder(cls, path: str) -> Path:
-        """``path`` as a folder of :attr:`pipeline_class`; a clear error when it is not one, or when
-        diffrl wrote it for another family."""
+        """``path`` as a folder of the description's ``pipeline_class``; a clear error when it
+        is not one, or when diffrl wrote it for another family."""
         folder = Path(path)
         if path in ("base", "random") or not folder.is_dir():
             raise FileNotFoundError(
-                f"{cls.name}: model.path must be a local diffusers folder of {cls.pipeline_class}, got {path!r}"
+                f"{cls.description.name}: "
+                f"model.path must be a local diffusers folder of {cls.description.pipeline_class}, got {path!r}"
             )
-        problems = cls.folder_problems(folder)
+        problems = cls.description.folder_problems(folder)
         if problems:
-            raise ValueError(f"{cls.name}: " + "; ".join(problems))
-        check_family_dir(folder, cls.name)
+            raise ValueError(f"{cls.description.name}: " + "; ".join(problems))
+        check_family_dir(folder, cls.description.name)
         return folder
-
-    @staticmethod
-    def read_pipeline_config(folder: Path) -> dict[str, Any]:
-        return read_json_object(folder / "model_index.json", "the pipeline's file", PART_FIX)
-
-    @staticmethod
-    def read_scheduler_config(folder: Path) -> dict[str, Any]:
-        """The folder's ``scheduler/scheduler_config.json``, which must name a diffusers scheduler."""
-        file = folder / "scheduler" / "scheduler_config.json"
-        config = read_json_object(file, "the scheduler's file", PART_FIX)
-        name = config.get("_class_name")
-        scheduler = getattr(diffusers, name, None) if isinstance(name, str) else None
-        if not (isinstance(scheduler, type) and hasattr(scheduler, "from_config") and "Scheduler" in name):
-            raise UserFileError(
-                f"the scheduler's file {str(file)!r} names no diffusers scheduler (_class_name "
-                f"{quoted(name)}); {PART_FIX}"
-            )
-        return config
 
     @staticmethod
     def freeze(modules: list[nn.Module | None], device: torch.device) -> None:
@@ -267,7 +290,7 @@ class DiffusersFolderFamily(ModelFamily):
                 if getattr(pipe, name, None) is not None:
                     setattr(pipe, name, copy.deepcopy(getattr(pipe, name)).to(dtype))
         pipe.save_pretrained(path)
-        write_family_file(Path(path), self.name)
+        write_family_file(Path(path), self.description.name)
 
     def load_snippet(self, path: str | Path) -> str:
         return f"pipe = {self.pipeline_class}.from_pretrained({str(path)!r})"
@@ -297,6 +320,23 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def meta_transformer(
+    description: type[FamilyDescription], model_cls: type, config: Config, folder: Path
+) -> tuple[nn.Module, Any] | None:
+    """Where a family's :meth:`~diffrl.models.base.FamilyDescription.planned` starts: the
+    transformer of ``folder/transformer/config.json`` on the meta device in ``model.dtype``
+    (:func:`~diffrl.models.base.meta_model`), with gradient checkpointing where ``model.options``
+    asks for it, and those options bound (``description.parse_options``); None without the file."""
+    settings = read_json(folder / "transformer" / "config.json")
+    if settings is None:
+        return None
+    module = meta_model(model_cls, settings, DTYPES[config.model.dtype])
+    options = description.parse_options(config.model.options)
+    if options.gradient_checkpointing:
+        module.enable_gradient_checkpointing()
+    return module, options
+
+
 def latent_stats(vae_config: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A video VAE's per-channel ``latents_mean`` and ``1 / latents_std`` (``AutoencoderKLWan``,
     ``AutoencoderKLQwenImage``: the pipelines' latents are ``(z - mean) / std``), shaped
@@ -313,7 +353,7 @@ def as_videos(family: ModelFamily, images: torch.Tensor) -> torch.Tensor:
     if images.ndim == 4:
         if family.options.num_frames != 1:
             raise ValueError(
-                f"{family.name}: still images (B, 3, H, W) given while model.options.num_frames="
+                f"{family.description.name}: still images (B, 3, H, W) given while model.options.num_frames="
                 f"{family.options.num_frames}; train on an image dataset with num_frames: 1"
             )
         images = images.unsqueeze(2)

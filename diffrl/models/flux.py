@@ -36,8 +36,14 @@ from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
 from diffrl.config import Config, Range
 from diffrl.core.rollout import Conditioning
-from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
+from diffrl.models.base import DTYPES, Planned, SizeRule
+from diffrl.models.diffusers_folder import (
+    DiffusersFolderDescription,
+    DiffusersFolderFamily,
+    load_part,
+    meta_transformer,
+    read_json,
+)
 from diffrl.models.sd3 import SD3_LORA_TARGETS, vae_decode, vae_encode
 
 
@@ -85,7 +91,7 @@ def sample_size(config: Config, rule: SizeRule) -> tuple[int, int]:
 def folder_setting(folder: Path, sub: str, class_name: str, key: str) -> Any:
     """``key`` of ``folder/sub/config.json``, else the default of diffusers' ``class_name`` (what
     ``from_pretrained`` builds where the file leaves it out, or where there is no file): what
-    :meth:`~diffrl.models.base.ModelFamily.planned` reads a model's shape from."""
+    :meth:`~diffrl.models.base.FamilyDescription.planned` reads a model's shape from."""
     settings = read_json(folder / sub / "config.json") or {}
     if key in settings:
         return settings[key]
@@ -144,10 +150,10 @@ def flux_conditioning(module: nn.Module, like: torch.Tensor, tokens: int) -> dic
 
 
 def packed_lengths(
-    family: type[DiffusersFolderFamily], config: Config, check_files: bool, text: bool
+    family: type[DiffusersFolderDescription], config: Config, check_files: bool, text: bool
 ) -> dict[str, int] | None:
     """What the context-parallel plans of FLUX.1, FLUX.2 and Qwen-Image split, for
-    :meth:`~diffrl.models.base.ModelFamily.sequence_lengths`: the packed image tokens of a
+    :meth:`~diffrl.models.base.FamilyDescription.sequence_lengths`: the packed image tokens of a
     ``sampling.height x width`` sample (:func:`sample_size`; one token per ``SizeRule.multiple``
     px square: VAE compression x 2 x 2 packing), with ``text`` the text tokens
     (``model.options.max_sequence_length``: every prompt padded to it), and the attention heads
@@ -212,7 +218,7 @@ class PackedLatentFamily(DiffusersFolderFamily):
         step = self.vae_scale_factor * 2  # the VAE's compression, then 2 x 2 packing
         if height % step or width % step:
             raise ValueError(
-                f"{self.name}: height and width must be multiples of {step}, got {height}x{width}"
+                f"{self.description.name}: height and width must be multiples of {step}, got {height}x{width}"
             )
         channels = self.transformer.config.in_channels // 4
         return (channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
@@ -233,11 +239,13 @@ class PackedLatentFamily(DiffusersFolderFamily):
         return resolution_shifted_sigmas(self.scheduler_config, num_steps, (h // 2) * (w // 2))
 
 
-class FluxFamily(PackedLatentFamily):
+class FluxDescription(DiffusersFolderDescription):
+    """What :class:`FluxFamily` declares (static): FLUX.1's options, size rule, sequence lengths and
+    meta-device plan."""
+
     name = "flux"
     pipeline_class = "FluxPipeline"
     transformer_class = "FluxTransformer2DModel"
-    components = ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
     default_guidance = 1.0
     """``FluxPipeline``'s ``true_cfg_scale`` (CFG off); the distilled guidance is ``Options.guidance``."""
     default_lora_targets = SD3_LORA_TARGETS
@@ -276,6 +284,47 @@ class FluxFamily(PackedLatentFamily):
         """The packed image tokens (``H / 16 x W / 16`` for the 8x VAE), the T5 text tokens
         (``max_sequence_length``) and the attention heads."""
         return packed_lengths(cls, config, check_files, text=True)
+
+    @classmethod
+    def planned_transformer(cls, config, folder: Path) -> tuple[nn.Module, Any, int, int, int] | None:
+        """What :meth:`planned` builds on: the transformer from ``folder/transformer/config.json``
+        on the meta device, the parsed options, the VAE's compression ``v`` (``folder``'s
+        ``vae/config.json``, else ``AutoencoderKL``'s default) and the sample's height and width
+        (:func:`sample_size`); None without the transformer's config."""
+        built = meta_transformer(cls, FluxTransformer2DModel, config, folder)
+        if built is None:
+            return None
+        module, options = built
+        vae = 2 ** (len(folder_setting(folder, "vae", "AutoencoderKL", "block_out_channels")) - 1)
+        height, width = sample_size(config, SizeRule(vae * 2, "the VAE's compression, then 2 x 2 packing"))
+        return module, options, vae, height, width
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer at ``sampling.height x width`` (the latent ``(in_channels / 4, H / v,
+        W / v)``); conditioning as :meth:`_encode_prompts` gives it: ``max_sequence_length`` T5
+        tokens and the pooled CLIP embedding, ``options.guidance`` embedded when the transformer is
+        distilled."""
+        built = cls.planned_transformer(config, folder)
+        if built is None:
+            return None
+        module, options, vae, height, width = built
+        latent = (module.config.in_channels // 4, height // vae, width // vae)
+        guidance = float(options.guidance) if module.config.guidance_embeds else None
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            cond = Conditioning(flux_conditioning(m, x_t, tokens))
+            return flux_forward(m, x_t, sigma, cond, guidance)
+
+        return Planned(module, latent, forward, "FluxTransformer2DModel")
+
+
+class FluxFamily(PackedLatentFamily):
+    """FLUX.1 loaded: CLIP + T5 prompts, packed-token forward with the embedded guidance, the VAE."""
+
+    description = FluxDescription
+    components = ("transformer", "vae", "text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
 
     def __init__(self, parts, pipeline_config, scheduler_config, device, options):
         super().__init__(parts, pipeline_config, scheduler_config, device, options)
@@ -339,43 +388,6 @@ class FluxFamily(PackedLatentFamily):
         ``sigma (B,)`` -> velocity ``(B, C, H, W)``, with ``options.guidance`` embedded when the
         transformer is distilled."""
         return flux_forward(module, x_t, sigma, cond, self.embedded_guidance)
-
-    @classmethod
-    def planned_transformer(cls, config, folder: Path) -> tuple[nn.Module, Any, int, int, int] | None:
-        """What :meth:`planned` builds on: the transformer from ``folder/transformer/config.json``
-        on the meta device, the parsed options, the VAE's compression ``v`` (``folder``'s
-        ``vae/config.json``, else ``AutoencoderKL``'s default) and the sample's height and width
-        (:func:`sample_size`); None without the transformer's config."""
-        settings = read_json(folder / "transformer" / "config.json")
-        if settings is None:
-            return None
-        module = meta_model(FluxTransformer2DModel, settings, DTYPES[config.model.dtype])
-        options = cls.parse_options(config.model.options)
-        if options.gradient_checkpointing:
-            module.enable_gradient_checkpointing()
-        vae = 2 ** (len(folder_setting(folder, "vae", "AutoencoderKL", "block_out_channels")) - 1)
-        height, width = sample_size(config, SizeRule(vae * 2, "the VAE's compression, then 2 x 2 packing"))
-        return module, options, vae, height, width
-
-    @classmethod
-    def planned(cls, config, folder: Path) -> Planned | None:
-        """The transformer at ``sampling.height x width`` (the latent ``(in_channels / 4, H / v,
-        W / v)``); conditioning as :meth:`_encode_prompts` gives it: ``max_sequence_length`` T5
-        tokens and the pooled CLIP embedding, ``options.guidance`` embedded when the transformer is
-        distilled."""
-        built = cls.planned_transformer(config, folder)
-        if built is None:
-            return None
-        module, options, vae, height, width = built
-        latent = (module.config.in_channels // 4, height // vae, width // vae)
-        guidance = float(options.guidance) if module.config.guidance_embeds else None
-        tokens = options.max_sequence_length
-
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            cond = Conditioning(flux_conditioning(m, x_t, tokens))
-            return flux_forward(m, x_t, sigma, cond, guidance)
-
-        return Planned(module, latent, forward, "FluxTransformer2DModel")
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:

@@ -89,8 +89,14 @@ from transformers import AutoProcessor, AutoTokenizer, Mistral3ForConditionalGen
 
 from diffrl.config import Range
 from diffrl.core.rollout import Conditioning
-from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens, meta_model
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
+from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens
+from diffrl.models.diffusers_folder import (
+    DiffusersFolderDescription,
+    DiffusersFolderFamily,
+    load_part,
+    meta_transformer,
+    read_json,
+)
 from diffrl.models.flux import folder_setting, packed_lengths, sample_size
 from diffrl.models.sd3 import SD3_LORA_TARGETS
 
@@ -212,13 +218,15 @@ def folder_variant(folder: Path) -> Variant | None:
     return VARIANTS.get((read_json(folder / "model_index.json") or {}).get("_class_name"))
 
 
-class Flux2Family(DiffusersFolderFamily):
+class Flux2Description(DiffusersFolderDescription):
+    """What :class:`Flux2Family` declares (static): the FLUX.2 folders' checks ([dev] and [klein]),
+    size rule, sequence lengths, plan and LoRA targets."""
+
     name = "flux2"
     pipeline_class = "Flux2Pipeline or Flux2KleinPipeline"
     pipeline_classes = ("Flux2Pipeline", "Flux2KleinPipeline")
     """For messages before a folder is read; a loaded family holds its folder's (:attr:`variant`)."""
     transformer_class = "Flux2Transformer2DModel"
-    components = ("vae", "text_encoder", "tokenizer", "transformer")
     default_guidance = 1.0
     """No CFG: what [dev] (no CFG at all) and a distilled [klein] take; a base [klein]'s recipe sets
     ``sampling.guidance_scale: 4.0`` (``Flux2KleinPipeline``'s default)."""
@@ -254,17 +262,6 @@ class Flux2Family(DiffusersFolderFamily):
         text_encoder_dtype: str = "float32"
         """dtype of the frozen text encoder and VAE (``bfloat16`` for the 24B / 4B encoders)."""
 
-    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
-        super().__init__(parts, pipeline_config, scheduler_config, device, options)
-        self.variant = VARIANTS[self.pipeline_config["_class_name"]]
-        self.pipeline_class = self.variant.pipeline_class
-        self.is_distilled = bool(self.pipeline_config.get("is_distilled", False))
-        """A step-distilled [klein] (``Flux2KleinPipeline``'s ``is_distilled``): no CFG."""
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)  # as the pipelines
-        layers = options.text_encoder_out_layers
-        self.text_layers = tuple(layers) if layers is not None else self.variant.text_layers
-
-    # ---- the folder and the config, before anything loads --------------------------------------
     @classmethod
     def folder_problems(cls, folder: Path) -> list[str]:
         problems = super().folder_problems(folder)
@@ -369,6 +366,60 @@ class Flux2Family(DiffusersFolderFamily):
         (``max_sequence_length``) and the attention heads."""
         return packed_lengths(cls, config, check_files, text=True)
 
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer from ``folder/transformer/config.json`` at ``sampling.height x width``
+        (the latent ``(in_channels, H / 16, W / 16)`` for the 8x VAE); conditioning as
+        :meth:`_encode_prompts` gives it: ``max_sequence_length`` tokens of the stacked text
+        features (``joint_attention_dim``), ``options.guidance`` embedded for [dev] (the variant
+        from ``model_index.json``; without one, from the transformer's ``guidance_embeds``)."""
+        built = meta_transformer(cls, Flux2Transformer2DModel, config, folder)
+        if built is None:
+            return None
+        module, options = built
+        variant = folder_variant(folder) or (DEV if module.config.guidance_embeds else KLEIN)
+        blocks = folder_setting(folder, "vae", "AutoencoderKLFlux2", "block_out_channels")
+        step = 2 ** (len(blocks) - 1) * 2  # the VAE's compression, then 2 x 2 patches
+        height, width = sample_size(config, SizeRule(step, "the VAE's compression, then 2 x 2 patches"))
+        latent = (module.config.in_channels, height // step, width // step)
+        guidance = float(options.guidance) if variant.embeds_guidance else None
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            text = x_t.new_zeros(len(x_t), tokens, m.config.joint_attention_dim)
+            return flux2_forward(m, x_t, sigma, Conditioning({"encoder_hidden_states": text}), guidance)
+
+        return Planned(module, latent, forward, f"Flux2Transformer2DModel ({variant.label})")
+
+    @classmethod
+    def lora_targets_of(cls, module: nn.Module, configured: list[str] | None) -> list[str]:
+        """``configured``, else :attr:`default_lora_targets` and each single-stream block's
+        ``attn.to_out`` by name (diffusers' FLUX.2 LoRA scripts' choice)."""
+        if configured:
+            return list(configured)
+        singles = range(len(module.single_transformer_blocks))
+        return [*cls.default_lora_targets, *(f"single_transformer_blocks.{i}.attn.to_out" for i in singles)]
+
+
+class Flux2Family(DiffusersFolderFamily):
+    """FLUX.2 loaded ([dev] or [klein], by the folder's pipeline): the stacked text features, the
+    forward, the BatchNorm-normalised VAE latents."""
+
+    description = Flux2Description
+    components = ("vae", "text_encoder", "tokenizer", "transformer")
+
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        self.variant = VARIANTS[self.pipeline_config["_class_name"]]
+        self.pipeline_class = self.variant.pipeline_class
+        self.is_distilled = bool(self.pipeline_config.get("is_distilled", False))
+        """A step-distilled [klein] (``Flux2KleinPipeline``'s ``is_distilled``): no CFG."""
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)  # as the pipelines
+        layers = options.text_encoder_out_layers
+        self.text_layers = tuple(layers) if layers is not None else self.variant.text_layers
+
+    # ---- the folder and the config, before anything loads --------------------------------------
+
     # ---- construction --------------------------------------------------------------------------
     @classmethod
     def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
@@ -396,7 +447,7 @@ class Flux2Family(DiffusersFolderFamily):
         step = self.vae_scale_factor * 2
         if height % step or width % step:
             raise ValueError(
-                f"{self.name}: height and width must be multiples of {step}, got {height}x{width}"
+                f"{self.description.name}: height and width must be multiples of {step}, got {height}x{width}"
             )
         return (self.transformer.config.in_channels, height // step, width // step)
 
@@ -420,10 +471,11 @@ class Flux2Family(DiffusersFolderFamily):
     ) -> Conditioning | None:
         """As :meth:`ModelFamily.negative` for a base [klein]; [dev] and a distilled [klein] have no
         CFG (the config check refuses ``sampling.guidance_scale`` > 1 for them before loading)."""
-        if guidance_scale > self.no_guidance_scale and (self.variant is DEV or self.is_distilled):
+        if guidance_scale > self.description.no_guidance_scale and (self.variant is DEV or self.is_distilled):
             kind = "FLUX.2 [dev]" if self.variant is DEV else "a step-distilled FLUX.2 [klein]"
             raise ValueError(
-                f"{self.name}: guidance_scale={guidance_scale}, but {kind} has no classifier-free "
+                f"{self.description.name}: "
+                f"guidance_scale={guidance_scale}, but {kind} has no classifier-free "
                 "guidance in its diffusers pipeline; use 1"
             )
         return super().negative(prompt, guidance_scale, cond)
@@ -436,34 +488,6 @@ class Flux2Family(DiffusersFolderFamily):
         ``sigma (B,)`` -> velocity ``(B, C, h, w)``, with ``options.guidance`` embedded for [dev]."""
         guidance = float(self.options.guidance) if self.variant.embeds_guidance else None
         return flux2_forward(module, x_t, sigma, cond, guidance)
-
-    @classmethod
-    def planned(cls, config, folder: Path) -> Planned | None:
-        """The transformer from ``folder/transformer/config.json`` at ``sampling.height x width``
-        (the latent ``(in_channels, H / 16, W / 16)`` for the 8x VAE); conditioning as
-        :meth:`_encode_prompts` gives it: ``max_sequence_length`` tokens of the stacked text
-        features (``joint_attention_dim``), ``options.guidance`` embedded for [dev] (the variant
-        from ``model_index.json``; without one, from the transformer's ``guidance_embeds``)."""
-        settings = read_json(folder / "transformer" / "config.json")
-        if settings is None:
-            return None
-        module = meta_model(Flux2Transformer2DModel, settings, DTYPES[config.model.dtype])
-        options = cls.parse_options(config.model.options)
-        if options.gradient_checkpointing:
-            module.enable_gradient_checkpointing()
-        variant = folder_variant(folder) or (DEV if module.config.guidance_embeds else KLEIN)
-        blocks = folder_setting(folder, "vae", "AutoencoderKLFlux2", "block_out_channels")
-        step = 2 ** (len(blocks) - 1) * 2  # the VAE's compression, then 2 x 2 patches
-        height, width = sample_size(config, SizeRule(step, "the VAE's compression, then 2 x 2 patches"))
-        latent = (module.config.in_channels, height // step, width // step)
-        guidance = float(options.guidance) if variant.embeds_guidance else None
-        tokens = options.max_sequence_length
-
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            text = x_t.new_zeros(len(x_t), tokens, m.config.joint_attention_dim)
-            return flux2_forward(m, x_t, sigma, Conditioning({"encoder_hidden_states": text}), guidance)
-
-        return Planned(module, latent, forward, f"Flux2Transformer2DModel ({variant.label})")
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     def _bn_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -496,11 +520,3 @@ class Flux2Family(DiffusersFolderFamily):
         return (images.float() * 0.5 + 0.5).clamp(0.0, 1.0)
 
     # ---- LoRA ----------------------------------------------------------------------------------
-    @classmethod
-    def lora_targets_of(cls, module: nn.Module, configured: list[str] | None) -> list[str]:
-        """``configured``, else :attr:`default_lora_targets` and each single-stream block's
-        ``attn.to_out`` by name (diffusers' FLUX.2 LoRA scripts' choice)."""
-        if configured:
-            return list(configured)
-        singles = range(len(module.single_transformer_blocks))
-        return [*cls.default_lora_targets, *(f"single_transformer_blocks.{i}.attn.to_out" for i in singles)]

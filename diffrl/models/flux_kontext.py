@@ -47,6 +47,7 @@ from torch import nn
 from diffrl.core.rollout import Conditioning, Source
 from diffrl.models.base import Planned, SourceError
 from diffrl.models.flux import (
+    FluxDescription,
     FluxFamily,
     flux_conditioning,
     flux_forward_tokens,
@@ -102,7 +103,7 @@ def kontext_forward(
         v = vae_scale_factor
         raise SourceError(
             f"flux_kontext: {noise_tokens} output tokens and {source_tokens} source tokens "
-            f"({sw * v}x{sh * v} px) do not split over ray.sequence_parallel={ranks} ranks; "
+            f"({sw * v}x{sh * v} px) do not split over parallel.sequence={ranks} ranks; "
             f"their sum must be a multiple of {ranks}: change sampling.height/width, the "
             "sources' size, or set model.options.auto_resize: true"
         )
@@ -110,27 +111,23 @@ def kontext_forward(
     return unpack(out[:, :noise_tokens], h, w)
 
 
-class FluxKontextFamily(FluxFamily):
+class FluxKontextDescription(FluxDescription):
+    """What :class:`FluxKontextFamily` declares (static): FLUX.1 Kontext's: an editing FLUX.1, its
+    sources' size and the source tokens in its sequence and plan."""
+
     name = "flux_kontext"
     pipeline_class = "FluxKontextPipeline"
     edits = True
     sequence_parallel = True
-    """FLUX.1's plan (``FluxTransformer2DModel._cp_plan``, see :attr:`FluxFamily.sequence_parallel`):
+    """FLUX.1's plan (``FluxTransformer2DModel._cp_plan``, see :attr:`FluxDescription.sequence_parallel`):
     the image sequence it splits is the noisy tokens followed by the source's (with their ids),
     so their sum must split; the text tokens and the heads as FLUX.1's."""
 
     @dataclass
-    class Options(FluxFamily.Options):
+    class Options(FluxDescription.Options):
         auto_resize: bool = True
         """Resize each source to the Kontext resolution nearest its aspect ratio (the pipeline's
         ``_auto_resize``); false: keep its size (floored to a multiple of 16)."""
-
-    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
-        super().__init__(parts, pipeline_config, scheduler_config, device, options)
-        self.image_processor = VaeImageProcessor(
-            vae_scale_factor=self.vae_scale_factor * 2
-        )  # as the pipeline
-        self._source_size: tuple[int, int] | None = None
 
     @classmethod
     def sequence_lengths(cls, config, check_files: bool = True) -> dict[str, int] | None:
@@ -152,7 +149,6 @@ class FluxKontextFamily(FluxFamily):
             lengths["image tokens"] += (sh // m) * (sw // m)
         return lengths
 
-    # ---- the source image ----------------------------------------------------------------------
     @classmethod
     def source_size(cls, config, width: int, height: int) -> tuple[int, int] | None:
         blocks = cls.component_setting(config, True, "vae", "AutoencoderKL", "block_out_channels")
@@ -160,6 +156,45 @@ class FluxKontextFamily(FluxFamily):
             return None
         auto = config.model.options.get("auto_resize", cls.Options.auto_resize)
         return kontext_size(width, height, 2 ** (len(blocks) - 1) * 2, bool(auto))
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """FLUX.1's transformer (:meth:`FluxDescription.planned_transformer`) with each row's source:
+        with ``auto_resize``, the Kontext resolution nearest the output's aspect ratio (the sources
+        are cropped to it); without, a source keeps its own size, which only the images tell: then
+        one of the output's size is planned. Conditioning as :meth:`_encode_edits` gives it:
+        FLUX.1's text tensors and ``image_latents (B, C, h', w')``."""
+        built = cls.planned_transformer(config, folder)
+        if built is None:
+            return None
+        module, options, vae, height, width = built
+        source_h, source_w = kontext_size(width, height, vae * 2, options.auto_resize)
+        channels = module.config.in_channels // 4
+        latent = (channels, height // vae, width // vae)
+        guidance = float(options.guidance) if module.config.guidance_embeds else None
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            cond = flux_conditioning(m, x_t, tokens)
+            cond["image_latents"] = x_t.new_zeros(len(x_t), channels, source_h // vae, source_w // vae)
+            return kontext_forward(m, x_t, sigma, Conditioning(cond), guidance, vae)
+
+        return Planned(module, latent, forward, f"FluxTransformer2DModel (+ a {source_w}x{source_h} source)")
+
+
+class FluxKontextFamily(FluxFamily):
+    """FLUX.1 Kontext loaded: each prompt's source image encoded beside it, its tokens after the noise's."""
+
+    description = FluxKontextDescription
+
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        self.image_processor = VaeImageProcessor(
+            vae_scale_factor=self.vae_scale_factor * 2
+        )  # as the pipeline
+        self._source_size: tuple[int, int] | None = None
+
+    # ---- the source image ----------------------------------------------------------------------
 
     def source_pixels(self, source: Source) -> torch.Tensor:
         """``source`` resized and normalised as the pipeline preprocesses its ``image``:
@@ -173,7 +208,7 @@ class FluxKontextFamily(FluxFamily):
         elif self._source_size != (height, width):
             h0, w0 = self._source_size
             raise SourceError(
-                f"{self.name}: source {source.key} resizes to {width}x{height}, earlier ones to "
+                f"{self.description.name}: source {source.key} resizes to {width}x{height}, earlier ones to "
                 f"{w0}x{h0}; the rows of a run are batched, so their sources need one size "
                 "(give images of one size, or model.options.auto_resize: true)"
             )
@@ -197,27 +232,3 @@ class FluxKontextFamily(FluxFamily):
     ) -> torch.Tensor:
         """``x_t (B, C, H, W)``, ``sigma (B,)`` -> velocity ``(B, C, H, W)`` (:func:`kontext_forward`)."""
         return kontext_forward(module, x_t, sigma, cond, self.embedded_guidance, self.vae_scale_factor)
-
-    @classmethod
-    def planned(cls, config, folder: Path) -> Planned | None:
-        """FLUX.1's transformer (:meth:`FluxFamily.planned_transformer`) with each row's source:
-        with ``auto_resize``, the Kontext resolution nearest the output's aspect ratio (the sources
-        are cropped to it); without, a source keeps its own size, which only the images tell: then
-        one of the output's size is planned. Conditioning as :meth:`_encode_edits` gives it:
-        FLUX.1's text tensors and ``image_latents (B, C, h', w')``."""
-        built = cls.planned_transformer(config, folder)
-        if built is None:
-            return None
-        module, options, vae, height, width = built
-        source_h, source_w = kontext_size(width, height, vae * 2, options.auto_resize)
-        channels = module.config.in_channels // 4
-        latent = (channels, height // vae, width // vae)
-        guidance = float(options.guidance) if module.config.guidance_embeds else None
-        tokens = options.max_sequence_length
-
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            cond = flux_conditioning(m, x_t, tokens)
-            cond["image_latents"] = x_t.new_zeros(len(x_t), channels, source_h // vae, source_w // vae)
-            return kontext_forward(m, x_t, sigma, Conditioning(cond), guidance, vae)
-
-        return Planned(module, latent, forward, f"FluxTransformer2DModel (+ a {source_w}x{source_h} source)")

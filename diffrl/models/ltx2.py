@@ -64,10 +64,10 @@ skips that forward; (3) the optional ``processor``, ``prompt_enhancer`` and ``du
 (LTX-2.5) are not loaded: diffrl always sets ``num_frames`` and never enhances prompts, so the
 pipeline would not use them either (``save_pretrained`` writes the folder without them).
 
-Sequence parallel (``ray.sequence_parallel``): the video and the audio tokens split over the ranks
+Sequence parallel (``parallel.sequence``): the video and the audio tokens split over the ranks
 through diffrl's context-parallel plan, not the class's (:mod:`diffrl.models.ltx2_sequence_parallel`).
 
-``diffrl plan``: :meth:`LTX2Family.planned` builds the transformer on the meta device from the folder's
+``diffrl plan``: :meth:`LTX2Description.planned` builds the transformer on the meta device from the folder's
 JSON files and runs :meth:`LTX2Family.call_transformer`, the very call of :meth:`LTX2Family.forward`, on
 zero conditioning of the shapes a prompt encodes to. The planner counts CFG's two rows; a guided
 velocity's modality-isolation (and LTX-2.3's STG) transformer calls are not in its FLOPs.
@@ -103,7 +103,14 @@ from transformers import AutoTokenizer
 from diffrl.config import Range
 from diffrl.core.rollout import Audio, Conditioning, Media
 from diffrl.models.base import DTYPES, FrameRate, Frames, Planned, SizeRule, TextTokens, meta_model
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, as_videos, load_part, read_json
+from diffrl.models.diffusers_folder import (
+    DiffusersFolderDescription,
+    DiffusersFolderFamily,
+    as_videos,
+    load_part,
+    read_json,
+    read_pipeline_config,
+)
 from diffrl.models.flux import resolution_shifted_sigmas
 from diffrl.models.ltx2_sequence_parallel import prepare_sequence_parallel
 
@@ -125,7 +132,7 @@ SEQUENCE_HINTS = {
     "video attention heads": "",
     "audio attention heads": "",
 }
-"""What to change when a length of :meth:`LTX2Family.sequence_lengths` does not split."""
+"""What to change when a length of :meth:`LTX2Description.sequence_lengths` does not split."""
 
 # Every attention projection of every block: the video and audio self-attention (attn1,
 # audio_attn1), text cross-attention (attn2, audio_attn2) and the audio <-> video cross-attention
@@ -176,7 +183,7 @@ class Geometry:
     @classmethod
     def of(cls, transformer_config: Any, vae: nn.Module, audio_vae: nn.Module) -> Geometry:
         """From the transformer's config and the two VAEs (loaded, or built on the meta device by
-        :meth:`LTX2Family.planned`), as the pipeline reads them (``pipeline_ltx2.py:1272-1310``)."""
+        :meth:`LTX2Description.planned`), as the pipeline reads them (``pipeline_ltx2.py:1272-1310``)."""
         audio = audio_vae.config
         mel_bins = audio.mel_bins // audio_vae.mel_compression_ratio
         return cls(
@@ -249,14 +256,13 @@ AudioModality = Annotated[float, Range(0, 100, hint="null or 0: modality_scale")
 AudioRescale = Annotated[float, Range(0, 1, hint="null or 0: guidance_rescale")]
 
 
-class LTX2Family(DiffusersFolderFamily):
-    """LTX-2 audio + video. ``x_t (B, N)``: the packed, normalised video tokens then audio tokens,
-    flattened (see the module docstring); log-probs and losses average over both streams."""
+class LTX2Description(DiffusersFolderDescription):
+    """What :class:`LTX2Family` declares (static): the LTX-2 folder's checks, the frame, size and
+    sequence rules of both streams, and the plan."""
 
     name = "ltx2"
     pipeline_class = PIPELINE_CLASS
     transformer_class = "LTX2VideoTransformer3DModel"
-    components = ("vae", "audio_vae", "text_encoder", "tokenizer", "connectors", "transformer", "vocoder")
     default_guidance = 3.0
     """``LTX2Pipeline.__call__``'s ``guidance_scale`` (the video stream's CFG)."""
     default_lora_targets = LTX2_LORA_TARGETS
@@ -265,6 +271,7 @@ class LTX2Family(DiffusersFolderFamily):
     """Through diffrl's plan (:mod:`diffrl.models.ltx2_sequence_parallel`), not the class's: the video
     and the audio tokens split, their self-attentions Ulysses; the text and the audio <-> video
     cross-attentions run locally on each rank (the text whole, the other stream's keys gathered)."""
+    sequence_hints = SEQUENCE_HINTS
 
     @dataclass
     class Options:
@@ -305,18 +312,6 @@ class LTX2Family(DiffusersFolderFamily):
         vae_dtype: str = "float32"
         """dtype of the frozen video VAE, audio VAE and vocoder."""
 
-    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
-        super().__init__(parts, pipeline_config, scheduler_config, device, options)
-        if self.tokenizer.pad_token is None:  # as the pipeline (pipeline_ltx2.py:333)
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.tokenizer.padding_side = "left"  # Gemma's chat-style left padding, as the pipeline
-        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
-        # as sequence_lengths, which reads the same settings before loading
-        self.geometry = Geometry.of(self.transformer.config, self.vae, self.audio_vae)
-        self._grids: dict[int, Grid] = {}
-        self._silence: dict[int, torch.Tensor] = {}
-
-    # ---- construction --------------------------------------------------------------------------
     @classmethod
     def folder_problems(cls, folder: Path) -> list[str]:
         problems = super().folder_problems(folder)
@@ -331,7 +326,7 @@ class LTX2Family(DiffusersFolderFamily):
                     f"{str(folder)!r}: transformer {key}={settings[key]}; diffrl's ltx2 family (and "
                     f"LTX2Pipeline's packing) takes patch size 1, as every LTX-2 checkpoint"
                 )
-        index = cls.read_pipeline_config(folder)
+        index = read_pipeline_config(folder)
         text_encoder = (index.get("text_encoder") or [None, None])[1]
         if not (isinstance(text_encoder, str) and hasattr(transformers, text_encoder)):
             problems.append(
@@ -342,21 +337,6 @@ class LTX2Family(DiffusersFolderFamily):
         if vocoder not in VOCODERS:
             problems.append(f"{str(folder)!r}: vocoder class {vocoder!r} is not one of {', '.join(VOCODERS)}")
         return problems
-
-    @classmethod
-    def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
-        index = cls.read_pipeline_config(folder)
-        text_dtype, vae_dtype = DTYPES[options.text_encoder_dtype], DTYPES[options.vae_dtype]
-        text_encoder_class = getattr(transformers, index["text_encoder"][1])
-        return {
-            "transformer": load_part(folder, "transformer", LTX2VideoTransformer3DModel, dtype),
-            "vae": load_part(folder, "vae", AutoencoderKLLTX2Video, vae_dtype),
-            "audio_vae": load_part(folder, "audio_vae", AutoencoderKLLTX2Audio, vae_dtype),
-            "text_encoder": load_part(folder, "text_encoder", text_encoder_class, text_dtype),
-            "tokenizer": load_part(folder, "tokenizer", AutoTokenizer),
-            "connectors": load_part(folder, "connectors", LTX2TextConnectors, text_dtype),
-            "vocoder": load_part(folder, "vocoder", getattr(ltx2_vocoders, index["vocoder"][1]), vae_dtype),
-        }
 
     @classmethod
     def _ratios(cls, config, check_files: bool) -> tuple[int, int] | None:
@@ -470,18 +450,6 @@ class LTX2Family(DiffusersFolderFamily):
         }
 
     @classmethod
-    def sequence_problems(cls, config, check_files: bool = True) -> list[str]:
-        """:meth:`ModelFamily.sequence_problems`, saying what to change for each stream."""
-        n = config.ray.sequence_parallel
-        lengths = cls.sequence_lengths(config, check_files) if n > 1 else None
-        return [
-            f"ray.sequence_parallel={n}: the {cls.name} model's {what} ({length}) do not split over "
-            f"{n} ranks (Ulysses needs a multiple of {n}{SEQUENCE_HINTS[what]})"
-            for what, length in (lengths or {}).items()
-            if length % n
-        ]
-
-    @classmethod
     def sequence_parallel_modules(cls, module: nn.Module) -> list[nn.Module]:
         """The transformer, readied for diffrl's plan (:func:`prepare_sequence_parallel`: its
         ``_cp_plan``, the local cross-attentions' processors and key / value gathers)."""
@@ -524,12 +492,49 @@ class LTX2Family(DiffusersFolderFamily):
                 "audio_encoder_hidden_states": x_t.new_zeros(b, tokens, widths[1], dtype=text_dtype),
                 "encoder_attention_mask": x_t.new_ones(b, tokens, dtype=torch.int64),
             }
-            return cls.call_transformer(m, x_t, sigma, tensors, grid, options, steps)
+            return LTX2Family.call_transformer(m, x_t, sigma, tensors, grid, options, steps)
 
-        s = cls.scales_of(options, config.sampling.guidance_scale or cls.default_guidance)
+        s = LTX2Family.scales_of(options, config.sampling.guidance_scale or cls.default_guidance)
         rows = 1 + int(s.do_cfg) + int(s.do_stg) + int(s.do_modality)  # the guided velocity's passes
         description = "LTX2VideoTransformer3DModel (video + audio streams)"
         return Planned(module, (grid.size,), forward, description, guided_rows=max(2, rows))
+
+
+class LTX2Family(DiffusersFolderFamily):
+    """LTX-2 audio + video. ``x_t (B, N)``: the packed, normalised video tokens then audio tokens,
+    flattened (see the module docstring); log-probs and losses average over both streams."""
+
+    description = LTX2Description
+
+    components = ("vae", "audio_vae", "text_encoder", "tokenizer", "connectors", "transformer", "vocoder")
+
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        if self.tokenizer.pad_token is None:  # as the pipeline (pipeline_ltx2.py:333)
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "left"  # Gemma's chat-style left padding, as the pipeline
+        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        # as sequence_lengths, which reads the same settings before loading
+        self.geometry = Geometry.of(self.transformer.config, self.vae, self.audio_vae)
+        self._grids: dict[int, Grid] = {}
+        self._silence: dict[int, torch.Tensor] = {}
+
+    # ---- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
+        index = read_pipeline_config(folder)
+        text_dtype, vae_dtype = DTYPES[options.text_encoder_dtype], DTYPES[options.vae_dtype]
+        text_encoder_class = getattr(transformers, index["text_encoder"][1])
+        return {
+            "transformer": load_part(folder, "transformer", LTX2VideoTransformer3DModel, dtype),
+            "vae": load_part(folder, "vae", AutoencoderKLLTX2Video, vae_dtype),
+            "audio_vae": load_part(folder, "audio_vae", AutoencoderKLLTX2Audio, vae_dtype),
+            "text_encoder": load_part(folder, "text_encoder", text_encoder_class, text_dtype),
+            "tokenizer": load_part(folder, "tokenizer", AutoTokenizer),
+            "connectors": load_part(folder, "connectors", LTX2TextConnectors, text_dtype),
+            "vocoder": load_part(folder, "vocoder", getattr(ltx2_vocoders, index["vocoder"][1]), vae_dtype),
+        }
 
     # ---- geometry ------------------------------------------------------------------------------
     @property
@@ -646,7 +651,7 @@ class LTX2Family(DiffusersFolderFamily):
         sigma: torch.Tensor,
         tensors: dict[str, torch.Tensor],
         grid: Grid,
-        options: Options,
+        options: LTX2Description.Options,
         num_train_timesteps: int,
         stg: bool = False,
         isolate: bool = False,

@@ -40,7 +40,7 @@ from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 from diffrl.config import Range
 from diffrl.core.rollout import Conditioning
 from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
-from diffrl.models.diffusers_folder import latent_stats, load_part, read_json
+from diffrl.models.diffusers_folder import DiffusersFolderDescription, latent_stats, load_part, read_json
 from diffrl.models.flux import (
     PackedLatentFamily,
     folder_setting,
@@ -144,7 +144,7 @@ def qwen_conditioning(module: nn.Module, like: torch.Tensor, tokens: int) -> dic
 
 
 def planned_qwen_transformer(config, folder: Path, options) -> tuple[nn.Module, int, int, int] | None:
-    """What the Qwen-Image families' :meth:`~diffrl.models.base.ModelFamily.planned` builds on:
+    """What the Qwen-Image families' :meth:`~diffrl.models.base.FamilyDescription.planned` builds on:
     the transformer from ``folder/transformer/config.json`` on the meta device, the VAE's
     compression ``v`` (``2 ** len(temperal_downsample)``, as the pipelines) and the sample's height
     and width; None without the transformer's config."""
@@ -159,11 +159,13 @@ def planned_qwen_transformer(config, folder: Path, options) -> tuple[nn.Module, 
     return module, vae, height, width
 
 
-class QwenImageFamily(PackedLatentFamily):
+class QwenImageDescription(DiffusersFolderDescription):
+    """What :class:`QwenImageFamily` declares (static): Qwen-Image's folder check, size rule, sequence
+    lengths and plan."""
+
     name = "qwen_image"
     pipeline_class = "QwenImagePipeline"
     transformer_class = "QwenImageTransformer2DModel"
-    components = ("vae", "text_encoder", "tokenizer", "transformer")
     default_guidance = 4.0
     """``QwenImagePipeline``'s ``true_cfg_scale`` (applied with ``sampling.negative_prompt``)."""
     default_lora_targets = QWEN_IMAGE_LORA_TARGETS
@@ -219,6 +221,35 @@ class QwenImageFamily(PackedLatentFamily):
         vae = 2 ** len(down)  # as the pipeline's vae_scale_factor
         return SizeRule(vae * 2, f"the VAE's {vae}x compression times the 2 x 2 packing")
 
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer (:func:`planned_qwen_transformer`) at ``sampling.height x width`` (the
+        latent ``(in_channels / 4, H / v, W / v)``); conditioning as :meth:`_encode_prompts` gives
+        it for prompts of the full ``max_sequence_length``, which the forward keeps whole (its cut
+        to the batch's longest prompt reads the mask's values, which fake tensors do not hold: the
+        length is given instead)."""
+        options = cls.parse_options(config.model.options)
+        built = planned_qwen_transformer(config, folder, options)
+        if built is None:
+            return None
+        module, vae, height, width = built
+        latent = (module.config.in_channels // 4, height // vae, width // vae)
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            cond = Conditioning(qwen_conditioning(m, x_t, tokens))
+            return qwen_image_forward(m, x_t, sigma, cond, longest=tokens)
+
+        return Planned(module, latent, forward, "QwenImageTransformer2DModel")
+
+
+class QwenImageFamily(PackedLatentFamily):
+    """Qwen-Image loaded: the Qwen2.5-VL prompt embeddings, true CFG with the pipeline's norm rescale,
+    the VAE."""
+
+    description = QwenImageDescription
+    components = ("vae", "text_encoder", "tokenizer", "transformer")
+
     def __init__(self, parts, pipeline_config, scheduler_config, device, options):
         super().__init__(parts, pipeline_config, scheduler_config, device, options)
         self.vae_scale_factor = 2 ** len(self.vae.temperal_downsample)  # as the pipeline (8 for the release)
@@ -264,27 +295,6 @@ class QwenImageFamily(PackedLatentFamily):
         """One ``QwenImageTransformer2DModel`` call (:func:`qwen_image_forward`): ``x_t (B, C, H, W)``,
         ``sigma (B,)`` -> velocity ``(B, C, H, W)``, through the packed ``(B, H/2 * W/2, 4C)`` tokens."""
         return qwen_image_forward(module, x_t, sigma, cond)
-
-    @classmethod
-    def planned(cls, config, folder: Path) -> Planned | None:
-        """The transformer (:func:`planned_qwen_transformer`) at ``sampling.height x width`` (the
-        latent ``(in_channels / 4, H / v, W / v)``); conditioning as :meth:`_encode_prompts` gives
-        it for prompts of the full ``max_sequence_length``, which the forward keeps whole (its cut
-        to the batch's longest prompt reads the mask's values, which fake tensors do not hold: the
-        length is given instead)."""
-        options = cls.parse_options(config.model.options)
-        built = planned_qwen_transformer(config, folder, options)
-        if built is None:
-            return None
-        module, vae, height, width = built
-        latent = (module.config.in_channels // 4, height // vae, width // vae)
-        tokens = options.max_sequence_length
-
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            cond = Conditioning(qwen_conditioning(m, x_t, tokens))
-            return qwen_image_forward(m, x_t, sigma, cond, longest=tokens)
-
-        return Planned(module, latent, forward, "QwenImageTransformer2DModel")
 
     def guide(self, v_neg: torch.Tensor, v_pos: torch.Tensor, scale: float) -> torch.Tensor:
         """``QwenImagePipeline``'s true CFG on ``(B, C, H, W)`` velocities: the usual combination,

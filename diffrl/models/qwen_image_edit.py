@@ -73,6 +73,7 @@ from diffrl.models.base import DTYPES, Planned, SourceError, TextTokens
 from diffrl.models.diffusers_folder import load_part, read_json
 from diffrl.models.flux import sample_size, sequence_ranks
 from diffrl.models.qwen_image import (
+    QwenImageDescription,
     QwenImageFamily,
     planned_qwen_transformer,
     qwen_conditioning,
@@ -126,7 +127,7 @@ def qwen_edit_forward(
         v = vae_scale_factor
         raise SourceError(
             f"qwen_image_edit: {noise_tokens} output tokens and {reference_tokens} reference tokens "
-            f"({rw * v}x{rh * v} px) do not split over ray.sequence_parallel={ranks} ranks; "
+            f"({rw * v}x{rh * v} px) do not split over parallel.sequence={ranks} ranks; "
             f"their sum must be a multiple of {ranks}: change sampling.height/width or "
             "model.options.vae_image_area"
         )
@@ -134,23 +135,18 @@ def qwen_edit_forward(
     return qwen_image_forward(module, x_t, sigma, cond, reference=reference, longest=longest)
 
 
-class QwenImageEditFamily(QwenImageFamily):
-    """``QwenImageEditPlusPipeline`` (Qwen-Image-Edit-2509 / 2511); a ``QwenImageEditPipeline``
-    folder loads as :class:`QwenImageEditV1Family`."""
+class QwenImageEditDescription(QwenImageDescription):
+    """What :class:`QwenImageEditFamily` declares (static): an editing Qwen-Image, its sources'
+    sizes, the folder's variant (:meth:`variant`), the reference tokens in its sequence and plan."""
 
     name = "qwen_image_edit"
     pipeline_class = "QwenImageEditPlusPipeline"
-    components = ("vae", "text_encoder", "tokenizer", "transformer")
-    """The pipeline's parts but ``processor``, which :meth:`pipeline_components` adds (None: see
-    :meth:`load_parts`)."""
     edits = True
-    picture_label: ClassVar[str] = "Picture 1: "
-    """What comes before the picture's vision tokens in the user's turn."""
     own_condition_size: ClassVar[bool] = True
     """True: the VL encoder's picture is resized to ``condition_image_area``; False: it is the VAE's
     image (the first Qwen-Image-Edit)."""
     sequence_parallel = True
-    """Qwen-Image's plan (see :attr:`QwenImageFamily.sequence_parallel`): the image sequence it
+    """Qwen-Image's plan (see :attr:`QwenImageDescription.sequence_parallel`): the image sequence it
     splits is the noise tokens followed by the reference's (``pos_embed`` gives both their rotary
     embedding, 2511's ``modulate_index`` marks them), so their sum must split; the text is padded
     as Qwen-Image's."""
@@ -209,10 +205,11 @@ class QwenImageEditFamily(QwenImageFamily):
         return lengths
 
     @classmethod
-    def variant(cls, folder: Path) -> type[QwenImageEditFamily]:
-        """The family class for ``folder``'s pipeline (``model_index.json``'s ``_class_name``)."""
+    def variant(cls, folder: Path) -> type[QwenImageEditDescription]:
+        """The description for ``folder``'s pipeline (``model_index.json``'s ``_class_name``):
+        :class:`QwenImageEditV1Description` for a ``QwenImageEditPipeline`` folder, else this one."""
         found = (read_json(folder / "model_index.json") or {}).get("_class_name")
-        return QwenImageEditV1Family if found == QwenImageEditV1Family.pipeline_class else cls
+        return QwenImageEditV1Description if found == QwenImageEditV1Description.pipeline_class else cls
 
     @classmethod
     def folder_problems(cls, folder: Path) -> list[str]:
@@ -228,10 +225,54 @@ class QwenImageEditFamily(QwenImageFamily):
         return problems
 
     @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """Qwen-Image's transformer (:func:`~diffrl.models.qwen_image.planned_qwen_transformer`) at
+        ``sampling.height x width``, with each row's reference at ``vae_image_area`` and the
+        output's aspect ratio (the sources are cropped to it; :meth:`edit_sizes` of the folder's
+        pipeline). Conditioning as :meth:`_encode_edits` gives it for edits of the full
+        ``max_sequence_length`` (the picture's vision tokens among them), which the forward keeps
+        whole (its cut to the batch's longest edit reads the mask's values, which fake tensors do
+        not hold: the length is given instead); the VL picture (``condition_pixels``) is left
+        out, as the transformer never reads it."""
+        options = cls.parse_options(config.model.options)
+        built = planned_qwen_transformer(config, folder, options)
+        if built is None:
+            return None
+        module, vae, height, width = built
+        reference_w, reference_h, _, _ = cls.variant(folder).edit_sizes(width, height, options)
+        channels = module.config.in_channels // 4
+        latent = (channels, height // vae, width // vae)
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            cond = qwen_conditioning(m, x_t, tokens)
+            cond["image_latents"] = x_t.new_zeros(len(x_t), channels, reference_h // vae, reference_w // vae)
+            return qwen_edit_forward(m, x_t, sigma, Conditioning(cond), vae, longest=tokens)
+
+        return Planned(
+            module,
+            latent,
+            forward,
+            f"QwenImageTransformer2DModel (+ a {reference_w}x{reference_h} reference)",
+        )
+
+
+class QwenImageEditFamily(QwenImageFamily):
+    """``QwenImageEditPlusPipeline`` (Qwen-Image-Edit-2509 / 2511); a ``QwenImageEditPipeline``
+    folder loads as :class:`QwenImageEditV1Family`."""
+
+    description = QwenImageEditDescription
+
+    components = ("vae", "text_encoder", "tokenizer", "transformer")
+    """The pipeline's parts but ``processor``, which :meth:`pipeline_components` adds (None: see
+    :meth:`load_parts`)."""
+    picture_label: ClassVar[str] = "Picture 1: "
+    """What comes before the picture's vision tokens in the user's turn."""
+
+    @classmethod
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, options: Any) -> Self:
-        variant = cls.variant(Path(path))
-        if variant is not cls:
-            return variant.load(path, device, dtype, options)
+        if cls.description.variant(Path(path)) is not cls.description:  # a QwenImageEditPipeline folder
+            return QwenImageEditV1Family.load(path, device, dtype, options)
         return super().load(path, device, dtype, options)
 
     @classmethod
@@ -269,7 +310,7 @@ class QwenImageEditFamily(QwenImageFamily):
     # ---- text and source images ----------------------------------------------------------------
     def _encode_prompts(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         raise ValueError(
-            f"the {self.name} family edits images: every prompt needs a source image (a prompt "
+            f"the {self.description.name} family edits images: every prompt needs a source image (a prompt "
             'file whose lines carry "image")'
         )
 
@@ -298,11 +339,12 @@ class QwenImageEditFamily(QwenImageFamily):
         """The source as the pipeline prepares its image: the VL encoder's picture (RGB) and the
         VAE's image ``(1, 3, H, W)`` in [-1, 1]."""
         image = Image.fromarray(source.pixels.permute(1, 2, 0).contiguous().numpy())
-        sizes = self.edit_sizes(image.width, image.height, self.options)
+        sizes = self.description.edit_sizes(image.width, image.height, self.options)
         vae_w, vae_h, cond_w, cond_h = sizes
         if not min(sizes):
             raise SourceError(
-                f"{self.name}: the source image {source.key!r} ({image.width} x {image.height}) is too "
+                f"{self.description.name}: "
+                f"the source image {source.key!r} ({image.width} x {image.height}) is too "
                 f"narrow for the image areas (a side rounds to 0 px at 32-px steps); use a less extreme "
                 "aspect ratio (sampling.height : sampling.width) or larger model.options.*_image_area"
             )
@@ -310,7 +352,7 @@ class QwenImageEditFamily(QwenImageFamily):
             self._sizes = sizes
         elif sizes != self._sizes:
             raise SourceError(
-                f"{self.name}: source {source.key} ({image.width} x {image.height}) resizes to a "
+                f"{self.description.name}: source {source.key} ({image.width} x {image.height}) resizes to a "
                 f"{vae_w}x{vae_h} reference and a {cond_w}x{cond_h} picture, earlier ones to "
                 f"{self._sizes[0]}x{self._sizes[1]} and {self._sizes[2]}x{self._sizes[3]}; the rows of "
                 "a run are batched, so their sources need one size: give images of one aspect ratio "
@@ -340,7 +382,8 @@ class QwenImageEditFamily(QwenImageFamily):
         n = self.options.max_sequence_length
         if len(hidden) > n:
             raise SourceError(
-                f"{self.name}: the edit {prompt!r} with its source image encodes to {len(hidden)} tokens "
+                f"{self.description.name}: "
+                f"the edit {prompt!r} with its source image encodes to {len(hidden)} tokens "
                 f"after the template's system turn ({n_image} of them the picture's), more than "
                 f"model.options.max_sequence_length={n} (the pipeline cuts none); set it to at least "
                 f"{len(hidden)}"
@@ -366,11 +409,12 @@ class QwenImageEditFamily(QwenImageFamily):
         """The negative prompt encoded with each row's picture (``condition_pixels``), as the
         pipeline encodes it, and the row's reference latents; cached by prompt and picture.
         None when ``guidance_scale`` is at most 1 (no CFG)."""
-        if guidance_scale <= self.no_guidance_scale:
+        if guidance_scale <= self.description.no_guidance_scale:
             return None
         if cond is None:
             raise ValueError(
-                f"the {self.name} family encodes the negative prompt with each row's source image "
+                f"the {self.description.name} family "
+                "encodes the negative prompt with each row's source image "
                 "(the VL encoder sees it): pass the rows' conditioning to negative()"
             )
         pixels = cond.tensors["condition_pixels"]
@@ -400,37 +444,13 @@ class QwenImageEditFamily(QwenImageFamily):
         ``sigma (B,)`` -> velocity ``(B, C, H, W)``, the reference's tokens after the noise's."""
         return qwen_edit_forward(module, x_t, sigma, cond, self.vae_scale_factor)
 
-    @classmethod
-    def planned(cls, config, folder: Path) -> Planned | None:
-        """Qwen-Image's transformer (:func:`~diffrl.models.qwen_image.planned_qwen_transformer`) at
-        ``sampling.height x width``, with each row's reference at ``vae_image_area`` and the
-        output's aspect ratio (the sources are cropped to it; :meth:`edit_sizes` of the folder's
-        pipeline). Conditioning as :meth:`_encode_edits` gives it for edits of the full
-        ``max_sequence_length`` (the picture's vision tokens among them), which the forward keeps
-        whole (its cut to the batch's longest edit reads the mask's values, which fake tensors do
-        not hold: the length is given instead); the VL picture (``condition_pixels``) is left
-        out, as the transformer never reads it."""
-        options = cls.parse_options(config.model.options)
-        built = planned_qwen_transformer(config, folder, options)
-        if built is None:
-            return None
-        module, vae, height, width = built
-        reference_w, reference_h, _, _ = cls.variant(folder).edit_sizes(width, height, options)
-        channels = module.config.in_channels // 4
-        latent = (channels, height // vae, width // vae)
-        tokens = options.max_sequence_length
 
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            cond = qwen_conditioning(m, x_t, tokens)
-            cond["image_latents"] = x_t.new_zeros(len(x_t), channels, reference_h // vae, reference_w // vae)
-            return qwen_edit_forward(m, x_t, sigma, Conditioning(cond), vae, longest=tokens)
+class QwenImageEditV1Description(QwenImageEditDescription):
+    """What :class:`QwenImageEditV1Family` declares: the first Qwen-Image-Edit's pipeline, whose
+    VL encoder sees the VAE's image."""
 
-        return Planned(
-            module,
-            latent,
-            forward,
-            f"QwenImageTransformer2DModel (+ a {reference_w}x{reference_h} reference)",
-        )
+    pipeline_class = "QwenImageEditPipeline"
+    own_condition_size = False
 
 
 class QwenImageEditV1Family(QwenImageEditFamily):
@@ -438,9 +458,9 @@ class QwenImageEditV1Family(QwenImageEditFamily):
     (a 1024 x 1024 area: ``model.options.vae_image_area``; ``condition_image_area`` is unused) and
     the user's turn is the vision tokens and the prompt, without ``"Picture 1: "``."""
 
-    pipeline_class = "QwenImageEditPipeline"
+    description = QwenImageEditV1Description
+
     picture_label = ""
-    own_condition_size = False
 
 
 def write_processor(path: Path, image_processor: Any, tokenizer: Any) -> None:

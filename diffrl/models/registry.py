@@ -40,7 +40,7 @@ def resolve_device(name: str) -> torch.device:
 def load_family(config: Config) -> ModelFamily:
     cls = FAMILIES.resolve(config.model.family)
     quiet_libraries()  # the family's libraries are imported now: no loading bars of theirs in the log
-    options = cls.parse_options(config.model.options)
+    options = cls.description.parse_options(config.model.options)
     device = resolve_device(config.run.device)
     with torch_state.guarding(lambda: plugin_named(cls)):
         family = cls.load(config.model.path, device, DTYPES[config.model.dtype], options)

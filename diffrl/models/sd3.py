@@ -13,6 +13,7 @@ A user's checkpoint: ``model: {family: sd3, path: /models/stable-diffusion-3.5-m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,8 +25,14 @@ from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderMo
 
 from diffrl.config import Range
 from diffrl.core.rollout import Conditioning
-from diffrl.models.base import DTYPES, Planned, SizeRule, meta_model
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
+from diffrl.models.base import DTYPES, Planned, SizeRule
+from diffrl.models.diffusers_folder import (
+    DiffusersFolderDescription,
+    DiffusersFolderFamily,
+    load_part,
+    meta_transformer,
+    read_json,
+)
 
 CLIP_MAX_TOKENS = 77
 
@@ -57,6 +64,21 @@ def sd3_forward(
     )[0]
 
 
+def sd3_planned_forward(tokens: int) -> Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """:attr:`~diffrl.models.base.Planned.forward` of an ``SD3Transformer2DModel``: :func:`sd3_forward`
+    on zero conditioning of ``tokens`` text tokens and the pooled embedding (a full prompt's shapes)."""
+
+    def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        b, c = len(x_t), m.config
+        cond = {
+            "encoder_hidden_states": x_t.new_zeros(b, tokens, c.joint_attention_dim),
+            "pooled_projections": x_t.new_zeros(b, c.pooled_projection_dim),
+        }
+        return sd3_forward(m, x_t, sigma, Conditioning(cond))
+
+    return forward
+
+
 @torch.no_grad()
 def vae_encode(vae: nn.Module, images: torch.Tensor) -> torch.Tensor:
     """``images (B, 3, H, W)`` in [0, 1] -> latents ``(z - shift_factor) * scaling_factor`` (float32),
@@ -75,20 +97,12 @@ def vae_decode(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
     return ((vae.decode(z, return_dict=False)[0].float() + 1.0) / 2.0).clamp(0.0, 1.0)
 
 
-class SD3Family(DiffusersFolderFamily):
+class SD3Description(DiffusersFolderDescription):
+    """What :class:`SD3Family` declares (static): SD3 / SD3.5's options, size rule and plan."""
+
     name = "sd3"
     pipeline_class = "StableDiffusion3Pipeline"
     transformer_class = "SD3Transformer2DModel"
-    components = (
-        "transformer",
-        "vae",
-        "text_encoder",
-        "tokenizer",
-        "text_encoder_2",
-        "tokenizer_2",
-        "text_encoder_3",
-        "tokenizer_3",
-    )
     default_guidance = 4.5
     """flow_grpo's SD3.5 setting (diffusers' pipeline defaults to 7.0)."""
     default_lora_targets = SD3_LORA_TARGETS
@@ -121,6 +135,37 @@ class SD3Family(DiffusersFolderFamily):
             extent * patch * vae if extent else None,
             f"the position embedding spans {extent} patches of {patch * vae} pixels",
         )
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer from ``folder/transformer/config.json``; conditioning as
+        :meth:`_encode_prompts` gives it: 77 CLIP tokens then ``max_sequence_length`` T5 tokens."""
+        built = meta_transformer(cls, SD3Transformer2DModel, config, folder)
+        if built is None:
+            return None
+        module, options = built
+        vae = read_json(folder / "vae" / "config.json") or {}
+        factor = 2 ** (len(vae.get("block_out_channels", [128, 256, 512, 512])) - 1)
+        height, width = config.sampling.height or 1024, config.sampling.width or 1024
+        latent = (module.config.in_channels, height // factor, width // factor)
+        forward = sd3_planned_forward(77 + options.max_sequence_length)
+        return Planned(module, latent, forward, "SD3Transformer2DModel")
+
+
+class SD3Family(DiffusersFolderFamily):
+    """SD3 / SD3.5 loaded: CLIP-L, CLIP-G and T5 prompts, the forward, the VAE."""
+
+    description = SD3Description
+    components = (
+        "transformer",
+        "vae",
+        "text_encoder",
+        "tokenizer",
+        "text_encoder_2",
+        "tokenizer_2",
+        "text_encoder_3",
+        "tokenizer_3",
+    )
 
     def __init__(self, parts, pipeline_config, scheduler_config, device, options):
         super().__init__(parts, pipeline_config, scheduler_config, device, options)
@@ -196,33 +241,6 @@ class SD3Family(DiffusersFolderFamily):
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
         return sd3_forward(module, x_t, sigma, cond)
-
-    @classmethod
-    def planned(cls, config, folder: Path) -> Planned | None:
-        """The transformer from ``folder/transformer/config.json``; conditioning as
-        :meth:`_encode_prompts` gives it: 77 CLIP tokens then ``max_sequence_length`` T5 tokens."""
-        settings = read_json(folder / "transformer" / "config.json")
-        if settings is None:
-            return None
-        module = meta_model(SD3Transformer2DModel, settings, DTYPES[config.model.dtype])
-        options = cls.parse_options(config.model.options)
-        if options.gradient_checkpointing:
-            module.enable_gradient_checkpointing()
-        vae = read_json(folder / "vae" / "config.json") or {}
-        factor = 2 ** (len(vae.get("block_out_channels", [128, 256, 512, 512])) - 1)
-        height, width = config.sampling.height or 1024, config.sampling.width or 1024
-        latent = (module.config.in_channels, height // factor, width // factor)
-        tokens = 77 + options.max_sequence_length
-
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            b, c = len(x_t), m.config
-            cond = {
-                "encoder_hidden_states": x_t.new_zeros(b, tokens, c.joint_attention_dim),
-                "pooled_projections": x_t.new_zeros(b, c.pooled_projection_dim),
-            }
-            return sd3_forward(m, x_t, sigma, Conditioning(cond))
-
-        return Planned(module, latent, forward, "SD3Transformer2DModel")
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from transformers import CLIPTextConfig, CLIPTextModelWithProjection, PreTrained
 from diffrl.core.rollout import Conditioning
 from diffrl.models.base import (
     DTYPES,
+    FamilyDescription,
     ModelFamily,
     Planned,
     SizeRule,
@@ -35,7 +36,7 @@ from diffrl.models.base import (
     write_family_file,
 )
 from diffrl.models.diffusers_folder import load_part, read_json
-from diffrl.models.sd3 import SD3_LORA_TARGETS, sd3_forward
+from diffrl.models.sd3 import SD3_LORA_TARGETS, sd3_forward, sd3_planned_forward
 
 BASE_DIR = Path(__file__).resolve().parent / "assets" / "tiny_base"
 MAX_PROMPT_TOKENS = 40
@@ -92,7 +93,10 @@ def text_encoder_config(vocab_size: int) -> CLIPTextConfig:
     )
 
 
-class TinyFamily(ModelFamily):
+class TinyDescription(FamilyDescription):
+    """What :class:`TinyFamily` declares (static): the tiny world's options, checks, module names, size
+    rule and plan, from its built-in config or the folder's."""
+
     name = "tiny"
     default_guidance = 4.5
     """The shipped base is trained with 10% prompt dropout for CFG; 4.5 (flow_grpo's SD3 value)
@@ -107,12 +111,17 @@ class TinyFamily(ModelFamily):
         the base): a random frozen encoder leaves the transformer too weak a handle on the characters."""
 
     @classmethod
+    def one_process_problems(cls, config) -> list[str]:
+        """The text encoder trains in the trainer's process; the weight sync sends the transformer's."""
+        if config.model.options.get("train_text_encoder"):
+            return ["model.options.train_text_encoder runs in one process only (runner: local)"]
+        return []
+
+    @classmethod
     def validate_config(cls, config, check_files: bool = True) -> list[str]:
         errors = super().validate_config(config, check_files)
         if config.model.options.get("train_text_encoder") and config.model.lora is not None:
             errors.append("model.options.train_text_encoder needs a full fine-tune (model.lora: null)")
-        if config.model.options.get("train_text_encoder") and config.runner != "local":
-            errors.append("model.options.train_text_encoder runs in one process only (runner: local)")
         path = config.model.path
         if check_files and path not in ("base", "random") and Path(path).is_dir():
             if not (Path(path) / "transformer").is_dir():
@@ -157,6 +166,23 @@ class TinyFamily(ModelFamily):
             f"its position embedding spans {extent} patches of {patch} pixels",
         )
 
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The tiny transformer (``folder/transformer/config.json``, else the built-in config) on
+        pixels; conditioning: :data:`MAX_PROMPT_TOKENS` CLIP tokens and the pooled embedding."""
+        settings = read_json(folder / "transformer" / "config.json") or TRANSFORMER_CONFIG
+        module = meta_model(SD3Transformer2DModel, settings, DTYPES[config.model.dtype])
+        latent = (module.config.in_channels, config.sampling.height or 32, config.sampling.width or 32)
+        forward = sd3_planned_forward(MAX_PROMPT_TOKENS)
+        return Planned(module, latent, forward, "SD3Transformer2DModel (tiny)")
+
+
+class TinyFamily(ModelFamily):
+    """The tiny world loaded: an SD3 transformer on pixels with a character-level CLIP text encoder
+    (trainable with it, ``model.options.train_text_encoder``)."""
+
+    description = TinyDescription
+
     def __init__(self, transformer, text_encoder, tokenizer, device, options):
         super().__init__(transformer, device, options)
         self.text_encoder = text_encoder
@@ -192,7 +218,7 @@ class TinyFamily(ModelFamily):
                     f"{str(folder)!r} is not a tiny model folder (no transformer/ inside); "
                     'rebuild the base as docs/quickstart.md says ("Rebuild the shipped base") or use model.path=random'
                 )
-            check_family_dir(folder, cls.name)
+            check_family_dir(folder, cls.description.name)
             transformer = load_part(folder, "transformer", SD3Transformer2DModel, torch.float32)
             text_encoder = load_part(folder, "text_encoder", CLIPTextModelWithProjection, torch.float32)
             tokenizer = load_part(folder, "tokenizer", PreTrainedTokenizerFast)
@@ -212,7 +238,7 @@ class TinyFamily(ModelFamily):
         transformer.save_pretrained(path / "transformer")
         self.text_encoder.save_pretrained(path / "text_encoder")
         self.tokenizer.save_pretrained(path / "tokenizer")
-        write_family_file(path, self.name)
+        write_family_file(path, self.description.name)
 
     def load_snippet(self, path: str | Path) -> str:
         """The tiny world has no diffusers pipeline: its transformer is diffusers' SD3 class."""
@@ -239,24 +265,6 @@ class TinyFamily(ModelFamily):
         self, module: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, cond: Conditioning
     ) -> torch.Tensor:
         return sd3_forward(module, x_t, sigma, cond)
-
-    @classmethod
-    def planned(cls, config, folder: Path) -> Planned | None:
-        """The tiny transformer (``folder/transformer/config.json``, else the built-in config) on
-        pixels; conditioning: :data:`MAX_PROMPT_TOKENS` CLIP tokens and the pooled embedding."""
-        settings = read_json(folder / "transformer" / "config.json") or TRANSFORMER_CONFIG
-        module = meta_model(SD3Transformer2DModel, settings, DTYPES[config.model.dtype])
-        latent = (module.config.in_channels, config.sampling.height or 32, config.sampling.width or 32)
-
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            b, c = len(x_t), m.config
-            cond = {
-                "encoder_hidden_states": x_t.new_zeros(b, MAX_PROMPT_TOKENS, c.joint_attention_dim),
-                "pooled_projections": x_t.new_zeros(b, c.pooled_projection_dim),
-            }
-            return sd3_forward(m, x_t, sigma, Conditioning(cond))
-
-        return Planned(module, latent, forward, "SD3Transformer2DModel (tiny)")
 
     def encode_images(self, images: torch.Tensor) -> torch.Tensor:
         return images * 2.0 - 1.0

@@ -49,11 +49,14 @@ from diffrl.config import Range
 from diffrl.core.rollout import Conditioning
 from diffrl.models.base import DTYPES, Frames, Planned, SizeRule, meta_model
 from diffrl.models.diffusers_folder import (
+    DiffusersFolderDescription,
     DiffusersFolderFamily,
     encode_normalised_videos,
     latent_stats,
     load_part,
     read_json,
+    read_pipeline_config,
+    read_scheduler_config,
 )
 
 # The attention projections of every block, self-attention (attn1) and cross-attention to the text
@@ -121,7 +124,8 @@ class WanExperts(nn.Module, PeftAdapterMixin):
             expert.enable_gradient_checkpointing()
 
     def owner(self, timestep: torch.Tensor) -> torch.Tensor:
-        """``timestep (B,)`` or ``(B, L)`` -> ``(B,)`` long: 0 for ``transformer``, 1 for ``transformer_2``."""
+        """``timestep (B,)`` or ``(B, L)`` -> ``(B,)`` long: 0 for ``transformer``, 1 for
+        ``transformer_2``."""
         t = timestep if timestep.ndim == 1 else timestep.amax(dim=1)
         if self.transformer_2 is None:
             return torch.zeros(t.shape[0], dtype=torch.long, device=t.device)
@@ -184,7 +188,10 @@ class WanExperts(nn.Module, PeftAdapterMixin):
         return (out,)
 
 
-class WanFamily(DiffusersFolderFamily):
+class WanDescription(DiffusersFolderDescription):
+    """What :class:`WanFamily` declares (static): the Wan folders' checks (2.1, 2.2's two experts), the
+    frame, size and sequence rules, the FSDP2 units and the plan."""
+
     name = "wan"
     pipeline_class = PIPELINE_CLASS
     transformer_class = "WanTransformer3DModel"
@@ -210,24 +217,12 @@ class WanFamily(DiffusersFolderFamily):
         vae_dtype: str = "float32"
         """dtype of the frozen VAE (diffusers' Wan examples keep it in float32)."""
 
-    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
-        super().__init__(parts, pipeline_config, scheduler_config, device, options)
-        self.boundary_ratio = self.pipeline_config.get("boundary_ratio")
-        self.expand_timesteps = bool(self.pipeline_config.get("expand_timesteps") or False)
-        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
-        # UniPC (what Wan folders ship) calls the shift flow_shift; FlowMatchEuler calls it shift
-        shift = self.scheduler_config.get("flow_shift") or self.scheduler_config.get("shift") or 3.0
-        self.default_shift = float(shift)
-        self.spatial_factor = int(self.vae.config.scale_factor_spatial)
-        self.temporal_factor = int(self.vae.config.scale_factor_temporal)
-
-    # ---- construction --------------------------------------------------------------------------
     @classmethod
     def folder_problems(cls, folder: Path) -> list[str]:
         problems = super().folder_problems(folder)
         if problems:
             return problems
-        boundary = cls.read_pipeline_config(folder).get("boundary_ratio")
+        boundary = read_pipeline_config(folder).get("boundary_ratio")
         subs = ("text_encoder", "tokenizer", "vae") + (("transformer_2",) if boundary is not None else ())
         return [
             f"{str(folder)!r} has no {sub}/ folder"
@@ -321,14 +316,78 @@ class WanFamily(DiffusersFolderFamily):
         return module.experts if isinstance(module, WanExperts) else [module]
 
     @classmethod
+    def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
+        """Every block of both experts (the experts' embeddings and heads form the root unit)."""
+        if isinstance(module, WanExperts):
+            return [block for expert in module.experts for block in expert.blocks]
+        return super().fsdp_blocks(module)
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """Both experts when ``model_index.json`` sets ``boundary_ratio`` (each a
+        ``WanTransformer3DModel`` from its folder's ``config.json``), as :meth:`load_parts` holds
+        them; conditioning: ``max_sequence_length`` UMT5 tokens, as :meth:`_encode_prompts` pads."""
+        settings = read_json(folder / "transformer" / "config.json")
+        if settings is None:
+            return None
+        boundary = (read_json(folder / "model_index.json") or {}).get("boundary_ratio")
+        steps = int(
+            (read_json(folder / "scheduler" / "scheduler_config.json") or {}).get("num_train_timesteps", 1000)
+        )
+        dtype = DTYPES[config.model.dtype]
+        high = meta_model(WanTransformer3DModel, settings, dtype)
+        low = None
+        if boundary is not None:
+            low_settings = read_json(folder / "transformer_2" / "config.json") or settings
+            low = meta_model(WanTransformer3DModel, low_settings, dtype)
+        module = WanExperts(high, low, boundary * steps if boundary is not None else None)
+        options = cls.parse_options(config.model.options)
+        if options.gradient_checkpointing:
+            module.enable_gradient_checkpointing()
+        vae = read_json(folder / "vae" / "config.json") or {}
+        spatial, temporal = int(vae.get("scale_factor_spatial", 8)), int(vae.get("scale_factor_temporal", 4))
+        height, width = config.sampling.height or 480, config.sampling.width or 832
+        frames = (options.num_frames - 1) // temporal + 1
+        latent = (high.config.in_channels, frames, height // spatial, width // spatial)
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            text = x_t.new_zeros(len(x_t), tokens, high.config.text_dim, dtype=dtype)
+            timestep = sigma.float() * steps  # the high-noise expert's (both are the same size)
+            return m(hidden_states=x_t.to(dtype), timestep=timestep, encoder_hidden_states=text, expert=0)[0]
+
+        experts = f" x {len(module.experts)} experts" if low is not None else ""
+        return Planned(module, latent, forward, f"WanTransformer3DModel{experts}")
+
+
+class WanFamily(DiffusersFolderFamily):
+    """Wan 2.1 / 2.2 loaded: UMT5 prompts, the forward through one expert or two (:class:`WanExperts`),
+    the video VAE."""
+
+    description = WanDescription
+
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        self.boundary_ratio = self.pipeline_config.get("boundary_ratio")
+        self.expand_timesteps = bool(self.pipeline_config.get("expand_timesteps") or False)
+        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        # UniPC (what Wan folders ship) calls the shift flow_shift; FlowMatchEuler calls it shift
+        shift = self.scheduler_config.get("flow_shift") or self.scheduler_config.get("shift") or 3.0
+        self.default_shift = float(shift)
+        self.spatial_factor = int(self.vae.config.scale_factor_spatial)
+        self.temporal_factor = int(self.vae.config.scale_factor_temporal)
+
+    # ---- construction --------------------------------------------------------------------------
+
+    @classmethod
     def load_parts(cls, folder: Path, dtype: torch.dtype, options) -> dict[str, Any]:
         """As the pipeline's, but ``transformer`` is a :class:`WanExperts` holding the folder's
         ``transformer`` and, when ``model_index.json`` sets ``boundary_ratio``, ``transformer_2``."""
-        boundary = cls.read_pipeline_config(folder).get("boundary_ratio")
+        boundary = read_pipeline_config(folder).get("boundary_ratio")
         if boundary is None:  # Wan 2.1, Wan 2.2 TI2V-5B; the pipeline ignores a transformer_2 then
             experts = WanExperts(load_part(folder, "transformer", WanTransformer3DModel, dtype))
         else:
-            steps = int(cls.read_scheduler_config(folder).get("num_train_timesteps", 1000))
+            steps = int(read_scheduler_config(folder).get("num_train_timesteps", 1000))
             experts = WanExperts(
                 load_part(folder, "transformer", WanTransformer3DModel, dtype),
                 load_part(folder, "transformer_2", WanTransformer3DModel, dtype),
@@ -374,13 +433,6 @@ class WanFamily(DiffusersFolderFamily):
             low = out / "transformer_2"
             how.append(f"pipe.load_lora_weights({str(low)!r}, load_into_transformer_2=True)")
         return "; ".join(how)
-
-    @classmethod
-    def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
-        """Every block of both experts (the experts' embeddings and heads form the root unit)."""
-        if isinstance(module, WanExperts):
-            return [block for expert in module.experts for block in expert.blocks]
-        return super().fsdp_blocks(module)
 
     # ---- geometry ------------------------------------------------------------------------------
     @property
@@ -441,43 +493,6 @@ class WanFamily(DiffusersFolderFamily):
             encoder_hidden_states=cond.tensors["encoder_hidden_states"].to(x_t.device, dtype),
             return_dict=False,
         )[0]
-
-    @classmethod
-    def planned(cls, config, folder: Path) -> Planned | None:
-        """Both experts when ``model_index.json`` sets ``boundary_ratio`` (each a
-        ``WanTransformer3DModel`` from its folder's ``config.json``), as :meth:`load_parts` holds
-        them; conditioning: ``max_sequence_length`` UMT5 tokens, as :meth:`_encode_prompts` pads."""
-        settings = read_json(folder / "transformer" / "config.json")
-        if settings is None:
-            return None
-        boundary = (read_json(folder / "model_index.json") or {}).get("boundary_ratio")
-        steps = int(
-            (read_json(folder / "scheduler" / "scheduler_config.json") or {}).get("num_train_timesteps", 1000)
-        )
-        dtype = DTYPES[config.model.dtype]
-        high = meta_model(WanTransformer3DModel, settings, dtype)
-        low = None
-        if boundary is not None:
-            low_settings = read_json(folder / "transformer_2" / "config.json") or settings
-            low = meta_model(WanTransformer3DModel, low_settings, dtype)
-        module = WanExperts(high, low, boundary * steps if boundary is not None else None)
-        options = cls.parse_options(config.model.options)
-        if options.gradient_checkpointing:
-            module.enable_gradient_checkpointing()
-        vae = read_json(folder / "vae" / "config.json") or {}
-        spatial, temporal = int(vae.get("scale_factor_spatial", 8)), int(vae.get("scale_factor_temporal", 4))
-        height, width = config.sampling.height or 480, config.sampling.width or 832
-        frames = (options.num_frames - 1) // temporal + 1
-        latent = (high.config.in_channels, frames, height // spatial, width // spatial)
-        tokens = options.max_sequence_length
-
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            text = x_t.new_zeros(len(x_t), tokens, high.config.text_dim, dtype=dtype)
-            timestep = sigma.float() * steps  # the high-noise expert's (both are the same size)
-            return m(hidden_states=x_t.to(dtype), timestep=timestep, encoder_hidden_states=text, expert=0)[0]
-
-        experts = f" x {len(module.experts)} experts" if low is not None else ""
-        return Planned(module, latent, forward, f"WanTransformer3DModel{experts}")
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     @torch.no_grad()

@@ -28,7 +28,7 @@ with ``mu`` from the number of image tokens (used only when the scheduler has
 ``use_dynamic_shifting``; Z-Image-Turbo's config is a static ``shift`` of 3).
 
 Guidance, as ``ZImagePipeline``: ``pos + s * (pos - neg)`` with ``sampling.negative_prompt`` (the
-pipeline's default negative is ""), on whenever ``s > 0`` (:attr:`ZImageFamily.no_guidance_scale` is
+pipeline's default negative is ""), on whenever ``s > 0`` (:attr:`ZImageDescription.no_guidance_scale` is
 0: Z-Image-Turbo samples with ``sampling.guidance_scale: 0``), the conditional and negative rows in
 one forward in the pipeline's order. ``model.options.cfg_normalization`` caps the guided velocity's
 norm (per sample) at that multiple of the conditional one's; ``model.options.cfg_truncation`` turns
@@ -51,8 +51,14 @@ from transformers import AutoTokenizer, Qwen3Model
 
 from diffrl.config import Range
 from diffrl.core.rollout import Conditioning
-from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens, meta_model
-from diffrl.models.diffusers_folder import DiffusersFolderFamily, load_part, read_json
+from diffrl.models.base import DTYPES, Planned, SizeRule, TextTokens
+from diffrl.models.diffusers_folder import (
+    DiffusersFolderDescription,
+    DiffusersFolderFamily,
+    load_part,
+    meta_transformer,
+    read_json,
+)
 from diffrl.models.flux import folder_setting, resolution_shifted_sigmas, sample_size
 from diffrl.models.sd3 import vae_decode, vae_encode
 
@@ -103,11 +109,13 @@ def z_image_forward(
     return -torch.stack(out).squeeze(2)  # x0 - noise -> noise - x0
 
 
-class ZImageFamily(DiffusersFolderFamily):
+class ZImageDescription(DiffusersFolderDescription):
+    """What :class:`ZImageFamily` declares (static): Z-Image's options, guidance off at 0, size rule,
+    FSDP2 units and plan."""
+
     name = "z_image"
     pipeline_class = "ZImagePipeline"
     transformer_class = "ZImageTransformer2DModel"
-    components = ("vae", "text_encoder", "tokenizer", "transformer")
     default_guidance = 5.0
     """``ZImagePipeline``'s ``guidance_scale`` (Z-Image); Z-Image-Turbo samples with 0 (no CFG)."""
     no_guidance_scale = 0.0
@@ -161,13 +169,49 @@ class ZImageFamily(DiffusersFolderFamily):
             max_why=f"the transformer's RoPE table has {min(axes[1], axes[2])} patch positions a side",
         )
 
-    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
-        super().__init__(parts, pipeline_config, scheduler_config, device, options)
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)  # as the pipeline
-
     @classmethod
     def fsdp_blocks(cls, module: nn.Module) -> list[nn.Module]:
         return [*module.noise_refiner, *module.context_refiner, *module.layers]
+
+    @classmethod
+    def planned(cls, config, folder: Path) -> Planned | None:
+        """The transformer from ``folder/transformer/config.json`` at ``sampling.height x width``
+        (the latent ``(in_channels, H / v, W / v)`` for the VAE's ``v``x compression); conditioning
+        as :meth:`_encode_prompts` gives it for prompts of the full ``max_sequence_length``, each
+        row's caption that long (the forward's slicing to each caption reads the mask's values,
+        which fake tensors do not hold: the lengths are given instead)."""
+        built = meta_transformer(cls, ZImageTransformer2DModel, config, folder)
+        if built is None:
+            return None
+        module, options = built
+        vae = 2 ** (len(folder_setting(folder, "vae", "AutoencoderKL", "block_out_channels")) - 1)
+        scheduler = read_json(folder / "scheduler" / "scheduler_config.json") or {}
+        steps = int(scheduler.get("num_train_timesteps", 1000))
+        height, width = sample_size(config, SizeRule(vae * 2, "the VAE's compression, then 2 x 2 patches"))
+        latent = (module.config.in_channels, height // vae, width // vae)
+        tokens = options.max_sequence_length
+
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            b = len(x_t)
+            cond = {
+                "prompt_embeds": x_t.new_zeros(b, tokens, m.config.cap_feat_dim),
+                "prompt_mask": torch.ones(b, tokens, dtype=torch.long, device=x_t.device),
+            }
+            return z_image_forward(m, x_t, z_image_time(sigma, steps), Conditioning(cond), [tokens] * b)
+
+        return Planned(module, latent, forward, "ZImageTransformer2DModel")
+
+
+class ZImageFamily(DiffusersFolderFamily):
+    """Z-Image loaded: Qwen3 prompt embeddings, the pipeline's ``pos + s (pos - neg)`` guidance with
+    CFG truncation, the VAE."""
+
+    description = ZImageDescription
+    components = ("vae", "text_encoder", "tokenizer", "transformer")
+
+    def __init__(self, parts, pipeline_config, scheduler_config, device, options):
+        super().__init__(parts, pipeline_config, scheduler_config, device, options)
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)  # as the pipeline
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -189,7 +233,7 @@ class ZImageFamily(DiffusersFolderFamily):
         step = self.vae_scale_factor * 2  # the VAE's compression, then 2 x 2 patches
         if height % step or width % step:
             raise ValueError(
-                f"{self.name}: height and width must be multiples of {step}, got {height}x{width}"
+                f"{self.description.name}: height and width must be multiples of {step}, got {height}x{width}"
             )
         channels = self.transformer.config.in_channels
         return (channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
@@ -243,37 +287,6 @@ class ZImageFamily(DiffusersFolderFamily):
         ``sigma (B,)`` -> velocity ``(B, C, H, W)``."""
         return z_image_forward(module, x_t, self.model_time(sigma), cond)
 
-    @classmethod
-    def planned(cls, config, folder: Path) -> Planned | None:
-        """The transformer from ``folder/transformer/config.json`` at ``sampling.height x width``
-        (the latent ``(in_channels, H / v, W / v)`` for the VAE's ``v``x compression); conditioning
-        as :meth:`_encode_prompts` gives it for prompts of the full ``max_sequence_length``, each
-        row's caption that long (the forward's slicing to each caption reads the mask's values,
-        which fake tensors do not hold: the lengths are given instead)."""
-        settings = read_json(folder / "transformer" / "config.json")
-        if settings is None:
-            return None
-        module = meta_model(ZImageTransformer2DModel, settings, DTYPES[config.model.dtype])
-        options = cls.parse_options(config.model.options)
-        if options.gradient_checkpointing:
-            module.enable_gradient_checkpointing()
-        vae = 2 ** (len(folder_setting(folder, "vae", "AutoencoderKL", "block_out_channels")) - 1)
-        scheduler = read_json(folder / "scheduler" / "scheduler_config.json") or {}
-        steps = int(scheduler.get("num_train_timesteps", 1000))
-        height, width = sample_size(config, SizeRule(vae * 2, "the VAE's compression, then 2 x 2 patches"))
-        latent = (module.config.in_channels, height // vae, width // vae)
-        tokens = options.max_sequence_length
-
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-            b = len(x_t)
-            cond = {
-                "prompt_embeds": x_t.new_zeros(b, tokens, m.config.cap_feat_dim),
-                "prompt_mask": torch.ones(b, tokens, dtype=torch.long, device=x_t.device),
-            }
-            return z_image_forward(m, x_t, z_image_time(sigma, steps), Conditioning(cond), [tokens] * b)
-
-        return Planned(module, latent, forward, "ZImageTransformer2DModel")
-
     def velocity(
         self,
         x_t: torch.Tensor,
@@ -288,7 +301,7 @@ class ZImageFamily(DiffusersFolderFamily):
         them while sampling: rows share the step), the rest conditional only. ``(B, *latent)``
         float32."""
         module = module or self.transformer
-        if guidance_scale <= self.no_guidance_scale or negative is None:
+        if guidance_scale <= self.description.no_guidance_scale or negative is None:
             return self._forward(module, x_t, sigma, cond)
         guided = self.guided_rows(sigma)
         if all(guided):

@@ -2,7 +2,7 @@
 before renting anything, for real model sizes and no weights.
 
 Nothing here is a hand formula. The family builds its trainable transformer on the meta device from
-the model's JSON files (:meth:`~diffrl.models.base.ModelFamily.planned`); the planner adds the
+the model's JSON files (:meth:`~diffrl.models.base.FamilyDescription.planned`); the planner adds the
 recipe's peft LoRA (and the old policy's adapter when the algorithm keeps one), gradient
 checkpointing, Ulysses sequence parallel and FSDP2 over the trainer ranks as the actor does, then runs
 one micro-batch's forward, backward and AdamW step on fake tensors (``FakeTensorMode``: shapes and
@@ -39,7 +39,7 @@ from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config, ParallelConfig
 from diffrl.core.errors import DiffrlError
 from diffrl.core.parallel import sequence_mesh
-from diffrl.models.base import SHIPPED_CONFIGS, ModelFamily, Planned
+from diffrl.models.base import SHIPPED_CONFIGS, FamilyDescription, Planned
 from diffrl.models.numerics import GPU_PEAK_TFLOPS
 from diffrl.models.registry import FAMILIES
 from diffrl.models.sequence_parallel import enable_sequence_parallel
@@ -192,7 +192,7 @@ class _OpFlops(TorchDispatchMode):
         return out
 
 
-def _lora(module: nn.Module, family: type[ModelFamily], config: Config, keep_old: bool) -> None:
+def _lora(module: nn.Module, family: type[FamilyDescription], config: Config, keep_old: bool) -> None:
     """peft LoRA as :func:`~diffrl.train.actor.apply_lora` adds it (float32 adapters), and the old
     policy's second adapter when the algorithm keeps one."""
     cfg = config.model.lora
@@ -216,7 +216,7 @@ def _category(snapshot: dict, *names: str) -> int:
 def measure(
     config: Config,
     planned: Planned,
-    family: type[ModelFamily],
+    family: type[FamilyDescription],
     algorithm: DiffusionAlgorithm,
     layout: ParallelConfig,
 ) -> Plan:
@@ -284,7 +284,7 @@ def _inputs(planned: Planned, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _memory(
-    planned: Planned, family: type[ModelFamily], ranks: int, sequence: int, rows: int, copies: int
+    planned: Planned, family: type[FamilyDescription], ranks: int, sequence: int, rows: int, copies: int
 ) -> tuple[RankMemory, dict[str, float]]:
     """Peak of one micro-batch's forward, backward and AdamW step on rank 0 of ``ranks`` fake ranks,
     and this rank's FLOPs of its forward (``forward``) and of forward and backward (``train``: with
@@ -339,11 +339,11 @@ def plan(config: Config, algorithm: DiffusionAlgorithm, layout: ParallelConfig |
     """The plan of ``config`` (a validated config; the model's weights need not exist) for the
     ranks and engines of ``layout``, those its runner places (:func:`diffrl.launch.layout`;
     ``None``: ``config.parallel`` as the recipe says)."""
-    family = FAMILIES.resolve(config.model.family)
+    family = FAMILIES.resolve(config.model.family).description
     folder, source = model_folder(config)
     planned = family.planned(config, folder)
     if planned is None:
-        able = [n for n in FAMILIES.names() if "planned" in vars(FAMILIES.resolve(n))]
+        able = [n for n in FAMILIES.names() if "planned" in vars(FAMILIES.resolve(n).description)]
         raise PlanError(
             f"diffrl plan: the {family.name} family cannot be planned yet (it builds no meta-device "
             f"copy of its transformer); families that can: {', '.join(able)}"

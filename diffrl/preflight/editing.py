@@ -1,4 +1,4 @@
-"""Plugin stage: editing families (``ModelFamily.edits``) against the prompt files and datasets:
+"""Plugin stage: editing families (``FamilyDescription.edits``) against the prompt files and datasets:
 source images where the family edits, none where it does not, and one size for all sources."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def editing_problems(
     online, ``eval.prompts``) and edit pairs offline (``synthetic_edit``); any other family takes
     none."""
     try:
-        family = FAMILIES.resolve(config.model.family)
+        family = getattr(FAMILIES.resolve(config.model.family), "description", None)
     except RegistryError:
         return []  # reported by the model checks
     edits, errors = bool(getattr(family, "edits", False)), []
@@ -59,7 +59,7 @@ def editing_problems(
 
 
 def _source_size_problems(config: Config, family: type, images: list[Path]) -> list[str]:
-    """Every source image of a run must resize to one size (``ModelFamily.source_size``: the rows
+    """Every source image of a run must resize to one size (``FamilyDescription.source_size``: the rows
     are batched): the first two sizes found, with a file of each, when they do not."""
     s = config.sampling
     if not images or not (

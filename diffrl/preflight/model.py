@@ -7,7 +7,7 @@ from diffrl.config import Config
 from diffrl.config import number_problem as _number
 from diffrl.core.registry import RegistryError
 from diffrl.core.user_code import checked_problems
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import FamilyDescription, ModelFamily
 from diffrl.models.registry import FAMILIES
 
 
@@ -20,16 +20,22 @@ def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
         return [f"model.family: {e}"]
     if not (isinstance(family_cls, type) and issubclass(family_cls, ModelFamily)):
         return [f"model.family: {config.model.family!r} is not a ModelFamily subclass"]
+    family = getattr(family_cls, "description", None)
+    if not (isinstance(family, type) and issubclass(family, FamilyDescription)):
+        return [
+            f"model.family: {config.model.family!r} has no description (its class attribute description "
+            "must be a FamilyDescription subclass, in the family's file)"
+        ]
     errors = checked_problems(
-        family_cls, "validate_config()", family_cls.validate_config(config, check_files=check_files)
+        family_cls, "validate_config()", family.validate_config(config, check_files=check_files)
     )
     errors += checked_problems(
-        family_cls, "lora_problems()", family_cls.lora_problems(config, check_files=check_files)
+        family_cls, "lora_problems()", family.lora_problems(config, check_files=check_files)
     )
     errors += sequence_parallel_problems(family_cls, config, check_files)
-    if config.model.encode_once and family_cls.edits:
+    if config.model.encode_once and family.edits:
         errors.append(
-            f"model.encode_once: the {family_cls.name} family edits images, and its conditioning holds "
+            f"model.encode_once: the {family.name} family edits images, and its conditioning holds "
             "each prompt's source image; set model.encode_once: false"
         )
     if config.model.encode_once and config.model.options.get("train_text_encoder"):
@@ -38,7 +44,7 @@ def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
         )
     if size:
         errors += checked_problems(
-            family_cls, "size_problems()", family_cls.size_problems(config, check_files=check_files)
+            family_cls, "size_problems()", family.size_problems(config, check_files=check_files)
         )
     return errors
 
@@ -49,18 +55,16 @@ def sequence_parallel_problems(family_cls: type[ModelFamily], config: Config, ch
     n = config.parallel.sequence
     if not isinstance(n, int) or n <= 1:
         return []
-    if not family_cls.sequence_parallel:
-        able = [
-            name for name in FAMILIES.names() if getattr(FAMILIES.resolve(name), "sequence_parallel", False)
-        ]
+    if not family_cls.description.sequence_parallel:
+        able = [name for name in FAMILIES.names() if FAMILIES.resolve(name).description.sequence_parallel]
         return [
-            f"parallel.sequence={n}: the {family_cls.name} family's transformer cannot split a "
+            f"parallel.sequence={n}: the {family_cls.description.name} family's transformer cannot split a "
             f"sample over ranks (diffusers declares no context-parallel plan for it, or diffrl has "
             f"not tested it); families that can: {', '.join(able) or 'none'}. Set "
             "parallel.sequence: 1 (FSDP2 still shards the weights over parallel.trainer_ranks)"
         ]
     return checked_problems(
-        family_cls, "sequence_problems()", family_cls.sequence_problems(config, check_files)
+        family_cls, "sequence_problems()", family_cls.description.sequence_problems(config, check_files)
     )
 
 
@@ -69,7 +73,8 @@ def guidance_problems(config: Config) -> list[str]:
     ``neg + s (pos - neg)``, 0 for Z-Image's ``pos + s (pos - neg)`` (1 when the family is
     unknown: ``model.family``'s check reports that)."""
     try:
-        no_guidance = float(getattr(FAMILIES.resolve(config.model.family), "no_guidance_scale", 1.0))
+        family = getattr(FAMILIES.resolve(config.model.family), "description", None)
+        no_guidance = float(getattr(family, "no_guidance_scale", 1.0))
     except RegistryError:
         no_guidance = 1.0
     s = config.sampling
@@ -86,4 +91,6 @@ def resolve_guidance(config: Config) -> None:
     """Resolve a null ``sampling.guidance_scale`` to the family's default, once, so everything
     downstream sees a number (the config must have passed the checks)."""
     if config.sampling.guidance_scale is None:
-        config.sampling.guidance_scale = float(FAMILIES.resolve(config.model.family).default_guidance)
+        config.sampling.guidance_scale = float(
+            FAMILIES.resolve(config.model.family).description.default_guidance
+        )

@@ -46,12 +46,13 @@ def reward_problems(where: str, rewards: list[RewardConfig], check_files: bool) 
 
 
 def hearing_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[str]:
-    """A reward that hears (``Reward.audio``) needs a family that makes sound (``ModelFamily.sound``)."""
+    """A reward that hears (``Reward.audio``) needs a family that makes sound
+    (``FamilyDescription.sound``)."""
     try:
-        family_cls = FAMILIES.resolve(config.model.family)
+        family = getattr(FAMILIES.resolve(config.model.family), "description", None)
     except RegistryError:
         return []  # reported by the model checks
-    if getattr(family_cls, "sound", False):
+    if getattr(family, "sound", False):
         return []
     lists = [("rewards", config.rewards)] * rewards + [
         ("eval.rewards", config.eval.rewards),
@@ -79,13 +80,13 @@ def hearing_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[
 
 
 def _makes_videos(config: Config) -> bool:
-    """Whether the config's family makes videos (``ModelFamily.makes_videos``); False for a family
+    """Whether the config's family makes videos (``FamilyDescription.makes_videos``); False for a family
     that cannot be resolved or is no ModelFamily (the model checks report those)."""
     try:
-        family_cls = FAMILIES.resolve(config.model.family)
+        family = getattr(FAMILIES.resolve(config.model.family), "description", None)
     except RegistryError:
         return False
-    makes_videos = getattr(family_cls, "makes_videos", None) if isinstance(family_cls, type) else None
+    makes_videos = getattr(family, "makes_videos", None) if isinstance(family, type) else None
     return callable(makes_videos) and makes_videos(config) is True
 
 
@@ -94,7 +95,7 @@ def group_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[st
     whole in one call: in training a micro-group (``rollout.micro_group_size``, else
     ``train.micro_batch_size``) must hold whole prompts, at least 2 samples each; in eval, the
     whole eval set is one call, and a prompt needs ``eval.samples_per_prompt >= 2``. It compares
-    still images: a family that makes videos (``ModelFamily.makes_videos``) is refused."""
+    still images: a family that makes videos (``FamilyDescription.makes_videos``) is refused."""
     r = config.rollout
     micro = r.micro_group_size if r.micro_group_size is not None else config.train.micro_batch_size
     n = r.n_samples_per_prompt

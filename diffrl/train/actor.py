@@ -246,9 +246,9 @@ class Actor:
                 if module is None:
                     continue
                 if dist.mesh is not None:  # Ulysses over the sequence ranks, then FSDP2 over all
-                    for part in family.sequence_parallel_modules(module):
+                    for part in family.description.sequence_parallel_modules(module):
                         enable_sequence_parallel(part, dist.mesh)
-                shard_module(module, family.fsdp_blocks(module))
+                shard_module(module, family.description.fsdp_blocks(module))
             if old is not None:
                 old.bind()
         self.params = family.trainable_parameters()

@@ -590,7 +590,7 @@ def load_weights_into(family, path: str | Path, use_ema: bool = True) -> dict[st
     whose LoRA adapter (if any) is already in place."""
     path = Path(path)
     info = verify_checkpoint(path)
-    check_checkpoint_family(info, family.name, path)
+    check_checkpoint_family(info, family.description.name, path)
     load_trainable_state(
         family, load_tensors(path, "trainable.safetensors"), lora=info.get("lora") is not None
     )
@@ -643,7 +643,7 @@ def load_resume_state(actor, path: str | Path) -> dict[str, Any]:
     every rank calls it."""
     path = Path(path)
     info = verify_checkpoint(path)
-    check_checkpoint_family(info, actor.family.name, path)
+    check_checkpoint_family(info, actor.family.description.name, path)
     load_trainable_state(
         actor.family, load_tensors(path, "trainable.safetensors"), lora=info.get("lora") is not None
     )

@@ -88,7 +88,9 @@ def config(tmp_path, flux_dir, algorithm: str, engine_options: str, **extra):
 
 def held_weights(flux_dir, checkpoint: Path) -> str:
     """The checksum of the sampling weights of ``checkpoint``, merged as the engine sends them."""
-    family = FluxFamily.load(str(flux_dir), torch.device("cpu"), torch.float32, FluxFamily.Options())
+    family = FluxFamily.load(
+        str(flux_dir), torch.device("cpu"), torch.float32, FluxFamily.description.Options()
+    )
     apply_lora(family, LoraConfig(rank=4))
     load_trainable_state(family, load_file(str(checkpoint / "trainable.safetensors")), lora=True)
     return state_checksum(merged_state(family.transformer, torch.float32))

@@ -284,7 +284,7 @@ def assert_planned_is_the_familys(config, folder, sources=None, masks: tuple[str
     from diffrl.core.rollout import Conditioning
 
     family = load_family(config)
-    planned = type(family).planned(config, Path(folder))
+    planned = type(family).description.planned(config, Path(folder))
 
     def tensors(module):
         return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items()}

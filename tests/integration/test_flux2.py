@@ -231,9 +231,9 @@ def test_the_pipelines_defaults_are_the_familys():
     klein = inspect.signature(flux2.Flux2KleinPipeline.__call__).parameters
     assert dev["text_encoder_out_layers"].default == flux2.DEV.text_layers
     assert klein["text_encoder_out_layers"].default == flux2.KLEIN.text_layers
-    assert dev["guidance_scale"].default == flux2.Flux2Family.Options.guidance
-    assert dev["max_sequence_length"].default == flux2.Flux2Family.Options.max_sequence_length
-    assert klein["max_sequence_length"].default == flux2.Flux2Family.Options.max_sequence_length
+    assert dev["guidance_scale"].default == flux2.Flux2Description.Options.guidance
+    assert dev["max_sequence_length"].default == flux2.Flux2Description.Options.max_sequence_length
+    assert klein["max_sequence_length"].default == flux2.Flux2Description.Options.max_sequence_length
 
 
 @pytest.mark.parametrize(
@@ -394,7 +394,7 @@ def test_bad_folders_and_options_are_reported_together_before_loading(tmp_path, 
     index = pixtral / "model_index.json"
     meta = json.loads(index.read_text())
     index.write_text(json.dumps({**meta, "tokenizer": ["transformers", "PixtralProcessor"]}))
-    problems = flux2.Flux2Family.folder_problems(pixtral)
+    problems = flux2.Flux2Description.folder_problems(pixtral)
     if importlib.util.find_spec("torchvision") is not None:
         assert problems == []
     else:

@@ -144,7 +144,7 @@ def test_a_size_a_family_can_draw_passes_its_rules():
         (WAN, ["model.options.num_frames=4093", "sampling.height=16384"]),
     ]:
         config = read_config(ROOT / recipe, overrides)[0]
-        family = FAMILIES.resolve(config.model.family)
+        family = FAMILIES.resolve(config.model.family).description
         assert family.size_rule(config, check_files=False) is not None
         assert family.size_problems(config, check_files=False) == []
         assert family.validate_config(config, check_files=False) == []

@@ -233,7 +233,7 @@ def test_ode_sampling_and_decoding_match_the_diffusers_pipeline(tmp_path, ltx2_d
         ltx2_config(tmp_path, folder, **{"model.lora": "null", "model.options": json.dumps(options)})
     )
     assert family.transformer.config.perturbed_attn == (folder == ltx2_dir)
-    assert family.options.max_sequence_length == 1024 and family.sound
+    assert family.options.max_sequence_length == 1024 and family.description.sound
     prompts = ['the word "cat"', "  a dog "]  # stripped, as the pipeline
     noise = initial_noise(family, [(0, "test", i) for i in range(2)], SIZE, SIZE)
     grid = family.grid(SIZE, SIZE)
@@ -486,7 +486,7 @@ def test_plan_runs_and_its_planned_forward_is_the_familys(tmp_path, ltx2_dir, mo
     assert result.forward_flops_per_sample > 0 and result.train_flops > 0
 
     family = load_family(config)
-    planned = LTX2Family.planned(config, ltx2_dir)
+    planned = LTX2Family.description.planned(config, ltx2_dir)
     assert planned.latent_shape == family.latent_shape(SIZE, SIZE)
     assert not planned.module.is_gradient_checkpointing
     module = planned.module.to_empty(device="cpu")
@@ -520,4 +520,4 @@ def test_plan_runs_and_its_planned_forward_is_the_familys(tmp_path, ltx2_dir, mo
     checkpointed = ltx2_config(
         tmp_path, ltx2_dir, **{"model.options": OPTIONS[:-1] + ", gradient_checkpointing: true}"}
     )
-    assert LTX2Family.planned(checkpointed, ltx2_dir).module.is_gradient_checkpointing
+    assert LTX2Family.description.planned(checkpointed, ltx2_dir).module.is_gradient_checkpointing

@@ -53,7 +53,7 @@ def forward_backward(config, mesh=None) -> tuple[torch.Tensor, dict[str, torch.T
     lora = LoraConfig(r=2, lora_alpha=2, target_modules=LTX2_LORA_TARGETS, init_lora_weights=False)
     inject_adapter_in_model(lora, transformer).requires_grad_(True)
     if mesh is not None:
-        for part in family.sequence_parallel_modules(transformer):
+        for part in family.description.sequence_parallel_modules(transformer):
             enable_sequence_parallel(part, mesh)
     (n,) = family.latent_shape(SIZE, SIZE)
     x = torch.randn(2, n, generator=torch.Generator().manual_seed(1))

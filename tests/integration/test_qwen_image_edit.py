@@ -276,7 +276,9 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, edit_dirs, varian
     (float32, CPU). The sources are PNGs of the output's 2:3 aspect, given to diffrl as the prompt
     files' sources are (:func:`load_source`) and to the pipeline as PIL images."""
     family = load_family(qedit_config(tmp_path, edit_dirs(variant), **{"model.lora": "null"}))
-    assert (type(family).pipeline_class, family.transformer.config.zero_cond_t) == VARIANTS[variant]
+    assert (type(family).description.pipeline_class, family.transformer.config.zero_cond_t) == VARIANTS[
+        variant
+    ]
     pipe = pipeline(family)
     ours_text = qwen_image_edit.EDIT_TEMPLATE.format(family.picture_label + qwen_image_edit.VISION + "x")
     assert pipe.prompt_template_encode.format(PIPELINE_USER_TURN[variant].format("x")) == ours_text
@@ -347,8 +349,8 @@ def test_the_pipeline_areas_and_the_mm_token_type_ids_matter(tmp_path, edit_dir)
     from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
 
     assert (plus.CONDITION_IMAGE_SIZE, plus.VAE_IMAGE_SIZE) == (
-        qwen_image_edit.QwenImageEditFamily.Options().condition_image_area,
-        qwen_image_edit.QwenImageEditFamily.Options().vae_image_area,
+        qwen_image_edit.QwenImageEditDescription.Options().condition_image_area,
+        qwen_image_edit.QwenImageEditDescription.Options().vae_image_area,
     )
     family = load_family(qedit_config(tmp_path, edit_dir, **{"model.lora": "null"}))
     pipe = pipeline(family)

@@ -186,11 +186,11 @@ def family_forward_backward(config, mesh=None) -> tuple[torch.Tensor, dict[str, 
             if "lora_" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
     if mesh is not None:
-        for part in family.sequence_parallel_modules(family.transformer):
+        for part in family.description.sequence_parallel_modules(family.transformer):
             enable_sequence_parallel(part, mesh)
     height, width = config.sampling.height, config.sampling.width
     sources = None
-    if family.edits:
+    if family.description.edits:
         pixels = (torch.rand(2, 3, height, width, generator=gen) * 255).to(torch.uint8)
         sources = [Source(p, f"source {i}") for i, p in enumerate(pixels)]
     cond = family.encode_prompts(FAMILY_PROMPTS, sources)

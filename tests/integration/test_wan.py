@@ -351,7 +351,7 @@ def _fsdp_rank(rank, splits, wan_dir, tmp_path, port):
     init_distributed(rank, 2, "127.0.0.1", port, "gloo", torch.device("cpu"))
     for i, split in enumerate(splits):
         family = _fsdp_family(wan_dir, tmp_path)
-        shard_module(family.transformer, family.fsdp_blocks(family.transformer))
+        shard_module(family.transformer, family.description.fsdp_blocks(family.transformer))
         x, sigma, cond = _fsdp_batch(family)
         rows = split[rank]
         v = family.velocity(x[rows], sigma[rows], cond.select(rows))

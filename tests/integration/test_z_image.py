@@ -164,7 +164,7 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, z_dir, guidance, 
     torch.testing.assert_close(sigmas, pipe.scheduler.sigmas, rtol=0, atol=0)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     if options:  # the option changed the result (it was applied)
-        family.options = family.Options(max_sequence_length=TEXT_TOKENS)
+        family.options = family.description.Options(max_sequence_length=TEXT_TOKENS)
         assert (sample() - ours).abs().max() > 1e-3
     images = family.decode(ours)
     assert images.shape == (2, 3, HEIGHT, WIDTH) and images.min() >= 0 and images.max() <= 1

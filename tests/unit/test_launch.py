@@ -4,7 +4,7 @@ it places is asked of it, not of a runner's name in a lower layer."""
 import pytest
 
 from diffrl import launch
-from diffrl.config import ParallelConfig
+from diffrl.config import ConfigError, ParallelConfig
 from diffrl.core.registry import RegistryError
 from diffrl.preflight import load_config
 from diffrl.train.runner import LocalRunner
@@ -30,3 +30,9 @@ def test_the_layout_is_what_the_runner_places():
     assert launch.layout(ray) == ParallelConfig(trainer_ranks=4, engines=2)
     own = load_config({}, [f"runner={__name__}:Placing", *asked])
     assert launch.layout(own) == ParallelConfig(trainer_ranks=4, engines=2)  # the recipe's, as asked
+
+
+def test_a_runner_that_samples_apart_refuses_what_needs_one_process():
+    with pytest.raises(ConfigError, match=r"train_text_encoder runs in one process only \(runner: local\)"):
+        load_config("recipes/tiny_sft.yaml", ["runner=ray"], check_files=False)
+    load_config("recipes/tiny_sft.yaml", check_files=False)  # one process: fine

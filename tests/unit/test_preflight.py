@@ -87,7 +87,7 @@ def test_algorithm_params_are_validated():
 def test_guidance_defaults_to_the_familys_and_an_explicit_value_wins():
     from diffrl.models.tiny import TinyFamily
 
-    assert load_config({}).sampling.guidance_scale == TinyFamily.default_guidance
+    assert load_config({}).sampling.guidance_scale == TinyFamily.description.default_guidance
     assert load_config({}, ["sampling.guidance_scale=1"]).sampling.guidance_scale == 1.0
 
 

@@ -39,6 +39,7 @@ from safetensors.torch import load_file
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config, ParallelConfig
+from diffrl.core.errors import DiffrlError
 from diffrl.core.rollout import CollectionSpec, RolloutBatch, TrainExamples
 from diffrl.data.prompts import load_prompts
 from diffrl.distributed.ray.actor_errors import get
@@ -49,6 +50,7 @@ from diffrl.distributed.ray.reward_worker import RewardWorker
 from diffrl.distributed.ray.sharding import shard_steps
 from diffrl.distributed.ray.weight_sync import EngineWeights
 from diffrl.evaluation.evaluate import EvalResult
+from diffrl.models.registry import FAMILIES
 from diffrl.rewards.base import reward_labels
 from diffrl.sampling.collector import RolloutPlanner
 from diffrl.sampling.engine import engine_devices
@@ -62,7 +64,14 @@ class RayRunner:
 
     @classmethod
     def validate(cls, config: Config, check_files: bool = True) -> list[str]:
-        return ray_checks(config, check_files)
+        """The ``ray:`` and ``parallel:`` settings, and what the model family can do in one process
+        only (the engines sample apart from the ranks)."""
+        errors = ray_checks(config, check_files)
+        try:
+            description = FAMILIES.resolve(config.model.family).description
+        except (DiffrlError, AttributeError):
+            return errors  # the model checks report an unknown family (or one without a description)
+        return errors + list(description.one_process_problems(config))
 
     @classmethod
     def layout(cls, config: Config) -> ParallelConfig:

@@ -1,11 +1,14 @@
 """What every family inherits from :class:`~diffrl.models.base.ModelFamily` (the prompt cache,
-classifier-free guidance) and the family file that marks a model folder, shown on ``tiny``."""
+classifier-free guidance) and the family file that marks a model folder, shown on ``tiny``; and
+the static half every family declares beside it (:class:`~diffrl.models.base.FamilyDescription`)."""
+
+import inspect
 
 import pytest
 import torch
 
-from diffrl.models.base import write_family_file
-from diffrl.models.registry import load_family
+from diffrl.models.base import FamilyDescription, write_family_file
+from diffrl.models.registry import FAMILIES, load_family
 from diffrl.preflight import load_config
 
 
@@ -40,3 +43,19 @@ def test_cfg_with_scale_one_is_the_conditional_velocity():
         uncond = family.velocity(x, s, neg)
     torch.testing.assert_close(one, plain)
     torch.testing.assert_close(cfg, uncond + 3.0 * (plain - uncond), atol=1e-5, rtol=1e-5)
+
+
+def test_every_family_declares_itself_in_a_static_description_in_its_own_file():
+    """The registry resolves a family to its runtime class, whose ``description`` is a
+    :class:`FamilyDescription` defined in the same file, named as the registry names it, with
+    class attributes and classmethods only (nothing that needs an instance)."""
+    for name in FAMILIES.names():
+        family = FAMILIES.resolve(name)
+        description = family.description
+        assert issubclass(description, FamilyDescription), name
+        assert description.__module__ == family.__module__, name
+        assert description.name == name
+        methods = [
+            k for k, v in vars(description).items() if inspect.isfunction(v) or isinstance(v, property)
+        ]
+        assert methods == [], (name, methods)

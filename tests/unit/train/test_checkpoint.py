@@ -12,7 +12,7 @@ import torch
 
 from diffrl.models.base import FamilyMismatchError
 from diffrl.models.registry import load_family
-from diffrl.models.tiny import TinyFamily
+from diffrl.models.tiny import TinyDescription, TinyFamily
 from diffrl.preflight import load_config
 from diffrl.sampling.sampler import initial_noise
 from diffrl.train.actor import Actor, apply_lora
@@ -30,11 +30,15 @@ from diffrl.train.checkpoint import (
 from diffrl.train.manifest import run_folder_hint, seal
 
 
+class OtherDescription(TinyDescription):
+    name = "other"
+
+
 class OtherFamily(TinyFamily):
     """A second family (same code, another name) to check cross-family refusals (also named by
     ``tests/integration/test_sft_end_to_end.py`` as ``tests.unit.train.test_checkpoint:OtherFamily``)."""
 
-    name = "other"
+    description = OtherDescription
 
 
 def _velocity(family, prompts=('the text "AB3"', 'the number "42"')):
@@ -219,6 +223,6 @@ def test_lora_checkpoint_roundtrip_and_family_check(tmp_path):
     s1, s2 = actor.optimizer.state_dict()["state"][0], actor2.optimizer.state_dict()["state"][0]
     torch.testing.assert_close(s1["exp_avg"], s2["exp_avg"])
 
-    other = OtherFamily.load("random", torch.device("cpu"), torch.float32, OtherFamily.Options())
+    other = OtherFamily.load("random", torch.device("cpu"), torch.float32, OtherDescription.Options())
     with pytest.raises(FamilyMismatchError, match="trained on the 'tiny' family, not 'other'"):
         load_weights_into(other, ckpt)
