@@ -184,7 +184,8 @@ def doc_layers(markdown: Path) -> list[set[str]]:
     """The layer column of the table under ``## Layers`` in ``docs/ARCHITECTURE.md``, top first."""
     text = markdown.read_text().split("\n## Layers", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in text.splitlines() if re.match(r"\| \d+ \|", line)]
-    return [set(re.findall(r"`(diffrl[\w.]*)`", row.split("|")[2])) for row in rows]
+    cells = [re.split(r"(?<!\\)\|", row) for row in rows]  # a cell's "\|" is not a column
+    return [set(re.findall(r"`(diffrl[\w.]*)`", cell[2])) for cell in cells]
 
 
 def top_level(package_dir: Path) -> set[str]:
@@ -210,6 +211,16 @@ ABOVE_ROOT = ("diffrl/command.py", "diffrl/cli/", "diffrl/preflight/")
 """The layers above the composition root (they may read ``config.ray`` to check it)."""
 
 
+def _config_attr(node: ast.AST, name: str) -> bool:
+    """``node`` is ``config.<name>`` (or ``cfg.<name>``, ``self.config.<name>``)."""
+    if not isinstance(node, ast.Attribute) or node.attr != name:
+        return False
+    owner = node.value
+    return (isinstance(owner, ast.Name) and owner.id in ("config", "cfg")) or (
+        isinstance(owner, ast.Attribute) and owner.attr == "config"
+    )
+
+
 def runner_names_below_the_root(package_dir: Path) -> list[str]:
     """``file:line what`` for each comparison with a runner's name (``"ray"``, ``"local"``) outside
     the runners' homes, and each read of ``config.ray`` below the composition root."""
@@ -221,18 +232,15 @@ def runner_names_below_the_root(package_dir: Path) -> list[str]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare):
                 sides = [node.left, *node.comparators]
+                equal = all(isinstance(op, ast.Eq | ast.NotEq) for op in node.ops)
                 named = [
                     s.value for s in sides if isinstance(s, ast.Constant) and s.value in ("ray", "local")
                 ]
-                if named:
+                if named and equal:
                     found.append(f"{rel}:{node.lineno} compares with {named[0]!r}")
-            elif (
-                isinstance(node, ast.Attribute)
-                and node.attr == "ray"
-                and isinstance(node.value, ast.Name)
-                and node.value.id in ("config", "cfg")
-                and not rel.startswith(ABOVE_ROOT)
-            ):
+                elif any(_config_attr(s, "runner") for s in sides):
+                    found.append(f"{rel}:{node.lineno} compares the runner")
+            elif _config_attr(node, "ray") and not rel.startswith(ABOVE_ROOT):
                 found.append(f"{rel}:{node.lineno} reads config.ray")
     return found
 
@@ -242,9 +250,12 @@ def test_no_module_below_the_composition_root_names_a_runner(tmp_path):
     spoiled = tmp_path / "diffrl" / "models"
     spoiled.mkdir(parents=True)
     (spoiled / "bad.py").write_text(
-        "def f(config):\n    return config.runner == 'ray' or config.ray.colocate\n"
+        "def f(config, name):\n    return config.runner == 'ray' or config.ray.colocate or name != 'local'\n"
+        "def g(config):\n    return config.runner in ('slurm', 'k8s')\n"
     )
-    assert runner_names_below_the_root(tmp_path / "diffrl") == [
+    assert sorted(runner_names_below_the_root(tmp_path / "diffrl")) == [
+        "diffrl/models/bad.py:2 compares with 'local'",
         "diffrl/models/bad.py:2 compares with 'ray'",
         "diffrl/models/bad.py:2 reads config.ray",
+        "diffrl/models/bad.py:4 compares the runner",
     ]
