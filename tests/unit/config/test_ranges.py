@@ -333,7 +333,7 @@ class Kind:
 
 KINDS = {
     "algorithm": Kind(ALGORITHMS, lambda c: _dataclass_hints(c.Params), "algorithm.params.", ("algorithm",)),
-    "model family": Kind(FAMILIES, lambda c: _dataclass_hints(c.Options), "model.options.", ("model",)),
+    "model family": Kind(FAMILIES, lambda c: _dataclass_hints(c.description.Options), "model.options.", ("model",)),
     "rollout engine": Kind(
         ENGINES,
         lambda c: _dataclass_hints(c.Options) if hasattr(c, "Options") else {},
@@ -410,7 +410,7 @@ def test_the_plugin_walk_finds_the_numbers():
 @pytest.mark.parametrize("kind", [k for k in KINDS if KINDS[k].hints is None])
 def test_kinds_without_params_have_no_params(kind):
     """A kernel, a logger or a runner is built without settings of its own (a runner reads the
-    schema's ``ray`` section): a built-in that grows ``Params`` / ``Options`` needs a binder."""
+    schema's ``parallel`` and ``ray`` sections): a built-in that grows ``Params`` / ``Options`` needs a binder."""
     for name in KINDS[kind].registry.names():
         if name in PACKAGES and importlib.util.find_spec(PACKAGES[name][0]) is None:
             continue  # an optional logger whose package is not installed here
