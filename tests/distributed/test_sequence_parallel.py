@@ -38,19 +38,22 @@ ALGORITHMS = {
 KEYS = ("train/loss", "train/grad_norm")
 
 
+def runner_settings(algorithm: str, runner: str) -> dict[str, object]:
+    """An update of ``algorithm`` (its :data:`ALGORITHMS` params) of a rank-4 LoRA on ``runner``:
+    ``ray``, 2 trainer ranks in one sequence group; ``local``, one process."""
+    ray = runner == "ray"
+    return {
+        "runner": runner,
+        "algorithm.name": algorithm,
+        "algorithm.params": ALGORITHMS[algorithm],
+        "model.lora": "{rank: 4}",
+        "ray.num_trainer_ranks": 2 if ray else 1,
+        "ray.sequence_parallel": 2 if ray else 1,
+    }
+
+
 def _config(tmp_path, folder, algorithm: str, runner: str):
-    return wan_config(
-        tmp_path / runner,
-        folder,
-        **{
-            "runner": runner,
-            "algorithm.name": algorithm,
-            "algorithm.params": ALGORITHMS[algorithm],
-            "model.lora": "{rank: 4}",
-            "ray.num_trainer_ranks": 2 if runner == "ray" else 1,
-            "ray.sequence_parallel": 2 if runner == "ray" else 1,
-        },
-    )
+    return wan_config(tmp_path / runner, folder, **runner_settings(algorithm, runner))
 
 
 def _grads(module) -> dict[str, torch.Tensor]:
