@@ -456,6 +456,16 @@ def run_row(case: Case, argv: list[str], monkeypatch, capsys) -> tuple[int, str,
     return code, captured.out, captured.err
 
 
+def run_and_check(case: Case, tmp_path: Path, request, capsys, monkeypatch) -> None:
+    """The row ``case`` of a hostile-input table run in process from the repository root (rows name
+    the shipped recipes by their relative path) on its files under ``tmp_path``, and checked as
+    :func:`_check` does, ``tmp_path`` in its stderr read as ``{tmp}`` (as the rows write it)."""
+    monkeypatch.chdir(ROOT)
+    argv = _setup(case, tmp_path, request)
+    code, out, err = run_row(case, argv, monkeypatch, capsys)
+    _check(case, code, out, err.replace(str(tmp_path), "{tmp}"))
+
+
 @pytest.mark.parametrize("case", _params(subprocess_rows=False))
 def test_bad_input_in_process(case: Case, tmp_path, request, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
