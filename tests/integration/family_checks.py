@@ -327,10 +327,10 @@ class FamilyChecks:
 
     @pytest.mark.parametrize("algorithm", ALGORITHM_IDS)
     def test_other_algorithms_run_an_iteration(self, tmp_path, folder, algorithm):
-        settings = other_algorithm(algorithm, "synthetic_edit" if self.case.edits else "synthetic_text")
+        run = other_algorithm(algorithm, "synthetic_edit" if self.case.edits else "synthetic_text")
         if algorithm == "sft":
-            settings.update(self.case.sft)
-        train_one(self.case.config(tmp_path, folder, **settings))
+            run.update(self.case.sft)
+        train_one(self.case.config(tmp_path, folder, **run))
 
     def test_a_tiny_checkpoint_is_refused(self, tmp_path, folder, tiny_checkpoint):
         assert_refuses(load_family(self.case.config(tmp_path, folder)), tiny_checkpoint)
