@@ -94,6 +94,27 @@ SMALL_ROLLOUT = {
 in micro-batches of 4."""
 
 
+TINY_RUN = {
+    "model.path": "random",
+    "sampling.num_steps": 2,
+    "sampling.guidance_scale": 1.0,
+    "rollout.batch_size": 2,
+    "rollout.n_samples_per_prompt": 2,
+    "rollout.micro_group_size": 2,
+    "rollout.num_steps_per_rollout": 1,
+    "train.batch_size": 4,
+    "train.micro_batch_size": 2,
+}
+"""The smallest run of the random tiny model, for the tests of what happens around a run (faults,
+crashes, plugins): 2 prompts x 2 samples of 2 steps, one optimizer step of the 4 in micro-batches
+of 2. As ``key=value`` overrides: :func:`overrides`."""
+
+
+def overrides(settings: dict[str, object]) -> list[str]:
+    """``settings`` as the command line's ``key=value`` overrides."""
+    return [f"{k}={v}" for k, v in settings.items()]
+
+
 def tiny_overrides(tmp_path: Path, **extra) -> list[str]:
     """Small, fast settings for end-to-end runs on a random tiny model."""
     base = {

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.test_sequence_parallel import ALGORITHMS, assert_sequence_ranks_match_one_process
-from tests.integration.test_ltx2 import ltx2_config, write_tiny_ltx2
+from tests.distributed.test_sequence_parallel import (
+    ALGORITHMS,
+    assert_sequence_ranks_match_one_process,
+    runner_settings,
+)
+from tests.integration.test_ltx2 import ATTENTIONS, ltx2_config, write_tiny_ltx2
 from tests.integration.test_ltx2_sequence_parallel import OPTIONS
 
 GRAD_RTOL = (1e-5, 1e-4)
@@ -22,20 +26,8 @@ weights one Adam step apart in the last bits (measured 3.9e-6, 1.1e-6)."""
 
 
 def _config(tmp_path, folder, algorithm: str, runner: str):
-    ray = runner == "ray"
-    return ltx2_config(
-        tmp_path / runner,
-        folder,
-        **{
-            "runner": runner,
-            "algorithm.name": algorithm,
-            "algorithm.params": ALGORITHMS[algorithm],
-            "model.lora": "{rank: 4}",
-            "model.options": OPTIONS,
-            "parallel.trainer_ranks": 2 if ray else 1,
-            "parallel.sequence": 2 if ray else 1,
-        },
-    )
+    settings = {**runner_settings(algorithm, runner), "model.options": OPTIONS}
+    return ltx2_config(tmp_path / runner, folder, **settings)
 
 
 @pytest.mark.slow  # tests/integration/test_ltx2_sequence_parallel.py holds its forward and gradients
@@ -46,12 +38,5 @@ def test_two_sequence_ranks_update_tiny_ltx2_as_one_process(tmp_path, algorithm)
     local, ray = (_config(tmp_path, folder, algorithm, runner) for runner in ("local", "ray"))
     grads = assert_sequence_ranks_match_one_process(tmp_path, local, ray, algorithm)
     # LoRA's B starts at 0: B's gradients, of every attention of both streams
-    for attn in (
-        "attn1",
-        "audio_attn1",
-        "attn2",
-        "audio_attn2",
-        "audio_to_video_attn",
-        "video_to_audio_attn",
-    ):
+    for attn in ATTENTIONS:
         assert any(g.abs().max() > 0 for k, g in grads.items() if f".{attn}.to_q.lora_B" in k), attn

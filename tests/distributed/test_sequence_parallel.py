@@ -19,7 +19,7 @@ import torch
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.core.parallel import free_port, full_tensor
 from diffrl.distributed.ray.sharding import shard_steps
-from diffrl.train import gather
+from diffrl.train import stages
 from diffrl.train.runner import LocalRunner
 from tests.integration.test_wan import wan_config, write_tiny_wan
 from tests.ranks import run_ranks
@@ -38,19 +38,22 @@ ALGORITHMS = {
 KEYS = ("train/loss", "train/grad_norm")
 
 
+def runner_settings(algorithm: str, runner: str) -> dict[str, object]:
+    """An update of ``algorithm`` (its :data:`ALGORITHMS` params) of a rank-4 LoRA on ``runner``:
+    ``ray``, 2 trainer ranks in one sequence group; ``local``, one process."""
+    ray = runner == "ray"
+    return {
+        "runner": runner,
+        "algorithm.name": algorithm,
+        "algorithm.params": ALGORITHMS[algorithm],
+        "model.lora": "{rank: 4}",
+        "parallel.trainer_ranks": 2 if ray else 1,
+        "parallel.sequence": 2 if ray else 1,
+    }
+
+
 def _config(tmp_path, folder, algorithm: str, runner: str):
-    return wan_config(
-        tmp_path / runner,
-        folder,
-        **{
-            "runner": runner,
-            "algorithm.name": algorithm,
-            "algorithm.params": ALGORITHMS[algorithm],
-            "model.lora": "{rank: 4}",
-            "parallel.trainer_ranks": 2 if runner == "ray" else 1,
-            "parallel.sequence": 2 if runner == "ray" else 1,
-        },
-    )
+    return wan_config(tmp_path / runner, folder, **runner_settings(algorithm, runner))
 
 
 def _grads(module) -> dict[str, torch.Tensor]:
@@ -65,11 +68,11 @@ def _one_process(config):
     algorithm = build_algorithm(config)
     runner = LocalRunner(config, algorithm, algorithm.collection_spec())
     try:
-        rollout = gather.Rollout()
+        rollout = stages.Rollout()
         for part in runner.sample(0):
             rollout.add(part, runner.score(part))
         batch, _ = rollout.finish()
-        batch = gather.scored_samples(batch)
+        batch = stages.scored_samples(batch)
         examples = algorithm.build_train_data(batch, algorithm.postprocess_rewards(batch, batch.rewards), 0)
         updates = []
         for _ in range(2):

@@ -26,7 +26,7 @@ import yaml
 
 from diffrl.core.errors import EXIT_BUG, EXIT_RUN_STOPPED, EXIT_USER_ERROR
 from diffrl.train.run_folder import RunFolder
-from tests.conftest import rehash_checkpoint
+from tests.conftest import TINY_RUN, overrides, rehash_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT = "recipes/tiny_sft.yaml"
@@ -101,20 +101,7 @@ def hangs(images, prompts, metadata):
 
 # a tiny random-model NFT run of 4 iterations (a few seconds), for the rows that must really train
 NFT = "recipes/tiny_nft_ocr.yaml"
-SHORT = [
-    "run.output_dir={tmp}/run",
-    "model.path=random",
-    "sampling.num_steps=2",
-    "sampling.guidance_scale=1",
-    "rollout.batch_size=2",
-    "rollout.n_samples_per_prompt=2",
-    "rollout.micro_group_size=2",
-    "rollout.num_steps_per_rollout=1",
-    "train.batch_size=4",
-    "train.micro_batch_size=2",
-    "train.iterations=4",
-    "eval.enabled=false",
-]
+SHORT = ["run.output_dir={tmp}/run", *overrides(TINY_RUN), "train.iterations=4", "eval.enabled=false"]
 HERE = "tests.integration.test_bad_inputs"
 BOMB = "train:\n  a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"  {b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefg", "bcdefgh")
@@ -467,6 +454,16 @@ def run_row(case: Case, argv: list[str], monkeypatch, capsys) -> tuple[int, str,
         code = main(argv)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def run_and_check(case: Case, tmp_path: Path, request, capsys, monkeypatch) -> None:
+    """The row ``case`` of a hostile-input table run in process from the repository root (rows name
+    the shipped recipes by their relative path) on its files under ``tmp_path``, and checked as
+    :func:`_check` does, ``tmp_path`` in its stderr read as ``{tmp}`` (as the rows write it)."""
+    monkeypatch.chdir(ROOT)
+    argv = _setup(case, tmp_path, request)
+    code, out, err = run_row(case, argv, monkeypatch, capsys)
+    _check(case, code, out, err.replace(str(tmp_path), "{tmp}"))
 
 
 @pytest.mark.parametrize("case", _params(subprocess_rows=False))

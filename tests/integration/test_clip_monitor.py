@@ -14,7 +14,7 @@ from diffrl.launch import train
 from diffrl.preflight import load_config
 from diffrl.trust.monitors import clip_embedder
 from tests.conftest import tiny_overrides
-from tests.integration.test_bad_inputs import BAD, GRPO, ROOT, Case, _check, _setup, run_row
+from tests.integration.test_bad_inputs import BAD, GRPO, Case, run_and_check
 from tests.integration.test_hacking import HACKING
 from tests.unit.rewards.tiny_clip import write_clip
 
@@ -87,7 +87,4 @@ CASES: list[Case] = [
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
 def test_monitor_clip_row(case: Case, tmp_path, request, capsys, monkeypatch):
-    monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
-    argv = _setup(case, tmp_path, request)
-    code, out, err = run_row(case, argv, monkeypatch, capsys)
-    _check(case, code, out, err.replace(str(tmp_path), "{tmp}"))
+    run_and_check(case, tmp_path, request, capsys, monkeypatch)

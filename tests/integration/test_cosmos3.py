@@ -14,11 +14,14 @@ import torch
 from diffrl.models.registry import load_family
 from diffrl.sampling.kernels import sde_step
 from diffrl.sampling.sampler import initial_noise, sample_ode
+from tests.integration import tiny_parts
 from tests.integration.family_checks import (
-    OTHER_ALGORITHMS,
-    assert_refuses,
+    Family,
+    FamilyChecks,
     export_lora,
     family_config,
+    settings,
+    tiny_folder,
     train_one,
 )
 
@@ -36,22 +39,10 @@ CHAT_TEMPLATE = (
 
 
 def build_tokenizer():
-    """A byte-level BPE ``Qwen2Tokenizer`` (no merges: one token per byte) with the special tokens
-    the pipeline asks for (``<|vision_start|>``, ``<|im_end|>`` as eos) and a chat template."""
-    from transformers import Qwen2Tokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {"<|endoftext|>": 0}
-    for ch in bytes_to_unicode().values():
-        vocab[ch] = len(vocab)
-    tok = Qwen2Tokenizer(
-        vocab=vocab,
-        merges=[],
-        eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>", "<|vision_start|>"],
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
+    """A byte-level tokenizer with the special tokens the pipeline asks for (``<|vision_start|>``,
+    ``<|im_end|>`` as eos) and a chat template."""
+    specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>"]
+    return tiny_parts.byte_tokenizer(["<|endoftext|>"], specials, CHAT_TEMPLATE, eos_token="<|im_end|>")
 
 
 def write_tiny_cosmos3(path) -> None:
@@ -95,23 +86,22 @@ def write_tiny_cosmos3(path) -> None:
     ).save_pretrained(path)
 
 
-@pytest.fixture(scope="module")
-def cosmos3_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_cosmos3")
-    write_tiny_cosmos3(path)
-    return path
+cosmos3_dir = tiny_folder("cosmos3_dir", write_tiny_cosmos3)
+
+
+def options(frames: int) -> str:
+    return f"{{num_frames: {frames}, height: {SIZE}, width: {SIZE}, max_prompt_tokens: {PROMPT_TOKENS}}}"
 
 
 def cosmos3_config(tmp_path, folder, frames: int = FRAMES, **extra):
-    family = {
-        "model.family": "cosmos3",
-        "model.path": str(folder),
-        "model.options": f"{{num_frames: {frames}, height: {SIZE}, width: {SIZE}, max_prompt_tokens: {PROMPT_TOKENS}}}",
-        "sampling.guidance_scale": 3.0,
-        "sampling.height": SIZE,
-        "sampling.width": SIZE,
-    }  # the reward is an image reward: each video is scored frame by frame, then averaged
-    return family_config(tmp_path, family, **extra)
+    """The reward is an image reward: each video is scored frame by frame, then averaged."""
+    return family_config(tmp_path, settings("cosmos3", folder, options(frames), 3.0, SIZE), **extra)
+
+
+class TestFamilyChecks(FamilyChecks):
+    """The shared checks on text-to-video; SFT on still images (text-to-image, ``num_frames: 1``)."""
+
+    case = Family(cosmos3_config, "cosmos3_dir", sft={"model.options": options(1)})
 
 
 def euler_along(sigmas: torch.Tensor):
@@ -262,17 +252,9 @@ def test_flow_grpo_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, cos
     _exported_lora_matches(tmp_path, cosmos3_dir, grpo.checkpoint)
 
 
-@OTHER_ALGORITHMS
-def test_other_algorithms_run_an_iteration(tmp_path, cosmos3_dir, algorithm):
-    """On text-to-video; SFT on still images (text-to-image, ``num_frames: 1``)."""
-    frames = 1 if algorithm["algorithm.name"] == "sft" else FRAMES
-    train_one(cosmos3_config(tmp_path, cosmos3_dir, frames, **algorithm))
-
-
-def test_a_tiny_checkpoint_and_bad_settings_are_refused(tmp_path, cosmos3_dir, tiny_checkpoint):
+def test_bad_settings_are_refused(tmp_path, cosmos3_dir):
     from diffrl.config import ConfigError
 
-    assert_refuses(load_family(cosmos3_config(tmp_path, cosmos3_dir)), tiny_checkpoint)
     with pytest.raises(ConfigError, match="num_frames = 4k"):
         cosmos3_config(tmp_path, cosmos3_dir, frames=6)
     with pytest.raises(ConfigError, match="prompt states the resolution"):

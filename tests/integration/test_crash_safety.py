@@ -16,23 +16,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TINY_RUN
 from tests.integration.crash_driver import run_forked
 
 RECIPE = "recipes/tiny_nft_ocr.yaml"
 BRIGHTNESS = "[{name: tests.rewards:brightness}]"
 SETTINGS = {
-    "model.path": "random",
+    **TINY_RUN,
     "model.lora": "{rank: 4, alpha: 8, dropout: 0.1}",  # dropout: the global RNG is resumed too
     "algorithm.params.decay_schedule": "ramp",  # the old policy trails the live one from the start
-    "sampling.num_steps": 2,
-    "sampling.guidance_scale": 1.0,
-    "rollout.batch_size": 2,
-    "rollout.n_samples_per_prompt": 2,
-    "rollout.micro_group_size": 2,
-    "rollout.num_steps_per_rollout": 1,
-    "train.batch_size": 4,
-    "train.micro_batch_size": 2,
     "train.iterations": 6,
     "train.save_every": 2,
     "train.eval_every": 2,

@@ -21,21 +21,13 @@ from safetensors import SafetensorError
 from diffrl.core.errors import EXIT_USER_ERROR
 from diffrl.train.manifest import verify_checkpoint
 from diffrl.train.run_folder import row_kind
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TINY_RUN
 from tests.integration.crash_driver import run_forked
 
 BRIGHTNESS = "[{name: tests.rewards:brightness}]"
 SETTINGS = {
-    "model.path": "random",
+    **TINY_RUN,
     "model.lora": "{rank: 4}",
-    "sampling.num_steps": 2,
-    "sampling.guidance_scale": 1.0,
-    "rollout.batch_size": 2,
-    "rollout.n_samples_per_prompt": 2,
-    "rollout.micro_group_size": 2,
-    "rollout.num_steps_per_rollout": 1,
-    "train.batch_size": 4,
-    "train.micro_batch_size": 2,
     "train.iterations": 2,
     "train.save_every": 1,
     "train.eval_every": 1,

@@ -5,6 +5,8 @@ checkpoint of another family refused."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -12,28 +14,19 @@ from diffrl.models.registry import load_family
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from tests.integration import tiny_parts
 from tests.integration.family_checks import (
-    OTHER_ALGORITHMS,
-    assert_exported_lora_matches,
-    assert_refuses,
+    SEQUENCE_2,
+    ExportedLoraCheck,
+    Family,
+    PlanCheck,
+    assert_does_not_split,
     family_config,
+    other_pipelines_folder,
+    settings,
+    tiny_folder,
     train_one,
 )
 
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
-SEQUENCE_3 = {"runner": "ray", "parallel.trainer_ranks": 3, "parallel.sequence": 3}
-"""One sequence group of 3 trainer ranks: the tiny models' 16-token images and 2 heads do not split."""
-SEQUENCE_2 = {**SEQUENCE_3, "parallel.trainer_ranks": 2, "parallel.sequence": 2}
-
-
-def pretend_sequence_ranks(module, n: int) -> None:
-    """Leave on ``module`` the record of a split over ``n`` ranks that diffusers'
-    ``enable_parallelism`` leaves (``_parallel_config``), without its hooks: what a family reads
-    (:func:`diffrl.models.flux.sequence_ranks`) to pad its text or refuse its tokens, checked in
-    one process (the forward itself stays whole)."""
-    from types import SimpleNamespace
-
-    cp = SimpleNamespace(ulysses_degree=n, ring_degree=1)
-    module._parallel_config = SimpleNamespace(context_parallel_config=cp)
 
 
 def write_tiny_flux(path, guidance_embeds: bool = True, pipeline: str = "FluxPipeline") -> None:
@@ -79,23 +72,22 @@ def write_tiny_flux(path, guidance_embeds: bool = True, pipeline: str = "FluxPip
     ).save_pretrained(path)
 
 
-@pytest.fixture(scope="module")
-def flux_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_flux")
-    write_tiny_flux(path)
-    return path
+flux_dir = tiny_folder("flux_dir", write_tiny_flux)
 
 
 def flux_config(tmp_path, flux_dir, **extra):
-    family = {
-        "model.family": "flux",
-        "model.path": str(flux_dir),
-        "model.options": "{max_sequence_length: 16}",  # embedded guidance: the default 3.5
-        "sampling.guidance_scale": 1.0,  # no true CFG, as FluxPipeline's default
-        "sampling.height": SIZE,
-        "sampling.width": SIZE,
-    }
-    return family_config(tmp_path, family, **extra)
+    """Embedded guidance (the default 3.5), no true CFG (guidance 1, as FluxPipeline's default)."""
+    return family_config(
+        tmp_path, settings("flux", flux_dir, "{max_sequence_length: 16}", 1.0, SIZE), **extra
+    )
+
+
+class TestFamilyChecks(ExportedLoraCheck, PlanCheck):
+    """The shared checks on the tiny FLUX.1: the exported LoRA, and ``--merge``'s whole
+    ``FluxPipeline`` folder with the adapter fused; the planned forward with the distilled guidance
+    (3.5) embedded, 16 T5 tokens, 16 image tokens."""
+
+    case = Family(flux_config, "flux_dir", latent=(4, 8, 8), merge="FluxPipeline")
 
 
 def _pipeline_latents(family, prompts, noise, steps, **kw):
@@ -152,34 +144,6 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, flux_dir, guidanc
         assert (sample() - ours).abs().max() > 1e-2
 
 
-def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, flux_dir):
-    """The exported LoRA, and ``--merge``: a whole ``FluxPipeline`` folder with the adapter fused."""
-    from diffusers import FluxPipeline
-
-    from diffrl.cli import main
-
-    grpo = train_one(flux_config(tmp_path / "grpo", flux_dir))
-    base = load_family(flux_config(tmp_path, flux_dir, **{"model.lora": "null"}))
-    x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
-    ours = assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x)
-    merged = tmp_path / "merged"
-    assert main(["export", str(grpo.checkpoint), str(merged), "--merge"]) == 0
-    transformer = FluxPipeline.from_pretrained(merged).transformer
-    sigma, cond = torch.tensor([0.9, 0.4]), ours.encode_prompts(["a", "b"])
-    with torch.no_grad():
-        v_merged = base.velocity(x, sigma, cond, module=transformer)
-        torch.testing.assert_close(v_merged, ours.velocity(x, sigma, cond), rtol=0, atol=1e-5)
-
-
-@OTHER_ALGORITHMS
-def test_other_algorithms_run_an_iteration(tmp_path, flux_dir, algorithm):
-    train_one(flux_config(tmp_path, flux_dir, **algorithm))
-
-
-def test_a_tiny_checkpoint_is_refused(tmp_path, flux_dir, tiny_checkpoint):
-    assert_refuses(load_family(flux_config(tmp_path, flux_dir)), tiny_checkpoint)
-
-
 def test_bf16_forward_with_float32_lora_and_gradient_checkpointing(tmp_path, flux_dir):
     """The memory options of the GPU recipes: a bfloat16 transformer, text encoders and VAE, with
     the LoRA weights (what the optimizer updates) in float32, gradient checkpointing, and the
@@ -206,13 +170,9 @@ def test_bf16_forward_with_float32_lora_and_gradient_checkpointing(tmp_path, flu
 
 
 def test_bad_folders_and_options_are_reported_together_before_loading(tmp_path, flux_dir):
-    import json
-
     from diffrl.config import ConfigError
 
-    other = tmp_path / "sd3"
-    other.mkdir()
-    (other / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusion3Pipeline"}))
+    other = other_pipelines_folder(tmp_path / "sd3", "StableDiffusion3Pipeline")
     bad = "{max_sequence_length: 1024, text_encoder_dtype: float8}"
     with pytest.raises(ConfigError) as e:
         flux_config(tmp_path, other, **{"model.options": bad})
@@ -225,94 +185,10 @@ def test_bad_folders_and_options_are_reported_together_before_loading(tmp_path, 
 def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path, flux_dir):
     """``parallel.sequence: 3``: 16 image tokens, 16 T5 tokens (``max_sequence_length``) and 2
     heads; none splits over 3 ranks (diffusers would assert mid-forward); over 2 all do."""
-    from diffrl.config import ConfigError
-
-    with pytest.raises(ConfigError) as e:
-        flux_config(tmp_path, flux_dir, **SEQUENCE_3)
-    msg = str(e.value)
-    for what in (
+    lengths = (
         "image tokens (16)",
         "text tokens (model.options.max_sequence_length) (16)",
         "attention heads (2)",
-    ):
-        assert f"parallel.sequence=3: the flux model's {what} do not split over 3 ranks" in msg
+    )
+    assert_does_not_split(partial(flux_config, tmp_path, flux_dir), "flux", *lengths)
     assert flux_config(tmp_path, flux_dir, **SEQUENCE_2).parallel.sequence == 2
-
-
-def _assert_same(ours, theirs, where: str = "input") -> None:
-    """``ours`` and ``theirs`` (a forward's arguments: tensors, lists, tuples, dicts, plain values)
-    are the same, tensors to the bit and in the same dtype."""
-    if isinstance(theirs, torch.Tensor):
-        assert isinstance(ours, torch.Tensor) and ours.dtype == theirs.dtype, where
-        assert ours.shape == theirs.shape and torch.equal(ours, theirs), where
-    elif isinstance(theirs, list | tuple):
-        assert type(ours) is type(theirs) and len(ours) == len(theirs), where
-        for i, (a, b) in enumerate(zip(ours, theirs)):
-            _assert_same(a, b, f"{where}[{i}]")
-    elif isinstance(theirs, dict):
-        assert ours.keys() == theirs.keys(), where
-        for k in theirs:
-            _assert_same(ours[k], theirs[k], f"{where}.{k}")
-    else:
-        assert ours == theirs, where
-
-
-def assert_plan_runs(config) -> None:
-    """``diffrl plan`` of ``config`` (the family's ``planned`` from the model folder's JSON files,
-    one micro-batch's step on fake tensors) measures memory and FLOPs."""
-    from diffrl.algorithms.registry import build_algorithm
-    from diffrl.plan.planner import plan
-    from diffrl.train.actor import apply_lora
-
-    result = plan(config, build_algorithm(config))
-    assert result.memory.peak > 0 and result.memory.activations > 0 and result.train_flops > 0
-    if config.model.lora is not None:  # the LoRA the actor trains (the family's own targets)
-        family = load_family(config)
-        apply_lora(family, config.model.lora)
-        assert result.trainable == sum(p.numel() for p in family.trainable_parameters())
-
-
-def assert_planned_is_the_familys(config, folder, sources=None, masks: tuple[str, ...] = ()) -> None:
-    """What ``diffrl plan`` runs is the family's own model and forward: the transformer its
-    ``planned`` builds on the meta device from ``folder`` has the loaded transformer's tensors
-    (names, shapes, dtypes), and the planned forward, run on the loaded transformer, hands it
-    exactly the inputs of the family's forward with real prompts' conditioning (with ``sources``
-    for an editing family) zeroed (the ``masks`` set to ones: every token a prompt's, as the plan's
-    full-length prompts), and gives the same velocity."""
-    from pathlib import Path
-
-    from diffrl.core.rollout import Conditioning
-
-    family = load_family(config)
-    planned = type(family).description.planned(config, Path(folder))
-
-    def tensors(module):
-        return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items()}
-
-    assert tensors(planned.module) == tensors(family.transformer)
-    encoded = family.encode_prompts(["a", "b"], sources).tensors
-    cond = Conditioning(
-        {k: torch.ones_like(v) if k in masks else torch.zeros_like(v) for k, v in encoded.items()}
-    )
-    x = torch.randn(2, *planned.latent_shape, generator=torch.Generator().manual_seed(0))
-    sigma = torch.tensor([0.9, 0.4])
-    calls = []
-    hook = family.transformer.register_forward_pre_hook(
-        lambda _, args, kwargs: calls.append((args, kwargs)), with_kwargs=True
-    )
-    try:
-        with torch.no_grad():
-            theirs = family.forward(family.transformer, x, sigma, cond)
-            ours = planned.forward(family.transformer, x, sigma)
-    finally:
-        hook.remove()
-    _assert_same(calls[1], calls[0])
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
-
-
-def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, flux_dir):
-    """``diffrl plan`` of the tiny FLUX.1 runs, and its planned forward is the family's: the
-    distilled guidance (3.5) embedded, 16 T5 tokens, 16 image tokens."""
-    config = flux_config(tmp_path, flux_dir)
-    assert_plan_runs(config)
-    assert_planned_is_the_familys(config, flux_dir)

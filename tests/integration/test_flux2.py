@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import json
 import shutil
+from functools import partial
 
 import pytest
 import torch
@@ -19,13 +20,20 @@ from diffrl.models import flux2
 from diffrl.models.registry import load_family
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from tests.integration.family_checks import (
-    OTHER_ALGORITHMS,
+    SEQUENCE_2,
+    Family,
+    PlanCheck,
+    assert_does_not_split,
     assert_exported_lora_matches,
-    assert_refuses,
+    assert_merged_matches,
+    assert_planned_is_the_familys,
     family_config,
+    other_pipelines_folder,
+    settings,
+    tiny_folder,
     train_one,
 )
-from tests.integration.test_flux import assert_plan_runs, assert_planned_is_the_familys
+from tests.integration.tiny_parts import byte_tokenizer
 
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8, patchified 2 x 2 -> 4 x 4 = 16 tokens
 LAYERS = [1, 2, 3]  # text_encoder_out_layers of the 3-layer tiny text encoders
@@ -55,20 +63,6 @@ QWEN3_TEMPLATE = (
     "{%- if enable_thinking is defined and enable_thinking is false %}"
     "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )
-
-
-def byte_tokenizer(specials: list[str], template: str, **tokens):
-    """A byte-level BPE ``Qwen2Tokenizer`` (no merges: one token per byte) with ``specials`` first
-    in its vocabulary and the chat ``template``."""
-    from transformers import Qwen2Tokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {s: i for i, s in enumerate(specials)}
-    for ch in bytes_to_unicode().values():
-        vocab[ch] = len(vocab)
-    tok = Qwen2Tokenizer(vocab=vocab, merges=[], additional_special_tokens=specials[1:], **tokens)
-    tok.chat_template = template
-    return tok
 
 
 def tiny_vae():
@@ -139,7 +133,12 @@ def write_tiny_flux2(path, variant: str, is_distilled: bool = False) -> None:
             "[IMG]",
         ]
         tok = byte_tokenizer(
-            specials, MISTRAL_TEMPLATE, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token=None
+            specials,
+            template=MISTRAL_TEMPLATE,
+            bos_token="<s>",
+            eos_token="</s>",
+            pad_token="<pad>",
+            unk_token=None,
         )
         vision = dict(
             hidden_size=16,
@@ -164,42 +163,28 @@ def write_tiny_flux2(path, variant: str, is_distilled: bool = False) -> None:
                 image_token_index=specials.index("[IMG]"),
             )
         )
-        pipe = Flux2Pipeline(
-            scheduler=scheduler,
-            vae=tiny_vae(),
-            text_encoder=encoder,
-            tokenizer=tok,
-            transformer=tiny_transformer(True),
-        )
+        pipeline, own = Flux2Pipeline, {}
     else:
         specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-        tok = byte_tokenizer(specials, QWEN3_TEMPLATE, pad_token="<|endoftext|>", eos_token="<|im_end|>")
+        tok = byte_tokenizer(
+            specials, template=QWEN3_TEMPLATE, pad_token="<|endoftext|>", eos_token="<|im_end|>"
+        )
         encoder = Qwen3ForCausalLM(
             Qwen3Config(vocab_size=len(tok), pad_token_id=0, eos_token_id=2, bos_token_id=None, **text)
         )
-        pipe = Flux2KleinPipeline(
-            scheduler=scheduler,
-            vae=tiny_vae(),
-            text_encoder=encoder,
-            tokenizer=tok,
-            transformer=tiny_transformer(False),
-            is_distilled=is_distilled,
-        )
-    pipe.save_pretrained(path)
+        pipeline, own = Flux2KleinPipeline, {"is_distilled": is_distilled}
+    pipeline(
+        scheduler=scheduler,
+        vae=tiny_vae(),
+        text_encoder=encoder,
+        tokenizer=tok,
+        transformer=tiny_transformer(guidance_embeds=variant == "dev"),  # [klein] embeds none
+        **own,
+    ).save_pretrained(path)
 
 
-@pytest.fixture(scope="module")
-def dev_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_flux2_dev")
-    write_tiny_flux2(path, "dev")
-    return path
-
-
-@pytest.fixture(scope="module")
-def klein_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_flux2_klein")
-    write_tiny_flux2(path, "klein")
-    return path
+dev_dir = tiny_folder("dev_dir", write_tiny_flux2, "dev")
+klein_dir = tiny_folder("klein_dir", write_tiny_flux2, "klein")
 
 
 def distilled_copy(klein_dir, tmp_path):
@@ -213,16 +198,21 @@ def distilled_copy(klein_dir, tmp_path):
 
 
 def flux2_config(tmp_path, folder, variant: str, guidance: float = 1.0, **extra):
+    """[dev]: embedded guidance, the default 4.0."""
     options = f"{{max_sequence_length: {TEXT_TOKENS[variant]}, text_encoder_out_layers: {LAYERS}}}"
-    family = {
-        "model.family": "flux2",
-        "model.path": str(folder),
-        "model.options": options,  # [dev]: embedded guidance, the default 4.0
-        "sampling.guidance_scale": guidance,
-        "sampling.height": SIZE,
-        "sampling.width": SIZE,
-    }
-    return family_config(tmp_path, family, **extra)
+    return family_config(tmp_path, settings("flux2", folder, options, guidance, SIZE), **extra)
+
+
+def klein_cfg_config(tmp_path, folder, **extra):
+    """The tiny [klein] base with CFG (the recipe's)."""
+    return flux2_config(tmp_path, folder, "klein", 4.0, **extra)
+
+
+class TestFamilyChecks(PlanCheck):
+    """The shared checks on the tiny [klein] base with CFG (the recipe's); [dev]'s planned forward
+    and the exported LoRAs of both: below."""
+
+    case = Family(klein_cfg_config, "klein_dir")
 
 
 def test_the_pipelines_defaults_are_the_familys():
@@ -290,6 +280,8 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, dev_dir, klein_di
     assert images.shape == (2, 3, SIZE, SIZE) and images.min() >= 0 and images.max() <= 1
     torch.testing.assert_close(images, run("pt"), rtol=0, atol=1e-5)
     if kind == "dev":  # the embedded guidance is an input of every forward (training's too)
+        with pytest.raises(ValueError, match="no classifier-free guidance"):  # the config check refuses it
+            family.negative("", 4.0)
         family.options.guidance = 1.0
         assert (sample_ode(family, noise, cond, sigmas) - ours).abs().max() > 1e-2
     if variant == "klein":  # and the CFG changes the result
@@ -331,38 +323,14 @@ def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(
     )
     assert "single_transformer_blocks.0.attn.to_qkv_mlp_proj" in lora
     if variant == "klein":  # --merge: a whole Flux2KleinPipeline folder with the adapter fused
-        from diffusers import Flux2KleinPipeline
-
-        from diffrl.cli import main
-
-        merged = tmp_path / "merged"
-        assert main(["export", str(grpo.checkpoint), str(merged), "--merge"]) == 0
-        pipe = Flux2KleinPipeline.from_pretrained(merged)
+        pipe = assert_merged_matches(tmp_path, grpo.checkpoint, base, ours, x, "Flux2KleinPipeline")
         assert pipe.config.is_distilled is False
-        sigma, cond = torch.tensor([0.9, 0.4]), ours.encode_prompts(["a", "b"])
-        with torch.no_grad():
-            v_merged = base.velocity(x, sigma, cond, module=pipe.transformer)
-            torch.testing.assert_close(v_merged, ours.velocity(x, sigma, cond), rtol=0, atol=1e-5)
-
-
-@OTHER_ALGORITHMS
-def test_other_algorithms_run_an_iteration(tmp_path, klein_dir, algorithm):
-    train_one(flux2_config(tmp_path, klein_dir, "klein", 4.0, **algorithm))
-
-
-def test_a_tiny_checkpoint_is_refused(tmp_path, dev_dir, tiny_checkpoint):
-    family = load_family(flux2_config(tmp_path, dev_dir, "dev"))
-    assert_refuses(family, tiny_checkpoint)
-    with pytest.raises(ValueError, match="no classifier-free guidance"):  # what the config check refuses
-        family.negative("", 4.0)
 
 
 def test_bad_folders_and_options_are_reported_together_before_loading(tmp_path, dev_dir, klein_dir):
     from diffrl.config import ConfigError
 
-    other = tmp_path / "flux1"
-    other.mkdir()
-    (other / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    other = other_pipelines_folder(tmp_path / "flux1", "FluxPipeline")
     with pytest.raises(ConfigError, match="holds a FluxPipeline"):
         flux2_config(tmp_path, other, "dev")
     with pytest.raises(ConfigError, match="no built-in weights"):
@@ -404,25 +372,15 @@ def test_bad_folders_and_options_are_reported_together_before_loading(tmp_path, 
 def test_sequence_parallel_lengths_that_do_not_split_are_config_errors(tmp_path, dev_dir):
     """``parallel.sequence: 3``: 16 image tokens, [dev]'s 256 text tokens
     (``max_sequence_length``) and 2 heads; none splits over 3 ranks; over 2 all do."""
-    from diffrl.config import ConfigError
-    from tests.integration.test_flux import SEQUENCE_2, SEQUENCE_3
-
-    with pytest.raises(ConfigError) as e:
-        flux2_config(tmp_path, dev_dir, "dev", **SEQUENCE_3)
-    msg = str(e.value)
-    for what in (
+    lengths = (
         "image tokens (16)",
         "text tokens (model.options.max_sequence_length) (256)",
         "attention heads (2)",
-    ):
-        assert f"parallel.sequence=3: the flux2 model's {what} do not split over 3 ranks" in msg
+    )
+    assert_does_not_split(partial(flux2_config, tmp_path, dev_dir, "dev"), "flux2", *lengths)
     assert flux2_config(tmp_path, dev_dir, "dev", **SEQUENCE_2).parallel.sequence == 2
 
 
-def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, dev_dir, klein_dir):
-    """``diffrl plan`` of the tiny [klein] base with CFG (the recipe's) runs, and the planned forward
-    is the family's for both variants: [dev] embeds its guidance (4.0), [klein] none."""
-    klein = flux2_config(tmp_path, klein_dir, "klein", guidance=4.0)
-    assert_plan_runs(klein)
-    assert_planned_is_the_familys(klein, klein_dir)
+def test_the_planned_forward_of_dev_is_the_familys(tmp_path, dev_dir):
+    """As the shared plan check's for [klein] (none embedded): [dev] embeds its guidance (4.0)."""
     assert_planned_is_the_familys(flux2_config(tmp_path, dev_dir, "dev"), dev_dir)

@@ -5,6 +5,8 @@ pairs) iterations, rewards that see the source, the exported LoRA, and a tiny ch
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
@@ -16,36 +18,36 @@ from diffrl.models.flux import pack, unpack
 from diffrl.models.registry import load_family
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from tests.integration.family_checks import (
-    EDIT_ALGORITHMS,
+    Family,
+    FamilyChecks,
+    assert_does_not_split,
     assert_exported_lora_matches,
-    assert_refuses,
+    assert_plan_runs,
+    assert_planned_is_the_familys,
     edit_config,
+    pretend_sequence_ranks,
+    settings,
+    tiny_folder,
     train_one,
 )
-from tests.integration.test_flux import assert_plan_runs, assert_planned_is_the_familys, write_tiny_flux
+from tests.integration.test_flux import write_tiny_flux
 
 SIZE = 16  # pixels: 8 x 8 latents, 16 noisy tokens; a 16 px source adds 16 more
 TINY_RESOLUTIONS = [(32, 32), (48, 16), (16, 48)]
 """Kontext's preferred resolutions scaled down for a CPU (the real ones are ~1 megapixel)."""
 
 
-@pytest.fixture(scope="module")
-def kontext_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_kontext")
-    write_tiny_flux(path, pipeline="FluxKontextPipeline")
-    return path
+kontext_dir = tiny_folder("kontext_dir", write_tiny_flux, pipeline="FluxKontextPipeline")
 
 
 def kontext_config(tmp_path, folder, options="{max_sequence_length: 16, auto_resize: false}", **extra):
-    family = {
-        "model.family": "flux_kontext",
-        "model.path": str(folder),
-        "model.options": options,
-        "sampling.guidance_scale": 1.0,
-        "sampling.height": SIZE,
-        "sampling.width": SIZE,
-    }
-    return edit_config(tmp_path, family, SIZE, **extra)
+    return edit_config(tmp_path, settings("flux_kontext", folder, options, 1.0, SIZE), SIZE, **extra)
+
+
+class TestFamilyChecks(FamilyChecks):
+    """The shared checks on the tiny Kontext (SFT on edit pairs)."""
+
+    case = Family(kontext_config, "kontext_dir", edits=True)
 
 
 def write_sources(tmp_path, shape=(SIZE, SIZE)):
@@ -187,15 +189,6 @@ def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(
     assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x, sources=sources)
 
 
-@EDIT_ALGORITHMS
-def test_other_algorithms_run_an_iteration(tmp_path, kontext_dir, algorithm):
-    train_one(kontext_config(tmp_path, kontext_dir, **algorithm))
-
-
-def test_a_tiny_checkpoint_is_refused(tmp_path, kontext_dir, tiny_checkpoint):
-    assert_refuses(load_family(kontext_config(tmp_path, kontext_dir)), tiny_checkpoint)
-
-
 def test_prompts_without_images_and_text_datasets_are_refused_before_loading(tmp_path, kontext_dir):
     from diffrl.config import ConfigError
 
@@ -225,23 +218,21 @@ def test_sequence_parallel_lengths_that_do_not_split_are_errors(tmp_path, kontex
     the 1024 x 1024 source's 65536 (the tiny VAE halves, 2 x 2 packing), 65552, which with the 16
     T5 tokens and 2 heads do not split over 3 ranks; without, a source keeps its own size, so its
     tokens are counted at the forward: 16 + 16 refused there, before diffusers' assert."""
-    from diffrl.config import ConfigError
     from diffrl.models.base import SourceError
-    from tests.integration.test_flux import SEQUENCE_3, pretend_sequence_ranks
 
-    auto = "{max_sequence_length: 16, auto_resize: true}"
-    with pytest.raises(ConfigError) as e:
-        kontext_config(tmp_path, kontext_dir, options=auto, **SEQUENCE_3)
-    msg = str(e.value)
-    for what in (
+    auto = partial(
+        kontext_config, tmp_path, kontext_dir, options="{max_sequence_length: 16, auto_resize: true}"
+    )
+    lengths = (
         "image tokens (65552)",
         "text tokens (model.options.max_sequence_length) (16)",
         "attention heads (2)",
-    ):
-        assert f"parallel.sequence=3: the flux_kontext model's {what} do not split over 3 ranks" in msg
-    with pytest.raises(ConfigError) as e:
-        kontext_config(tmp_path, kontext_dir, **SEQUENCE_3)
-    assert "image tokens" not in str(e.value) and "attention heads (2)" in str(e.value)
+    )
+    assert_does_not_split(auto, "flux_kontext", *lengths)
+    msg = assert_does_not_split(
+        partial(kontext_config, tmp_path, kontext_dir), "flux_kontext", "attention heads (2)"
+    )
+    assert "image tokens" not in msg
     family = load_family(kontext_config(tmp_path, kontext_dir, **{"model.lora": "null"}))
     sources = [load_source(p, SIZE, SIZE) for p in write_sources(tmp_path / "sources")]
     cond = family.encode_prompts(["a", "b"], sources)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from tests.integration.test_bad_inputs import BAD, GRPO, ROOT, Case, _check, _setup, run_row
+from tests.integration.test_bad_inputs import BAD, GRPO, Case, run_and_check
 
 CLIP_REWARD = "rewards=[{name: clip_score, params: {model: '{tmp}/clip'}}]"
 CLIP = {
@@ -31,7 +31,4 @@ CASES: list[Case] = [
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
 def test_clip_folder_row(case: Case, tmp_path, request, capsys, monkeypatch):
-    monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
-    argv = _setup(case, tmp_path, request)
-    code, out, err = run_row(case, argv, monkeypatch, capsys)
-    _check(case, code, out, err.replace(str(tmp_path), "{tmp}"))
+    run_and_check(case, tmp_path, request, capsys, monkeypatch)

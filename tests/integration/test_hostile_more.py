@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from diffrl.models.base import SHIPPED_CONFIGS
-from tests.integration.test_bad_inputs import BAD, ROOT, Case, _check, _setup, run_row
+from tests.integration.test_bad_inputs import BAD, ROOT, Case, run_and_check
 
 TINY_BASE = ROOT / "diffrl" / "models" / "assets" / "tiny_base"
 GRPO = "recipes/tiny_grpo_ocr_small.yaml"
@@ -215,10 +215,7 @@ def test_the_table_is_well_formed():
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
 def test_hostile_input(case: Case, tmp_path, request, capsys, monkeypatch):
-    monkeypatch.chdir(ROOT)  # rows name the shipped recipes by their relative path
-    argv = _setup(case, tmp_path, request)
-    code, out, err = run_row(case, argv, monkeypatch, capsys)
-    _check(case, code, out, err.replace(str(tmp_path), "{tmp}"))
+    run_and_check(case, tmp_path, request, capsys, monkeypatch)
 
 
 # ---- a reward's folder at load: its files checked first, every library error the reward's ------

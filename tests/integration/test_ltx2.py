@@ -26,10 +26,14 @@ from diffrl.rewards.base import RewardSet
 from diffrl.sampling.engine import build_collector
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from tests.integration.family_checks import (
-    OTHER_ALGORITHMS,
-    assert_refuses,
+    Family,
+    FamilyChecks,
+    assert_merged_matches,
     export_lora,
     family_config,
+    other_pipelines_folder,
+    settings,
+    tiny_folder,
     train_one,
 )
 from tests.integration.test_flow_grpo import REWARD
@@ -40,6 +44,8 @@ SIZE = 32  # pixels: LTX2Pipeline takes multiples of 32; the tiny VAE divides by
 FRAMES = 5  # the tiny VAE's 2x temporal compression -> 3 latent frames; 5/24 s -> 5 audio latents
 OPTIONS = f"{{num_frames: {FRAMES}, max_sequence_length: 16, stg_blocks: [1]}}"  # 2 blocks: STG on the last
 ATOL = 1e-5  # float32 on CPU
+ATTENTIONS = ("attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
+"""Every attention of both streams of the LTX-2 transformer: where its LoRA goes."""
 
 
 def write_tiny_ltx2(path, perturbed_attn: bool = True, rope_type: str = "split") -> None:
@@ -177,30 +183,24 @@ def write_tiny_ltx2(path, perturbed_attn: bool = True, rope_type: str = "split")
     ).save_pretrained(path)
 
 
-@pytest.fixture(scope="module")
-def ltx2_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_ltx2")
-    write_tiny_ltx2(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def ltx20_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_ltx20")
-    write_tiny_ltx2(path, perturbed_attn=False)
-    return path
+ltx2_dir = tiny_folder("ltx2_dir", write_tiny_ltx2)
+ltx20_dir = tiny_folder("ltx20_dir", write_tiny_ltx2, perturbed_attn=False)
 
 
 def ltx2_config(tmp_path, folder, **extra):
-    family = {
-        "model.family": "ltx2",
-        "model.path": str(folder),
-        "model.options": OPTIONS,
-        "sampling.guidance_scale": 3.0,
-        "sampling.height": SIZE,
-        "sampling.width": SIZE,
-    }  # the reward is an image reward: each video is scored frame by frame, then averaged
-    return family_config(tmp_path, family, **extra)
+    """The reward is an image reward: each video is scored frame by frame, then averaged."""
+    return family_config(tmp_path, settings("ltx2", folder, OPTIONS, 3.0, SIZE), **extra)
+
+
+class TestFamilyChecks(FamilyChecks):
+    """The shared checks on the tiny LTX-2.3; SFT on still images (``num_frames: 1``): their audio
+    is the encoding of silence."""
+
+    case = Family(
+        ltx2_config,
+        "ltx2_dir",
+        sft={"model.options": "{num_frames: 1, max_sequence_length: 16, stg_blocks: [1]}"},
+    )
 
 
 GUIDANCE = {  # the pipeline's defaults (audio CFG 7, STG 1, modality 3, rescale 0.7), and none at all
@@ -303,10 +303,6 @@ def test_guidance_terms_each_change_the_velocity(tmp_path, ltx2_dir):
 def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, ltx2_dir):
     """The exported LoRA loaded by ``LTX2Pipeline.load_lora_weights`` into the base transformer gives
     diffrl's policy's velocity (both streams, conditional and fully guided) to 1e-5."""
-    from diffusers import LTX2Pipeline
-
-    from diffrl.cli import main
-
     grpo = train_one(ltx2_config(tmp_path / "grpo", ltx2_dir))
     out, ours = export_lora(tmp_path, grpo.checkpoint)
     base = load_family(ltx2_config(tmp_path, ltx2_dir, **{"model.lora": "null"}))
@@ -325,22 +321,10 @@ def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp
         plain.latent_shape(SIZE, SIZE)
         assert (plain.velocity(x, sigma, cond) - ours.velocity(x, sigma, cond)).abs().max() > 1e-3
     names = [n for n, _ in pipe.transformer.named_modules() if n.endswith("lora_A")]
-    for attn in (
-        "attn1",
-        "audio_attn1",
-        "attn2",
-        "audio_attn2",
-        "audio_to_video_attn",
-        "video_to_audio_attn",
-    ):
+    for attn in ATTENTIONS:
         assert any(f".{attn}.to_q" in n for n in names), attn  # every attention of both streams
     # --merge: a whole LTX2Pipeline folder with the adapter fused, read back by diffusers
-    merged = tmp_path / "merged"
-    assert main(["export", str(grpo.checkpoint), str(merged), "--merge"]) == 0
-    transformer = LTX2Pipeline.from_pretrained(merged).transformer
-    with torch.no_grad():
-        v_merged = base.velocity(x, sigma, cond, module=transformer)
-        torch.testing.assert_close(v_merged, ours.velocity(x, sigma, cond), rtol=0, atol=ATOL)
+    assert_merged_matches(tmp_path, grpo.checkpoint, base, ours, x, "LTX2Pipeline")
 
 
 def test_bf16_with_float32_lora_and_gradient_checkpointing_replays_exactly(tmp_path, ltx2_dir):
@@ -357,17 +341,6 @@ def test_bf16_with_float32_lora_and_gradient_checkpointing_replays_exactly(tmp_p
     train_one(config)
 
 
-@OTHER_ALGORITHMS
-def test_other_algorithms_run_an_iteration(tmp_path, ltx2_dir, algorithm):
-    """SFT on still images (``num_frames: 1``): their audio is the encoding of silence."""
-    if algorithm["algorithm.name"] == "sft":
-        algorithm = {
-            **algorithm,
-            "model.options": "{num_frames: 1, max_sequence_length: 16, stg_blocks: [1]}",
-        }
-    train_one(ltx2_config(tmp_path, ltx2_dir, **algorithm))
-
-
 def test_stills_encode_to_their_frame_and_silence(tmp_path, ltx2_dir):
     config = ltx2_config(tmp_path, ltx2_dir, **{"model.lora": "null"})
     family = load_family(config)
@@ -380,8 +353,7 @@ def test_stills_encode_to_their_frame_and_silence(tmp_path, ltx2_dir):
         family.encode_images(videos[:, :, 0])
 
 
-def test_a_tiny_checkpoint_and_bad_options_are_refused(tmp_path, ltx2_dir, tiny_checkpoint):
-    assert_refuses(load_family(ltx2_config(tmp_path, ltx2_dir)), tiny_checkpoint)
+def test_bad_options_and_other_folders_are_refused(tmp_path, ltx2_dir):
     bad = "{num_frames: 6, max_sequence_length: 12, stg_blocks: [28], guidance_rescale: 2}"
     with pytest.raises(ConfigError) as e:
         ltx2_config(tmp_path, ltx2_dir, **{"model.options": bad, "sampling.height": 48})
@@ -393,11 +365,8 @@ def test_a_tiny_checkpoint_and_bad_options_are_refused(tmp_path, ltx2_dir, tiny_
         "sampling.height=48",
     ):
         assert problem in str(e.value)
-    other = tmp_path / "flux"
-    other.mkdir()
-    (other / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
     with pytest.raises(ConfigError, match="LTX2Pipeline"):
-        ltx2_config(tmp_path, other)
+        ltx2_config(tmp_path, other_pipelines_folder(tmp_path / "flux", "FluxPipeline"))
 
 
 def test_a_rollouts_sound_reaches_clap_and_an_image_reward_still_scores_the_frames(tmp_path, ltx2_dir):

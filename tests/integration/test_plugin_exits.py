@@ -22,25 +22,12 @@ from diffrl.core.errors import EXIT_BUG, EXIT_RUN_STOPPED, EXIT_USER_ERROR
 from diffrl.core.interrupts import CtrlC, noting_ctrl_c
 from diffrl.core.registry import import_object
 from diffrl.train.stop import StopSignals
-from tests.conftest import sigint_as_in_a_terminal
+from tests.conftest import TINY_RUN, overrides, sigint_as_in_a_terminal
 
 ROOT = Path(__file__).resolve().parents[2]
 NFT = "recipes/tiny_nft_ocr.yaml"
 # a random tiny model, one failed iteration stops the run: about a second in process
-TINY = [
-    "model.path=random",
-    "sampling.num_steps=2",
-    "sampling.guidance_scale=1",
-    "rollout.batch_size=2",
-    "rollout.n_samples_per_prompt=2",
-    "rollout.micro_group_size=2",
-    "rollout.num_steps_per_rollout=1",
-    "train.batch_size=4",
-    "train.micro_batch_size=2",
-    "train.iterations=2",
-    "train.max_failed_iterations=1",
-    "eval.enabled=false",
-]
+TINY = [*overrides(TINY_RUN), "train.iterations=2", "train.max_failed_iterations=1", "eval.enabled=false"]
 
 PLUGIN = """
 import argparse

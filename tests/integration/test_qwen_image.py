@@ -4,20 +4,27 @@ Flow-GRPO and DiffusionNFT iterations, the exported LoRA, and a checkpoint of an
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
 from diffrl.models.flux import pack, unpack
 from diffrl.models.registry import load_family
 from diffrl.sampling.sampler import initial_noise, sample_ode
+from tests.integration import tiny_parts
 from tests.integration.family_checks import (
-    OTHER_ALGORITHMS,
-    assert_exported_lora_matches,
-    assert_refuses,
+    SEQUENCE_2,
+    ExportedLoraCheck,
+    Family,
+    PlanCheck,
+    assert_does_not_split,
     family_config,
-    train_one,
+    pipeline_latents,
+    pretend_sequence_ranks,
+    settings,
+    tiny_folder,
 )
-from tests.integration.test_flux import assert_plan_runs, assert_planned_is_the_familys
 
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
 TEXT_TOKENS = 256  # the byte-level tokenizer leaves ~150 tokens of the template after the drop
@@ -36,54 +43,17 @@ SCHEDULER = dict(
 
 
 def build_qwen_tokenizer():
-    """A byte-level BPE ``Qwen2Tokenizer`` (no merges: one token per byte) with the chat template's
-    special tokens, as the real tokenizer treats them."""
-    from transformers import Qwen2Tokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {"<|endoftext|>": 0}
-    for ch in bytes_to_unicode().values():
-        vocab[ch] = len(vocab)
-    return Qwen2Tokenizer(vocab=vocab, merges=[], additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    """A byte-level tokenizer with the chat template's special tokens, as the real tokenizer treats them."""
+    return tiny_parts.byte_tokenizer(["<|endoftext|>"], ["<|im_start|>", "<|im_end|>"])
 
 
-def write_tiny_qwen_image(path) -> None:
-    """A random Qwen-Image with every part of the real one, sized for a CPU, saved by the pipeline."""
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+def qwen_image_parts(tokenizer, max_positions: int, vision: dict | None = None, ids=None, **transformer):
+    """A random Qwen-Image's parts, sized for a CPU, as its pipeline takes them: the Qwen2.5-VL text
+    encoder (``max_positions``, its vision tower's ``vision`` settings and token ``ids``), the
+    transformer (``transformer``: settings on top), the VAE, the scheduler, ``tokenizer``."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
 
-    torch.manual_seed(0)
-    tokenizer = build_qwen_tokenizer()
-    text_encoder = Qwen2_5_VLForConditionalGeneration(
-        Qwen2_5_VLConfig(
-            text_config=dict(
-                vocab_size=len(tokenizer),
-                hidden_size=32,
-                intermediate_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=512,
-                rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 1e6},
-                bos_token_id=None,
-                eos_token_id=0,
-                pad_token_id=0,
-            ),
-            vision_config=dict(
-                depth=1,
-                hidden_size=16,
-                intermediate_size=32,
-                num_heads=2,
-                out_hidden_size=32,
-                fullatt_block_indexes=[0],
-            ),
-        )
-    )
+    text_encoder = tiny_parts.qwen25_vl(len(tokenizer), max_positions, vision, **(ids or {}))
     transformer = QwenImageTransformer2DModel(
         patch_size=2,
         in_channels=64,  # 16 latent channels x a 2 x 2 patch
@@ -93,36 +63,41 @@ def write_tiny_qwen_image(path) -> None:
         num_attention_heads=2,
         joint_attention_dim=32,
         axes_dims_rope=(2, 2, 4),
+        **transformer,
     )
     vae = AutoencoderKLQwenImage(
         base_dim=8, z_dim=16, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[False]
     )
-    QwenImagePipeline(
+    return dict(
         scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER),
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=tokenizer,
         transformer=transformer,
-    ).save_pretrained(path)
+    )
 
 
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_qwen_image")
-    write_tiny_qwen_image(path)
-    return path
+def write_tiny_qwen_image(path) -> None:
+    """A random Qwen-Image with every part of the real one, sized for a CPU, saved by the pipeline."""
+    from diffusers import QwenImagePipeline
+
+    torch.manual_seed(0)
+    QwenImagePipeline(**qwen_image_parts(build_qwen_tokenizer(), max_positions=512)).save_pretrained(path)
+
+
+qwen_dir = tiny_folder("qwen_dir", write_tiny_qwen_image)
 
 
 def qwen_config(tmp_path, qwen_dir, **extra):
-    family = {
-        "model.family": "qwen_image",
-        "model.path": str(qwen_dir),
-        "model.options": f"{{max_sequence_length: {TEXT_TOKENS}}}",
-        "sampling.guidance_scale": 4.0,
-        "sampling.height": SIZE,
-        "sampling.width": SIZE,
-    }
-    return family_config(tmp_path, family, **extra)
+    options = f"{{max_sequence_length: {TEXT_TOKENS}}}"
+    return family_config(tmp_path, settings("qwen_image", qwen_dir, options, 4.0, SIZE), **extra)
+
+
+class TestFamilyChecks(ExportedLoraCheck, PlanCheck):
+    """The shared checks on the tiny Qwen-Image; ``diffrl plan`` with true CFG, whose planned
+    forward takes prompts of the full ``max_sequence_length`` (a mask of ones, the text kept whole)."""
+
+    case = Family(qwen_config, "qwen_dir", latent=(16, 8, 8), masks=("encoder_hidden_states_mask",))
 
 
 @pytest.mark.parametrize("guidance", [4.0, 1.0], ids=["true_cfg", "no_cfg"])
@@ -148,16 +123,9 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, qwen_dir, guidanc
     negative = family.negative("", guidance)
     sigmas = family.sigmas(4, None, SIZE, SIZE)
     ours = sample_ode(family, noise, cond, sigmas, guidance, negative)
-    theirs = pipe(
-        prompt=prompts,
-        negative_prompt="" if guidance > 1 else None,
-        true_cfg_scale=guidance,
-        latents=pack(noise),
-        num_inference_steps=4,
-        height=SIZE,
-        width=SIZE,
-        max_sequence_length=TEXT_TOKENS,
-        output_type="latent",
+    cfg = dict(negative_prompt="" if guidance > 1 else None, true_cfg_scale=guidance)
+    theirs = pipeline_latents(
+        pipe, pack(noise), 4, SIZE, prompt=prompts, max_sequence_length=TEXT_TOKENS, **cfg
     ).images
     torch.testing.assert_close(sigmas, pipe.scheduler.sigmas, rtol=0, atol=0)
     torch.testing.assert_close(ours, unpack(theirs, SIZE // 2, SIZE // 2), rtol=0, atol=1e-5)
@@ -165,22 +133,6 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, qwen_dir, guidanc
     assert images.shape == (2, 3, SIZE, SIZE) and images.min() >= 0 and images.max() <= 1
     if guidance == 1.0:
         assert family.encode_images(images).shape == noise.shape
-
-
-def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, qwen_dir):
-    grpo = train_one(qwen_config(tmp_path / "grpo", qwen_dir))
-    base = load_family(qwen_config(tmp_path, qwen_dir, **{"model.lora": "null"}))
-    x = torch.randn(2, 16, 8, 8, generator=torch.Generator().manual_seed(0))
-    assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x)
-
-
-@OTHER_ALGORITHMS
-def test_other_algorithms_run_an_iteration(tmp_path, qwen_dir, algorithm):
-    train_one(qwen_config(tmp_path, qwen_dir, **algorithm))
-
-
-def test_a_tiny_checkpoint_is_refused(tmp_path, qwen_dir, tiny_checkpoint):
-    assert_refuses(load_family(qwen_config(tmp_path, qwen_dir)), tiny_checkpoint)
 
 
 def test_bad_options_and_a_guidance_embedded_transformer_are_refused(tmp_path, qwen_dir):
@@ -205,15 +157,10 @@ def test_sequence_parallel_config_errors_and_the_text_padded_to_a_multiple_of_th
     ending exactly at ``max_sequence_length``) and, under sequence parallel, pads it with masked
     zeros to a multiple of the ranks (144 for 2); the velocity stays the unpadded one's (masked
     keys get no attention weight: measured 2.4e-7 of velocities up to 1.9, float rounding)."""
-    from diffrl.config import ConfigError
     from diffrl.models.qwen_image import text_tokens
-    from tests.integration.test_flux import SEQUENCE_2, SEQUENCE_3, pretend_sequence_ranks
 
-    with pytest.raises(ConfigError) as e:
-        qwen_config(tmp_path, qwen_dir, **SEQUENCE_3)
-    msg = str(e.value)
-    for what in ("image tokens (16)", "attention heads (2)"):
-        assert f"parallel.sequence=3: the qwen_image model's {what} do not split over 3 ranks" in msg
+    lengths = ("image tokens (16)", "attention heads (2)")
+    msg = assert_does_not_split(partial(qwen_config, tmp_path, qwen_dir), "qwen_image", *lengths)
     assert "text tokens" not in msg
     config = qwen_config(tmp_path, qwen_dir, **SEQUENCE_2, **{"model.options": "{max_sequence_length: 143}"})
     family = load_family(config)
@@ -227,11 +174,3 @@ def test_sequence_parallel_config_errors_and_the_text_padded_to_a_multiple_of_th
         padded = family.velocity(x, sigma, cond)
     assert text.shape[1] == 144 and mask.sum(dim=1).tolist() == [143, 140]
     torch.testing.assert_close(padded, whole, rtol=0, atol=1e-6)
-
-
-def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, qwen_dir):
-    """``diffrl plan`` of the tiny Qwen-Image with true CFG runs, and the planned forward is the
-    family's: prompts of the full ``max_sequence_length`` (a mask of ones, the text kept whole)."""
-    config = qwen_config(tmp_path, qwen_dir)
-    assert_plan_runs(config)
-    assert_planned_is_the_familys(config, qwen_dir, masks=("encoder_hidden_states_mask",))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+from functools import partial
 
 import numpy as np
 import pytest
@@ -21,14 +22,19 @@ from diffrl.models.flux import pack, unpack
 from diffrl.models.registry import load_family
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from tests.integration.family_checks import (
-    EDIT_ALGORITHMS,
+    Family,
+    FamilyChecks,
+    assert_does_not_split,
     assert_exported_lora_matches,
-    assert_refuses,
+    assert_plan_runs,
+    assert_planned_is_the_familys,
     edit_config,
+    pretend_sequence_ranks,
+    settings,
     train_one,
 )
-from tests.integration.test_flux import assert_plan_runs, assert_planned_is_the_familys
-from tests.integration.test_qwen_image import SCHEDULER
+from tests.integration.test_qwen_image import qwen_image_parts
+from tests.integration.tiny_parts import byte_tokenizer
 
 HEIGHT, WIDTH = 16, 24  # the output: the tiny VAE halves it to 8 x 12 latents, packed 2 x 2 -> 24 tokens
 CONDITION_AREA = 32 * 32  # the VL picture of a 2:3 source: 32 x 32 px (sides rounded to 32), 4 x 4 tokens
@@ -52,15 +58,9 @@ VARIANTS = {  # folder name: (pipeline class, transformer's zero_cond_t)
 
 
 def build_tokenizer():
-    """A byte-level BPE ``Qwen2Tokenizer`` (one token per byte) with the chat template's and the
-    vision prompt's special tokens, as the real tokenizer treats them."""
-    from transformers import Qwen2Tokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    vocab = {"<|endoftext|>": 0}
-    for ch in bytes_to_unicode().values():
-        vocab[ch] = len(vocab)
-    return Qwen2Tokenizer(vocab=vocab, merges=[], additional_special_tokens=SPECIAL)
+    """A byte-level tokenizer with the chat template's and the vision prompt's special tokens, as
+    the real tokenizer treats them."""
+    return byte_tokenizer(["<|endoftext|>"], SPECIAL)
 
 
 def write_tiny_qwen_image_edit(path, pipeline_class: str, zero_cond_t: bool) -> None:
@@ -68,8 +68,6 @@ def write_tiny_qwen_image_edit(path, pipeline_class: str, zero_cond_t: bool) -> 
     pipeline (without a processor object, which transformers 5 cannot build without torchvision;
     its parts are written as ``Qwen2VLProcessor`` lays them out)."""
     import diffusers
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     torch.manual_seed(0)
@@ -83,56 +81,9 @@ def write_tiny_qwen_image_edit(path, pipeline_class: str, zero_cond_t: bool) -> 
             ("vision_end_token_id", "vision_end"),
         ]
     }
-    text_encoder = Qwen2_5_VLForConditionalGeneration(
-        Qwen2_5_VLConfig(
-            text_config=dict(
-                vocab_size=len(tokenizer),
-                hidden_size=32,
-                intermediate_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=1024,
-                rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 1e6},
-                bos_token_id=None,
-                eos_token_id=0,
-                pad_token_id=0,
-            ),
-            vision_config=dict(
-                depth=1,
-                hidden_size=16,
-                intermediate_size=32,
-                num_heads=2,
-                patch_size=PATCH,
-                out_hidden_size=32,
-                window_size=16,
-                fullatt_block_indexes=[0],
-            ),
-            **ids,
-        )
-    )
-    transformer = QwenImageTransformer2DModel(
-        patch_size=2,
-        in_channels=64,  # 16 latent channels x a 2 x 2 patch
-        out_channels=16,
-        num_layers=2,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        axes_dims_rope=(2, 2, 4),
-        zero_cond_t=zero_cond_t,
-    )
-    vae = AutoencoderKLQwenImage(
-        base_dim=8, z_dim=16, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[False]
-    )
-    getattr(diffusers, pipeline_class)(
-        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER),
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        processor=None,
-        transformer=transformer,
-    ).save_pretrained(path)
+    vision = dict(patch_size=PATCH, window_size=16)
+    parts = qwen_image_parts(tokenizer, 1024, vision, ids, zero_cond_t=zero_cond_t)
+    getattr(diffusers, pipeline_class)(**parts, processor=None).save_pretrained(path)
     images = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=2, min_pixels=8 * 8, max_pixels=64 * 64)
     qwen_image_edit.write_processor(path, images, tokenizer)
 
@@ -159,15 +110,14 @@ def edit_dir(edit_dirs):
 def qedit_config(tmp_path, folder, **extra):
     """The family's settings on the tiny recipe with an editing prompt set of 24 px signs (cropped
     to the output's 2:3: 24 x 16)."""
-    family = {
-        "model.family": "qwen_image_edit",
-        "model.path": str(folder),
-        "model.options": OPTIONS,
-        "sampling.guidance_scale": 4.0,
-        "sampling.height": HEIGHT,
-        "sampling.width": WIDTH,
-    }
+    family = settings("qwen_image_edit", folder, OPTIONS, 4.0, HEIGHT, WIDTH)
     return edit_config(tmp_path, family, WIDTH, **extra)
+
+
+class TestFamilyChecks(FamilyChecks):
+    """The shared checks on the tiny 2509 (SFT on edit pairs)."""
+
+    case = Family(qedit_config, "edit_dir", edits=True)
 
 
 def write_sources(folder, n: int = 2) -> list:
@@ -376,11 +326,6 @@ def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp
     assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x, sources=sources)
 
 
-@EDIT_ALGORITHMS
-def test_other_algorithms_run_an_iteration(tmp_path, edit_dir, algorithm):
-    train_one(qedit_config(tmp_path, edit_dir, **algorithm))
-
-
 def test_save_pretrained_writes_a_folder_that_loads_back(tmp_path, edit_dir):
     """A full model folder (what ``diffrl export`` writes for a full fine-tune): the pipeline's
     parts and ``processor/`` written from the family's processor parts, named in model_index.json."""
@@ -393,10 +338,6 @@ def test_save_pretrained_writes_a_folder_that_loads_back(tmp_path, edit_dir):
     sources = [load_source(p, HEIGHT, WIDTH) for p in write_sources(tmp_path / "signs")]
     for name, tensor in family.encode_prompts(['write "7"'] * 2, sources).tensors.items():
         torch.testing.assert_close(again.encode_prompts(['write "7"'] * 2, sources).tensors[name], tensor)
-
-
-def test_a_tiny_checkpoint_is_refused(tmp_path, edit_dir, tiny_checkpoint):
-    assert_refuses(load_family(qedit_config(tmp_path, edit_dir)), tiny_checkpoint)
 
 
 def test_bad_options_and_folders_are_refused_before_loading(tmp_path, edit_dir):
@@ -444,13 +385,9 @@ def test_sequence_parallel_lengths_that_do_not_split_are_errors(tmp_path, edit_d
     the forward refuses them too, before diffusers' assert (a source of another aspect than the
     output's brings a reference of another size than the config check counted)."""
     from diffrl.models.base import SourceError
-    from tests.integration.test_flux import SEQUENCE_3, pretend_sequence_ranks
 
-    with pytest.raises(ConfigError) as e:
-        qedit_config(tmp_path, edit_dir, **SEQUENCE_3)
-    msg = str(e.value)
-    for what in ("image tokens (152)", "attention heads (2)"):
-        assert f"parallel.sequence=3: the qwen_image_edit model's {what} do not split over 3 ranks" in msg
+    lengths = ("image tokens (152)", "attention heads (2)")
+    assert_does_not_split(partial(qedit_config, tmp_path, edit_dir), "qwen_image_edit", *lengths)
     family = load_family(qedit_config(tmp_path, edit_dir, **{"model.lora": "null"}))
     sources = [load_source(p, HEIGHT, WIDTH) for p in write_sources(tmp_path / "signs")]
     cond = family.encode_prompts(['write "7"'] * 2, sources)

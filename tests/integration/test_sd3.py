@@ -4,18 +4,18 @@ iterations, and a checkpoint of another family refused."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from diffrl.models.registry import load_family
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from tests.integration import tiny_parts
 from tests.integration.family_checks import (
-    OTHER_ALGORITHMS,
-    assert_exported_lora_matches,
-    assert_refuses,
+    ExportedLoraCheck,
+    Family,
     family_config,
-    train_one,
+    pipeline_latents,
+    settings,
+    tiny_folder,
 )
 
 SIZE = 16  # pixels: the tiny VAE halves them, patch 2 -> 4 x 4 tokens
@@ -54,23 +54,17 @@ def write_tiny_sd3(path) -> None:
     ).save_pretrained(path)
 
 
-@pytest.fixture(scope="module")
-def sd3_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_sd3")
-    write_tiny_sd3(path)
-    return path
+sd3_dir = tiny_folder("sd3_dir", write_tiny_sd3)
 
 
 def sd3_config(tmp_path, sd3_dir, **extra):
-    family = {
-        "model.family": "sd3",
-        "model.path": str(sd3_dir),
-        "model.options": "{max_sequence_length: 16}",
-        "sampling.guidance_scale": 4.5,
-        "sampling.height": SIZE,
-        "sampling.width": SIZE,
-    }
-    return family_config(tmp_path, family, **extra)
+    return family_config(tmp_path, settings("sd3", sd3_dir, "{max_sequence_length: 16}", 4.5, SIZE), **extra)
+
+
+class TestFamilyChecks(ExportedLoraCheck):
+    """The shared checks on the tiny SD3."""
+
+    case = Family(sd3_config, "sd3_dir", latent=(16, 8, 8))
 
 
 def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, sd3_dir):
@@ -86,32 +80,8 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, sd3_dir):
     negative = family.encode_prompts([""]).repeat(2)
     ours = sample_ode(family, noise, cond, family.sigmas(4, None, SIZE, SIZE), 4.5, negative)
     pipe = family.pipeline()
-    theirs = pipe(
-        prompt=prompts,
-        negative_prompt="",
-        latents=noise.clone(),
-        num_inference_steps=4,
-        guidance_scale=4.5,
-        height=SIZE,
-        width=SIZE,
-        output_type="latent",
-    ).images
+    call = dict(prompt=prompts, negative_prompt="", guidance_scale=4.5)
+    theirs = pipeline_latents(pipe, noise.clone(), 4, SIZE, **call).images
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
     images = family.decode(ours)
     assert images.shape == (2, 3, SIZE, SIZE) and images.min() >= 0 and images.max() <= 1
-
-
-def test_flow_grpo_iteration_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, sd3_dir):
-    grpo = train_one(sd3_config(tmp_path / "grpo", sd3_dir))
-    base = load_family(sd3_config(tmp_path, sd3_dir, **{"model.lora": "null"}))
-    x = torch.randn(2, 16, 8, 8, generator=torch.Generator().manual_seed(0))
-    assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x)
-
-
-@OTHER_ALGORITHMS
-def test_other_algorithms_run_an_iteration(tmp_path, sd3_dir, algorithm):
-    train_one(sd3_config(tmp_path, sd3_dir, **algorithm))
-
-
-def test_a_tiny_checkpoint_is_refused(tmp_path, sd3_dir, tiny_checkpoint):
-    assert_refuses(load_family(sd3_config(tmp_path, sd3_dir)), tiny_checkpoint)

@@ -18,23 +18,13 @@ from torch.distributed.fsdp import fully_shard
 
 from diffrl.core.parallel import free_port, sequence_mesh
 from diffrl.models.sequence_parallel import enable_sequence_parallel
+from tests.integration import tiny_parts
 from tests.ranks import run_ranks
 
 
 def tiny_wan() -> WanTransformer3DModel:
     torch.manual_seed(0)
-    model = WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=12,
-        in_channels=16,
-        out_channels=16,
-        text_dim=32,
-        freq_dim=32,
-        ffn_dim=32,
-        num_layers=2,
-        rope_max_seq_len=32,
-    )
+    model = tiny_parts.wan_transformer()
     lora = LoraConfig(
         r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"], init_lora_weights=False
     )

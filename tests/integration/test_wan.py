@@ -17,11 +17,16 @@ from diffrl.core.rollout import Conditioning
 from diffrl.models.registry import load_family
 from diffrl.models.tiny import build_tokenizer
 from diffrl.sampling.sampler import initial_noise, sample_ode
+from tests.integration import tiny_parts
 from tests.integration.family_checks import (
-    OTHER_ALGORITHMS,
-    assert_refuses,
+    Family,
+    FamilyChecks,
     export_lora,
     family_config,
+    other_pipelines_folder,
+    pipeline_latents,
+    settings,
+    tiny_folder,
     train_one,
 )
 from tests.ranks import run_ranks
@@ -34,39 +39,13 @@ ATOL = 1e-5  # float32 on CPU
 
 def write_tiny_wan(path, two_experts: bool) -> None:
     """A random Wan with every part of the real one, sized for a CPU, saved by the pipeline."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
+    from transformers import UMT5EncoderModel
 
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
-    umt5 = UMT5EncoderModel(
-        UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=32,
-            d_kv=8,
-            d_ff=32,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            pad_token_id=0,
-            eos_token_id=3,
-            decoder_start_token_id=0,
-        )
-    )
-
-    def transformer():
-        return WanTransformer3DModel(
-            patch_size=(1, 2, 2),
-            num_attention_heads=2,
-            attention_head_dim=12,
-            in_channels=16,
-            out_channels=16,
-            text_dim=32,
-            freq_dim=32,
-            ffn_dim=32,
-            num_layers=2,
-            rope_max_seq_len=32,
-        )
+    umt5 = UMT5EncoderModel(tiny_parts.t5_config(len(tokenizer), d_model=32, d_ff=32, umt5=True))
+    transformer = tiny_parts.wan_transformer
 
     # the real 16-channel latent statistics (AutoencoderKLWan's defaults) on a 3-wide VAE
     vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
@@ -84,31 +63,21 @@ def write_tiny_wan(path, two_experts: bool) -> None:
     ).save_pretrained(path)
 
 
-@pytest.fixture(scope="module")
-def wan21_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_wan21")
-    write_tiny_wan(path, two_experts=False)
-    return path
-
-
-@pytest.fixture(scope="module")
-def wan22_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_wan22")
-    write_tiny_wan(path, two_experts=True)
-    return path
+wan21_dir = tiny_folder("wan21_dir", write_tiny_wan, two_experts=False)
+wan22_dir = tiny_folder("wan22_dir", write_tiny_wan, two_experts=True)
 
 
 def wan_config(tmp_path, wan_dir, **extra):
-    family = {
-        "model.family": "wan",
-        "model.path": str(wan_dir),
-        "model.options": f"{{num_frames: {FRAMES}, max_sequence_length: 16}}",
-        "algorithm.params": "{step_strategy: {name: all}}",  # all 3 steps: both experts train
-        "sampling.guidance_scale": 5.0,
-        "sampling.height": SIZE,
-        "sampling.width": SIZE,
-    }  # the reward is an image reward: each video is scored frame by frame, then averaged
-    return family_config(tmp_path, family, **extra)
+    """All 3 steps trained (both experts); the reward is an image reward: each video is scored
+    frame by frame, then averaged."""
+    family = settings("wan", wan_dir, f"{{num_frames: {FRAMES}, max_sequence_length: 16}}", 5.0, SIZE)
+    return family_config(tmp_path, {**family, "algorithm.params": "{step_strategy: {name: all}}"}, **extra)
+
+
+class TestFamilyChecks(FamilyChecks):
+    """The shared checks on Wan 2.2 (both experts); SFT on still images (``num_frames: 1``)."""
+
+    case = Family(wan_config, "wan22_dir", sft={"model.options": "{num_frames: 1, max_sequence_length: 16}"})
 
 
 @pytest.mark.parametrize("version", ["2.1", "2.2"])
@@ -131,17 +100,8 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, wan21_dir, wan22_
     ours = sample_ode(family, noise, cond, family.sigmas(4, None, SIZE, SIZE), 5.0, negative)
     pipe = family.pipeline()
     pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=family.default_shift)
-    theirs = pipe(
-        prompt=prompts,
-        negative_prompt="",
-        latents=noise.clone(),
-        num_inference_steps=4,
-        guidance_scale=5.0,
-        height=SIZE,
-        width=SIZE,
-        num_frames=FRAMES,
-        output_type="latent",
-    ).frames
+    call = dict(prompt=prompts, negative_prompt="", guidance_scale=5.0, num_frames=FRAMES)
+    theirs = pipeline_latents(pipe, noise.clone(), 4, SIZE, **call).frames
     torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
     videos = family.decode(ours)
     assert videos.shape == (2, 3, FRAMES, SIZE, SIZE) and videos.min() >= 0 and videos.max() <= 1
@@ -183,16 +143,8 @@ def test_per_token_timesteps_match_the_pipeline(tmp_path, wan21_dir):
     hook.remove()
     tokens = noise[0, 0, :, ::2, ::2].numel()  # latent frames x (H/2) x (W/2) patches
     assert shapes == [(1, tokens)] * 2
-    theirs = pipe(
-        prompt_embeds=cond.tensors["encoder_hidden_states"],
-        latents=noise.clone(),
-        num_inference_steps=2,
-        guidance_scale=1.0,
-        height=SIZE,
-        width=SIZE,
-        num_frames=FRAMES,
-        output_type="latent",
-    ).frames
+    call = dict(prompt_embeds=cond.tensors["encoder_hidden_states"], guidance_scale=1.0, num_frames=FRAMES)
+    theirs = pipeline_latents(pipe, noise.clone(), 2, SIZE, **call).frames
     torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
 
 
@@ -221,32 +173,13 @@ def test_flow_grpo_trains_both_experts_replays_exactly_and_its_lora_loads_in_dif
     _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, wan22_dir, grpo.checkpoint)
 
 
-@OTHER_ALGORITHMS
-def test_other_algorithms_run_an_iteration(tmp_path, wan22_dir, algorithm):
-    """On Wan 2.2 (both experts); SFT on still images (``num_frames: 1``)."""
-    if algorithm["algorithm.name"] == "sft":
-        algorithm = {**algorithm, "model.options": "{num_frames: 1, max_sequence_length: 16}"}
-    train_one(wan_config(tmp_path, wan22_dir, **algorithm))
-
-
-def test_a_tiny_checkpoint_and_other_folders_are_refused(tmp_path, wan21_dir, sd3_like_dir, tiny_checkpoint):
+def test_other_folders_and_bad_options_are_refused(tmp_path, wan21_dir):
     from diffrl.config import ConfigError
 
-    assert_refuses(load_family(wan_config(tmp_path, wan21_dir)), tiny_checkpoint)
     with pytest.raises(ConfigError, match="WanPipeline"):
-        wan_config(tmp_path, sd3_like_dir)
+        wan_config(tmp_path, other_pipelines_folder(tmp_path / "other", "FluxPipeline"))
     with pytest.raises(ConfigError, match="num_frames = 4k"):
         wan_config(tmp_path, wan21_dir, **{"model.options": "{num_frames: 6}"})
-
-
-@pytest.fixture
-def sd3_like_dir(tmp_path):
-    """A diffusers folder of another pipeline (only its model_index.json matters here)."""
-    import json
-
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
-    return tmp_path / "other"
 
 
 def _exported_lora_loads_into_the_diffusers_pipeline(tmp_path, wan_dir, checkpoint):

@@ -16,14 +16,14 @@ from diffrl.models.registry import load_family
 from diffrl.sampling.sampler import initial_noise, sample_ode
 from tests.integration import tiny_parts
 from tests.integration.family_checks import (
-    OTHER_ALGORITHMS,
-    assert_exported_lora_matches,
-    assert_refuses,
+    ExportedLoraCheck,
+    Family,
+    PlanCheck,
     family_config,
-    train_one,
+    pipeline_latents,
+    settings,
+    tiny_folder,
 )
-from tests.integration.test_flux import assert_plan_runs, assert_planned_is_the_familys
-from tests.integration.test_qwen_image import build_qwen_tokenizer
 
 HEIGHT, WIDTH = 16, 24  # pixels: the tiny VAE halves them to 8 x 12 latents, 4 x 6 = 24 patches
 TEXT_TOKENS = 128  # the byte-level tokenizer: 19 template tokens + one per byte of the prompt
@@ -51,8 +51,7 @@ def write_tiny_z_image(path, scheduler: dict = TURBO_SCHEDULER) -> None:
     from transformers import Qwen3Config, Qwen3Model
 
     torch.manual_seed(0)
-    tokenizer = build_qwen_tokenizer()
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer = tiny_parts.byte_tokenizer(["<|endoftext|>"], ["<|im_start|>", "<|im_end|>"], CHAT_TEMPLATE)
     text_encoder = Qwen3Model(
         Qwen3Config(
             vocab_size=len(tokenizer),
@@ -97,25 +96,25 @@ def write_tiny_z_image(path, scheduler: dict = TURBO_SCHEDULER) -> None:
     ).save_pretrained(path)
 
 
-@pytest.fixture(scope="module")
-def z_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_z_image")
-    write_tiny_z_image(path)
-    return path
+z_dir = tiny_folder("z_dir", write_tiny_z_image)
 
 
 def z_config(tmp_path, z_dir, options: str = "", guidance: float = 0.0, **extra):
     """Z-Image-Turbo's way by default: no CFG (guidance 0)."""
-    family = {
-        "model.family": "z_image",
-        "model.path": str(z_dir),
-        "model.options": f"{{max_sequence_length: {TEXT_TOKENS}{', ' + options if options else ''}}}",
-        "sampling.guidance_scale": guidance,
-        "sampling.negative_prompt": "blurry",
-        "sampling.height": HEIGHT,
-        "sampling.width": WIDTH,
-    }
-    return family_config(tmp_path, family, **extra)
+    options = f"{{max_sequence_length: {TEXT_TOKENS}{', ' + options if options else ''}}}"
+    family = settings("z_image", z_dir, options, guidance, HEIGHT, WIDTH)
+    return family_config(tmp_path, {**family, "sampling.negative_prompt": "blurry"}, **extra)
+
+
+class TestFamilyChecks(ExportedLoraCheck, PlanCheck):
+    """The shared checks on the tiny Z-Image: the Flow-GRPO iteration with CFG; ``diffrl plan``
+    without CFG (the recipe's), whose planned forward takes captions of the full
+    ``max_sequence_length`` (a mask of ones) and the model time from the scheduler's
+    ``num_train_timesteps``."""
+
+    case = Family(
+        z_config, "z_dir", latent=(4, HEIGHT // 2, WIDTH // 2), grpo={"guidance": 5.0}, masks=("prompt_mask",)
+    )
 
 
 @pytest.mark.parametrize(
@@ -149,17 +148,9 @@ def test_ode_sampling_matches_the_diffusers_pipeline(tmp_path, z_dir, guidance, 
 
     ours = sample()
     pipe = family.pipeline()
-    theirs = pipe(
-        prompt=list(PROMPTS),
-        negative_prompt=["blurry"] * 2,
-        guidance_scale=guidance,
-        latents=noise.clone(),
-        num_inference_steps=4,
-        height=HEIGHT,
-        width=WIDTH,
-        max_sequence_length=TEXT_TOKENS,
-        output_type="latent",
-        **options,
+    call = dict(prompt=list(PROMPTS), negative_prompt=["blurry"] * 2, max_sequence_length=TEXT_TOKENS)
+    theirs = pipeline_latents(
+        pipe, noise.clone(), 4, HEIGHT, WIDTH, guidance_scale=guidance, **call, **options
     ).images
     torch.testing.assert_close(sigmas, pipe.scheduler.sigmas, rtol=0, atol=0)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
@@ -216,22 +207,6 @@ def test_caption_lengths_mixed_in_a_batch_and_cfg_truncation_per_row(tmp_path, z
     assert (guided - conditional).abs().max() > 1e-3
 
 
-def test_flow_grpo_iteration_with_cfg_replays_exactly_and_its_lora_loads_in_diffusers(tmp_path, z_dir):
-    grpo = train_one(z_config(tmp_path / "grpo", z_dir, guidance=5.0))
-    base = load_family(z_config(tmp_path, z_dir, **{"model.lora": "null"}))
-    x = torch.randn(2, 4, HEIGHT // 2, WIDTH // 2, generator=torch.Generator().manual_seed(0))
-    assert_exported_lora_matches(tmp_path, grpo.checkpoint, base, x)
-
-
-@OTHER_ALGORITHMS
-def test_other_algorithms_run_an_iteration(tmp_path, z_dir, algorithm):
-    train_one(z_config(tmp_path, z_dir, **algorithm))
-
-
-def test_a_tiny_checkpoint_is_refused(tmp_path, z_dir, tiny_checkpoint):
-    assert_refuses(load_family(z_config(tmp_path, z_dir)), tiny_checkpoint)
-
-
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -250,12 +225,3 @@ def test_bad_settings_are_refused_before_loading(tmp_path, z_dir, overrides, mes
 
     with pytest.raises(ConfigError, match=message):
         z_config(tmp_path, z_dir, **overrides)
-
-
-def test_plan_runs_the_familys_own_transformer_and_forward(tmp_path, z_dir):
-    """``diffrl plan`` of the tiny Z-Image-Turbo without CFG (the recipe's) runs, and the planned
-    forward is the family's: captions of the full ``max_sequence_length`` (a mask of ones), the
-    model time from the scheduler's ``num_train_timesteps``."""
-    config = z_config(tmp_path, z_dir)
-    assert_plan_runs(config)
-    assert_planned_is_the_familys(config, z_dir, masks=("prompt_mask",))

@@ -333,7 +333,9 @@ class Kind:
 
 KINDS = {
     "algorithm": Kind(ALGORITHMS, lambda c: _dataclass_hints(c.Params), "algorithm.params.", ("algorithm",)),
-    "model family": Kind(FAMILIES, lambda c: _dataclass_hints(c.description.Options), "model.options.", ("model",)),
+    "model family": Kind(
+        FAMILIES, lambda c: _dataclass_hints(c.description.Options), "model.options.", ("model",)
+    ),
     "rollout engine": Kind(
         ENGINES,
         lambda c: _dataclass_hints(c.Options) if hasattr(c, "Options") else {},

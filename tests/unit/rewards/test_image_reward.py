@@ -34,7 +34,7 @@ from diffrl.rewards.image_reward import (
 )
 from diffrl.rewards.pretrained import pil_images
 from diffrl.rewards.registry import REWARDS
-from tests.integration.test_bad_inputs import BAD, GRPO, ROOT, Case, _check, _setup, run_row
+from tests.integration.test_bad_inputs import BAD, GRPO, Case, run_and_check
 from tests.unit.rewards.tiny_clip import PROMPTS, preflight_problems, random_images
 
 VISION, TEXT, EMBED, PATCH, GRID, LAYERS, POSITIONS = 128, 128, 16, 8, 4, 2, 40  # 2 heads of 64 each
@@ -420,7 +420,4 @@ CASES = [
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
 def test_bad_input(case: Case, tmp_path, request, capsys, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    argv = _setup(case, tmp_path, request)
-    code, out, err = run_row(case, argv, monkeypatch, capsys)
-    _check(case, code, out, err.replace(str(tmp_path), "{tmp}"))
+    run_and_check(case, tmp_path, request, capsys, monkeypatch)
