@@ -19,7 +19,7 @@ import torch
 from diffrl.algorithms.registry import build_algorithm
 from diffrl.core.parallel import free_port, full_tensor
 from diffrl.distributed.ray.sharding import shard_steps
-from diffrl.train import stages
+from diffrl.train import gather
 from diffrl.train.runner import LocalRunner
 from tests.integration.test_wan import wan_config, write_tiny_wan
 from tests.ranks import run_ranks
@@ -68,11 +68,11 @@ def _one_process(config):
     algorithm = build_algorithm(config)
     runner = LocalRunner(config, algorithm, algorithm.collection_spec())
     try:
-        rollout = stages.Rollout()
+        rollout = gather.Rollout()
         for part in runner.sample(0):
             rollout.add(part, runner.score(part))
         batch, _ = rollout.finish()
-        batch = stages.scored_samples(batch)
+        batch = gather.scored_samples(batch)
         examples = algorithm.build_train_data(batch, algorithm.postprocess_rewards(batch, batch.rewards), 0)
         updates = []
         for _ in range(2):
