@@ -244,9 +244,8 @@ def _assert_same(ours, theirs, where: str = "input") -> None:
 def assert_plan_runs(config: Config) -> None:
     """``diffrl plan`` of ``config`` (the family's ``planned`` from the model folder's JSON files,
     one micro-batch's step on fake tensors) measures memory and FLOPs."""
-    from diffrl.plan.planner import plan
-
     from diffrl.algorithms.registry import build_algorithm
+    from diffrl.plan.planner import plan
     from diffrl.train.actor import apply_lora
 
     result = plan(config, build_algorithm(config))
