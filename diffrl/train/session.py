@@ -52,7 +52,7 @@ from diffrl.trust.trust import Trust, Verdict
 class TrainSession:
     """One train run in its output folder (``run.output_dir``, else ``runs/<run.name>``).
 
-    Inside ``with TrainSession(config) as session:`` the folder is locked and the run is ready to
+    Inside ``with TrainSession(config, runner_class) as session:`` the folder is locked and the run is ready to
     iterate: ``session.runner`` holds the model (a resumed run's checkpoint loaded), ``start`` is
     the first iteration to run, ``state`` what the checkpoint kept for the driver, ``result`` what
     the run returns (its ``history`` the driver's to fill).
