@@ -22,7 +22,7 @@ import torch
 from diffrl.config import Config, Range
 from diffrl.core.registry import RegistryError
 from diffrl.core.rollout import CollectionSpec, Conditioning, RolloutBatch, TrainExamples, TrainSignals
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import FamilyRuntime
 from diffrl.sampling.kernels import kernel_problems, resolve_kernel
 from diffrl.sampling.step_strategies import AllSteps
 
@@ -47,7 +47,7 @@ class Policy(Protocol):
     Shapes: ``x_t (B, *latent)``, ``sigma (B,)`` -> velocity ``(B, *latent)`` float32.
     """
 
-    family: ModelFamily
+    family: FamilyRuntime
     sigmas: torch.Tensor
     """The ``(num_steps + 1,)`` sampling schedule."""
     guidance_scale: float

@@ -30,7 +30,7 @@ from diffrl.config import Config
 from diffrl.core.errors import DiffrlError
 from diffrl.data.prompts import PromptSet
 from diffrl.evaluation.evaluate import generate
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import FamilyRuntime
 from diffrl.rewards.base import RewardError, RewardSet
 from diffrl.rewards.ocr import OCRReward, default_num_workers, ocr_reward_from_text
 from diffrl.rewards.pretrained import pil_images
@@ -153,7 +153,7 @@ class Drawn:
 
 
 def draw_and_score(
-    family: ModelFamily,
+    family: FamilyRuntime,
     config: Config,
     prompts: BenchPrompts,
     samples_per_prompt: int,

@@ -27,24 +27,16 @@ def run(args: argparse.Namespace, inputs: ExportInputs) -> int:
 def _run(args: argparse.Namespace, target: Target, out: Path) -> int:
     config = target.config
     family = load_for_inference(config, target.checkpoint)
-    if config.model.lora is not None and not args.merge:
-        how = family.save_lora(out)
-        if how is not None:
-            print(f"wrote the LoRA adapter to {out}:")
-            print(written(out))
-            print(
-                snippet(how, f"BASE: the base model's folder (this run's model.path: {config.model.path!r})")
-            )
-            return 0
-    if config.model.lora is not None:  # merge the adapter into the base weights, then drop it
-        family.transformer.fuse_lora()
-        family.transformer.unload_lora()
-    family.save_pretrained(out, dtype=DTYPES[args.dtype] if args.dtype else None)
-    print(f"wrote {family.description.name} model to {out}:")
+    lora = config.model.lora is not None
+    exported = family.export(
+        out, lora=lora, merge=args.merge, dtype=DTYPES[args.dtype] if args.dtype else None
+    )
+    what = "the LoRA adapter" if exported.adapter else f"{family.description.name} model"
+    print(f"wrote {what} to {out}:")
     print(written(out))
-    how = family.load_snippet(out)
-    if how is not None:
-        print(snippet(how))
+    if exported.load is not None:
+        base = f"BASE: the base model's folder (this run's model.path: {config.model.path!r})"
+        print(snippet(exported.load, base if exported.adapter else None))
     return 0
 
 

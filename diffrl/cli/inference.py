@@ -10,7 +10,7 @@ from diffrl.cli.targets import SAMPLE_SECTIONS, Target, resolve_target
 from diffrl.config import Config
 from diffrl.core import determinism
 from diffrl.core.registry import refusing
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import FamilyRuntime
 from diffrl.models.registry import load_family, resolve_device
 from diffrl.preflight.plugins import check_plugins
 from diffrl.train.actor import apply_lora
@@ -38,7 +38,7 @@ def load_target(
     return t.config, t.checkpoint
 
 
-def load_for_inference(config: Config, checkpoint: Path | None) -> ModelFamily:
+def load_for_inference(config: Config, checkpoint: Path | None) -> FamilyRuntime:
     """The config's model with the checkpoint's weights (its LoRA applied first), frozen."""
     if checkpoint is not None:
         info = read_checkpoint_info(checkpoint)

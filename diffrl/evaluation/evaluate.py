@@ -22,7 +22,7 @@ from diffrl.core.rollout import Audio, Media, quantize
 from diffrl.data.hf import EVAL_SPLITS
 from diffrl.data.prompts import PromptSet, edit_mismatch, load_prompts
 from diffrl.logging import Progress
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import FamilyRuntime
 from diffrl.rewards.base import RewardSet
 from diffrl.sampling.sampler import image_size, initial_noise, sample_ode, sampling_sigmas
 
@@ -113,7 +113,7 @@ def _finite_mean(scores: torch.Tensor) -> float:
 
 
 def generate(
-    family: ModelFamily,
+    family: FamilyRuntime,
     config: Config,
     prompts: PromptSet,
     samples_per_prompt: int,
@@ -156,7 +156,7 @@ def generate(
 
 
 def evaluate(
-    family: ModelFamily, config: Config, rewards: RewardSet | None, watch: RewardSet | None = None
+    family: FamilyRuntime, config: Config, rewards: RewardSet | None, watch: RewardSet | None = None
 ) -> EvalResult:
     """Sample the eval prompts (:func:`generate`) and score them with ``rewards`` (the total) and
     ``watch`` (``eval.watch``: held-out judges, scored on the same images, not in the total)."""

@@ -1,8 +1,8 @@
 """The model-family adapter: everything model-specific lives behind this interface.
 
 A family (``tiny``, SD3/SD3.5, FLUX.1, Qwen-Image, Wan, ...) is one file implementing two classes
-plus a registry entry: :class:`ModelFamily`, the runtime protocol the loop calls on a loaded model
-(encode, velocity, decode, latents, LoRA targets, export), and beside it a
+plus a registry entry: a :class:`ModelFamily`, the loaded model, which provides :class:`FamilyRuntime`
+(the calls the loop makes: encode, velocity, decode, latents, LoRA targets, export), and beside it a
 :class:`FamilyDescription`, the static half (class attributes and classmethods only, nothing
 loaded): what the family declares (its name, options, defaults, capabilities) for the checks, the
 planner's sizes and the parallel hooks. The runtime class names its description
@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Protocol, Self
 
 import torch
 from torch import nn
@@ -125,6 +125,17 @@ def meta_model(model_cls: type, settings: dict[str, Any], dtype: torch.dtype) ->
     return model
 
 
+@dataclass(frozen=True)
+class Exported:
+    """What :meth:`ModelFamily.export` wrote."""
+
+    adapter: bool
+    """True: the LoRA adapter alone, for the base model's pipeline; False: a whole model folder."""
+    load: str | None
+    """How diffusers loads it, as ``; ``-separated Python statements (``diffrl export`` prints them
+    one a line); None when no diffusers class reads it."""
+
+
 @dataclass
 class Planned:
     """A family's trainable transformer built on the meta device for ``diffrl plan`` (no weights),
@@ -220,6 +231,13 @@ class FamilyDescription:
                 except FamilyMismatchError as e:
                     errors.append(f"model.path: {e}")
         return errors
+
+    @classmethod
+    def pipeline_guidance(cls, options: Any, guidance_scale: float) -> dict[str, float]:
+        """The guidance arguments of the family's diffusers pipeline call (what a serving engine
+        is asked for) for true CFG at ``guidance_scale`` (``sampling.guidance_scale``), given the
+        family's bound ``options``; a guidance-distilled family adds the guidance it embeds."""
+        return {"guidance_scale": guidance_scale}
 
     @classmethod
     def one_process_problems(cls, config: Config) -> list[str]:
@@ -365,8 +383,56 @@ class FamilyDescription:
         return None
 
 
+class FamilyRuntime(Protocol):
+    """The calls the loop makes on a loaded model family (the sampler, the actor, the algorithms,
+    evaluation, the serving engine, ``diffrl export``), all a :class:`ModelFamily` provides:
+    code outside ``models/`` reaches a loaded family through these and nothing else
+    (``tests/unit/models/test_runtime.py`` checks it). What a family implements to provide them
+    (``_encode_prompts``, ``forward``, ``decode``, ...) is :class:`ModelFamily`'s; what it declares
+    is its :attr:`description`'s."""
+
+    description: type[FamilyDescription]
+    options: Any
+    """The family's bound ``model.options`` (a ``description.Options``)."""
+    device: torch.device
+    transformer: nn.Module
+    """The diffusers transformer that trains."""
+    numerics: Numerics
+    meter: ForwardMeter
+
+    @property
+    def default_size(self) -> tuple[int, int]: ...
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]: ...
+    def sigmas(self, num_steps: int, shift: float | None, height: int, width: int) -> torch.Tensor: ...
+    def encode_prompts(
+        self, prompts: Sequence[str], sources: Sequence[Source] | None = None
+    ) -> Conditioning: ...
+    def keep_encoded(self, rows: dict[str, dict[str, torch.Tensor]]) -> int: ...
+    def negative(
+        self, prompt: str, guidance_scale: float, cond: Conditioning | None = None
+    ) -> Conditioning | None: ...
+    def velocity(
+        self,
+        x_t: torch.Tensor,
+        sigma: torch.Tensor,
+        cond: Conditioning,
+        guidance_scale: float = 1.0,
+        negative: Conditioning | None = None,
+        module: nn.Module | None = None,
+    ) -> torch.Tensor: ...
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor: ...
+    def decode_media(self, latents: torch.Tensor) -> Media: ...
+    def unpack_latents(self, latents: torch.Tensor, height: int, width: int) -> torch.Tensor: ...
+    def trainable_module(self) -> nn.Module: ...
+    def lora_targets(self, configured: list[str] | None) -> list[str]: ...
+    def export(
+        self, out: str | Path, *, lora: bool, merge: bool = False, dtype: torch.dtype | None = None
+    ) -> Exported: ...
+
+
 class ModelFamily(ABC):
-    """Adapter for one model family: the runtime protocol the loop calls on a loaded model.
+    """Adapter for one model family: a loaded model, providing :class:`FamilyRuntime` (the calls the
+    loop makes) from what a family implements (the abstract methods, and the hooks it overrides).
 
     Holds the trainable ``transformer`` (a diffusers model) and the frozen parts (text encoders,
     VAE). Subclasses implement the abstract methods; shared behaviour (prompt cache, CFG) lives here.
@@ -387,7 +453,7 @@ class ModelFamily(ABC):
         self._prompt_cache: dict[Any, dict[str, torch.Tensor]] = {}
         """Encoded rows by prompt (by (prompt, source key) for an editing family)."""
         self.text_encoders_released = False
-        """True after :meth:`release_text_encoders` (``model.encode_once``)."""
+        """True after :meth:`keep_encoded` (``model.encode_once``)."""
         self.numerics = Numerics()
         """How the transformer forwards run (``model.autocast``, ``model.compile``); set by
         :func:`~diffrl.models.registry.load_family`."""
@@ -427,6 +493,23 @@ class ModelFamily(ABC):
         :meth:`save_lora`'s); None when no diffusers class reads it."""
         return None
 
+    def export(
+        self, out: str | Path, *, lora: bool, merge: bool = False, dtype: torch.dtype | None = None
+    ) -> Exported:
+        """Write the model for diffusers to ``out`` (``diffrl export``): with a LoRA adapter
+        (``lora``) and no ``merge``, the adapter alone where the family's pipeline loads one
+        (:meth:`save_lora`); else the whole model folder (:meth:`save_pretrained`, in ``dtype``),
+        the adapter merged into the weights first."""
+        if lora and not merge:
+            how = self.save_lora(out)
+            if how is not None:
+                return Exported(adapter=True, load=how)
+        if lora:  # merge the adapter into the base weights, then drop it
+            self.transformer.fuse_lora()
+            self.transformer.unload_lora()
+        self.save_pretrained(out, dtype=dtype)
+        return Exported(adapter=False, load=self.load_snippet(out))
+
     # ---- geometry ------------------------------------------------------------------------------
     @property
     @abstractmethod
@@ -441,12 +524,6 @@ class ModelFamily(ABC):
         """Latents ``(B, ...)`` in the layout the transformer takes (what a serving engine
         returns) -> ``(B, *latent_shape)``; a family that packs its latents into tokens unpacks."""
         return latents.reshape(len(latents), *self.latent_shape(height, width))
-
-    def pipeline_guidance(self, guidance_scale: float) -> dict[str, float]:
-        """The guidance arguments of the family's diffusers pipeline call for true CFG at
-        ``guidance_scale`` (``sampling.guidance_scale``); a guidance-distilled family adds the
-        guidance it embeds."""
-        return {"guidance_scale": guidance_scale}
 
     # ---- text --------------------------------------------------------------------------------
     @abstractmethod
@@ -481,16 +558,14 @@ class ModelFamily(ABC):
     """Name prefixes of the family's attributes that only turn prompts into embeddings (diffusers'
     pipelines name them ``text_encoder``, ``text_encoder_2``, ``tokenizer_3``, ...)."""
 
-    def fill_prompt_cache(self, rows: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Take embeddings by prompt (one row each, as :meth:`encode_prompts` makes them) into
-        the prompt cache, kept where they are (the CPU: a large prompt set's embeddings take host
-        memory, not the device's; each batch moves to the device as it is encoded)."""
+    def keep_encoded(self, rows: dict[str, dict[str, torch.Tensor]]) -> int:
+        """Encode from ``rows`` only (``model.encode_once``): take the embeddings by prompt (one row
+        each, as :meth:`encode_prompts` makes them) into the prompt cache, kept where they are (the
+        CPU: a large prompt set's embeddings take host memory, not the device's; each batch moves
+        to the device as it is encoded), then drop the text encoders and tokenizers
+        (:attr:`TEXT_PARTS`): from now on another prompt is an error naming it. Returns the bytes
+        of weights freed."""
         self._prompt_cache.update(rows)
-
-    def release_text_encoders(self) -> int:
-        """Drop the text encoders and tokenizers (:attr:`TEXT_PARTS`): from now on only the cached
-        prompts can be encoded (another one is an error naming it). Returns the bytes of weights
-        freed."""
         freed = 0
         for name in [n for n in vars(self) if n.startswith(self.TEXT_PARTS)]:
             part = getattr(self, name)
@@ -639,9 +714,6 @@ class ModelFamily(ABC):
     def lora_targets(self, configured: list[str] | None) -> list[str]:
         """The module names peft's LoRA targets in this family's transformer."""
         return self.description.lora_targets_of(self.transformer, configured)
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.trainable_module().parameters() if p.requires_grad]
 
 
 def write_family_file(path: Path, family: str, extra: dict[str, Any] | None = None) -> None:

@@ -272,6 +272,12 @@ class FluxDescription(DiffusersFolderDescription):
         """dtype of the frozen text encoders and VAE (``bfloat16`` saves memory)."""
 
     @classmethod
+    def pipeline_guidance(cls, options: Any, guidance_scale: float) -> dict[str, float]:
+        """``FluxPipeline``'s ``guidance_scale`` is the embedded guidance (``options.guidance``);
+        true CFG is its ``true_cfg_scale``."""
+        return {"guidance_scale": float(options.guidance), "true_cfg_scale": guidance_scale}
+
+    @classmethod
     def size_rule(cls, config, check_files: bool = True) -> SizeRule | None:
         blocks = cls.component_setting(config, check_files, "vae", "AutoencoderKL", "block_out_channels")
         if blocks is None:
@@ -329,11 +335,6 @@ class FluxFamily(PackedLatentFamily):
     def __init__(self, parts, pipeline_config, scheduler_config, device, options):
         super().__init__(parts, pipeline_config, scheduler_config, device, options)
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
-
-    def pipeline_guidance(self, guidance_scale: float) -> dict[str, float]:
-        """``FluxPipeline``'s ``guidance_scale`` is the embedded guidance; true CFG is its
-        ``true_cfg_scale``."""
-        return {"guidance_scale": float(self.options.guidance), "true_cfg_scale": guidance_scale}
 
     @property
     def distilled_guidance(self) -> bool:

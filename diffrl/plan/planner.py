@@ -100,10 +100,8 @@ def model_folder(config: Config) -> tuple[Path, str]:
     path itself when it holds ``transformer/config.json``, else the shipped folder named as its
     last part (``diffrl/models/assets/configs``)."""
     path = config.model.path
-    family = FAMILIES.resolve(config.model.family)
-    if path in ("base", "random"):
-        folder = getattr(family, "base_dir", None)
-        return (Path(folder) if folder else SHIPPED_CONFIGS / "none"), f"built-in ({path})"
+    if path in ("base", "random"):  # built in code: the family's planned() reads no folder
+        return SHIPPED_CONFIGS / "none", f"built-in ({path})"
     local = Path(path)
     if (local / "transformer" / "config.json").is_file():
         return local, f"{path} (its JSON files)"
@@ -192,11 +190,11 @@ class _OpFlops(TorchDispatchMode):
         return out
 
 
-def _lora(module: nn.Module, family: type[FamilyDescription], config: Config, keep_old: bool) -> None:
+def _lora(module: nn.Module, description: type[FamilyDescription], config: Config, keep_old: bool) -> None:
     """peft LoRA as :func:`~diffrl.train.actor.apply_lora` adds it (float32 adapters), and the old
     policy's second adapter when the algorithm keeps one."""
     cfg = config.model.lora
-    targets = family.lora_targets_of(module, cfg.target_modules)
+    targets = description.lora_targets_of(module, cfg.target_modules)
     peft = PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets)
     module.requires_grad_(False)
     module.add_adapter(peft)
@@ -216,7 +214,7 @@ def _category(snapshot: dict, *names: str) -> int:
 def measure(
     config: Config,
     planned: Planned,
-    family: type[FamilyDescription],
+    description: type[FamilyDescription],
     algorithm: DiffusionAlgorithm,
     layout: ParallelConfig,
 ) -> Plan:
@@ -225,12 +223,12 @@ def measure(
     ranks, sequence = layout.trainer_ranks, layout.sequence
     cost = algorithm.train_cost()
     guidance = config.sampling.guidance_scale
-    cfg_on = guidance is not None and guidance > getattr(family, "no_guidance_scale", 1.0)
+    cfg_on = guidance is not None and guidance > getattr(description, "no_guidance_scale", 1.0)
     rows = config.train.micro_batch_size * (2 if cfg_on and cost.guided else 1)
     module = planned.module
     lora = config.model.lora is not None
     if lora:
-        _lora(module, family, config, algorithm.keeps_old_policy)
+        _lora(module, description, config, algorithm.keeps_old_policy)
     else:
         module.requires_grad_(True)
     parameters = sum(p.numel() for n, p in module.named_parameters() if ".old." not in n)
@@ -240,7 +238,7 @@ def measure(
         copies = int(bool(algorithm.needs_reference)) + int(bool(algorithm.keeps_old_policy))
     dist.init_process_group("fake", rank=0, world_size=ranks, store=FakeStore())
     try:
-        memory, counted = _memory(planned, family, ranks, sequence, rows, copies)
+        memory, counted = _memory(planned, description, ranks, sequence, rows, copies)
     finally:
         dist.destroy_process_group()
     # per transformer row; this rank's FLOPs are its 1/sequence of each sample (the unsplit parts,
@@ -284,7 +282,7 @@ def _inputs(planned: Planned, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _memory(
-    planned: Planned, family: type[FamilyDescription], ranks: int, sequence: int, rows: int, copies: int
+    planned: Planned, description: type[FamilyDescription], ranks: int, sequence: int, rows: int, copies: int
 ) -> tuple[RankMemory, dict[str, float]]:
     """Peak of one micro-batch's forward, backward and AdamW step on rank 0 of ``ranks`` fake ranks,
     and this rank's FLOPs of its forward (``forward``) and of forward and backward (``train``: with
@@ -293,12 +291,12 @@ def _memory(
     fsdp = init_device_mesh("cpu", (ranks,)) if ranks > 1 else None
     mesh = sequence_mesh("cpu", ranks // sequence, sequence) if sequence > 1 else None
     if mesh is not None:  # on the meta module: diffusers' set-up reads the mesh (no fake tensors)
-        for part in family.sequence_parallel_modules(module):
+        for part in description.sequence_parallel_modules(module):
             enable_sequence_parallel(part, mesh)
     with FakeTensorMode(allow_non_fake_inputs=True):
         module = module.to_empty(device="cpu")
         if fsdp is not None:
-            for block in family.fsdp_blocks(module):
+            for block in description.fsdp_blocks(module):
                 fully_shard(block, mesh=fsdp)
             fully_shard(module, mesh=fsdp)
         params = [p for p in module.parameters() if p.requires_grad]
@@ -339,16 +337,16 @@ def plan(config: Config, algorithm: DiffusionAlgorithm, layout: ParallelConfig |
     """The plan of ``config`` (a validated config; the model's weights need not exist) for the
     ranks and engines of ``layout``, those its runner places (:func:`diffrl.launch.layout`;
     ``None``: ``config.parallel`` as the recipe says)."""
-    family = FAMILIES.resolve(config.model.family).description
+    description = FAMILIES.resolve(config.model.family).description
     folder, source = model_folder(config)
-    planned = family.planned(config, folder)
+    planned = description.planned(config, folder)
     if planned is None:
         able = [n for n in FAMILIES.names() if "planned" in vars(FAMILIES.resolve(n).description)]
         raise PlanError(
-            f"diffrl plan: the {family.name} family cannot be planned yet (it builds no meta-device "
+            f"diffrl plan: the {description.name} family cannot be planned yet (it builds no meta-device "
             f"copy of its transformer); families that can: {', '.join(able)}"
         )
-    result = measure(config, planned, family, algorithm, layout or config.parallel)
+    result = measure(config, planned, description, algorithm, layout or config.parallel)
     result.source = source
     return result
 

@@ -23,10 +23,10 @@ def editing_problems(
     online, ``eval.prompts``) and edit pairs offline (``synthetic_edit``); any other family takes
     none."""
     try:
-        family = getattr(FAMILIES.resolve(config.model.family), "description", None)
+        description = getattr(FAMILIES.resolve(config.model.family), "description", None)
     except RegistryError:
         return []  # reported by the model checks
-    edits, errors = bool(getattr(family, "edits", False)), []
+    edits, errors = bool(getattr(description, "edits", False)), []
     name, d = config.model.family, config.data
     online = spec is not None and spec.online
     files = [("data.prompts", d.prompts, TRAIN_SPLITS)] * (data and online)
@@ -38,7 +38,7 @@ def editing_problems(
             errors.append(f"{where}: {edit_mismatch(name, edits, repr(path))}")
         elif prompts is not None and edits:
             images += [image for image in prompts.images if image is not None]
-    errors += _source_size_problems(config, family, list(dict.fromkeys(images)))
+    errors += _source_size_problems(config, description, list(dict.fromkeys(images)))
     if data and spec is not None and not online and spec.offline_items == "images":
         if edits and d.dataset != "synthetic_edit":
             errors.append(
@@ -58,7 +58,7 @@ def editing_problems(
     return errors
 
 
-def _source_size_problems(config: Config, family: type, images: list[Path]) -> list[str]:
+def _source_size_problems(config: Config, description: type, images: list[Path]) -> list[str]:
     """Every source image of a run must resize to one size (``FamilyDescription.source_size``: the rows
     are batched): the first two sizes found, with a file of each, when they do not."""
     s = config.sampling
@@ -70,7 +70,7 @@ def _source_size_problems(config: Config, family: type, images: list[Path]) -> l
     for image in images:
         _, _, w, h = crop_box(*image_size(image), s.height, s.width)
         try:
-            size = family.source_size(config, w, h)
+            size = description.source_size(config, w, h)
         except SourceError as e:
             return [f"source image {str(image)!r}: {e}"]
         if size is None:

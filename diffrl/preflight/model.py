@@ -20,22 +20,22 @@ def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
         return [f"model.family: {e}"]
     if not (isinstance(family_cls, type) and issubclass(family_cls, ModelFamily)):
         return [f"model.family: {config.model.family!r} is not a ModelFamily subclass"]
-    family = getattr(family_cls, "description", None)
-    if not (isinstance(family, type) and issubclass(family, FamilyDescription)):
+    description = getattr(family_cls, "description", None)
+    if not (isinstance(description, type) and issubclass(description, FamilyDescription)):
         return [
             f"model.family: {config.model.family!r} has no description (its class attribute description "
             "must be a FamilyDescription subclass, in the family's file)"
         ]
     errors = checked_problems(
-        family_cls, "validate_config()", family.validate_config(config, check_files=check_files)
+        family_cls, "validate_config()", description.validate_config(config, check_files=check_files)
     )
     errors += checked_problems(
-        family_cls, "lora_problems()", family.lora_problems(config, check_files=check_files)
+        family_cls, "lora_problems()", description.lora_problems(config, check_files=check_files)
     )
     errors += sequence_parallel_problems(family_cls, config, check_files)
-    if config.model.encode_once and family.edits:
+    if config.model.encode_once and description.edits:
         errors.append(
-            f"model.encode_once: the {family.name} family edits images, and its conditioning holds "
+            f"model.encode_once: the {description.name} family edits images, and its conditioning holds "
             "each prompt's source image; set model.encode_once: false"
         )
     if config.model.encode_once and config.model.options.get("train_text_encoder"):
@@ -44,7 +44,7 @@ def model_problems(config: Config, check_files: bool, size: bool) -> list[str]:
         )
     if size:
         errors += checked_problems(
-            family_cls, "size_problems()", family.size_problems(config, check_files=check_files)
+            family_cls, "size_problems()", description.size_problems(config, check_files=check_files)
         )
     return errors
 
@@ -73,8 +73,8 @@ def guidance_problems(config: Config) -> list[str]:
     ``neg + s (pos - neg)``, 0 for Z-Image's ``pos + s (pos - neg)`` (1 when the family is
     unknown: ``model.family``'s check reports that)."""
     try:
-        family = getattr(FAMILIES.resolve(config.model.family), "description", None)
-        no_guidance = float(getattr(family, "no_guidance_scale", 1.0))
+        description = getattr(FAMILIES.resolve(config.model.family), "description", None)
+        no_guidance = float(getattr(description, "no_guidance_scale", 1.0))
     except RegistryError:
         no_guidance = 1.0
     s = config.sampling

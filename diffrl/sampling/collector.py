@@ -21,7 +21,7 @@ from diffrl.core.rollout import Audio, CollectionSpec, Conditioning, RolloutBatc
 from diffrl.core.seeding import EpochStream, randn_batch
 from diffrl.data.offline import OfflineDataset
 from diffrl.data.prompts import PromptSet
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import FamilyRuntime
 from diffrl.models.numerics import ForwardMeter
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sampler import denoise, image_size, initial_noise, sampling_sigmas
@@ -105,7 +105,7 @@ class OfflineCollector:
     permutation keyed by (seed, epoch): the data order depends only on the seed.
     """
 
-    def __init__(self, dataset: OfflineDataset, family: ModelFamily, batch_size: int, seed: int):
+    def __init__(self, dataset: OfflineDataset, family: FamilyRuntime, batch_size: int, seed: int):
         self.dataset, self.family, self.batch_size = dataset, family, batch_size
         self.stream = EpochStream(len(dataset), seed, "epoch")
         self.clock = StageClock(family.device)
@@ -172,7 +172,7 @@ class OnlineCollector:
     depend on the micro-group size or on how the rollout is split between workers.
     """
 
-    def __init__(self, config: Config, family: ModelFamily, spec: CollectionSpec, prompts: PromptSet):
+    def __init__(self, config: Config, family: FamilyRuntime, spec: CollectionSpec, prompts: PromptSet):
         self.config, self.family, self.spec, self.prompts = config, family, spec, prompts
         self.planner = RolloutPlanner(config, spec, len(prompts))
         self.seed = config.run.seed

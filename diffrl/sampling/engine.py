@@ -29,7 +29,7 @@ from diffrl.core.registry import Registry, RegistryError
 from diffrl.core.rollout import CollectionSpec, RolloutBatch
 from diffrl.data.offline import build_offline_dataset
 from diffrl.data.prompts import PromptSet, load_prompts
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import FamilyRuntime
 from diffrl.sampling.collector import OfflineCollector, RolloutPlan, StageClock
 from diffrl.sampling.sampler import image_size
 
@@ -125,7 +125,7 @@ def engine_problems(config: Config, spec: CollectionSpec) -> list[str]:
     return list(check(config, spec)) if check is not None else []
 
 
-def build_collector(config: Config, family: ModelFamily, spec: CollectionSpec) -> Engine | OfflineCollector:
+def build_collector(config: Config, family: FamilyRuntime, spec: CollectionSpec) -> Engine | OfflineCollector:
     """What ``spec`` asks for: the ``rollout.engine`` sampling ``data.prompts``, or ``data.dataset``
     read offline."""
     if spec.online:

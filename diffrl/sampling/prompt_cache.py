@@ -8,7 +8,7 @@ each prompt has been seen once. With ``encode_once`` each process that loads the
 engines, the trainer ranks, the local runner) takes the embeddings from the run folder's
 :data:`CACHE_FILE`, which the first of them writes (under a file lock: the others wait for it and
 read it, so every process, and a resumed run, conditions on the very same tensors), and then drops
-its text encoders and tokenizers (:meth:`~diffrl.models.base.ModelFamily.release_text_encoders`).
+its text encoders and tokenizers (:meth:`~diffrl.models.base.ModelFamily.keep_encoded`).
 A resumed run reads the file again instead of encoding. Editing families (whose conditioning holds
 each prompt's source image) and trained text encoders are refused at validation.
 """
@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from diffrl.config import Config
 from diffrl.data.hf import EVAL_SPLITS
 from diffrl.data.prompts import load_prompts
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import FamilyRuntime
 
 CACHE_FILE = "prompt_embeddings.safetensors"
 ENCODE_BATCH = 32
@@ -107,7 +107,7 @@ def _write(path: Path, config: Config, prompts: list[str], rows: dict[str, dict[
     tmp.replace(path)
 
 
-def encode_once(family: ModelFamily, config: Config) -> EncodedOnce:
+def encode_once(family: FamilyRuntime, config: Config) -> EncodedOnce:
     """Fill ``family``'s prompt cache with every prompt of the run (from the run folder's file, or
     encoded here and written there), then release its text encoders."""
     prompts = run_prompts(config)
@@ -127,7 +127,6 @@ def encode_once(family: ModelFamily, config: Config) -> EncodedOnce:
                     {p: {n: t[j].cpu() for n, t in cond.tensors.items()} for j, p in enumerate(chunk)}
                 )
             _write(path, config, prompts, rows)
-    family.fill_prompt_cache(rows)
-    released = family.release_text_encoders()
+    released = family.keep_encoded(rows)
     cache_bytes = sum(t.numel() * t.element_size() for r in rows.values() for t in r.values())
     return EncodedOnce(len(prompts), cache_bytes, released, encoded)

@@ -15,22 +15,22 @@ from torch import nn
 from diffrl.config import Config
 from diffrl.core.rollout import Conditioning
 from diffrl.core.seeding import randn_batch
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import FamilyRuntime
 from diffrl.sampling.kernels import Euler, Kernel
 
 
-def image_size(config: Config, family: ModelFamily) -> tuple[int, int]:
+def image_size(config: Config, family: FamilyRuntime) -> tuple[int, int]:
     h, w = family.default_size
     return config.sampling.height or h, config.sampling.width or w
 
 
-def sampling_sigmas(config: Config, family: ModelFamily) -> torch.Tensor:
+def sampling_sigmas(config: Config, family: FamilyRuntime) -> torch.Tensor:
     """The ``(num_steps + 1,)`` sigma schedule of this run's sampling (on the family's device)."""
     s = config.sampling
     return family.sigmas(s.num_steps, s.shift, *image_size(config, family)).to(family.device)
 
 
-def initial_noise(family: ModelFamily, keys: Sequence[tuple], height: int, width: int) -> torch.Tensor:
+def initial_noise(family: FamilyRuntime, keys: Sequence[tuple], height: int, width: int) -> torch.Tensor:
     """``(B, *latent)`` noise, one independent draw per identity key (layout-independent)."""
     return randn_batch(family.latent_shape(height, width), keys).to(family.device)
 
@@ -53,7 +53,7 @@ EULER = Euler()
 
 @torch.no_grad()
 def denoise(
-    family: ModelFamily,
+    family: FamilyRuntime,
     x: torch.Tensor,
     cond: Conditioning,
     sigmas: torch.Tensor,
@@ -107,7 +107,7 @@ def denoise(
 
 
 def sample_ode(
-    family: ModelFamily,
+    family: FamilyRuntime,
     noise: torch.Tensor,
     cond: Conditioning,
     sigmas: torch.Tensor,

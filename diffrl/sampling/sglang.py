@@ -56,7 +56,7 @@ from diffrl.core.parallel import state_checksum
 from diffrl.core.rollout import CollectionSpec, RolloutBatch, quantize
 from diffrl.core.seeding import derive_seed
 from diffrl.data.prompts import PromptSet
-from diffrl.models.base import DTYPES, ModelFamily
+from diffrl.models.base import DTYPES, FamilyRuntime
 from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, StageClock
 from diffrl.sampling.engine import engine_options
 from diffrl.sampling.kernels import resolve_kernel
@@ -188,7 +188,7 @@ class SglangEngine:
         """GPUs one engine's server spans (``sequence_parallel``)."""
         return engine_options(config, cls).sequence_parallel
 
-    def __init__(self, config: Config, family: ModelFamily, spec: CollectionSpec, prompts: PromptSet):
+    def __init__(self, config: Config, family: FamilyRuntime, spec: CollectionSpec, prompts: PromptSet):
         self.config, self.family, self.spec, self.prompts = config, family, spec, prompts
         self.options: SglangEngine.Options = engine_options(config, type(self))
         self.planner = RolloutPlanner(config, spec, len(prompts))
@@ -398,7 +398,7 @@ class SglangEngine:
         sde_type, no_const = SDE_TYPES.get(self.spec.sampler, ("ode", True)) if stochastic else ("ode", True)
         keep = self.spec.keep_trajectory and stochastic
         returned = sorted({*steps, *(i + 1 for i in steps), self.num_steps}) if keep else [self.num_steps]
-        guidance = self.family.pipeline_guidance(s.guidance_scale)
+        guidance = self.family.description.pipeline_guidance(self.family.options, s.guidance_scale)
         out = []
         for run in runs:
             slot, prompt, first = run[0]

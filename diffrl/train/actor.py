@@ -21,7 +21,7 @@ from diffrl.core.parallel import DistContext, full_tensor, shard_module
 from diffrl.core.rollout import Conditioning, TrainExamples
 from diffrl.core.user_code import kind, plugin_named, returned_wrong
 from diffrl.logging import console
-from diffrl.models.base import ModelFamily
+from diffrl.models.base import FamilyRuntime
 from diffrl.models.sequence_parallel import enable_sequence_parallel
 from diffrl.sampling.sampler import sampling_sigmas
 from diffrl.train.ema import EMA
@@ -39,7 +39,7 @@ class OldPolicy:
     encoder is shared, not copied).
     """
 
-    def __init__(self, family: ModelFamily, lora: LoraConfig | None):
+    def __init__(self, family: FamilyRuntime, lora: LoraConfig | None):
         self.family = family
         self.lora = lora is not None
         transformer = family.transformer
@@ -102,7 +102,7 @@ class Policy:
 
     def __init__(
         self,
-        family: ModelFamily,
+        family: FamilyRuntime,
         config: Config,
         reference: nn.Module | None = None,
         old: OldPolicy | None = None,
@@ -173,7 +173,7 @@ class Policy:
         return self.family.negative(self.negative_prompt, self.guidance_scale, cond)
 
 
-def _peft_config(family: ModelFamily, cfg: LoraConfig):
+def _peft_config(family: FamilyRuntime, cfg: LoraConfig):
     return PeftLoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,
@@ -183,7 +183,12 @@ def _peft_config(family: ModelFamily, cfg: LoraConfig):
     )
 
 
-def apply_lora(family: ModelFamily, cfg: LoraConfig) -> None:
+def trainable_parameters(family: FamilyRuntime) -> list[nn.Parameter]:
+    """The parameters of ``family``'s trainable module that take gradients (the optimizer's)."""
+    return [p for p in family.trainable_module().parameters() if p.requires_grad]
+
+
+def apply_lora(family: FamilyRuntime, cfg: LoraConfig) -> None:
     """Add a peft LoRA adapter to the transformer; only the adapter stays trainable."""
     transformer = family.transformer
     transformer.requires_grad_(False)
@@ -191,7 +196,7 @@ def apply_lora(family: ModelFamily, cfg: LoraConfig) -> None:
     for name, p in transformer.named_parameters():
         p.requires_grad_("lora_" in name)
     # LoRA weights train in float32 even when the base runs in reduced precision
-    for p in family.trainable_parameters():
+    for p in trainable_parameters(family):
         p.data = p.data.float()
 
 
@@ -222,7 +227,7 @@ class Actor:
 
     def __init__(
         self,
-        family: ModelFamily,
+        family: FamilyRuntime,
         config: Config,
         keep_reference: bool = False,
         keep_old: bool = False,
@@ -251,7 +256,7 @@ class Actor:
                 shard_module(module, family.description.fsdp_blocks(module))
             if old is not None:
                 old.bind()
-        self.params = family.trainable_parameters()
+        self.params = trainable_parameters(family)
         if not self.params:
             raise ValueError("no trainable parameters: check model.lora.target_modules")
         self.optimizer = torch.optim.AdamW(

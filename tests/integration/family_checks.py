@@ -21,6 +21,7 @@ from diffrl.launch import train
 from diffrl.models.base import FamilyMismatchError, ModelFamily
 from diffrl.models.registry import load_family
 from diffrl.preflight import load_config
+from diffrl.train.actor import trainable_parameters
 from diffrl.train.state import TrainResult
 from tests.conftest import ROOT, rehash_checkpoint
 
@@ -253,7 +254,7 @@ def assert_plan_runs(config: Config) -> None:
     if config.model.lora is not None:  # the LoRA the actor trains (the family's own targets)
         family = load_family(config)
         apply_lora(family, config.model.lora)
-        assert result.trainable == sum(p.numel() for p in family.trainable_parameters())
+        assert result.trainable == sum(p.numel() for p in trainable_parameters(family))
 
 
 def assert_planned_is_the_familys(config: Config, folder, sources=None, masks: tuple[str, ...] = ()) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from diffrl.models.registry import load_family
 from diffrl.sampling.sampler import initial_noise, sample_ode
+from diffrl.train.actor import trainable_parameters
 from tests.integration import tiny_parts
 from tests.integration.family_checks import (
     SEQUENCE_2,
@@ -162,7 +163,7 @@ def test_bf16_forward_with_float32_lora_and_gradient_checkpointing(tmp_path, flu
     assert family.transformer.dtype == torch.bfloat16 and family.text_encoder_2.dtype == torch.bfloat16
     assert family.transformer.is_gradient_checkpointing
     actor = Actor(family, config)
-    lora = family.trainable_parameters()
+    lora = trainable_parameters(family)
     assert lora and all(p.dtype == torch.float32 for p in lora)
     assert not any(p.requires_grad for n, p in family.transformer.named_parameters() if "lora_" not in n)
     del actor
