@@ -186,6 +186,7 @@ def _train_here(workdir: Path, recipes: list[str]) -> int:
     then the machine's kind (``machine.json``)."""
     from diffrl import command  # noqa: F401, I001 - first: it pins the environment before torch loads
     from diffrl.core import determinism
+    from diffrl.core.pins import DEFAULT_MODE
     from diffrl.cli import main
 
     for recipe in recipes:
@@ -193,7 +194,7 @@ def _train_here(workdir: Path, recipes: list[str]) -> int:
         code = main(["train", str(RECIPES / f"{recipe}.yaml"), f"run.output_dir={workdir / recipe}", *args])
         if code != 0:
             return code
-    mode = determinism.apply(True, int(COMMON["run.threads"]))
+    mode = determinism.apply(DEFAULT_MODE, int(COMMON["run.threads"]))  # the mode the runs ran in
     (workdir / "machine.json").write_text(
         json.dumps({"kind": mode.kind, "cpu": mode.cpu, "torch": mode.torch})
     )

@@ -46,6 +46,11 @@ def _type_name(tp: Any) -> str:
         return "null"
     if isinstance(tp, type):
         return tp.__name__
+    origin = get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp))
     return str(tp).replace("typing.", "")
 
 

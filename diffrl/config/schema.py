@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from diffrl.core.errors import quoted
+from diffrl.core.pins import DEFAULT_MODE
 
 
 @dataclass(frozen=True)
@@ -126,15 +127,16 @@ class RunConfig:
     peak_tflops: Annotated[float, Range(0, 100_000, lo_open=True, hint="or null")] | None = None
     """The device's peak TFLOP/s for ``perf/*_mfu``; ``None``: the datasheet figure for known GPUs
     (bf16 dense under autocast, else fp32), otherwise a matmul measured after the first iteration."""
-    deterministic: bool = True
-    """Same inputs, same bits, also on a busy machine and on another CPU of the same kind: a fixed
-    thread count per process, MKL's dynamic threading off, MKL's and oneDNN's kernels pinned to one
-    ISA level (``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``), and cuBLAS/cuDNN's deterministic settings on a
-    GPU, in the driver, reward workers and Ray actors (:mod:`diffrl.core.determinism`; what it cannot
-    promise: ``docs/reproducibility.md``). Measured cost on the main job: on/off 1.000 (0.999-1.006,
-    ``benchmarks/determinism.py``, an AMD CPU); not measured on an Intel CPU or a GPU; on a CPU
-    with AMX it gives up AMX for bf16 autocast.
-    ``false``: the libraries choose."""
+    deterministic: bool | Literal["portable"] = DEFAULT_MODE
+    """Same inputs, same bits, also on a busy machine: a fixed thread count per process, MKL's dynamic
+    threading off, the CPU kernels of MKL, oneDNN and ATen pinned (``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``,
+    ``ATEN_CPU_CAPABILITY``), and cuBLAS/cuDNN's deterministic settings on a GPU, in the driver,
+    reward workers and Ray actors (:mod:`diffrl.core.determinism`; what it cannot promise:
+    ``docs/reproducibility.md``). ``portable`` (the default): the kernels at a level every x86-64 CPU
+    with AVX2 and FMA shares, so the same bits on any such CPU, Intel or AMD, AVX2 or AVX-512;
+    ``true``: this CPU kind's own level (the same bits on CPUs of one vendor and ISA level only; on a
+    CPU with AMX it still gives up AMX for bf16 autocast); ``false``: the libraries choose. Measured
+    cost: ``benchmarks/determinism.py`` (``docs/reproducibility.md``)."""
     threads: Annotated[int, Range(1, 4096, hint="torch threads, or null for torch's own count")] | None = None
     """torch threads of the driver process (fixed for the run); ``None``: what torch starts with
     (``OMP_NUM_THREADS``, else the cores this process may use). Ray actors: ``ray.threads_per_actor``."""

@@ -1,5 +1,11 @@
 """Deterministic mode (``run.deterministic``): the same inputs give the same bits, on a busy machine
-and on another CPU of the same kind.
+and, at the ``portable`` level (the default), on every x86-64 CPU with AVX2 and FMA; at ``true``, on
+another CPU of the same kind.
+
+The portable level (:data:`~diffrl.core.pins.PORTABLE_PINS`) pins the three libraries that choose
+kernels by CPU below every such CPU's own level: MKL's ``COMPATIBLE`` branch (offered on every x86
+CPU, whatever the vendor), oneDNN capped at AVX2, ATen's vectorised kernels at their AVX2 build. What
+it cannot pin (the OCR reward's onnxruntime) is in ``docs/reproducibility.md``.
 
 What moves a CPU run's bits, measured on the tiny recipes (``docs/reproducibility.md``):
 
@@ -35,16 +41,29 @@ from dataclasses import dataclass
 
 import torch
 
-from diffrl.core.pins import PINNED_KEYS, cpu_model, cpu_vendor, pin_environment, unpin_environment
+from diffrl.core.errors import DiffrlError
+from diffrl.core.pins import (
+    PINNED_KEYS,
+    PORTABLE,
+    PORTABLE_PINS,
+    cpu_model,
+    cpu_vendor,
+    pin_environment,
+    unpin_environment,
+)
 
-ISA_KEYS = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+ISA_KEYS = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 
 
 def kind_of(environment: Mapping[str, str], vendor: str, torch_version: str) -> str:
-    """What two machines must share to give the same bits: the architecture, the CPU's vendor (MKL
-    picks its kernels by vendor), the ISA the libraries are pinned to, and torch's version. (Also the
-    thread count where a library splits work by it: not seen on the tiny recipes, so not part of it.)"""
-    isa = "/".join(environment.get(k, "-") for k in ISA_KEYS)
+    """What two machines must share to give the same bits: the architecture, the ISA the libraries
+    are pinned to, torch's version, and, unless the pins are the portable level
+    (:data:`~diffrl.core.pins.PORTABLE_PINS`, whose MKL branch is the same on every vendor's CPU),
+    the CPU's vendor (MKL picks its kernels by vendor). (Also the thread count where a library
+    splits work by it: not seen on the tiny recipes, so not part of it.)"""
+    if all(environment.get(k) == v for k, v in PORTABLE_PINS.items()):
+        return f"{platform.machine()} portable {'/'.join(PORTABLE_PINS[k] for k in ISA_KEYS)} torch {torch_version}"
+    isa = "/".join(environment.get(k, "-") for k in ISA_KEYS[:2])
     return f"{platform.machine()} {vendor} {isa} torch {torch_version}"
 
 
@@ -57,13 +76,17 @@ def machine_kind() -> str:
 class Determinism:
     """What a process runs under: printed in a run's start-up lines (and the trackers' start-up text)."""
 
-    deterministic: bool
+    deterministic: bool | str
+    """``run.deterministic``: ``portable``, true (this CPU kind's bits) or false."""
     threads: int
     environment: dict[str, str]
     """The pinned variables as this process has them (unset ones left out)."""
     cpu: str
     vendor: str
     torch: str
+    aten: str = ""
+    """The ATen CPU capability in effect (``torch.backends.cpu.get_cpu_capability()``: ``AVX2``,
+    ``AVX512``, ...); empty where not read."""
 
     @property
     def kind(self) -> str:
@@ -75,9 +98,8 @@ class Determinism:
             line = f"deterministic mode off ({_threads(self.threads)}; run.deterministic)"
             # a pin the mode did not set (the user's, or a parent process's) still applies
             return line + (f"; set in the environment: {isa}" if isa else "")
-        return (
-            f"deterministic mode: {_threads(self.threads)}" + (f", {isa}" if isa else "") + f" ({self.cpu})"
-        )
+        level = "portable deterministic mode" if self.deterministic == PORTABLE else "deterministic mode"
+        return f"{level}: {_threads(self.threads)}" + (f", {isa}" if isa else "") + f" ({self.cpu})"
 
     def to_dict(self) -> dict:
         return {
@@ -87,6 +109,7 @@ class Determinism:
             "cpu": self.cpu,
             "vendor": self.vendor,
             "torch": self.torch,
+            "aten": self.aten,
             "kind": self.kind,
         }
 
@@ -95,20 +118,34 @@ def _threads(n: int) -> str:
     return f"{n} thread" + ("" if n == 1 else "s")
 
 
-def apply(deterministic: bool, threads: int | None, device: str = "cpu") -> Determinism:
-    """Put this process in (or out of) deterministic mode: the environment (:func:`diffrl.core.pins.pin_environment`,
-    effective for what has not run yet and for children), a fixed thread count (``threads``, or the
-    count torch has now), and torch's deterministic algorithms and cuDNN flags on a GPU."""
+def apply(deterministic: bool | str, threads: int | None, device: str = "cpu") -> Determinism:
+    """Put this process in deterministic mode ``deterministic`` (``run.deterministic``: ``portable``,
+    true, or false for none): the environment (:func:`diffrl.core.pins.pin_environment`, effective
+    for what has not run yet and for children), a fixed thread count (``threads``, or the count torch
+    has now), and torch's deterministic algorithms and cuDNN flags on a GPU. Raises
+    :class:`~diffrl.core.errors.DiffrlError` when ATen already computes at another level than the
+    mode pins (an operation ran before the pin: the mode would not hold)."""
+    unpin_environment()
     if deterministic:
-        pin_environment()
-    else:
-        unpin_environment()
+        pin_environment(deterministic)
     count = threads or torch.get_num_threads()
     torch.set_num_threads(count)  # also MKL's dynamic threading off, in this process
     if deterministic and device.startswith("cuda"):
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+    aten = torch.backends.cpu.get_cpu_capability()  # fixed from ATen's first use of it on
+    wanted = PORTABLE_PINS["ATEN_CPU_CAPABILITY"]
+    if (
+        deterministic == PORTABLE
+        and os.environ.get("ATEN_CPU_CAPABILITY") == wanted
+        and aten.lower() != wanted
+    ):
+        raise DiffrlError(
+            f"run.deterministic: portable: ATen computes with its {aten} kernels, not {wanted.upper()} "
+            "(ATen reads ATEN_CPU_CAPABILITY once, at its first operation, which ran before the mode "
+            "was set): start the run with the diffrl command, or set ATEN_CPU_CAPABILITY=avx2 before torch loads"
+        )
     return Determinism(
         deterministic=deterministic,
         threads=count,
@@ -116,4 +153,5 @@ def apply(deterministic: bool, threads: int | None, device: str = "cpu") -> Dete
         cpu=cpu_model(),
         vendor=cpu_vendor(),
         torch=torch.__version__,
+        aten=aten,
     )

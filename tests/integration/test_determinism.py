@@ -1,4 +1,4 @@
-"""Deterministic mode (``run.deterministic``, on by default): two runs of the same recipe on one
+"""Deterministic mode (``run.deterministic``, ``portable`` by default): two runs of the same recipe on one
 machine give the same bits whatever the load. Each tiny recipe (Flow-GRPO, DiffusionNFT) runs 2
 iterations twice, once on a quiet machine and once while two processes spin on every core this
 test may use; every metric and every tensor of every saved checkpoint must be equal to the bit.
@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 from tests.conftest import ROOT
 from tests.integration.crash_driver import run_forked
 
-ISA_KEYS = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+ISA_KEYS = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
 BRIGHTNESS = "[{name: tests.rewards:brightness}]"
 SHRUNK = {
     "run.threads": 2,
@@ -90,7 +90,7 @@ def run(out: Path, recipe: str, *extra: str) -> subprocess.CompletedProcess:
 
 def mode_line(stdout: str) -> str:
     """The start-up line that says how deterministic mode stands (one, and only one)."""
-    [line] = [line.strip() for line in stdout.splitlines() if line.strip().startswith("deterministic mode")]
+    [line] = [line.strip() for line in stdout.splitlines() if "deterministic mode" in line.split(":")[0]]
     return line
 
 
@@ -193,7 +193,7 @@ def test_a_run_under_load_gives_the_bits_of_a_quiet_run(tmp_path, recipe):
     assert loaded.returncode == 0, loaded.stderr
     for done in (quiet, loaded):  # on, with the pins this process (and so the run) has
         line = mode_line(done.stdout)
-        assert line.startswith("deterministic mode: 2 threads"), done.stdout
+        assert line.startswith("portable deterministic mode: 2 threads"), done.stdout  # the default
         assert all(f"{k}={os.environ[k]}" in line for k in ISA_KEYS if k in os.environ), line
 
     want, got = outcome(tmp_path / "quiet"), outcome(tmp_path / "loaded")
@@ -233,7 +233,7 @@ def test_deterministic_mode_off_still_runs_and_says_so(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     # the pins this test process's environment holds (tests/conftest.py) still apply, and are named
-    pinned = ", ".join(f"{k}={os.environ[k]}" for k in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA") if k in os.environ)
+    pinned = ", ".join(f"{k}={os.environ[k]}" for k in ISA_KEYS if k in os.environ)
     expected = "deterministic mode off (2 threads; run.deterministic)" + (
         f"; set in the environment: {pinned}" if pinned else ""
     )

@@ -21,7 +21,11 @@ class RewardWorker:
     """Scores images with one reward type, in this process."""
 
     def __init__(
-        self, reward: RewardConfig, threads: int, label: str | None = None, deterministic: bool = True
+        self,
+        reward: RewardConfig,
+        threads: int,
+        label: str | None = None,
+        deterministic: bool | str = "portable",
     ):
         """``label``: the reward's key in the run's outputs (:func:`~diffrl.rewards.base.reward_labels`);
         ``deterministic``: the run's ``run.deterministic`` (the environment pins came with the process)."""

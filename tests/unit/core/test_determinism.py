@@ -11,7 +11,8 @@ import torch
 
 from diffrl.core import determinism, pins
 from diffrl.core.determinism import Determinism, apply
-from diffrl.core.pins import CUBLAS_WORKSPACE, PINNED_KEYS, isa_pins, wanted_environment
+from diffrl.core.errors import DiffrlError
+from diffrl.core.pins import CUBLAS_WORKSPACE, PINNED_KEYS, PORTABLE_PINS, isa_pins, wanted_environment
 
 AVX2 = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx f16c fma bmi1 bmi2 avx2".split())
 AVX512_CORE = AVX2 | {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
@@ -64,10 +65,45 @@ def test_isa_pins_for_a_cpus_flags_and_vendor(flags, vendor, pinned):
     assert isa_pins(flags, vendor) == pinned
 
 
+@pytest.mark.parametrize(
+    "flags, vendor, portable",
+    [
+        (ZEN4, AMD, True),
+        (SAPPHIRE_RAPIDS, INTEL, True),
+        (SKYLAKE_X, INTEL, True),
+        (KNIGHTS_LANDING, INTEL, True),
+        (AVX2, INTEL, True),
+        (AVX2, AMD, True),
+        (AVX2 - {"fma"}, INTEL, False),
+        (AVX2 - {"avx2"}, AMD, False),
+        (GRAVITON, "aarch64", False),
+    ],
+    ids=[
+        "zen4",
+        "sapphire-rapids",
+        "avx512-core",
+        "avx512f-only",
+        "avx2-intel",
+        "avx2-amd",
+        "no-fma",
+        "avx",
+        "aarch64",
+    ],
+)
+def test_the_portable_pins_are_one_level_for_every_avx2_cpu(flags, vendor, portable):
+    """The same three settings whatever the vendor and the level above AVX2; none below it."""
+    assert isa_pins(flags, vendor, portable=True) == (PORTABLE_PINS if portable else {})
+
+
 def test_the_wanted_environment_adds_the_threading_and_cuda_settings_on_every_cpu():
     common = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}
-    assert wanted_environment(ZEN4, AMD) == {**isa_pins(ZEN4, AMD), **common}
-    assert wanted_environment(GRAVITON, "aarch64") == common
+    assert wanted_environment(ZEN4, AMD) == {**PORTABLE_PINS, **common}  # the default: portable
+    assert wanted_environment(ZEN4, AMD, mode=True) == {**isa_pins(ZEN4, AMD), **common}
+    assert (
+        wanted_environment(GRAVITON, "aarch64")
+        == wanted_environment(GRAVITON, "aarch64", mode=True)
+        == common
+    )
     assert set(wanted_environment(SAPPHIRE_RAPIDS, INTEL)) == set(PINNED_KEYS)
 
 
@@ -128,10 +164,11 @@ def test_off_names_the_pins_the_environment_still_sets(clean_env):
 
 def test_apply_on_pins_the_environment_and_fixes_the_thread_count(clean_env):
     torch.set_num_threads(1)
+    pins.pin_environment()  # the command's default (portable) at its start: true takes its place
     got = apply(True, 2, "cpu")
     assert torch.get_num_threads() == 2
     assert got.deterministic and got.threads == 2
-    assert got.environment == wanted_environment(ZEN4, AMD) == _pinned()
+    assert got.environment == wanted_environment(ZEN4, AMD, mode=True) == _pinned()
     assert got.torch == torch.__version__
     assert got.describe() == (
         f"deterministic mode: 2 threads, MKL_CBWR=AUTO, ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 ({got.cpu})"
@@ -156,3 +193,25 @@ def test_describe_and_kind_where_nothing_is_pinned():
     assert other.kind.endswith(f" {INTEL} AVX2/AVX2 torch 2.13.0") and other.kind != got.kind
     amd = Determinism(True, 4, {"MKL_CBWR": "AUTO", "ONEDNN_MAX_CPU_ISA": "AVX2"}, "x", AMD, "2.13.0")
     assert amd.kind != other.kind  # MKL picks its kernels by vendor
+
+
+def test_apply_portable_pins_one_level_and_names_no_vendor_in_the_kind(clean_env):
+    clean_env.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    got = apply("portable", 2, "cpu")
+    assert got.environment == wanted_environment(ZEN4, AMD) == _pinned()
+    assert got.describe() == (
+        "portable deterministic mode: 2 threads, MKL_CBWR=COMPATIBLE, ONEDNN_MAX_CPU_ISA=AVX2, "
+        f"ATEN_CPU_CAPABILITY=avx2 ({got.cpu})"
+    )
+    assert got.kind == f"{platform.machine()} portable COMPATIBLE/AVX2/avx2 torch {torch.__version__}"
+    assert got.aten == "AVX2" and got.to_dict()["aten"] == "AVX2"
+    intel = Determinism("portable", 4, dict(PORTABLE_PINS), "Xeon", INTEL, torch.__version__)
+    assert intel.kind == got.kind  # an Intel and an AMD CPU are one kind at the portable level
+
+
+def test_apply_portable_refuses_when_aten_already_chose_another_level(clean_env):
+    """ATen reads its level once: an operation before the pin (here: a faked AVX512 choice) would
+    leave the run at another level than the mode says, so the mode refuses to start."""
+    clean_env.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    with pytest.raises(DiffrlError, match="ATen computes with its AVX512 kernels, not AVX2"):
+        apply("portable", 1, "cpu")
