@@ -7,8 +7,8 @@ Regenerate them (every tiny recipe, or the ones named) with one command::
 
 Each recipe ``diffrl/recipes/<name>.yaml`` runs with :func:`overrides` (:data:`COMMON` and its
 :data:`SHRINK` row: 2 prompts x 4 samples with the recipe's batch arithmetic kept whole, 3-5
-sampling steps, a 2-prompt eval at the start and the end, one thread on the CPU, the OCR reward in
-the process), through the ``diffrl train`` command line in a subprocess that starts as the
+sampling steps, a 2-prompt eval at the start and the end, one thread on the CPU in the portable
+deterministic mode, the OCR reward in the process), through the ``diffrl train`` command line in a subprocess that starts as the
 ``diffrl`` command does (deterministic mode's environment pinned before torch loads). The gate's
 test (``tests/integration/test_reproducibility_gate*.py``) runs the same :func:`run_recipes`, so
 the reference and the test compute the same way. Each recipe writes
@@ -65,6 +65,7 @@ COMMON = {
     "eval.batch_size": "2",
     "eval.rewards": OCR_IN_PROCESS,
     "run.device": "cpu",  # the machine kind names no GPU: a GPU machine must not pick one
+    "run.deterministic": "portable",  # one set of bits on every x86-64 CPU with AVX2 and FMA
     "run.threads": "1",
     "run.peak_tflops": "1",  # no peak-FLOP/s measurement at start (perf/* is not compared)
     "run.log_every": "1",
@@ -152,13 +153,17 @@ def read_metrics(run: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if not is_wall_clock(k)} for row in rows]
 
 
-def run_recipes(recipes: list[str], workdir: Path, timeout: float = 900) -> dict[str, dict]:
-    """Train each of ``recipes`` with its :func:`overrides` into ``workdir/<recipe>``, one after
-    another in one subprocess (its start, about 5 s of CPU for torch and the models' libraries, is
-    paid once; separate ``diffrl train`` processes gave the same bits). Returns recipe -> {"kind",
-    "cpu", "torch", "metrics", "tensors"}."""
+def run_recipes(
+    recipes: list[str], workdir: Path, timeout: float = 900, extra: list[str] | None = None
+) -> dict[str, dict]:
+    """Train each of ``recipes`` with its :func:`overrides` (and ``extra`` ``key=value`` overrides
+    after them: the gate's perturbed runs) into ``workdir/<recipe>``, one after another in one
+    subprocess (its start, about 5 s of CPU for torch and the models' libraries, is paid once;
+    separate ``diffrl train`` processes gave the same bits). Returns recipe -> {"kind", "cpu",
+    "torch", "metrics", "tensors"}."""
+    more = [a for e in extra or [] for a in ("--extra", e)]
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--train-into", str(workdir), *recipes],
+        [sys.executable, str(Path(__file__).resolve()), "--train-into", str(workdir), *more, *recipes],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -182,19 +187,25 @@ def run_recipes(recipes: list[str], workdir: Path, timeout: float = 900) -> dict
 
 def _train_here(workdir: Path, recipes: list[str]) -> int:
     """:func:`run_recipes`'s subprocess: the ``diffrl`` command's start (its module pins
-    deterministic mode's environment before torch loads), then ``diffrl train`` for each recipe,
-    then the machine's kind (``machine.json``)."""
+    deterministic mode's environment before torch loads), then ``diffrl train`` for each recipe
+    (``--extra key=value`` before them: more overrides), then the machine's kind (``machine.json``:
+    in the mode the runs ran in, :data:`COMMON`'s or the extras' ``run.deterministic``)."""
+    extra = []
+    while recipes[:1] == ["--extra"]:
+        extra.append(recipes[1])
+        recipes = recipes[2:]
     from diffrl import command  # noqa: F401, I001 - first: it pins the environment before torch loads
     from diffrl.core import determinism
-    from diffrl.core.pins import DEFAULT_MODE
     from diffrl.cli import main
 
     for recipe in recipes:
-        args = [f"{k}={v}" for k, v in overrides(recipe).items()]
+        args = [*(f"{k}={v}" for k, v in overrides(recipe).items()), *extra]
         code = main(["train", str(RECIPES / f"{recipe}.yaml"), f"run.output_dir={workdir / recipe}", *args])
         if code != 0:
             return code
-    mode = determinism.apply(DEFAULT_MODE, int(COMMON["run.threads"]))  # the mode the runs ran in
+    asked = [e.split("=", 1)[1] for e in extra if e.startswith("run.deterministic=")]
+    ran = asked[-1] if asked else COMMON["run.deterministic"]
+    mode = determinism.apply({"true": True, "false": False}.get(ran, ran), int(COMMON["run.threads"]))
     (workdir / "machine.json").write_text(
         json.dumps({"kind": mode.kind, "cpu": mode.cpu, "torch": mode.torch})
     )

@@ -62,6 +62,23 @@ def pytest_xdist_make_scheduler(config, log):
     return ModuleScheduling(config, log)
 
 
+GATE = "reproducibility gate"
+"""The ``user_properties`` key under which the reproducibility gate's tests say which check ran and why."""
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The reproducibility gate's line(s) at the end of the run, whatever ran (the exact comparison
+    or the near check, and why): it never passes or stops comparing without saying so."""
+    said = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for key, value in getattr(report, "user_properties", ()):
+                if key == GATE:
+                    said[value] = None
+    for line in said:
+        terminalreporter.write_line(f"{GATE}: {line}")
+
+
 @pytest.fixture
 def reference_dir() -> Path:
     return REFERENCE

@@ -26,6 +26,8 @@ from contextlib import contextmanager  # noqa: E402
 from typing import Any  # noqa: E402
 
 from diffrl.cli.commands import COMMANDS, build_parser  # noqa: E402
+from diffrl.config import Config  # noqa: E402
+from diffrl.core import pins  # noqa: E402
 from diffrl.core.errors import EXIT_BUG, EXIT_USER_ERROR, DiffrlError  # noqa: E402
 from diffrl.core.user_code import (  # noqa: E402
     PluginError,
@@ -100,6 +102,9 @@ def run_command(args: argparse.Namespace) -> int:
     """The command's checks that need no torch, then its module (imported now) with their result."""
     command = COMMANDS[args.command]
     checked = command.inputs(args) if command.inputs is not None else None
+    config = getattr(checked, "config", None) or getattr(getattr(checked, "target", None), "config", None)
+    if isinstance(config, Config):  # the run's deterministic mode in the environment before torch loads
+        pins.repin_environment(config.run.deterministic)
     module, _, function = command.run.partition(":")
     with interrupts.exit_on_ctrl_c():  # imports only (torch, the models): nothing to save
         run = getattr(importlib.import_module(module), function)

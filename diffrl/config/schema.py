@@ -132,11 +132,12 @@ class RunConfig:
     threading off, the CPU kernels of MKL, oneDNN and ATen pinned (``MKL_CBWR``, ``ONEDNN_MAX_CPU_ISA``,
     ``ATEN_CPU_CAPABILITY``), and cuBLAS/cuDNN's deterministic settings on a GPU, in the driver,
     reward workers and Ray actors (:mod:`diffrl.core.determinism`; what it cannot promise:
-    ``docs/reproducibility.md``). ``portable`` (the default): the kernels at a level every x86-64 CPU
-    with AVX2 and FMA shares, so the same bits on any such CPU, Intel or AMD, AVX2 or AVX-512;
-    ``true``: this CPU kind's own level (the same bits on CPUs of one vendor and ISA level only; on a
-    CPU with AMX it still gives up AMX for bf16 autocast); ``false``: the libraries choose. Measured
-    cost: ``benchmarks/determinism.py`` (``docs/reproducibility.md``)."""
+    ``docs/reproducibility.md``). ``true`` (the default): this CPU kind's own level (the same bits on
+    CPUs of one vendor and ISA level; on a CPU with AMX it gives up AMX for bf16 autocast);
+    ``portable``: a level every x86-64 CPU with AVX2 and FMA shares, so the same bits on any such CPU,
+    Intel or AMD, AVX2 or AVX-512, at about twice the time of a CPU run (MKL's compatible branch);
+    ``false``: the libraries choose. Measured cost: ``benchmarks/determinism.py``
+    (``docs/reproducibility.md``)."""
     threads: Annotated[int, Range(1, 4096, hint="torch threads, or null for torch's own count")] | None = None
     """torch threads of the driver process (fixed for the run); ``None``: what torch starts with
     (``OMP_NUM_THREADS``, else the cores this process may use). Ray actors: ``ray.threads_per_actor``."""

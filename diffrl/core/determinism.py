@@ -1,11 +1,13 @@
 """Deterministic mode (``run.deterministic``): the same inputs give the same bits, on a busy machine
-and, at the ``portable`` level (the default), on every x86-64 CPU with AVX2 and FMA; at ``true``, on
-another CPU of the same kind.
+and, at ``true`` (the default), on another CPU of the same kind; at the ``portable`` level, on every
+x86-64 CPU with AVX2 and FMA.
 
 The portable level (:data:`~diffrl.core.pins.PORTABLE_PINS`) pins the three libraries that choose
 kernels by CPU below every such CPU's own level: MKL's ``COMPATIBLE`` branch (offered on every x86
-CPU, whatever the vendor), oneDNN capped at AVX2, ATen's vectorised kernels at their AVX2 build. What
-it cannot pin (the OCR reward's onnxruntime) is in ``docs/reproducibility.md``.
+CPU, whatever the vendor), oneDNN capped at AVX2, ATen's vectorised kernels at their AVX2 build; and
+it turns oneDNN off for what torch would send it (fp32 convolutions go through ATen and MKL), since
+oneDNN's JIT kernels also choose their blocking by the CPU's cache sizes. What it cannot pin (the
+OCR reward's onnxruntime) is in ``docs/reproducibility.md``.
 
 What moves a CPU run's bits, measured on the tiny recipes (``docs/reproducibility.md``):
 
@@ -48,8 +50,7 @@ from diffrl.core.pins import (
     PORTABLE_PINS,
     cpu_model,
     cpu_vendor,
-    pin_environment,
-    unpin_environment,
+    repin_environment,
 )
 
 ISA_KEYS = ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
@@ -125,9 +126,10 @@ def apply(deterministic: bool | str, threads: int | None, device: str = "cpu") -
     has now), and torch's deterministic algorithms and cuDNN flags on a GPU. Raises
     :class:`~diffrl.core.errors.DiffrlError` when ATen already computes at another level than the
     mode pins (an operation ran before the pin: the mode would not hold)."""
-    unpin_environment()
-    if deterministic:
-        pin_environment(deterministic)
+    repin_environment(deterministic)
+    # portable: convolutions through ATen and MKL's pinned branch, not oneDNN, whose JIT kernels
+    # choose their blocking by the CPU's cache sizes (its ISA cap pins the instructions, not those)
+    torch.backends.mkldnn.enabled = deterministic != PORTABLE
     count = threads or torch.get_num_threads()
     torch.set_num_threads(count)  # also MKL's dynamic threading off, in this process
     if deterministic and device.startswith("cuda"):

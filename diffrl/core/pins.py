@@ -23,8 +23,10 @@ PINNED_KEYS = (
 
 PORTABLE = "portable"
 """``run.deterministic: portable``: one set of bits on every x86-64 CPU with AVX2 and FMA."""
-DEFAULT_MODE: bool | str = PORTABLE
-"""``run.deterministic``'s default, which the ``diffrl`` command pins before torch loads."""
+DEFAULT_MODE: bool | str = True
+"""``run.deterministic``'s default, which the ``diffrl`` command pins before torch loads: this CPU
+kind's level (the portable one costs about 2x on the main job where MKL's own branch is AVX2:
+``docs/reproducibility.md``)."""
 
 PORTABLE_PINS = {"MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 """The portable level, what every x86-64 CPU with AVX2 and FMA (Intel Haswell, AMD Zen and later)
@@ -124,6 +126,15 @@ def pin_environment(mode: bool | str = DEFAULT_MODE) -> None:
         if key not in os.environ:
             os.environ[key] = value
             _set_here[key] = value
+
+
+def repin_environment(mode: bool | str) -> None:
+    """Pin ``mode``'s variables in place of what this process pinned so far (none for false): the
+    command line does it with the run's ``run.deterministic`` once the config is read, before
+    torch loads."""
+    unpin_environment()
+    if mode:
+        pin_environment(mode)
 
 
 def unpin_environment() -> None:

@@ -1,4 +1,4 @@
-"""Deterministic mode (``run.deterministic``, ``portable`` by default): two runs of the same recipe on one
+"""Deterministic mode (``run.deterministic``, on by default): two runs of the same recipe on one
 machine give the same bits whatever the load. Each tiny recipe (Flow-GRPO, DiffusionNFT) runs 2
 iterations twice, once on a quiet machine and once while two processes spin on every core this
 test may use; every metric and every tensor of every saved checkpoint must be equal to the bit.
@@ -193,7 +193,7 @@ def test_a_run_under_load_gives_the_bits_of_a_quiet_run(tmp_path, recipe):
     assert loaded.returncode == 0, loaded.stderr
     for done in (quiet, loaded):  # on, with the pins this process (and so the run) has
         line = mode_line(done.stdout)
-        assert line.startswith("portable deterministic mode: 2 threads"), done.stdout  # the default
+        assert line.startswith("deterministic mode: 2 threads"), done.stdout  # the default: true
         assert all(f"{k}={os.environ[k]}" in line for k in ISA_KEYS if k in os.environ), line
 
     want, got = outcome(tmp_path / "quiet"), outcome(tmp_path / "loaded")
@@ -209,6 +209,14 @@ def test_a_run_under_load_gives_the_bits_of_a_quiet_run(tmp_path, recipe):
         f"the run under load ({loaded_s:.1f} s) differs from the quiet one:\n"
         + "\n".join(differences(got, want))
     )
+
+    # a negative control: the same comparison tells apart a run whose CPU kernels are not the quiet
+    # run's (what the mode pins: here the portable level's MKL branch in place of this kind's); a
+    # thread count of 1 in place of 2 gave the same bits on this machine, so it could not serve
+    if recipe == "flow_grpo":
+        other = run(tmp_path / "other_kernels", recipe, "run.deterministic=portable")
+        assert other.returncode == 0, other.stderr
+        assert differences(outcome(tmp_path / "other_kernels"), want)
 
     # the comparison sees one bit: the last place of one weight, or of one metric
     name, tensor = next(iter(got["checkpoints"]["final"]["tensors"]["trainable.safetensors"].items()))

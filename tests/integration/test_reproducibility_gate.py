@@ -1,10 +1,9 @@
 """The reproducibility gate: 2-3 shrunk iterations of each shipped tiny recipe give the committed
-references' bits (``tests/data/reproducibility/``, made by ``python scripts/reference_metrics.py``):
-every metric but the wall-clock ones and every tensor of the final checkpoint, exactly.
-
-On a machine of another kind (``diffrl.core.determinism.kind_of``: another CPU vendor, ISA level or
-torch version) both modules are skipped before they run anything, naming the kind the references
-need (why: ``reproducibility_gate.py``).
+references' bits (``tests/data/reproducibility/``, made by ``python scripts/reference_metrics.py``
+in the portable mode): every metric but the wall-clock ones and every tensor of the final
+checkpoint, exactly, on every machine of the references' kind (every x86-64 CPU with AVX2 and FMA,
+with the locked torch); on another kind, every metric within the near band. The run's last lines
+say which check ran and why (``reproducibility_gate.py``).
 
 This module runs the recipes other than Flow-GRPO's (one subprocess for all of them);
 ``test_reproducibility_gate_grpo.py`` runs the GRPO ones, so xdist's two workers share the cost.
@@ -32,8 +31,8 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_a_fresh_run_gives_the_references_bits(recipe, runs):
-    check(recipe, runs[recipe])
+def test_a_fresh_run_gives_the_references_bits(recipe, runs, request):
+    check(recipe, runs, request)
 
 
 def test_every_tiny_recipe_has_a_current_reference():

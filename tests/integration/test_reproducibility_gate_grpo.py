@@ -1,5 +1,5 @@
-"""The reproducibility gate for the Flow-GRPO tiny recipes (the rest, and why only on a machine
-of the references' kind: ``test_reproducibility_gate.py``). A module of its own so
+"""The reproducibility gate for the Flow-GRPO tiny recipes (the rest, and which check runs where:
+``test_reproducibility_gate.py``). A module of its own so
 the two xdist workers share the gate's runs; its recipes run in one subprocess."""
 
 from __future__ import annotations
@@ -17,5 +17,5 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_a_fresh_flow_grpo_run_gives_the_references_bits(recipe, runs):
-    check(recipe, runs[recipe])
+def test_a_fresh_flow_grpo_run_gives_the_references_bits(recipe, runs, request):
+    check(recipe, runs, request)

@@ -97,14 +97,15 @@ def test_the_portable_pins_are_one_level_for_every_avx2_cpu(flags, vendor, porta
 
 def test_the_wanted_environment_adds_the_threading_and_cuda_settings_on_every_cpu():
     common = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "CUBLAS_WORKSPACE_CONFIG": CUBLAS_WORKSPACE}
-    assert wanted_environment(ZEN4, AMD) == {**PORTABLE_PINS, **common}  # the default: portable
-    assert wanted_environment(ZEN4, AMD, mode=True) == {**isa_pins(ZEN4, AMD), **common}
+    assert wanted_environment(ZEN4, AMD) == {**isa_pins(ZEN4, AMD), **common}  # the default: true
+    assert wanted_environment(ZEN4, AMD, mode="portable") == {**PORTABLE_PINS, **common}
     assert (
         wanted_environment(GRAVITON, "aarch64")
         == wanted_environment(GRAVITON, "aarch64", mode=True)
         == common
     )
-    assert set(wanted_environment(SAPPHIRE_RAPIDS, INTEL)) == set(PINNED_KEYS)
+    assert set(wanted_environment(SAPPHIRE_RAPIDS, INTEL, mode="portable")) == set(PINNED_KEYS)
+    assert set(PINNED_KEYS) - set(wanted_environment(SAPPHIRE_RAPIDS, INTEL)) == {"ATEN_CPU_CAPABILITY"}
 
 
 @pytest.fixture
@@ -117,9 +118,10 @@ def clean_env(monkeypatch):
     monkeypatch.setattr(pins, "cpu_vendor", lambda: AMD)
     monkeypatch.setattr(determinism, "cpu_vendor", lambda: AMD)
     monkeypatch.setattr(pins, "_set_here", {})
-    threads = torch.get_num_threads()
+    threads, mkldnn = torch.get_num_threads(), torch.backends.mkldnn.enabled
     yield monkeypatch
     torch.set_num_threads(threads)
+    torch.backends.mkldnn.enabled = mkldnn
 
 
 def _pinned() -> dict[str, str]:
@@ -164,7 +166,7 @@ def test_off_names_the_pins_the_environment_still_sets(clean_env):
 
 def test_apply_on_pins_the_environment_and_fixes_the_thread_count(clean_env):
     torch.set_num_threads(1)
-    pins.pin_environment()  # the command's default (portable) at its start: true takes its place
+    pins.pin_environment("portable")  # another mode pinned before: true takes its place
     got = apply(True, 2, "cpu")
     assert torch.get_num_threads() == 2
     assert got.deterministic and got.threads == 2
@@ -197,14 +199,17 @@ def test_describe_and_kind_where_nothing_is_pinned():
 
 def test_apply_portable_pins_one_level_and_names_no_vendor_in_the_kind(clean_env):
     clean_env.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    pins.pin_environment()  # the command's default at its start: portable takes its place
     got = apply("portable", 2, "cpu")
-    assert got.environment == wanted_environment(ZEN4, AMD) == _pinned()
+    assert got.environment == wanted_environment(ZEN4, AMD, mode="portable") == _pinned()
     assert got.describe() == (
         "portable deterministic mode: 2 threads, MKL_CBWR=COMPATIBLE, ONEDNN_MAX_CPU_ISA=AVX2, "
         f"ATEN_CPU_CAPABILITY=avx2 ({got.cpu})"
     )
     assert got.kind == f"{platform.machine()} portable COMPATIBLE/AVX2/avx2 torch {torch.__version__}"
     assert got.aten == "AVX2" and got.to_dict()["aten"] == "AVX2"
+    assert not torch.backends.mkldnn.enabled  # convolutions through ATen and MKL, not oneDNN
+    assert apply(True, 2, "cpu").deterministic and torch.backends.mkldnn.enabled  # back for the others
     intel = Determinism("portable", 4, dict(PORTABLE_PINS), "Xeon", INTEL, torch.__version__)
     assert intel.kind == got.kind  # an Intel and an AMD CPU are one kind at the portable level
 
@@ -215,3 +220,14 @@ def test_apply_portable_refuses_when_aten_already_chose_another_level(clean_env)
     clean_env.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     with pytest.raises(DiffrlError, match="ATen computes with its AVX512 kernels, not AVX2"):
         apply("portable", 1, "cpu")
+
+
+def test_repin_puts_one_mode_in_place_of_another_and_false_takes_all_back(clean_env):
+    clean_env.setenv("ONEDNN_MAX_CPU_ISA", "SSE41")  # the user's: kept throughout
+    pins.repin_environment("portable")
+    assert _pinned() == {**wanted_environment(ZEN4, AMD, mode="portable"), "ONEDNN_MAX_CPU_ISA": "SSE41"}
+    pins.repin_environment(True)
+    assert _pinned() == {**wanted_environment(ZEN4, AMD, mode=True), "ONEDNN_MAX_CPU_ISA": "SSE41"}
+    assert "ATEN_CPU_CAPABILITY" not in os.environ
+    pins.repin_environment(False)
+    assert _pinned() == {"ONEDNN_MAX_CPU_ISA": "SSE41"}
