@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "diffrl" / "recipes"
 REFERENCES = ROOT / "tests" / "data" / "reproducibility"
+sys.path.insert(0, str(ROOT))
+from diffrl.core.pins import PINNED_KEYS  # noqa: E402 - torch-free; ROOT first, as a checkout's script
+
 COMMAND = "python scripts/reference_metrics.py"
 """What regenerates the references (followed by recipe names: only those)."""
 
@@ -162,12 +166,16 @@ def run_recipes(
     separate ``diffrl train`` processes gave the same bits). Returns recipe -> {"kind", "cpu",
     "torch", "metrics", "tensors"}."""
     more = [a for e in extra or [] for a in ("--extra", e)]
+    # as from a fresh shell: none of deterministic mode's variables inherited (a test process pins
+    # its own mode's; here the runs' run.deterministic decides)
+    env = {k: v for k, v in os.environ.items() if k not in PINNED_KEYS}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--train-into", str(workdir), *more, *recipes],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
     if proc.returncode != 0:
         raise RuntimeError(
