@@ -67,19 +67,19 @@ def load_reference(recipe: str) -> dict:
     return json.loads((REFERENCES / f"{recipe}.json").read_text())
 
 
-def _same(a, b) -> bool:
+def _same(a, b, key: str = "") -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
-def metric_differences(expected: list[dict], got: list[dict]) -> list[str]:
-    """Each metric that differs, row by row (``metrics.jsonl``'s order), with both values."""
+def metric_differences(expected: list[dict], got: list[dict], same=_same) -> list[str]:
+    """Each metric that differs (``same`` false), row by row (``metrics.jsonl``'s order), with both values."""
     out = []
     if len(expected) != len(got):
         out.append(f"{len(got)} metric rows, the reference has {len(expected)}")
     for i, (e, g) in enumerate(zip(expected, got)):
         for key in sorted(set(e) | set(g)):
             a, b = e.get(key, "<absent>"), g.get(key, "<absent>")
-            if not _same(a, b):
+            if not same(a, b, key):
                 out.append(f"row {i} (step {e.get('step')}) {key}: reference {a!r}, this run {b!r}")
     return out
 
@@ -149,23 +149,19 @@ def run_gate(recipes: list[str], tmp_path_factory, extra: list[str] | None = Non
     return Gate(check, why, runs)
 
 
+def _near(a, b, key: str) -> bool:
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
+    return (
+        key in NOT_NEAR
+        or _same(a, b)
+        or (numbers and math.isclose(a, b, rel_tol=NEAR_RTOL, abs_tol=NEAR_ATOL))
+    )
+
+
 def near_differences(expected: list[dict], got: list[dict]) -> list[str]:
-    """Each metric outside the near band (:data:`NEAR_RTOL`; :data:`NOT_NEAR` aside), row by row."""
-    out = []
-    if len(expected) != len(got):
-        out.append(f"{len(got)} metric rows, the reference has {len(expected)}")
-    for i, (e, g) in enumerate(zip(expected, got)):
-        for key in sorted(set(e) | set(g)):
-            if key in NOT_NEAR:
-                continue
-            a, b = e.get(key, "<absent>"), g.get(key, "<absent>")
-            numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (a, b))
-            if numbers and (math.isclose(a, b, rel_tol=NEAR_RTOL, abs_tol=NEAR_ATOL) or _same(a, b)):
-                continue
-            if not numbers and _same(a, b):
-                continue
-            out.append(f"row {i} (step {e.get('step')}) {key}: reference {a!r}, this run {b!r}")
-    return out
+    """Each metric outside the near band (:data:`NEAR_RTOL`, :data:`NEAR_ATOL`; :data:`NOT_NEAR`
+    aside), row by row."""
+    return metric_differences(expected, got, same=_near)
 
 
 def check(recipe: str, gate: Gate, request=None) -> None:
