@@ -333,11 +333,13 @@ class MonitorConfig:
     """``alarm/collapse`` fires (with a warning) when at least this share of the groups are near
     duplicates."""
     collapse_relative: Annotated[
-        float, Range(0, 1, hi_open=True, hint="a share of the first rollout's spread, e.g. 0.25; 0: off")
-    ] = 0.25
+        float, Range(0, 1, hi_open=True, hint="a share of the first rollout's spread, e.g. 0.5; 0: off")
+    ] = 0.5
     """A group also counts as near duplicates when its within-group std is below this share of the
     run's first rollout's ``monitor/within_group_std`` (the base model's own spread, kept in the
-    checkpoint): a threshold that scales with the model's own spread. 0: only ``near_duplicate_std``."""
+    checkpoint): a threshold that scales with the model's own spread. 0: only ``near_duplicate_std``.
+    Half (``docs/results/hacking.md``): the hacked runs' groups fall to a quarter-third of the base's
+    spread, regularised and honest runs keep five sixths of it or more."""
     kl_every: Annotated[int, Range(0, MAX_COUNT, hint="iterations; 0: never")] = 5
     """Policy drift for runs whose loss has no KL to the base: every this many iterations, log
     ``monitor/kl_to_base`` (the KL the algorithm's ``kl_beta`` would penalise, in its units) on the
@@ -389,11 +391,18 @@ class EvalConfig:
 
 @dataclass
 class WatchAlarmConfig:
-    """The reward-hacking alarm (``eval.watch_alarm``): at each eval, paired against the eval
-    ``window`` evals earlier (same prompts and seeds), it fires when the eval total rose while a
-    watched reward fell by more than ``k_se`` of its paired standard error."""
+    """The reward-hacking alarm (``eval.watch_alarm``): at each eval, paired (same prompts and
+    seeds) against the run's first eval and against the eval ``window`` evals earlier, it fires when
+    the eval total rose by more than ``k_se`` of its paired standard error while a watched reward
+    fell by more than ``k_se`` of its own and by more than ``min_drop``."""
 
     k_se: Annotated[float, Range(0, 1000, lo_open=True, hint="e.g. 2.0")] = 2.0
+    min_drop: Annotated[float, Range(0, 1e6, hint="in the watched reward's units, e.g. 0.05")] = 0.05
+    """The smallest fall of a watched reward that is an alarm, in its own units: a significance
+    test alone fires on any trade-off a large eval can resolve (``docs/results/hacking.md``: with
+    no floor it fired in every variant, the regularised ones included). The default suits rewards
+    on a 0-1 scale (OCR, PickScore / 26, CLIP / 30, contrast); set it for others (aesthetic's
+    1-10, JPEG kB)."""
     window: Annotated[int, Range(1, 10**6, hint="evals back to compare with")] = 1
     stop: bool = False
     """True: the run stops at the eval where it fires, as at the time budget (eval, save, report)."""

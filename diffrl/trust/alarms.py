@@ -9,13 +9,20 @@ exactly as an uninterrupted one.
 
 The alarm is the comparison reward-hacking reports make by eye (a trained reward that climbs while
 a held-out judge of the same images drops, e.g. flow_grpo's GARDO discussion; DDPO's
-jpeg-compressibility runs): at an eval, paired against the eval ``window`` evals earlier, the eval
-total rose (mean difference > 0) while a watched reward fell by more than ``k_se`` paired SE.
+jpeg-compressibility runs): at an eval, paired against the run's first eval (the base: a slow
+slide) and against the eval ``window`` evals earlier (a sudden one), the eval total rose by more
+than ``k_se`` paired SE while a watched reward fell by more than ``k_se`` paired SE **and** by more
+than ``min_drop`` (in its own units). Significance alone is not enough: an eval of a few hundred
+samples resolves falls of a few thousandths, and a trained reward that trades off against a judge
+(brightness against contrast on the tiny world) makes such a fall in every run, regularised ones
+included; ``min_drop`` is the size of fall a user calls hacking (``docs/results/hacking.md``
+measures the default's false alarms and detections).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,8 +72,9 @@ def from_json(values: list[float | None]) -> torch.Tensor:
 
 @dataclass
 class Alarm:
-    """One firing: at ``step``, over the evals since ``since``, the trained reward rose by
-    ``trained_gain`` while ``watched`` fell by ``-watched_gain`` (``watched_se`` its paired SE)."""
+    """One firing: at ``step``, over the evals since ``since`` (the base's step or the eval
+    ``window`` back), the trained reward rose by ``trained_gain`` while ``watched`` fell by
+    ``-watched_gain`` (``watched_se`` its paired SE)."""
 
     step: int
     since: int
@@ -76,14 +84,15 @@ class Alarm:
     watched_gain: float
     watched_se: float
 
-    def message(self, k_se: float, trained: str = "") -> str:
+    def message(self, config: WatchAlarmConfig, trained: str = "") -> str:
         """The warning line; ``trained``: what the eval total sums (``eval.rewards``' names)."""
         total = f"eval total: {trained}" if trained else "eval total"
         return (
             f"reward-hacking alarm at iteration {self.step}: since iteration {self.since} the trained "
             f"reward ({total}) rose {self.trained_gain:+.4f} ± {self.trained_se:.4f} while the watched "
-            f"reward {self.watched!r} fell {self.watched_gain:+.4f} ± {self.watched_se:.4f} "
-            f"(more than {k_se:g} SE, paired on the same prompts and seeds)"
+            f"reward {self.watched!r} fell {self.watched_gain:+.4f} ± {self.watched_se:.4f} (more than "
+            f"{config.k_se:g} SE and more than min_drop {config.min_drop:g}, paired on the same prompts "
+            "and seeds)"
         )
 
 
@@ -130,9 +139,10 @@ class Watch:
                     metrics[gain_name(k)], metrics[gain_name(k) + "_se"] = gain, se
         alarms: list[Alarm] = []
         if self.alarm is not None:
+            references = [] if self.base is now else [(self.base_step, self.base)]
             if len(self.recent) >= self.alarm.window:
-                since, then = self.recent[-self.alarm.window]
-                alarms = _check(self.alarm.k_se, step, since, scores, then)
+                references.append(self.recent[-self.alarm.window])
+            alarms = _strongest(_check(self.alarm, step, since, scores, then) for since, then in references)
             metrics[ALARM_METRIC] = 1.0 if alarms else 0.0
             self.recent = [*self.recent, (step, now)][-self.alarm.window :]
         for a in alarms:
@@ -142,20 +152,37 @@ class Watch:
 
 
 def _check(
-    k_se: float, step: int, since: int, scores: dict[str, torch.Tensor], then: dict[str, list[float | None]]
+    alarm: WatchAlarmConfig,
+    step: int,
+    since: int,
+    scores: dict[str, torch.Tensor],
+    then: dict[str, list[float | None]],
 ) -> list[Alarm]:
-    """The alarms of an eval at ``step`` (``scores``) against the one at ``since`` (``then``)."""
+    """The alarms of an eval at ``step`` (``scores``) against the one at ``since`` (``then``): the
+    total rose by more than ``k_se`` paired SE, a watched reward fell by more than ``k_se`` of its
+    paired SE and more than ``min_drop``."""
     if TOTAL not in scores or TOTAL not in then or len(then[TOTAL]) != len(scores[TOTAL]):
         return []
-    t_gain, t_se, _ = paired(scores[TOTAL], from_json(then[TOTAL]))
-    if not t_gain > 0:
+    t_gain, t_se, n = paired(scores[TOTAL], from_json(then[TOTAL]))
+    if not (n > 1 and math.isfinite(t_se) and t_gain > alarm.k_se * t_se):
         return []
     out = []
     for k, now in scores.items():
         if not k.startswith(WATCH_PREFIX) or k not in then or len(then[k]) != len(now):
             continue
         w_gain, w_se, n = paired(now, from_json(then[k]))
-        if n > 1 and math.isfinite(w_se) and -w_gain > k_se * w_se:
+        if n > 1 and math.isfinite(w_se) and -w_gain > max(alarm.k_se * w_se, alarm.min_drop):
             label = k.removeprefix(WATCH_PREFIX).removesuffix("_mean")
             out.append(Alarm(step, since, label, t_gain, t_se, w_gain, w_se))
     return out
+
+
+def _strongest(found: Iterable[list[Alarm]]) -> list[Alarm]:
+    """One alarm per watched reward, of the comparisons that fired for it the one with the largest
+    fall (against the base, or the eval ``window`` back), in the order the rewards first fired."""
+    best: dict[str, Alarm] = {}
+    for alarms in found:
+        for a in alarms:
+            if a.watched not in best or a.watched_gain < best[a.watched].watched_gain:
+                best[a.watched] = a
+    return list(best.values())

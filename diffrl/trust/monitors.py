@@ -15,7 +15,7 @@ shapes and colours, not of pixel noise, and a bounded cost at any resolution):
 - ``monitor/near_duplicate_groups``: the share of groups (2+ samples) whose within-group std is
   below ``monitor/near_duplicate_threshold`` levels: their samples are near duplicates. The
   threshold is the larger of ``monitor.near_duplicate_std`` (default 2) and
-  ``monitor.collapse_relative`` (default 0.25) times the run's first rollout's
+  ``monitor.collapse_relative`` (default 0.5) times the run's first rollout's
   ``monitor/within_group_std`` (``base_spread``: the base model's own spread; the driver keeps it
   in the checkpoint), a threshold that scales with the model's own spread (measured on the tiny
   world in docs/trust.md).

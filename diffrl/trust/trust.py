@@ -114,7 +114,7 @@ class Trust:
         e = self.config.eval
         for alarm in alarms:  # alarms exist only with eval.watch_alarm set
             trained = ", ".join(quoted(r.name, 60) for r in e.rewards)
-            warnings.warn(alarm.message(e.watch_alarm.k_se, trained), stacklevel=2)
+            warnings.warn(alarm.message(e.watch_alarm, trained), stacklevel=2)
         moved, best = False, self.best
         if best is not None and (best.due(step) or best.iteration < 0):
             moved, kept = best.consider(step, scores)

@@ -41,7 +41,9 @@ def test_a_watched_reward_that_falls_as_the_trained_one_rises_trips_the_alarm_an
     extra = {
         "train.iterations": 3,
         "eval.watch": f"[{{name: {DARKNESS}}}]",
-        "eval.watch_alarm": "{k_se: 2.0, window: 1, stop: true}",
+        # min_drop 0: the alarm's mechanics on a fall of ~2e-4 (one tiny iteration); the default
+        # floor's false alarms and detections are measured in docs/results/hacking.md
+        "eval.watch_alarm": "{k_se: 2.0, min_drop: 0, window: 1, stop: true}",
     }
     config = load_config(f"{ROOT}/{GRPO}", tiny_overrides(tmp_path, **{**TINY, **extra}))
     named = (

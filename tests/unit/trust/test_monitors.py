@@ -111,18 +111,18 @@ def test_the_thresholds_are_the_configs():
 def test_the_threshold_follows_the_first_rollouts_spread():
     images = flat([10, 30, 100, 130])  # within-group stds 10 and 15
     group_id = torch.tensor([0, 0, 1, 1])
-    # a base that drew groups 48 levels apart: a quarter of it (12) catches the group at 10
-    m = diversity_metrics(images, group_id, base_spread=48.0)
+    # a base that drew groups 24 levels apart: half of it (12) catches the group at 10
+    m = diversity_metrics(images, group_id, base_spread=24.0)
     assert m["monitor/near_duplicate_threshold"] == 12.0
     assert m["monitor/near_duplicate_groups"] == 0.5 and m["alarm/collapse"] == 1.0
     line = collapse_warning(m, 5)
-    assert "below 12 levels, monitor.collapse_relative 0.25 x the first rollout's spread" in line
+    assert "below 12 levels, monitor.collapse_relative 0.5 x the first rollout's spread" in line
     # a base as alike as these groups: the absolute floor rules, nothing fires
     m = diversity_metrics(images, group_id, base_spread=4.0)
     assert m["monitor/near_duplicate_threshold"] == MonitorConfig().near_duplicate_std
     assert m["alarm/collapse"] == 0.0
     off = MonitorConfig(collapse_relative=0.0)
-    assert diversity_metrics(images, group_id, off, base_spread=48.0)["alarm/collapse"] == 0.0
+    assert diversity_metrics(images, group_id, off, base_spread=24.0)["alarm/collapse"] == 0.0
 
 
 def test_the_first_rollouts_spread_is_the_reference_and_survives_a_checkpoint():
