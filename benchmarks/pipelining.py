@@ -11,7 +11,9 @@ each run's first ``--warmup`` iterations are left out. Per run: the median secon
 and samples per second; over the runs: the median and the spread (min-max) of each, their ratio
 per round, and each actor's idle fraction, the share of the iteration's wall-clock it did not
 compute: the trainer rank's = 1 - (its update, old-policy update included) / iteration, the
-engine's = 1 - (its sampling stages) / iteration. Writes ``docs/results/pipelining.json``.
+engine's = 1 - (its sampling stages) / iteration. Writes ``docs/results/pipelining.json``. The
+verdict on the target (K = 1 at least 1.5x the samples/s of K = 0) is PASS or MISS only when every
+round's ratio is on the same side of it, else inconclusive and exit code 4 (``diffrl.bench.verdict``).
 
 ``--curves``: what the staleness costs in learning. The main job's DiffusionNFT recipe
 (``tiny_demo``, all its iterations) and the tiny Flow-GRPO recipe (``tiny_grpo_ocr``, the first
@@ -33,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from diffrl.bench.verdict import Claim, conclude, judge
 from diffrl.launch import train
 from diffrl.preflight import load_config
 
@@ -40,6 +43,8 @@ TRAIN_KEYS = ("perf/before_update_time", "perf/train_forward_backward_time", "pe
 """The rank's busy seconds of an iteration (its optimizer steps; summed over them)."""
 ENGINE_STAGES = ("encode", "denoise", "decode")
 """The engine's busy seconds of an iteration (its sampling stages, ``perf/rollout_<stage>_time``)."""
+TARGET = 1.5
+"""Samples per second at K = 1 over K = 0, in every round."""
 
 
 def run(recipe: str, out: Path, name: str, iterations: int, k: int, extra: list[str]) -> list[dict]:
@@ -176,7 +181,7 @@ def curves(out: Path, grpo_iterations: int) -> None:
     print(f"wrote {path}")
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--curves", action="store_true", help="the learning curves instead of the speed")
     ap.add_argument("--grpo-iterations", type=int, default=8)
@@ -190,7 +195,7 @@ def main() -> None:
     out = Path(args.out)
     if args.curves:
         curves(out, args.grpo_iterations)
-        return
+        return 0
     cfg = load_config(args.recipe, args.overrides)
     samples = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
 
@@ -214,7 +219,8 @@ def main() -> None:
             f"| {spread([x['rank_idle'] for x in rs])} | {spread([x['engine_idle'] for x in rs])} "
             f"| {max(x['staleness_max'] for x in rs):.0f} |"
         )
-    print(f"samples/s, K=1 over K=0 per round: {spread(ratios)}  (target >= 1.5)")
+    verdict = judge(ratios, Claim(TARGET))  # each round's own ratio: the two ran side by side
+    print(f"samples/s, K=1 over K=0 per round: {spread(ratios)}  (target >= {TARGET})  {verdict}")
     path = Path("docs/results/pipelining.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
@@ -224,7 +230,8 @@ def main() -> None:
         )
     )
     print(f"wrote {path}")
+    return conclude([verdict])  # an inconclusive verdict: a non-zero exit
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -40,6 +40,9 @@ ratio vs the float32 eager collector, warm-up seconds incl. compiling, model GFL
      which includes the weights and libraries already resident; max allocated on CUDA).
 Timings interleave the contenders and options within each repeat (the order rotates from repeat to
 repeat) and take the median of the repeats (shared, noisy machines); warm-up calls are not timed.
+The verdicts of (a), (b) and (d) come from each repeat's own ratio (``diffrl.bench.verdict``): PASS
+or MISS only when every repeat is on the same side of the target, else "inconclusive: spread X
+exceeds the effect Y" and exit code 4, after everything is printed (one repeat shows no spread).
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # diffrl, and the tests' tiny SD3 builder
+
+from diffrl.bench.verdict import Claim, Verdict, conclude, judge, paired_ratios  # noqa: E402
 
 OPTIONS = {
     "eager": [],
@@ -301,7 +306,8 @@ def timed(fn, *args) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
-def benchmark(model: str, args, sd3_dir: str | None, pipeline_with_logprob) -> None:
+def benchmark(model: str, args, sd3_dir: str | None, pipeline_with_logprob) -> list[Verdict]:
+    """Measure and print one model's table, (a), (b), (d) and (c); the verdicts of (a), (b), (d)."""
     overrides = config_overrides(model, args, sd3_dir, strategy(args.collector_steps, args.steps))
     contenders = {
         "collector": run_collector,
@@ -382,31 +388,39 @@ def benchmark(model: str, args, sd3_dir: str | None, pipeline_with_logprob) -> N
                 f"{s.warmup[name]:>9.1f} {s.flops / m / 1e9:>8.1f}"
             )
 
-    def verdict(ok: bool) -> str:
-        return "PASS" if ok else "MISS"
+    # each verdict from the per-repeat ratios (the contenders of a repeat ran side by side), never
+    # from the medians alone: a spread wider than the effect gets no PASS or MISS
+    verdicts: list[Verdict] = []
+
+    def verdict(numerators: list[float], denominators: list[float], target: float) -> Verdict:
+        verdicts.append(judge(paired_ratios(numerators, denominators), Claim(target)))
+        return verdicts[-1]
 
     for s in setups:
         coll = med[(s.option, "collector")]
         eff = med[(s.option, "bare forwards")] / coll
+        v = verdict(times[(s.option, "bare forwards")], times[(s.option, "collector")], TARGET_EFFICIENCY)
         print(
             f"   (a) {s.option:<13} engine efficiency  bare forwards / collector = {eff:.3f}  "
-            f"(target >= {TARGET_EFFICIENCY})  {verdict(eff >= TARGET_EFFICIENCY)}"
+            f"(target >= {TARGET_EFFICIENCY})  {v}"
         )
         for other in ("diffusers pipeline", "flow_grpo pipeline_with_logprob"):
             if (s.option, other) not in med:
                 continue
             ratio = med[(s.option, other)] / coll
+            v = verdict(times[(s.option, other)], times[(s.option, "collector")], TARGET_VS_PIPELINES)
             print(
                 f"   (b) {s.option:<13} collector vs {other:<31} = {ratio:.3f}x  "
-                f"(target >= {TARGET_VS_PIPELINES})  {verdict(ratio >= TARGET_VS_PIPELINES)}"
+                f"(target >= {TARGET_VS_PIPELINES})  {v}"
             )
     fast = [s.option for s in setups if s.option != "eager"]
     if base and fast:
         best = min(fast, key=lambda o: med[(o, "collector")])
         ratio = base / med[(best, "collector")]
+        v = verdict(times[("eager", "collector")], times[(best, "collector")], TARGET_VS_FLOAT32)
         print(
             f"   (d) best option ({best}) collector vs float32 eager collector = {ratio:.3f}x  "
-            f"(target >= {TARGET_VS_FLOAT32})  {verdict(ratio >= TARGET_VS_FLOAT32)}"
+            f"(target >= {TARGET_VS_FLOAT32})  {v}"
         )
     else:
         print("   (d) best option vs float32 eager collector: n/a (run eager and at least one speed option)")
@@ -414,7 +428,7 @@ def benchmark(model: str, args, sd3_dir: str | None, pipeline_with_logprob) -> N
         print(f"   {FLOW_GRPO_HINT}")
 
     if args.no_memory:
-        return
+        return verdicts
     rows = {}
     for mode in ("all", "window"):
         child = [*config_overrides(model, args, sd3_dir, strategy(mode, args.steps))]
@@ -438,6 +452,7 @@ def benchmark(model: str, args, sd3_dir: str | None, pipeline_with_logprob) -> N
         f"(trajectory {a['recorded_bytes'] / 2**20:.2f} MiB) vs 2-step window {w['peak_bytes'] / 2**20:.1f} MiB "
         f"(trajectory {w['recorded_bytes'] / 2**20:.2f} MiB); trajectory ratio {a['recorded_bytes'] / max(1, w['recorded_bytes']):.1f}x"
     )
+    return verdicts
 
 
 def rss_peak_bytes(reset: bool = False) -> int:
@@ -476,7 +491,7 @@ def memory_child(overrides: list[str]) -> None:
     )
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -510,7 +525,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.memory_child:
         memory_child(json.loads(args.memory_child))
-        return
+        return 0
     args.options = [o.strip() for o in args.options.split(",") if o.strip()]
     unknown = [o for o in args.options if o not in OPTIONS]
     if unknown or not args.options:
@@ -524,6 +539,7 @@ def main() -> None:
     if pipeline_with_logprob is None:
         print(FLOW_GRPO_HINT)
     models = ["tiny", "sd3"] if args.model == "both" else [args.model]
+    verdicts: list[Verdict] = []
     with tempfile.TemporaryDirectory(prefix="diffrl_tiny_sd3_") as tmp:
         sd3_dir = None
         if "sd3" in models:
@@ -532,8 +548,9 @@ def main() -> None:
             sd3_dir = tmp
             write_tiny_sd3(sd3_dir)
         for model in models:
-            benchmark(model, args, sd3_dir, pipeline_with_logprob)
+            verdicts += benchmark(model, args, sd3_dir, pipeline_with_logprob)
+    return conclude(verdicts)  # an inconclusive verdict: a non-zero exit
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

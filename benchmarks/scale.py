@@ -6,7 +6,9 @@ Prints, side by side: the time per iteration of ``runner: local`` and of ``runne
 rollout engine, 1 FSDP2 trainer rank and 1 OCR worker (the first iteration is warm-up and not
 counted; medians), the Ray overhead (target <= 15%), and the weight sync per update: time and bytes sent
 for a LoRA run and for a full fine-tune (a Ray run with ``model.lora: null``). Writes
-``docs/results/scale.json``.
+``docs/results/scale.json``. The two runs go one after the other, so the overhead's verdict pairs
+every counted Ray iteration with every counted local one: PASS or MISS only when all those ratios
+are on the same side of 1.15, else inconclusive and exit code 4 (``diffrl.bench.verdict``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
+from diffrl.bench.verdict import Claim, conclude, judge, unpaired_ratios
 from diffrl.launch import train
 from diffrl.preflight import load_config
 
@@ -43,12 +47,21 @@ def run(recipe: str, out: Path, name: str, iterations: int, **overrides) -> list
     return history
 
 
+TARGET_OVERHEAD = 0.15
+"""The most an iteration under ``runner: ray`` may take over one in one process, as a fraction."""
+
+
 def median(rows: list[dict], key: str, skip: int = 1) -> float:
     """The median over the iterations after ``skip`` warm-up ones (robust to a noisy neighbour)."""
-    return statistics.median(r[key] for r in rows[skip:] if key in r)
+    return statistics.median(values(rows, key, skip))
 
 
-def main() -> None:
+def values(rows: list[dict], key: str, skip: int = 1) -> list[float]:
+    """``key`` of each iteration after ``skip`` warm-up ones."""
+    return [r[key] for r in rows[skip:] if key in r]
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--recipe", default="recipes/tiny_grpo_ocr_small.yaml")
     ap.add_argument("--iterations", type=int, default=8)
@@ -76,7 +89,17 @@ def main() -> None:
     }
     print()
     print(f"time per iteration  local {t_local:.2f} s | ray (1 engine, 1 rank) {t_ray:.2f} s")
-    print(f"ray overhead        {100 * result['ray_overhead']:+.1f}%  (target <= +15%)")
+    # the two runs ran one after the other, not in rounds: every pairing of a Ray iteration with a
+    # local one, whose extremes are the widest the measurements allow
+    verdict = judge(
+        unpaired_ratios(values(ray_lora, "perf/iteration_time"), values(local, "perf/iteration_time")),
+        Claim(1 + TARGET_OVERHEAD, at_least=False, fmt="{:.3f}x"),
+        label="pairings",
+    )
+    print(
+        f"ray overhead        {100 * result['ray_overhead']:+.1f}%  (target <= +{TARGET_OVERHEAD:.0%})  "
+        f"ray / local per iteration: {verdict}"
+    )
     print(
         f"rollout             local {result['local_rollout_s']:.2f} s | ray {result['ray_rollout_s']:.2f} s"
     )
@@ -90,7 +113,8 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     print(f"wrote {path}")
+    return conclude([verdict])  # an inconclusive verdict: a non-zero exit
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

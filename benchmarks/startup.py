@@ -9,9 +9,10 @@ rounds with the spread (min-max) beside it. ``diffrl`` is run as ``python -m dif
 (``os.wait4``'s rusage; ``ru_maxrss`` is in KiB on Linux).
 
 Prints a markdown table (command, median wall s, spread, ratio to ``python -c pass``, peak RSS MB)
-and, for ``diffrl --help``, whether it stays under the limits of issue 32 (1 s, 80 MB); no verdict
-where the spread straddles a limit. On a shared machine the wall times move with the load: read the
-ratios, and say so when you quote the seconds.
+and, for ``diffrl --help``, whether it stays under the limits of issue 32 (1 s, 80 MB): PASS or MISS
+only when every round is on the same side of a limit, else inconclusive and exit code 4
+(``diffrl.bench.verdict``). On a shared machine the wall times move with the load: read the ratios,
+and say so when you quote the seconds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from diffrl.bench.verdict import Claim, Verdict, conclude, judge  # torch-free
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -72,7 +75,7 @@ def measure(contender: Contender) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -101,19 +104,15 @@ def main() -> None:
             f"{statistics.median(w) / base:.1f} | {statistics.median(rss[c.label]):.0f} |"
         )
     print()
+    verdicts: list[Verdict] = []
     for label, (seconds, mb) in LIMITS.items():
-        w, m = walls[label], rss[label]
-        print(f"{label}: {_verdict(w, seconds, 's')}; {_verdict(m, mb, 'MB')}")
-
-
-def _verdict(values: list[float], limit: float, unit: str) -> str:
-    """Under or over ``limit`` only when every round agrees; else no verdict (the spread straddles it)."""
-    if max(values) < limit:
-        return f"under {limit:g} {unit} in every round"
-    if min(values) >= limit:
-        return f"OVER {limit:g} {unit} in every round"
-    return f"no verdict: the rounds span {min(values):.2f}-{max(values):.2f} {unit}, across the {limit:g} {unit} limit"
+        # within the limit only when every round is (each round's own figure, not the median)
+        wall = judge(walls[label], Claim(seconds, at_least=False, fmt="{:.2f} s"))
+        memory = judge(rss[label], Claim(mb, at_least=False, fmt="{:.0f} MB"))
+        verdicts += [wall, memory]
+        print(f"{label}: wall {wall}; peak RSS {memory}")
+    return conclude(verdicts)  # an inconclusive verdict: a non-zero exit
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -37,6 +37,10 @@ Prints
 Timings interleave the contenders ((a): step and bare alternately, in alternating order; the options
 one after the other) and report the median of the repeats with the min-max spread. On a shared
 machine, ``--threads 1`` is much steadier: two threads on two busy cores wait on each other.
+The verdict of (a) comes from each repeat's own bare / step ratio (``diffrl.bench.verdict``): PASS or
+MISS only when every repeat is on the same side of the target, else "inconclusive: spread X exceeds
+the effect Y" and exit code 4 once everything is printed (``--quick``'s one repeat shows no spread,
+so it gives none). The "flat" verdict of (c) is on exact byte counts: one measurement suffices.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ import torch
 
 from diffrl.algorithms.forward_process import noised
 from diffrl.algorithms.registry import build_algorithm
+from diffrl.bench.verdict import Claim, Verdict, conclude, judge, paired_ratios
 from diffrl.core.rollout import Conditioning, RolloutBatch, TrainExamples
 from diffrl.launch import runner_class
 from diffrl.models.registry import load_family
@@ -85,6 +90,9 @@ OPTIONS = {
     "bf16+compile": ["model.autocast=bfloat16", "model.compile=true"],
 }
 TARGET = 0.9
+FLAT = 1.05
+"""(c): the most a rollout sample's held bytes may grow from the fewer to the more sampling steps
+for an algorithm that keeps x0 only."""
 MEMORY_STRATEGY = "algorithm.params.step_strategy={name: all}"
 """Flow-GRPO's memory rows record every step, so the trajectory grows with ``sampling.num_steps``."""
 
@@ -241,6 +249,7 @@ class Bench:
         stack.callback(session.folder.release)
         stack.callback(session.close, True)  # no report: the run folder is thrown away
         self.driver = Driver(session, stop)
+        self.algorithm = session.algorithm  # the plugin itself (the driver holds its checked view)
         self.actor: Actor = self.driver.runner.actor
         self.notes = self.driver.runner.family.numerics.notes
         self.samples = rollout_samples(self.config)
@@ -264,8 +273,8 @@ class Bench:
             del runner.optimize
         if not chunks:
             raise SystemExit(f"{self.name}: the warm-up rollout had no scored sample (every reward failed)")
-        self.examples = self.actor.before_update(chunks[0], self.driver.algorithm)
-        self.plan = bare_plan(self.actor, self.driver.algorithm, self.examples)
+        self.examples = self.actor.before_update(chunks[0], self.algorithm)
+        self.plan = bare_plan(self.actor, self.algorithm, self.examples)
         self.micro_batches = len(self.plan)
         self.forwards = [c.weights for c in self.plan[0]]
         self.train_step()
@@ -275,7 +284,7 @@ class Bench:
 
     def train_step(self) -> None:
         t0 = time.perf_counter()
-        metrics = self.actor.train_step(self.examples, self.driver.algorithm)
+        metrics = self.actor.train_step(self.examples, self.algorithm)
         self.times["step"].append(time.perf_counter() - t0)
         self.fb.append(metrics["perf/train_forward_backward_time"])
         self.opt.append(metrics["perf/optimizer_time"])
@@ -309,7 +318,8 @@ STAGES = [
 """The stages of an iteration after the rollout (``perf/rollout_time``, its parts above)."""
 
 
-def run_timings(args) -> None:
+def run_timings(args) -> list[Verdict]:
+    """(a) and (b); the verdicts of (a)."""
     print("\n(a) training-step efficiency: bare forward+backward / Actor.train_step, same micro-batches")
     print(
         f"    median seconds of {args.repeats} repeats (min-max); forwards per micro-batch: live (with "
@@ -320,6 +330,7 @@ def run_timings(args) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     done: list[Bench] = []
+    verdicts: list[Verdict] = []
     for name in args.algorithms:
         with contextlib.ExitStack() as stack:
             benches = [Bench(name, option, args, stack) for option in args.options]
@@ -340,11 +351,13 @@ def run_timings(args) -> None:
                     b.iteration(1 + r)
             for b in benches:
                 eff = statistics.median(b.times["bare"]) / statistics.median(b.times["step"])
+                # the verdict from each repeat's own ratio (its step and bare ran back to back)
+                verdicts.append(judge(paired_ratios(b.times["bare"], b.times["step"]), Claim(TARGET)))
                 forwards = "+".join(b.forwards)
                 print(
                     f"| {name} | {b.option} | {len(b.examples)} | {b.micro_batches} x {forwards} | "
                     f"{spread(b.times['step'])} | {statistics.median(b.fb):.3f} / {statistics.median(b.opt):.3f} | "
-                    f"{spread(b.times['bare'])} | {eff:.3f} | {'PASS' if eff >= TARGET else 'MISS'} |",
+                    f"{spread(b.times['bare'])} | {eff:.3f} | {verdicts[-1]} |",
                     flush=True,
                 )
                 b.driver, b.actor, b.examples, b.plan = None, None, None, None  # free the model
@@ -376,6 +389,7 @@ def run_timings(args) -> None:
             + " | ".join(f"{v:.3f}" for v in parts)
             + f" | {other:.3f} | {med(rows, 'perf/rollout_mfu'):.1%} / {med(rows, 'perf/train_mfu'):.1%} |"
         )
+    return verdicts
 
 
 # ---- (c) memory, in a fresh process per row -------------------------------------------------------------
@@ -514,9 +528,10 @@ def memory_child(args) -> None:
     )
 
 
-def run_memory(args) -> None:
+def run_memory(args) -> list[Verdict]:
+    """(c), one fresh process per row; the verdicts of "flat" (exact byte counts: one row each)."""
     mib, kib = 2**20, 2**10
-    rows = []
+    rows, verdicts = [], []
     for name in args.algorithms:
         for steps in args.memory_steps[:1] if name == "sft" else args.memory_steps:  # SFT does not sample
             cmd = [
@@ -564,11 +579,13 @@ def run_memory(args) -> None:
             b = next(r for r in rows if r["name"] == name and r["steps"] == hi)
             held = b["rollout_held"] / b["samples"] / (a["rollout_held"] / a["samples"])
             pk = (b["rollout_peak"] / b["samples"]) / max(1, a["rollout_peak"] / a["samples"])
-            flat = name != "flow_grpo"
-            verdict = (
-                ("flat: PASS" if held < 1.05 else "grows: MISS") if flat else "grows with the recorded steps"
-            )
+            if name == "flow_grpo":
+                verdict = "grows with the recorded steps"
+            else:  # the held bytes are exact, not timed: one measurement is the whole answer
+                verdicts.append(judge([held], Claim(FLAT, at_least=False, min_rounds=1)))
+                verdict = f"flat, held x<={FLAT}: {verdicts[-1]}"
             print(f"  {name}: held x{held:.3f}, peak x{pk:.2f}  ({verdict})")
+    return verdicts
 
 
 # ---- main ---------------------------------------------------------------------------------------------
@@ -585,7 +602,7 @@ def names_in(choices):
     return parse
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -624,7 +641,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.memory_child:
         memory_child(args)
-        return
+        return 0
 
     n = args.prompts * args.samples
     print(
@@ -634,11 +651,13 @@ def main() -> None:
         f"options {','.join(args.options)}; repeats {args.repeats}"
         + (f"; overrides {' '.join(args.set)}" if args.set else "")
     )
+    verdicts: list[Verdict] = []
     if "timing" not in args.skip:
-        run_timings(args)
+        verdicts += run_timings(args)
     if "memory" not in args.skip:
-        run_memory(args)
+        verdicts += run_memory(args)
+    return conclude(verdicts)  # an inconclusive verdict: a non-zero exit
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,4 +9,6 @@
 - :mod:`~diffrl.bench.scorers`: each suite's scorer, by name (the torch side of ``suites.SUITES``).
 - :mod:`~diffrl.bench.table`: per-category tables paired against a baseline; ``bench.json``.
 - :mod:`~diffrl.bench.report`: the Benchmarks section of a run's report page.
+- :mod:`~diffrl.bench.verdict`: the PASS / MISS / inconclusive rule of the speed scripts under
+  ``benchmarks/`` (no verdict when the rounds' spread exceeds the effect claimed); no torch.
 """

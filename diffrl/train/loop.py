@@ -44,6 +44,7 @@ class Driver:
         self.start = self.step = session.start
         ahead = self.config.train.off_policy_steps > 0
         self.ahead = RolloutAhead(self.runner, self.stop.requested) if ahead else None
+        self.peak = perf.MfuPeak(self.runner)  # the MFU yardstick, raised by a stage that beats it
 
     def run(self) -> TrainResult:
         try:
@@ -52,7 +53,7 @@ class Driver:
             # the rollout, scoring and eval bars nest under this one
             with Progress("train", self.config.train.iterations, "iter", initial=self.start) as progress:
                 self.iterate(progress)
-                print(perf.stage_summary(self.result.history, self.state.evals), flush=True)
+                print(perf.stage_summary(self.result.history, self.state.evals, self.peak), flush=True)
         except Abandoned:
             raise self.interrupted() from None
         finally:
@@ -129,7 +130,7 @@ class Driver:
             steps = self.runner.optimize(chunks)
             metrics.update(perf.mean_metrics(steps))
         metrics.update(self.runner.end_iteration())  # old policy update, weight sync
-        metrics.update(perf.iteration_perf(metrics, stats, perf.peak_of(self.runner), t0))
+        metrics.update(perf.iteration_perf(metrics, stats, self.peak.update(metrics), t0))
         self.state.train_time_s += metrics["perf/iteration_time"]
         return metrics, steps
 

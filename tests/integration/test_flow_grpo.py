@@ -68,9 +68,9 @@ def test_first_replay_reproduces_the_recorded_log_probs_exactly(tmp_path, guidan
     assert all(t >= 0 for t in parts) and m["perf/rollout_denoise_time"] > 0
     assert sum(parts) <= m["perf/rollout_time"] + 1e-3
     assert m["perf/train_forward_backward_time"] > 0 and m["perf/optimizer_time"] > 0
-    # the model FLOPs were counted, against a stated peak
+    # the model FLOPs were counted, against a stated peak, raised where a stage beat it (never > 100%)
     assert m["perf/rollout_flops"] > 0 and m["perf/train_flops"] > 0
-    assert 0 < m["perf/rollout_mfu"] and 0 < m["perf/train_mfu"]
+    assert 0 < m["perf/rollout_mfu"] <= 1 and 0 < m["perf/train_mfu"] <= 1
     if cfg.model.compile:
         assert m["perf/compile_time"] > 0
 

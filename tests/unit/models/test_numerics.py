@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -97,7 +100,8 @@ def test_peak_flops_states_where_the_figure_comes_from():
     flops, source = peak_flops(CPU, Numerics(), 2.5)
     assert flops == 2.5e12 and source == "run.peak_tflops=2.5"
     flops, source = peak_flops(CPU, Numerics(), None)
-    assert flops > 0 and "float32 matmul measured at" in source
+    assert flops > 0 and source.startswith("the best of ") and "float32 matmuls of 256^3" in source
+    assert source.endswith(f"measured at {flops / 1e9:.1f} GFLOP/s")
 
 
 def test_measuring_the_peak_leaves_the_random_state_alone(monkeypatch):
@@ -105,7 +109,34 @@ def test_measuring_the_peak_leaves_the_random_state_alone(monkeypatch):
     a resumed run's draws against the uninterrupted one's.)"""
     monkeypatch.setattr(numerics, "_MEASURED", {})
     torch.manual_seed(5)
-    numerics.measured_gemm_flops(CPU, torch.float32, n=64, repeats=1)
+    numerics.measured_gemm_flops(CPU, torch.float32, sizes=(64,), repeats=1, budget_s=0.01)
     after = torch.rand(3)
     torch.manual_seed(5)
     assert torch.equal(after, torch.rand(3))
+
+
+def _fake_seconds(monkeypatch, rates: dict[int, float]):
+    """Each ``n x n`` matmul "takes" ``2 n^3 / rates[n]`` seconds, or 4x or 2x that (a busy machine):
+    no test times anything."""
+    slow = itertools.cycle([4.0, 1.0, 2.0])
+    monkeypatch.setattr(
+        numerics, "_seconds", lambda a, b: next(slow) * 2 * a.shape[0] ** 3 / rates[a.shape[0]]
+    )
+    monkeypatch.setattr(numerics, "_MEASURED", {})
+
+
+def test_the_measured_peak_is_the_best_of_every_size_and_repeat(monkeypatch):
+    # the middle size is the fastest (the largest falls out of cache); most readings are slowed down
+    _fake_seconds(monkeypatch, {8: 1e9, 16: 2e9, 32: 0.5e9})
+    measured = numerics.measured_gemm_flops(CPU, torch.float32, sizes=(8, 16, 32), repeats=5, budget_s=1.0)
+    assert measured.flops == pytest.approx(2e9) and measured.sizes == (8, 16, 32)
+    assert measured.timed == numerics.GEMM_MAX_TIMED  # the budget is not spent: then the cap stops it
+    assert measured.describe() == "the best of 200 float32 matmuls of 8^3-32^3 measured at 2.0 GFLOP/s"
+
+
+def test_the_measured_peak_keeps_within_its_time_budget(monkeypatch):
+    # 1 kFLOP/s: the next size's estimate (12 x 8 kFLOP at half the rate) is far over the budget,
+    # and one more matmul of the first size (1 s) too
+    _fake_seconds(monkeypatch, {8: 1e3, 16: 1e3})
+    measured = numerics.measured_gemm_flops(CPU, torch.float32, sizes=(8, 16), repeats=5, budget_s=0.5)
+    assert measured.sizes == (8,) and measured.timed == 5 and measured.flops == pytest.approx(1e3)

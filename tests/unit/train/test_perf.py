@@ -7,7 +7,7 @@ from diffrl.algorithms.registry import build_algorithm
 from diffrl.preflight import load_config
 from diffrl.sampling.collector import RolloutPlanner
 from diffrl.train.batches import micro_group_count
-from diffrl.train.perf import mean_metrics, mfu_metrics, progress_postfix, stage_summary
+from diffrl.train.perf import MfuPeak, mean_metrics, mfu_metrics, progress_postfix, stage_summary
 
 
 def test_step_metrics_are_averaged_and_times_added_up():
@@ -59,20 +59,70 @@ def test_the_summary_of_a_run_without_stage_times(history):
     assert stage_summary(history, []) == expected
 
 
-def test_mfu_is_each_stages_flops_per_second_over_the_peak_and_shown_with_the_stage():
-    metrics = {
-        "perf/rollout_flops": 6e9,
+class Runner:
+    """A runner that states a peak (``None``: not known yet)."""
+
+    def __init__(self, peak: float | None):
+        self.peak = peak
+
+    def peak_flops(self) -> float | None:
+        return self.peak
+
+
+def stages(rollout_flops: float, train_flops: float) -> dict[str, float]:
+    """An iteration's metrics: the rollout's FLOPs in 2 s of denoising, the training's in 1.5 s."""
+    return {
+        "perf/rollout_flops": rollout_flops,
         "perf/rollout_denoise_time": 2.0,
-        "perf/train_flops": 9e9,
+        "perf/train_flops": train_flops,
         "perf/train_forward_backward_time": 1.5,
         "perf/optimizer_time": 0.5,
     }
+
+
+def test_mfu_is_each_stages_flops_per_second_over_the_peak_and_shown_with_the_stage(capsys):
+    metrics = stages(6e9, 9e9)  # 3 and 6 GFLOP/s
+    peak = MfuPeak(Runner(1e10))
+    assert peak.update(metrics) == 1e10 and not peak.raised
     mfu = mfu_metrics(metrics, peak_flops=1e10)
     assert mfu == pytest.approx({"perf/rollout_mfu": 0.3, "perf/train_mfu": 0.6})
     assert mfu_metrics(metrics, None) == {} and mfu_metrics({"perf/train_flops": 1.0}, 1e10) == {}
-    line = stage_summary([{**metrics, **mfu, "perf/rollout_time": 2.5}], [])
+    line = stage_summary([{**metrics, **mfu, "perf/rollout_time": 2.5}], [], peak)
     assert "rollout 2.50 s (denoise 2.00, MFU 30.0%)" in line
     assert "training 2.00 s (forward+backward 1.50, optimizer 0.50, MFU 60.0%)" in line
+    assert "raised" not in line and "raised" not in capsys.readouterr().out
+
+
+def test_a_stage_faster_than_the_peak_raises_it_so_no_mfu_exceeds_100_percent(capsys):
+    peak = MfuPeak(Runner(1e9))  # a measured peak that read low: 1 GFLOP/s
+    history = []
+    for metrics in (stages(6e9, 9e9), stages(4e9, 12e9), stages(2e9, 3e9)):  # training at 6, 8, 2 GFLOP/s
+        flops = peak.update(metrics)
+        mfu = mfu_metrics(metrics, flops)
+        assert all(0 < v <= 1.0 for v in mfu.values()), mfu
+        history.append({**metrics, **mfu, "perf/rollout_time": 2.0})
+    assert history[0]["perf/train_mfu"] == pytest.approx(1.0)  # the stage that raised it: 100%, not 600%
+    assert history[1]["perf/train_mfu"] == pytest.approx(1.0)  # raised again, to 8 GFLOP/s
+    assert history[2]["perf/train_mfu"] == pytest.approx(0.25)  # against the raised peak
+    assert peak.flops == 8e9 and peak.stated == 1e9 and peak.raised
+    said = capsys.readouterr().out.splitlines()
+    assert said == [  # once, at the first raise
+        "MFU peak raised from 1.0 GFLOP/s to 6.0 GFLOP/s: the train stage ran faster than the peak, which "
+        "was low (a measured one reads low on a busy machine); perf/*_mfu are against the fastest rate "
+        "seen from here on, never above 100%"
+    ]
+    # the summary: every iteration against the final peak, 8 GFLOP/s, which it names
+    line = stage_summary(history, [], peak)
+    assert "rollout 2.00 s (denoise 2.00, MFU 25.0%)" in line  # (3 + 2 + 1) / 3 of 8
+    assert "MFU 66.7%)" in line  # training: (6 + 8 + 2) / 3 of 8
+    assert line.endswith("; MFU against 8.0 GFLOP/s, raised from 1.0 GFLOP/s by a stage's rate")
+
+
+def test_no_mfu_without_a_peak_from_the_runner():
+    peak = MfuPeak(object())  # a user's runner without peak_flops
+    assert peak.update(stages(6e9, 9e9)) is None
+    assert MfuPeak(Runner(None)).update(stages(6e9, 9e9)) is None  # not known yet
+    assert "MFU" not in stage_summary([stages(6e9, 9e9)], [], peak)
 
 
 @pytest.mark.parametrize(
