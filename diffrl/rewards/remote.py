@@ -25,9 +25,12 @@ on. A NaN score from the server fails its sample in the same way.
 Videos: ``remote`` is an image reward; a video's frames are sent (and scored) one image each and
 the video gets their mean (:func:`~diffrl.rewards.base.submit_scores`).
 
-Peers' servers: ``protocol: flow_factory`` or ``verl_omni`` speaks their JSON contracts instead
-(:mod:`diffrl.transport.protocols`, which cites them), with the same deadlines, retries, token and
-answer limit; a peer's pickle protocol (flow_grpo's) is refused at validation, saying why.
+Peers' servers: ``protocol: flow_factory`` (Flow-Factory's JSON), ``verl_omni`` (verl-omni's
+pickled HTTP scorer) or ``flow_grpo`` (flow_grpo's pickled reward servers) speaks their contracts
+unchanged instead (:mod:`diffrl.transport.protocols`, which cites them), with the same deadlines,
+retries, token and answer limit; their pickled answers are read by a restricted unpickler
+(:mod:`diffrl.transport.pickled`) that refuses anything able to run code. The pickle protocols send
+JPEGs as their clients do (``format: jpeg``, their default; ``verl_omni`` can send ``png``).
 
 Sound: with ``audio: true`` it is a reward that hears (``Reward.audio``): each clip goes whole, its
 frames and its sound (float16, as the rollout keeps it), for a server whose reward hears (``diffrl
@@ -63,7 +66,7 @@ from diffrl.transport.client import (
 )
 from diffrl.transport.protocols import DIFFRL, PROTOCOLS, AnswerError, protocol_problem
 
-FORMATS = ("png", "raw")
+FORMATS = ("png", "raw", "jpeg")
 
 
 def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
@@ -101,12 +104,11 @@ def param_value_problems(params: dict[str, Any], check_env: bool) -> list[str]:
         )
     elif params.get("audio") and not protocol.hears:
         problems.append(f"audio: protocol {protocol.name} carries no sound; only protocol diffrl does")
-    if params.get("format", "png") not in FORMATS:
-        problems.append(f"format must be png or raw, got {params['format']!r}")
-    elif params.get("format", "png") not in protocol.formats:
-        problems.append(
-            f"format {params['format']}: protocol {protocol.name} sends {' or '.join(protocol.formats)} only"
-        )
+    fmt = params.get("format") or protocol.formats[0]
+    if fmt not in FORMATS:
+        problems.append(f"format must be png, raw or jpeg, got {params['format']!r}")
+    elif fmt not in protocol.formats:
+        problems.append(f"format {fmt}: protocol {protocol.name} sends {' or '.join(protocol.formats)} only")
     return problems
 
 
@@ -116,7 +118,8 @@ class RemoteReward(Reward):
     ``token_env``: the environment variable holding the server's token (None: the server has
     none). ``timeout_s``: the most one attempt waits (per socket operation), within the call's
     deadline. ``retries``: attempts after the first, on connection errors, timeouts and 5xx,
-    ``backoff_s * 2**k`` seconds apart. ``format``: ``png`` or ``raw`` (module docstring).
+    ``backoff_s * 2**k`` seconds apart. ``format``: ``png`` or ``raw`` (module docstring), ``jpeg``
+    for a pickle protocol (None: the protocol's first, ``png`` for diffrl's).
     ``audio``: the server's reward hears; send each clip whole with its sound. ``protocol``: the
     server's wire protocol, ``diffrl`` or a peer's (:mod:`diffrl.transport.protocols`).
     """
@@ -134,7 +137,7 @@ class RemoteReward(Reward):
             int, Range(0, 1000, hint="attempts after the first, within the call's deadline")
         ] = 3,
         backoff_s: Annotated[float, Range(0, 3600, hint="seconds, doubled after each retry")] = 0.5,
-        format: str = "png",
+        format: str | None = None,
         audio: bool = False,
         protocol: str = "diffrl",
     ):
@@ -145,13 +148,13 @@ class RemoteReward(Reward):
             raise RewardError("reward 'remote': " + "; ".join(problems))
         parts = urllib.parse.urlsplit(url)
         self.url, self.token_env = url.rstrip("/"), token_env
+        self.protocol = PROTOCOLS[protocol]
         self.timeout_s, self.retries, self.backoff_s, self.format = (
             float(timeout_s),
             int(retries),
             float(backoff_s),
-            format,
+            format or self.protocol.formats[0],
         )
-        self.protocol = PROTOCOLS[protocol]
         self._path = self.protocol.endpoint(parts.path)
         self._token = os.environ[token_env].strip() if token_env else None  # as serve-reward strips its own
         self.audio = audio  # this instance hears when its server's reward does
@@ -223,7 +226,9 @@ class RemoteReward(Reward):
             raise Retry(f"{type(e).__name__}: {e}") from e
         if status == 200:
             return self._scores(data, ctype, n)
-        detail = answer_detail(data)
+        detail = self.protocol.error_detail(data) or answer_detail(data)
+        if len(detail) > 500:
+            detail = detail[:500] + "..."
         if status in (401, 403):
             if self._token is None:
                 fix = "the server needs a token: set the reward's token_env to a variable holding it"

@@ -5,11 +5,13 @@ trainer's side is :class:`~diffrl.rewards.remote.RemoteReward`. The server is a 
 uvicorn; the reward is built as a recipe builds it (:func:`~diffrl.rewards.base.build_reward`: a
 registry name or a user's dotted path, with its params checked first).
 
-Peers' protocols: ``--protocol flow_factory`` or ``verl_omni`` answers Flow-Factory's or
-verl-omni's JSON contract instead (:mod:`diffrl.transport.protocols`: their paths, fields and answers)
-with the same limits, token and deadlines; their bodies are read into the fields below, bounded
-before parsing and decoding. A pickled body (flow_grpo's and verl-omni's clients send pickle) is a
-415 on any protocol, never unpickled. ``/health`` then also says ``"protocol"``.
+Peers' protocols: ``--protocol flow_factory``, ``verl_omni``, ``flow_grpo`` (or
+``verl_omni_json``) answers Flow-Factory's JSON, verl-omni's or flow_grpo's pickled contract
+instead (:mod:`diffrl.transport.protocols`: their paths, fields and answers) with the same limits,
+token and deadlines; their bodies are read into the fields below, bounded before parsing and
+decoding, and their JPEGs' sizes read from their frame headers before any is decoded. A pickle is
+read only through :mod:`diffrl.transport.pickled`'s restricted unpickler, and only on the two
+pickle protocols (on the others it is a 415). ``/health`` then also says ``"protocol"``.
 
 Wire format (any language can be a client)
 -------------------------------------------
@@ -139,8 +141,7 @@ from diffrl.rewards.registry import REWARDS
 from diffrl.serving.limits import ServerLimits
 from diffrl.transport.protocols import (
     DIFFRL,
-    JSON_FIX,
-    PICKLE_WHY,
+    PICKLE_PROTOCOLS,
     PROTOCOLS,
     Protocol,
     ProtocolError,
@@ -164,6 +165,12 @@ MAX_ARRAY_LEN = 2**16
 """Items of any one msgpack array or map (a request's prompts, images, metadata are arrays)."""
 TIMEOUT_TEXT = re.compile(r"[0-9]{1,9}(?:\.[0-9]{0,9})?|\.[0-9]{1,9}")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+JPEG_SIGNATURE = b"\xff\xd8\xff"
+JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+"""The JPEG markers that start a frame header (SOF0-15, less DHT, JPG and DAC)."""
+MAX_JPEG_SCANS = 100
+"""Scans one JPEG may hold (a baseline JPEG has 1, a progressive one about 10): the decoder passes
+over the whole image once a scan, so 64 MB of tiny scans would take it minutes."""
 PNG_COLOURS = {0: "grayscale", 2: "RGB", 3: "palette", 4: "grayscale+alpha", 6: "RGBA"}
 
 
@@ -490,6 +497,69 @@ def decode_png(data: bytes, where: str, size: tuple[int, int]) -> np.ndarray:
     return pixels
 
 
+def jpeg_size(data: bytes, where: str) -> tuple[int, int]:
+    """``(width, height)`` of an 8-bit 3-component (RGB) JPEG, read from its frame header (nothing
+    is decoded), walking its segments' headers from the start: at most 64 steps plus one per KB;
+    :class:`HTTPException` 400 for anything else (no frame header before the first scan, a
+    grayscale or CMYK one, a damaged segment, over :data:`MAX_JPEG_SCANS` scans)."""
+    send = "send 8-bit RGB JPEGs, as verl-omni's and flow_grpo's clients make them"
+    if data.count(b"\xff\xda") > MAX_JPEG_SCANS:  # start-of-scan markers (FF is escaped in scan data)
+        raise _bad(f"{where} holds over {MAX_JPEG_SCANS} JPEG scans; {send}")
+    pos, steps, most = 2, 0, 64 + len(data) // 1024
+    while pos + 4 <= len(data):
+        steps += 1
+        if steps > most:
+            raise _bad(f"{where} holds over {most} JPEG markers (64 and one per KB at most); {send}")
+        if data[pos] != 0xFF:
+            raise _bad(f"{where} is a damaged JPEG (no marker at byte {pos}); {send}")
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
+            pos += 2
+            continue
+        if marker in (0xDA, 0xD9):  # start of scan, end of image: no frame header came first
+            break
+        if marker in JPEG_FRAMES:
+            if pos + 10 > len(data):
+                break
+            precision, height, width, components = struct.unpack(">BHHB", data[pos + 4 : pos + 10])
+            if width == 0 or height == 0:
+                raise _bad(f"{where} is a JPEG of {width}x{height} pixels")
+            if (precision, components) != (8, 3):
+                raise _bad(f"{where} is a JPEG of {components} {precision}-bit components; {send}")
+            return width, height
+        pos += 2 + struct.unpack(">H", data[pos + 2 : pos + 4])[0]
+    raise _bad(f"{where} is not a JPEG with a frame header before its image data; {send}")
+
+
+def image_size(data: Any, where: str, kinds: tuple[str, ...] = ("png",)) -> tuple[int, int]:
+    """``(width, height)`` of an image file of one of ``kinds`` (``png``, ``jpeg``), from its header."""
+    if "jpeg" in kinds and isinstance(data, bytes) and data.startswith(JPEG_SIGNATURE):
+        return jpeg_size(data, where)
+    if "jpeg" in kinds and isinstance(data, bytes) and not data.startswith(PNG_SIGNATURE):
+        raise _bad(f"{where} is neither a JPEG nor a PNG file; send 8-bit RGB JPEGs (or PNGs)")
+    return png_size(data, where)
+
+
+def decode_image(data: bytes, where: str, size: tuple[int, int]) -> np.ndarray:
+    """The ``(H, W, 3)`` uint8 pixels of a PNG or JPEG whose header :func:`image_size` read as ``size``."""
+    if not data.startswith(JPEG_SIGNATURE):
+        return decode_png(data, where, size)
+    try:
+        with Image.open(io.BytesIO(data), formats=["JPEG"]) as img:
+            if img.mode == "RGB" and img.size == size:
+                pixels = np.asarray(img)  # decodes: at most size pixels (PIL sizes its buffer so)
+            else:
+                pixels = None
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ... on damaged files
+        raise _bad(f"{where} is not a readable JPEG ({type(e).__name__}: {str(e)[:200]})") from e
+    if pixels is None or pixels.shape != (size[1], size[0], 3):
+        raise _bad(f"{where} is not a readable 8-bit RGB JPEG of {size[0]}x{size[1]} pixels")
+    return pixels
+
+
 class _TooMany(Exception):
     """A msgpack body with more than :data:`MAX_OBJECTS` objects."""
 
@@ -583,16 +653,17 @@ def decode_request(
     body: bytes | bytearray, limits: ServerLimits | None = None, protocol: Protocol = DIFFRL
 ) -> ScoreRequest:
     """The body -> :class:`ScoreRequest`, or :class:`HTTPException` 400 (a field is wrong), 413
-    (too many images, pixels or objects) or 415 (a Python pickle), never anything else. Every field
-    and every PNG header is checked before any image is decoded, so a request costs at most what
-    ``limits`` allow. ``protocol``: diffrl's msgpack, or a peer's JSON, read into the same fields
-    (:meth:`~diffrl.transport.protocols.Protocol.message`)."""
+    (too many images, pixels or objects) or 415 (a Python pickle, but for a pickle protocol), never
+    anything else. Every field and every image header is checked before any image is decoded, so a
+    request costs at most what ``limits`` allow. ``protocol``: diffrl's msgpack, or a peer's JSON or
+    pickle, read into the same fields (:meth:`~diffrl.transport.protocols.Protocol.message`), its
+    images PNG or (``protocol.images``) JPEG files."""
     limits = limits or ServerLimits()
-    if is_pickle(body):
+    if is_pickle(body) and not protocol.pickled:
         raise HTTPException(
             415,
-            detail=f"the body is a Python pickle (flow_grpo's and verl-omni's clients send pickle); "
-            f"{PICKLE_WHY}. Instead, {JSON_FIX}",
+            detail=f"the body is a Python pickle, and this server answers protocol {protocol.name}; "
+            f"{PICKLE_PROTOCOLS} (serve-reward --protocol verl_omni or flow_grpo)",
         )
     if protocol is DIFFRL:
         msg = unpack(body)
@@ -617,7 +688,7 @@ def decode_request(
             raise _bad(
                 f"frames must be a positive int dividing the {len(images)} PNGs, got {str(frames)[:100]}"
             )
-        shapes = {png_size(d, f"images[{i}]") for i, d in enumerate(images)}
+        shapes = {image_size(d, f"images[{i}]", protocol.images) for i, d in enumerate(images)}
         if len(shapes) > 1:
             raise _bad(f"images differ in size: {sorted(shapes)[:4]} (width, height); send one size")
         (width, height) = next(iter(shapes))
@@ -656,7 +727,7 @@ def decode_request(
     check_pixels(sizes + [(w, x, y) for w, (x, y) in sources.items()], limits)
     audio = decode_audio(msg, b)
     if fmt == "png":
-        arrays = [decode_png(d, f"images[{i}]", (width, height)) for i, d in enumerate(images)]
+        arrays = [decode_image(d, f"images[{i}]", (width, height)) for i, d in enumerate(images)]
         pixels = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
         if frames is not None:  # (B * F, 3, H, W), clip by clip -> (B, 3, F, H, W)
             pixels = pixels.view(-1, frames, *pixels.shape[1:]).transpose(1, 2).contiguous()

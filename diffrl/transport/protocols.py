@@ -3,7 +3,7 @@
 The ``remote`` reward (:mod:`diffrl.rewards.remote`) speaks one of them to a server (``params:
 {protocol: ...}``), and ``diffrl serve-reward --protocol NAME`` (:mod:`diffrl.serving.server`)
 answers one, so a reward server users already run for a peer framework can score a diffrl run,
-and a diffrl-served reward can score theirs.
+and a diffrl-served reward can score theirs, each unchanged.
 A protocol is a small object: the client side encodes a batch into a body and reads the answer's
 scores (an answer that breaks the contract is an :class:`AnswerError`, never a traceback); the server
 side reads a body into diffrl's ``/score`` fields (:data:`diffrl.serving.server.FIELDS`), or a
@@ -29,27 +29,56 @@ side reads a body into diffrl's ``/score`` fields (:data:`diffrl.serving.server.
     ``condition_videos``.
 
 ``verl_omni``
-    The field contract of verl-omni's HTTP scorer, which is flow_grpo's reward-server contract:
-    ``{"images", "prompts", "metadata"} -> {"scores"}``. From verl-project/verl-omni
-    ``verl_omni/utils/reward_score/http_scorer_client.py`` (``compute_score``) and
-    ``docs/start/http_scorer.md``; flow_grpo's side in yifan123/flow_grpo ``flow_grpo/rewards.py``
-    (``unifiedreward_score_remote``, ``geneval_score``, ``deqa_score_remote``) and
-    yifan123/reward-server ``app_deqa.py``. Those clients and servers **pickle** the body and the
-    answer (``pickle.dumps`` / ``pickle.loads``), with JPEG bytes as images, ``POST`` to the URL as
-    given (flow_grpo's servers route ``/``; verl-omni's test server ``/score``); an error is
-    ``{"error": ...}`` with HTTP 500 (or 200). diffrl does not speak pickle (:data:`REFUSED`):
-    unpickling a body runs whatever code its sender chose. ``verl_omni`` is that contract in JSON:
-    ``POST {url}`` as given, ``Content-Type: application/json``, ``{"images": [B base64 PNG],
-    "prompts": [B str], "metadata": [B maps]}`` -> ``{"scores": [B floats]}``. Inferred where the
-    sources say nothing: images are base64 strings (a ``data:image/...;base64,`` prefix is accepted),
-    PNG rather than JPEG (lossless: the server scores the rollout's exact pixels); ``metadata`` is one
-    map per image (verl-omni sends ``{}``, "reserved"; a map is still accepted by a served reward);
-    an editing family's source images go as an extra ``"sources": [B base64 PNG | null]``. A
-    scorer of theirs reads this once its ``pickle.loads(body)`` is ``json.loads(body)`` with the
-    images base64-decoded, and answers with ``json.dumps``.
+    verl-omni's HTTP scorer, as its client and docs have it: verl-project/verl-omni
+    ``verl_omni/utils/reward_score/http_scorer_client.py`` (``compute_score``,
+    ``_serialize_image``, ``_error_detail``) and ``docs/start/http_scorer.md`` ("Scorer service
+    protocol"), whose reference servers are deepgenteam/deepgen_rl
+    ``rewards_services/api_services/*/app.py`` (``inference``; ``common/utils.py``). ``POST`` to the
+    URL as given (their servers route ``/``; verl-omni's test server ``/score``), body
+    ``pickle.dumps({"images": [B JPEG bytes], "prompts": [B str], "metadata": {}})`` (PIL's JPEG
+    at its default quality 75; ``metadata`` is "reserved", except that deepgen_rl's GenEval
+    service reads ``metadata["meta_datas"]``, one map per image). Answer 200
+    ``pickle.dumps({"scores": [B floats]})``; an error is ``pickle.dumps({"error": str})`` with
+    HTTP 5xx or 200 (or a 5xx with text). No health route. The client sends ``format: jpeg`` by
+    default (``png`` is lossless, for a scorer that opens any image, as deepgen_rl's do) and
+    ``metadata: {"meta_datas": [B maps]}``, each sample's metadata with its ``"prompt"``.
 
-Scores in a JSON answer are numbers; ``null`` or ``NaN`` fails that sample (counted), as a NaN does
-in-process. A served reward's NaN goes out as JSON's ``NaN`` (Python's ``json`` reads it).
+``flow_grpo``
+    flow_grpo's reward servers, as its clients and yifan123/reward-server have them:
+    yifan123/flow_grpo ``flow_grpo/rewards.py`` (``deqa_score_remote``,
+    ``unifiedreward_score_remote``, ``geneval_score``) and yifan123/reward-server ``app_deqa.py``,
+    ``app_geneval.py`` (``inference``), ``reward_server/gen_eval.py`` (``compute_geneval``).
+    ``POST`` to the URL as given (their servers route ``/``), body ``pickle.dumps`` of a dict with
+    ``"images": [B JPEG bytes]`` (PIL's default JPEG; the servers open them with ``formats=["jpeg"]``)
+    and, per scorer, ``"prompts"`` (UnifiedReward: a NumPy array of str, from ``np.array_split``),
+    ``"meta_datas": [B maps]`` and ``"only_strict": bool`` (GenEval, which reads each map's
+    ``"tag"``, ``"include"``, ``"prompt"``: the prompt file's line). Answer 200 ``pickle.dumps`` of
+    ``{"outputs": [B floats]}`` (DeQA, UnifiedReward) or ``{"scores", "rewards",
+    "strict_rewards", "group_rewards", "group_strict_rewards"}`` (GenEval; flow_grpo's reward is
+    ``scores``); an error is HTTP 500 with the traceback as text. No health route. The client sends
+    all four fields (each server reads its own; ``only_strict: true`` as flow_grpo trains) and reads
+    ``scores``, else ``outputs``; a served reward answers both keys, so DeQA's and UnifiedReward's
+    clients read it (GenEval's wants its accuracies too, which no diffrl reward makes). The server
+    ``unifiedreward_score_remote`` calls is not in those repositories: diffrl sends it what that
+    client sends (prompts as a list) and reads ``outputs``, untested against it.
+
+``verl_omni_json``
+    diffrl's JSON rendering of verl-omni's fields, which no peer ships: for a scorer changed to
+    read ``json.loads`` (``protocol: verl_omni`` before diffrl spoke pickle). ``POST {url}`` as
+    given, ``{"images": [B base64 PNG], "prompts": [B str], "metadata": [B maps]}`` ->
+    ``{"scores": [B floats]}``; a ``data:image/...;base64,`` prefix is accepted, ``metadata`` may be
+    ``{}``, and an editing family's source images go as ``"sources": [B base64 PNG | null]``.
+
+Pickle is read only through :mod:`diffrl.transport.pickled`'s restricted unpickler, at both ends:
+containers, numbers, strings, bytes and NumPy arrays and scalars, and nothing that names another
+global (that is what would run code), bounded in opcodes, values and depth before and while it is
+read; written only from plain values. Images of the pickle protocols are read under the server's
+pixel bounds from their headers (JPEG's frame header) before any is decoded. An editing family's
+source images are not sent on them (their contracts have no field for one).
+
+Scores in an answer are numbers; ``null``/``None`` or ``NaN`` fails that sample (counted), as a NaN
+does in-process. A served reward's NaN goes out as JSON's ``NaN`` (Python's ``json`` reads it) or
+pickle's.
 """
 
 from __future__ import annotations
@@ -72,26 +101,18 @@ from PIL import Image
 from diffrl.core.errors import RewardError, quoted
 from diffrl.core.registry import did_you_mean
 from diffrl.core.rollout import Audio, quantize
+from diffrl.transport.pickled import MAX_PICKLE_DEPTH, PickleRefused, dumps, loads
 
 MAX_JSON_ITEMS = 2**20
 """Values (array items, object members) one JSON body may hold, counted from its bytes before it is
 parsed (commas and brackets: an upper bound), as :data:`diffrl.serving.server.MAX_OBJECTS` bounds a
 msgpack body: 64 MB of ``0,`` would otherwise become 32 M list slots."""
 DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]*;base64,")
-PICKLE_WHY = (
-    "unpickling a body runs whatever code its sender put in it, so diffrl neither sends nor reads pickle"
+PICKLE_PROTOCOLS = (
+    "pickled bodies (verl-omni's and flow_grpo's) are protocols verl_omni and flow_grpo, which diffrl "
+    "reads through its restricted unpickler"
 )
-JSON_FIX = (
-    "use the same fields as JSON: protocol verl_omni ({'images': [base64 PNG], 'prompts': [...], "
-    "'metadata': [...]} -> {'scores': [...]}; the peer's side reads and writes it with json.loads and "
-    "json.dumps instead of pickle.loads and pickle.dumps)"
-)
-REFUSED = {
-    "flow_grpo": "flow_grpo's reward servers (and verl-omni's HTTP scorer) read and answer Python pickle",
-    "pickle": "a pickle protocol",
-    "verl_omni_pickle": "verl-omni's HTTP scorer reads and answers Python pickle",
-}
-"""Protocol names of peers that speak pickle: refused, saying why (:func:`protocol_problem`)."""
+JSON_RENDERING = "diffrl's former JSON rendering of verl-omni's fields"
 
 
 class ProtocolError(Exception):
@@ -110,6 +131,14 @@ def encode_png(pixels: np.ndarray) -> bytes:
     """``(H, W, 3)`` uint8 -> PNG bytes (lossless: the server decodes the same pixels)."""
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, format="PNG", compress_level=1)  # speed over size: it is sent once
+    return out.getvalue()
+
+
+def encode_jpeg(pixels: np.ndarray) -> bytes:
+    """``(H, W, 3)`` uint8 -> JPEG bytes as verl-omni's ``_serialize_image`` and flow_grpo's remote
+    rewards make them (PIL's defaults: quality 75, 4:2:0), so their scorers see what they would."""
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG")
     return out.getvalue()
 
 
@@ -195,20 +224,110 @@ def _json_body(msg: dict[str, Any]) -> bytes:
         raise _metadata_error(e) from e
 
 
+# -- pickle (both ends) --------------------------------------------------------------------------
+
+
+def _encoded(images: torch.Tensor, fmt: str) -> list[bytes]:
+    """``images (B, 3, H, W)`` in [0, 1] -> B JPEG (``fmt`` jpeg) or PNG files of the rollout's uint8 pixels."""
+    if images.ndim != 4:
+        raise RewardError(
+            f"reward 'remote': this protocol sends still images (B, 3, H, W), got shape {tuple(images.shape)}"
+        )
+    encode = encode_jpeg if fmt == "jpeg" else encode_png
+    return [encode(np.ascontiguousarray(a)) for a in quantize(images).permute(0, 2, 3, 1).numpy()]
+
+
+def _sendable(value: Any, depth: int = 0) -> Any:
+    """``value`` as the plain values a pickled body holds (numpy and torch numbers and arrays as
+    lists), so that the body names no global and diffrl's own unpickler reads it back."""
+    if depth > MAX_PICKLE_DEPTH - 3:  # the body's dict and list hold each sample's map
+        raise TypeError(f"it nests deeper than {MAX_PICKLE_DEPTH - 3} levels")
+    if isinstance(value, np.generic | np.ndarray | torch.Tensor):
+        return value.tolist()
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return value
+    if isinstance(value, list | tuple):
+        return [_sendable(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {k if isinstance(k, str | int) else str(k): _sendable(v, depth + 1) for k, v in value.items()}
+    raise TypeError(f"a {type(value).__name__} cannot be sent")
+
+
+def _meta_datas(prompts: Sequence[str], metadata: Sequence[dict]) -> list[dict]:
+    """Each sample's metadata with its ``"prompt"`` (the prompt file's whole line, as flow_grpo's
+    GenEval scorer reads it), without an editing family's ``source_image`` (no field carries it)."""
+    kept, _ = _split_sources(metadata)
+    try:
+        return [_sendable({"prompt": p, **m}) for p, m in zip(prompts, kept, strict=True)]
+    except (TypeError, ValueError) as e:
+        raise _metadata_error(e) from e
+
+
+def read_pickle(body: bytes | bytearray, what: str, fix: str) -> Any:
+    """``body``, a pickle of protocol 2 or later, read by :func:`diffrl.transport.pickled.loads`
+    (bounded; nothing that names another global), or :class:`ProtocolError` (400, 413) saying
+    what it holds; ``fix`` is the hint for a body that is JSON instead."""
+    if not is_pickle(body):
+        if body.lstrip()[:1] in (b"{", b"["):
+            raise ProtocolError(400, f"{what} is JSON, not a pickle; {fix}")
+        raise ProtocolError(
+            400, f"{what} is not a pickle of protocol 2 or later (it opens {quoted(bytes(body[:16]), 60)})"
+        )
+    try:
+        return loads(body, what)
+    except PickleRefused as e:
+        raise ProtocolError(e.status, e.detail) from e
+
+
+def _answer_pickle(data: bytes) -> Any:
+    try:
+        return read_pickle(
+            data,
+            "its answer",
+            f"this protocol reads pickled answers, as its peers' clients do; for a scorer changed to "
+            f"answer {JSON_RENDERING}, set protocol: verl_omni_json",
+        )
+    except ProtocolError as e:
+        raise AnswerError(f"answered something diffrl does not read: {e.detail}") from e
+
+
+def _image_files(value: Any, max_images: int) -> list[bytes]:
+    """A pickled body's ``images``: a non-empty list of at most ``max_images`` image files
+    (JPEG or PNG; checked by the server from their headers, before any is decoded)."""
+    if not isinstance(value, list) or not value:
+        raise ProtocolError(400, "images must be a non-empty list of JPEG (or PNG) files' bytes")
+    if len(value) > max_images:
+        raise ProtocolError(413, f"{len(value)} images, over this server's {max_images} per request")
+    for i, v in enumerate(value):
+        if not isinstance(v, bytes):
+            raise ProtocolError(
+                400, f"images[{i}] must be the bytes of a JPEG or PNG file, got {type(v).__name__}"
+            )
+    return value
+
+
+def _sample_maps(value: Any, b: int, where: str, prompts: Any) -> list[dict]:
+    """``value``: None or a list of ``b`` maps (one per image), without the ``"prompt"`` the
+    client added when it is the sample's prompt."""
+    if value is None:
+        return [{} for _ in range(b)]
+    if not isinstance(value, list) or len(value) != b or not all(isinstance(m, dict) for m in value):
+        raise ProtocolError(400, f"{where} must be a list of {b} maps (one per image)")
+    if not isinstance(prompts, list) or len(prompts) != b:
+        return value
+    return [{k: v for k, v in m.items() if not (k == "prompt" and v == p)} for m, p in zip(value, prompts)]
+
+
 # -- reading JSON (both ends) --------------------------------------------------------------------
 
 
 def read_json(body: bytes | bytearray, what: str = "the body") -> Any:
     """``body`` parsed as JSON, with at most :data:`MAX_JSON_ITEMS` values (counted before parsing,
-    413 past them); 415 for a Python pickle (refused, :data:`PICKLE_WHY`); 400 for anything else
-    that is not JSON, or nested too deep for the parser. Raises :class:`ProtocolError`."""
+    413 past them); 415 for a Python pickle (never unpickled here: :data:`PICKLE_PROTOCOLS`); 400
+    for anything else that is not JSON, or nested too deep for the parser. Raises
+    :class:`ProtocolError`."""
     if is_pickle(body):
-        raise ProtocolError(
-            415,
-            f"{what} is a Python pickle (what flow_grpo's and verl-omni's servers and clients speak); "
-            f"{PICKLE_WHY}. "
-            f"Send JSON: {JSON_FIX.removeprefix('use the same fields as JSON: ')}",
-        )
+        raise ProtocolError(415, f"{what} is a Python pickle, not this protocol's JSON; {PICKLE_PROTOCOLS}")
     items = body.count(b",") + body.count(b"[") + body.count(b"{")
     if items > MAX_JSON_ITEMS:
         raise ProtocolError(413, f"{what} holds over {MAX_JSON_ITEMS} JSON values (in all)")
@@ -252,11 +371,12 @@ def _b64_list(value: Any, where: str, max_images: int) -> list[bytes]:
 
 
 def checked_scores(answer: Any, key: str, n: int) -> list[float]:
-    """The ``n`` scores under ``key`` of a JSON answer; ``null`` and ``NaN`` are failed samples
-    (NaN). :class:`AnswerError` for a missing field, a wrong length or a value that is no number; a
-    truthy ``"error"`` field is the server's own refusal, quoted."""
+    """The ``n`` scores under ``key`` of an answer (JSON, or a pickle read as plain values);
+    ``null``/``None`` and ``NaN`` are failed samples (NaN). :class:`AnswerError` for a missing
+    field, a wrong length or a value that is no number; a truthy ``"error"`` field is the server's
+    own refusal, quoted."""
     if not isinstance(answer, dict):
-        raise AnswerError(f"answered {type(answer).__name__} JSON, not an object {{{key!r}: [...]}}")
+        raise AnswerError(f"answered a {type(answer).__name__}, not a map {{{key!r}: [...]}}")
     if answer.get("error"):
         raise AnswerError(f"answered an error: {quoted(str(answer['error']), 300)}")
     if key not in answer:
@@ -288,7 +408,8 @@ class Protocol:
     """One wire protocol. ``paths``: where ``serve-reward`` answers it (``POST``); the client posts
     to ``url`` + ``paths[0]``, or to ``url`` itself when ``url_is_endpoint``. ``health``: the path
     its servers answer ``GET`` on (None: its contract has none). ``formats``: the image encodings
-    the client may send; ``hears``: it can carry sound."""
+    the client may send (the first by default); ``images``: the image files the server reads;
+    ``hears``: it can carry sound."""
 
     name: str
     paths: tuple[str, ...]
@@ -296,7 +417,9 @@ class Protocol:
     health: str | None = "/health"
     url_is_endpoint: bool = False
     formats: tuple[str, ...] = ("png",)
+    images: tuple[str, ...] = ("png",)
     hears: bool = False
+    pickled = False  # a class attribute: its bodies are pickles (read_pickle)
 
     def endpoint(self, url_path: str) -> str:
         """The path the client posts to, for a ``url`` whose path is ``url_path``."""
@@ -320,13 +443,19 @@ class Protocol:
         raise NotImplementedError
 
     def message(self, body: bytes | bytearray, max_images: int) -> dict[str, Any]:
-        """Server: a JSON body -> diffrl's ``/score`` fields (``format: png``, PNG bytes), or
-        :class:`ProtocolError`. (The ``diffrl`` protocol's msgpack is unpacked by the server.)"""
+        """Server: a peer's body -> diffrl's ``/score`` fields (``format: png``: image files, of
+        the kinds in ``images``), or :class:`ProtocolError`. (The ``diffrl`` protocol's msgpack is
+        unpacked by the server.)"""
         raise NotImplementedError
 
     def answer(self, scores: list[float]) -> bytes:
         """Server: the scores -> the answer's body (of ``content_type``)."""
         raise NotImplementedError
+
+    def error_detail(self, data: bytes) -> str | None:
+        """Client: the message of an error answer in this protocol's own shape (None: read it as
+        text or JSON)."""
+        return None
 
 
 class DiffrlProtocol(Protocol):
@@ -352,7 +481,9 @@ class DiffrlProtocol(Protocol):
         return msgpack.packb({"scores": scores})
 
 
-class VerlOmniProtocol(Protocol):
+class VerlOmniJsonProtocol(Protocol):
+    """``verl_omni_json``: verl-omni's fields as JSON (module docstring), for a scorer changed to it."""
+
     def encode(self, images, prompts, metadata, fmt, audio=None) -> bytes:
         metadata, sources = _split_sources(metadata)
         msg: dict[str, Any] = {"images": _png_b64(images), "prompts": list(prompts), "metadata": metadata}
@@ -458,6 +589,105 @@ class FlowFactoryProtocol(Protocol):
         return json.dumps({"rewards": scores}).encode()
 
 
+class PickleProtocol(Protocol):
+    """A peer's pickled ``{"images": [JPEG bytes], ...}`` protocol (module docstring): ``fields``,
+    the body's; ``keys``, where the answer's scores are (the first one present is read; a served
+    reward answers all)."""
+
+    pickled = True
+    fields: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ("scores",)
+    peer = ""
+
+    def request(self, images: list[bytes], prompts: list[str], metas: list[dict]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def encode(self, images, prompts, metadata, fmt, audio=None) -> bytes:
+        return dumps(self.request(_encoded(images, fmt), list(prompts), _meta_datas(prompts, metadata)))
+
+    def scores(self, data: bytes, content_type: str, n: int) -> list[float]:
+        answer = _answer_pickle(data)  # any content type: Flask answers its pickles as text/html
+        if isinstance(answer, dict) and not answer.get("error"):
+            key = next((k for k in self.keys if k in answer), None)
+            if key is None:
+                fields = quoted(sorted(map(str, answer))[:8], 200)
+                raise AnswerError(f"answered no {' or '.join(map(repr, self.keys))} (its fields: {fields})")
+            return checked_scores(answer, key, n)
+        return checked_scores(answer, self.keys[0], n)
+
+    def read(self, body: bytes | bytearray, max_images: int) -> tuple[dict[str, Any], list[bytes]]:
+        """The body's map, its fields checked, and its images."""
+        fix = (
+            f"{self.peer}'s client pickles its body; for a client changed to send {JSON_RENDERING}, "
+            "serve --protocol verl_omni_json"
+        )
+        msg = read_pickle(body, "the body", fix)
+        if not isinstance(msg, dict):
+            raise ProtocolError(400, f"the body must be a pickled dict, got {type(msg).__name__}")
+        _known(msg, self.fields)
+        return msg, _image_files(msg.get("images"), max_images)
+
+    def answer(self, scores: list[float]) -> bytes:
+        return dumps({key: scores for key in self.keys})
+
+    def error_detail(self, data: bytes) -> str | None:
+        try:
+            answer = loads(data, "the error answer") if is_pickle(data) else None
+        except PickleRefused:
+            return None
+        return str(answer["error"]) if isinstance(answer, dict) and "error" in answer else None
+
+
+class VerlOmniProtocol(PickleProtocol):
+    fields = ("images", "prompts", "metadata")
+    keys = ("scores",)
+    peer = "verl-omni"
+
+    def request(self, images, prompts, metas):
+        return {"images": images, "prompts": prompts, "metadata": {"meta_datas": metas}}
+
+    def message(self, body: bytes | bytearray, max_images: int) -> dict[str, Any]:
+        msg, images = self.read(body, max_images)
+        metadata = msg.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ProtocolError(
+                400,
+                "metadata must be a map (verl-omni sends {}, reserved); per-image maps go in its "
+                "'meta_datas' list",
+            )
+        prompts = msg.get("prompts")
+        metas = (metadata or {}).get("meta_datas")
+        return {
+            "format": "png",
+            "images": images,
+            "prompts": prompts,
+            "metadata": _sample_maps(metas, len(images), "metadata['meta_datas']", prompts),
+        }
+
+
+class FlowGrpoProtocol(PickleProtocol):
+    fields = ("images", "prompts", "meta_datas", "only_strict")
+    keys = ("scores", "outputs")
+    peer = "flow_grpo"
+
+    def request(self, images, prompts, metas):
+        return {"images": images, "prompts": prompts, "meta_datas": metas, "only_strict": True}
+
+    def message(self, body: bytes | bytearray, max_images: int) -> dict[str, Any]:
+        msg, images = self.read(body, max_images)
+        if not isinstance(msg.get("only_strict", False), bool):
+            raise ProtocolError(400, "only_strict must be a bool")
+        prompts = msg.get("prompts")
+        if prompts is None:  # DeQA's client sends images alone
+            prompts = ["" for _ in images]
+        return {
+            "format": "png",
+            "images": images,
+            "prompts": prompts,
+            "metadata": _sample_maps(msg.get("meta_datas"), len(images), "meta_datas", prompts),
+        }
+
+
 def _answer_json(data: bytes) -> Any:
     try:
         return read_json(data, "the answer")
@@ -481,24 +711,35 @@ def _known(msg: dict[str, Any], fields: tuple[str, ...]) -> None:
             )
 
 
+PICKLE = "application/octet-stream"  # what verl-omni's aiohttp client sends bytes as
+JPEG_PNG = ("jpeg", "png")
 DIFFRL = DiffrlProtocol("diffrl", ("/score",), "application/msgpack", formats=("png", "raw"), hears=True)
 PROTOCOLS: dict[str, Protocol] = {
     p.name: p
     for p in (
         DIFFRL,
-        VerlOmniProtocol("verl_omni", ("/", "/score"), "application/json", health=None, url_is_endpoint=True),
         FlowFactoryProtocol("flow_factory", ("/compute",), "application/json"),
+        VerlOmniProtocol("verl_omni", ("/", "/score"), PICKLE, None, True, formats=JPEG_PNG, images=JPEG_PNG),
+        FlowGrpoProtocol("flow_grpo", ("/",), PICKLE, None, True, formats=("jpeg",), images=JPEG_PNG),
+        VerlOmniJsonProtocol("verl_omni_json", ("/", "/score"), "application/json", None, True),
     )
 }
 """Each protocol by its name (module docstring)."""
+HINTS = {
+    "pickle": "Pickled bodies are protocols verl_omni (verl-omni's HTTP scorer) and flow_grpo (flow_grpo's reward servers)",
+    "verl_omni_pickle": "verl-omni's pickled scorer is protocol verl_omni",
+    "reward_server": "yifan123/reward-server's (flow_grpo's) servers are protocol flow_grpo",
+}
+"""Names people may try -> the protocol they mean."""
 
 
 def protocol_problem(name: Any) -> str | None:
-    """Why ``name`` is no protocol diffrl speaks (None: it is one): an unknown name (with a
-    did-you-mean), or a peer's pickle protocol (:data:`REFUSED`, saying why)."""
+    """Why ``name`` is no protocol diffrl speaks (None: it is one): an unknown name, with a
+    did-you-mean or (:data:`HINTS`) the protocol it means."""
     if isinstance(name, str) and name in PROTOCOLS:
         return None
-    if isinstance(name, str) and name in REFUSED:
-        return f"protocol {name!r}: {REFUSED[name]}; {PICKLE_WHY}. Instead, {JSON_FIX}"
-    hint = did_you_mean(name[:100], list(PROTOCOLS)) if isinstance(name, str) else ""
+    if isinstance(name, str) and name in HINTS:
+        hint = f" {HINTS[name]}."
+    else:
+        hint = did_you_mean(name[:100], list(PROTOCOLS)) if isinstance(name, str) else ""
     return f"protocol must be one of {', '.join(PROTOCOLS)}, got {quoted(name, 100)}.{hint}"

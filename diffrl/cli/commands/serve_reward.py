@@ -40,8 +40,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
         "--protocol",
         default="diffrl",
         help="the wire protocol to answer: diffrl (msgpack POST /score, the default), flow_factory "
-        "(Flow-Factory's JSON POST /compute) or verl_omni (verl-omni's / flow_grpo's scorer fields "
-        "as JSON, POST / and /score); see diffrl/transport/protocols.py",
+        "(Flow-Factory's JSON POST /compute), verl_omni (verl-omni's pickled HTTP scorer, POST / and "
+        "/score), flow_grpo (flow_grpo's pickled reward servers, POST /) or verl_omni_json (verl-omni's "
+        "fields as JSON); pickles are read by a restricted unpickler. See diffrl/transport/protocols.py",
     )
     p.add_argument("--token-file", help="a file holding the token clients must send (Bearer)")
     p.add_argument("--token-env", help="an environment variable holding the token")

@@ -424,7 +424,7 @@ def test_concurrent_requests_from_several_trainers_are_queued_and_all_answered()
 def test_param_problems_reports_every_bad_param_at_once(monkeypatch):
     monkeypatch.delenv(TOKEN_ENV)
     problems = RemoteReward.param_problems(
-        {"url": "ftp://x", "token_env": TOKEN_ENV, "timeout_s": 0, "retries": -1, "format": "jpeg"}, True
+        {"url": "ftp://x", "token_env": TOKEN_ENV, "timeout_s": 0, "retries": -1, "format": "webp"}, True
     )
     text = "\n".join(problems)
     assert len(problems) == 5, text
