@@ -30,15 +30,17 @@ HACKING = {
     "sampling.num_steps": 3,
     "sampling.height": 8,
     "sampling.width": 8,
-    # the tiny world's threshold: its base draws groups 60-80 levels apart at 8 px
-    "monitor.near_duplicate_std": 40,
-    "monitor.collapse_share": 0.5,
 }
-ITERATIONS = 20
+"""The world; the collapse alarm at its defaults (half the groups below half the base's spread:
+~38-40 levels here, where the base draws groups 76-80 levels apart at 8 px)."""
+ITERATIONS = 14
+SEED = 1
+"""The unregularised run's alarm fires at iteration 7 at this seed (18, 7, 7, 7, 10 at seeds 0-4 in
+60 iterations; ``docs/results/hacking.md``), with ``kl_beta: 0.5`` never."""
 
 
 def run(tmp_path, **extra):
-    overrides = tiny_overrides(tmp_path, **{**HACKING, "train.iterations": ITERATIONS, **extra})
+    overrides = tiny_overrides(tmp_path, **{**HACKING, "run.seed": SEED, "train.iterations": ITERATIONS, **extra})
     return train(load_config("recipes/tiny_grpo_ocr_small.yaml", overrides)).history
 
 
