@@ -142,7 +142,11 @@ def assert_sequence_ranks_match_one_process(tmp_path, local, ray, algorithm: str
 
 
 @pytest.mark.parametrize(
-    "algorithm", [pytest.param(a, marks=[pytest.mark.slow] if a != "flow_grpo" else []) for a in ALGORITHMS]
+    "algorithm",
+    [
+        pytest.param("flow_grpo", id="flow_grpo"),
+        pytest.param("diffusion_nft", id="diffusion_nft", marks=pytest.mark.slow),
+    ],
 )
 def test_two_sequence_ranks_update_tiny_wan_as_one_process(tmp_path, algorithm):
     folder = tmp_path / "wan22"
