@@ -19,12 +19,16 @@ Kernels: diffrl's ``sde`` is sglang's ``sde`` (full Gaussian log-prob); ``cps`` 
 diffrl's CPS log-prob drops the constants as flow_grpo's does); deterministic samplers ask for
 ``ode`` and no trajectory. Others are refused (:meth:`SglangEngine.validate`).
 
-Weights (:meth:`SglangEngine.sync`): the sampling transformer's weights, LoRA merged into the
-base weights (``W + scale * B @ A``, peft's ``get_delta_weight``), written atomically as a
-diffusers ``transformer/`` folder and loaded with ``/update_weights_from_disk``; then
-``/get_weights_checksum`` must equal the same sha256 computed here. sglang's LoRA route
-(``/v1/set_lora``) loads diffrl's adapters, but its checksum covers sglang's own wrapped module
-names, which diffrl cannot reproduce, so the sync would go unverified: see ``docs/engines.md``.
+Weights (:meth:`SglangEngine.sync`, ``sync``): ``lora`` (the default where ``model.lora`` has an
+integer alpha) sends only the sampling adapter, as a diffusers LoRA folder written atomically and
+loaded with ``/v1/set_lora`` unmerged; a server's first adapter is checked with
+``/get_weights_checksum`` against the same sha256 computed here over the base weights and the
+adapter under sglang's wrapped names (:func:`~diffrl.sampling.sglang_lora.served_state`), each later
+one tensor by tensor (``/update_weights_from_tensor_checker``). ``merged`` sends the whole
+transformer, LoRA merged into the base weights (``W + scale * B @ A``, peft's
+``get_delta_weight``), as a diffusers ``transformer/`` folder loaded with
+``/update_weights_from_disk``; then ``/get_weights_checksum`` must equal the same sha256 computed
+here. See ``docs/engines.md``.
 
 Faults: a server launched here that dies or stops answering mid-rollout is restarted (up to
 ``restarts`` times per micro-group), takes the last synced weights again, and the micro-group is
@@ -39,6 +43,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -61,6 +66,14 @@ from diffrl.sampling.collector import RolloutPlan, RolloutPlanner, StageClock
 from diffrl.sampling.engine import engine_options
 from diffrl.sampling.kernels import resolve_kernel
 from diffrl.sampling.sampler import image_size, sampling_sigmas
+from diffrl.sampling.sglang_lora import (
+    NICKNAME,
+    TARGET,
+    Adapter,
+    sampling_adapter,
+    served_state,
+    tensor_sha256,
+)
 from diffrl.sampling.sglang_server import (
     EngineServerError,
     EngineUnreachable,
@@ -81,6 +94,16 @@ MODEL_IDS = {"FluxPipeline": "FLUX.1-dev"}
 (sglang 0.5.23 ``configs/pipeline_configs/flux.py``: any id with ``flux.1`` in it, dev and
 schnell alike). A folder sglang cannot resolve runs on its diffusers backend, which has no
 ``/rollout/generate`` (:data:`~diffrl.sampling.sglang_server.DIFFUSERS_FALLBACK`)."""
+
+
+def sync_mode(config: Config, sync: str) -> Literal["lora", "merged"]:
+    """What ``rollout.engine_options.sync`` (``auto``, ``lora`` or ``merged``) sends: ``auto`` is
+    ``lora`` where ``model.lora`` is set with an integer alpha (sglang loads no other), else
+    ``merged``."""
+    if sync in ("lora", "merged"):
+        return sync  # type: ignore[return-value]
+    lora = config.model.lora
+    return "lora" if lora is not None and float(lora.alpha).is_integer() else "merged"
 
 
 def default_model_id(path: Path) -> str | None:
@@ -150,6 +173,11 @@ class SglangEngine:
         """Ranks (GPUs) each launched server spans: ``--num-gpus N --sp-degree N --ulysses-degree
         N``, each sample's tokens split over them (Ulysses, sglang's own); under Ray each engine
         then holds N GPUs (``ray.colocate: false``)."""
+        sync: Literal["auto", "lora", "merged"] = "auto"
+        """What each weight sync sends: ``lora``: the LoRA adapter alone (``/v1/set_lora``, applied
+        unmerged); ``merged``: the whole transformer with the adapter merged in
+        (``/update_weights_from_disk``); ``auto``: ``lora`` where ``model.lora`` is set with an
+        integer ``alpha`` (sglang refuses others), else ``merged``."""
 
     @classmethod
     def validate(cls, config: Config, spec: CollectionSpec) -> list[str]:
@@ -181,6 +209,18 @@ class SglangEngine:
                 "rollout.engine_options.sequence_parallel: diffrl starts no server when urls are "
                 "given; start those servers with --num-gpus/--sp-degree/--ulysses-degree yourself"
             )
+        lora = config.model.lora
+        if options.sync == "lora" and lora is None:
+            errors.append(
+                "rollout.engine_options.sync=lora sends the LoRA adapter, and model.lora is null (every "
+                "transformer weight trains): use sync: merged (or auto)"
+            )
+        elif options.sync == "lora" and not float(lora.alpha).is_integer():
+            errors.append(
+                f"rollout.engine_options.sync=lora: sglang loads LoRA adapters with an integer alpha "
+                f"only, and model.lora.alpha is {lora.alpha}: set an integer alpha (e.g. "
+                f"{max(1, round(lora.alpha))}) or sync: merged (or auto)"
+            )
         return errors
 
     @classmethod
@@ -200,9 +240,30 @@ class SglangEngine:
         self.precision = self.options.precision or PRECISIONS[config.model.dtype]
         self.dtype = {v: DTYPES[k] for k, v in PRECISIONS.items()}[self.precision]
         self.run_dir = config.run.resolved_output_dir().absolute() / "sglang"  # a plugin may os.chdir later
+        self.sync_mode = sync_mode(config, self.options.sync)
+        if self.options.sync == "auto" and self.sync_mode == "merged" and config.model.lora is not None:
+            warnings.warn(
+                f"rollout.engine_options.sync: auto sends the whole merged transformer on each sync: "
+                f"sglang loads no adapter with model.lora.alpha={config.model.lora.alpha} (not an "
+                "integer); an integer alpha sends the adapter alone",
+                stacklevel=2,
+            )
         self.weights_root = Path(tempfile.mkdtemp(prefix="diffrl-sglang-weights-"))
         self.weights_dir: Path | None = None
+        """The folder the servers load from: the last weights sent (kept for a restarted server)."""
+        self.sent: str | None = None
+        """The checksum of what ``weights_dir`` holds: the merged state, or the adapter."""
         self.synced: str | None = None
+        """``sent`` once every server holds it (None after a failed sync: the next one sends again)."""
+        self.adapter: Adapter | None = None
+        """``sync: lora``: the adapter in ``weights_dir``."""
+        self.module: nn.Module | None = None
+        """The transformer the last sync read (``sync: lora``: whose base weights a server's first
+        check hashes; they do not train)."""
+        self.checked: set[int] = set()
+        """``sync: lora``: the servers (by index) whose whole transformer was checked with an
+        adapter on: later syncs check the adapter's tensors only (see :meth:`_load_lora`)."""
+        self._base_checksum: str | None = None
         self.restarts = 0
         self.metrics: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -257,8 +318,9 @@ class SglangEngine:
             self.restarts += 1
             self.servers[i] = self._launch(self.restarts)
             self._write_servers()
+        self.checked.discard(i)  # a new server, or one that may have restarted: base + adapter again
         if self.weights_dir is not None:
-            self._load_into(self.servers[i], self.synced)
+            self._load_into(i)
 
     def _write_servers(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -274,24 +336,36 @@ class SglangEngine:
     # ---- weights ---------------------------------------------------------------------------------
     def sync(self, module: nn.Module | None = None) -> dict[str, float]:
         """Send the sampling weights (``module`` or the family's transformer) to every server, unless
-        they hold them already; checked with the servers' checksum."""
+        they hold them already: the adapter (``sync: lora``) or the merged transformer, written
+        atomically (a server never reads a half-written folder) and checked on every server."""
         t0 = time.perf_counter()
-        state = merged_state(module if module is not None else self.family.transformer, self.dtype)
-        expected = state_checksum(state)
-        if expected == self.synced:
-            return {}
+        module = module if module is not None else self.family.transformer
         folder = self.weights_root / f"w{time.monotonic_ns()}"
         tmp = folder.with_suffix(".tmp")
-        (tmp / "transformer").mkdir(parents=True)
-        save_file(state, str(tmp / "transformer" / "diffusion_pytorch_model.safetensors"))
-        config_file = Path(self.config.model.path) / "transformer" / "config.json"
-        shutil.copy(config_file, tmp / "transformer" / "config.json")
-        tmp.rename(folder)  # complete or absent: a server never reads a half-written folder
+        adapter = None
+        if self.sync_mode == "lora":
+            adapter = sampling_adapter(module)
+            checksum, nbytes = state_checksum(adapter.layers), adapter.nbytes
+            if checksum == self.synced:
+                return {}
+            adapter.write(tmp)
+        else:
+            state = merged_state(module, self.dtype)
+            checksum = state_checksum(state)
+            if checksum == self.synced:
+                return {}
+            nbytes = sum(t.numel() * t.element_size() for t in state.values())
+            (tmp / "transformer").mkdir(parents=True)
+            save_file(state, str(tmp / "transformer" / "diffusion_pytorch_model.safetensors"))
+            config_file = Path(self.config.model.path) / "transformer" / "config.json"
+            shutil.copy(config_file, tmp / "transformer" / "config.json")
+        tmp.rename(folder)
         self._start_servers()
-        old, self.weights_dir, self.synced = self.weights_dir, folder, expected
+        old, self.weights_dir, self.sent, self.synced = self.weights_dir, folder, checksum, checksum
+        self.adapter, self.module = adapter, module
         try:
             for i in range(len(self.servers)):
-                self._send(i, expected)
+                self._send(i)
         except BaseException:
             self.synced = None  # unknown what the servers hold: the next sync sends again
             raise
@@ -299,33 +373,104 @@ class SglangEngine:
             shutil.rmtree(old, ignore_errors=True)
         metrics = {
             "perf/engine_sync_time": time.perf_counter() - t0,
-            "sync/engine_bytes": float(sum(t.numel() * t.element_size() for t in state.values())),
+            "sync/engine_bytes": float(nbytes),
         }
         self.metrics.update(metrics)
         return metrics
 
-    def _send(self, i: int, expected: str) -> None:
+    def _send(self, i: int) -> None:
         """Load the weights folder into server ``i``; one that does not answer is restarted (the
         new one loads them)."""
         for attempt in range(self.options.restarts + 1):
             try:
-                return self._load_into(self.servers[i], expected)
+                return self._load_into(i)
             except EngineUnreachable:
                 if attempt == self.options.restarts:
                     raise
                 self._restart(i)
                 return
 
-    def _load_into(self, server: Server, expected: str | None) -> None:
+    def _load_into(self, i: int) -> None:
+        if self.sync_mode == "lora":
+            self._load_lora(i)
+        else:
+            self._load_merged(self.servers[i])
+
+    def _load_merged(self, server: Server) -> None:
         timeout = self.options.request_timeout_s
         server.update_weights_from_disk(self.weights_dir, timeout)
-        held = server.weights_checksum("transformer", timeout)
-        if expected is not None and held != expected:
+        held = server.weights_checksum(TARGET, timeout)
+        if held != self.sent:
             raise EngineServerError(
                 f"weight sync: the sglang server at {server.url} holds transformer weights with checksum "
-                f"{held[:16]}..., not the trainer's {expected[:16]}... (precision "
-                f"{self.precision!r}: the server must hold the weights in that dtype)"
+                f"{held[:16]}..., not the trainer's {self.sent[:16]}... (precision "
+                f"{self.precision!r}: the server must hold the weights in that dtype; a server that "
+                "once took a LoRA adapter keeps its layers wrapped and takes no merged weights: restart it)"
             )
+
+    def _load_lora(self, i: int) -> None:
+        """``/v1/set_lora`` of the adapter folder on server ``i``, then its checks: the server
+        applies that folder unmerged at strength 1 (``/v1/list_loras``); on a server's first adapter,
+        ``/get_weights_checksum`` of its whole transformer (the base weights, which a dynamic
+        adapter never writes, and the adapter) equals :func:`served_state`'s here; on later ones,
+        each adapter tensor's sha256 (``/update_weights_from_tensor_checker``), the base being the
+        one checked before. A server given by URL that does not hold ``model.path``'s weights
+        (another run's) first reloads them from ``model.path`` (``/update_weights_from_disk``)."""
+        server, timeout = self.servers[i], self.options.request_timeout_s
+        first = i not in self.checked
+        if (
+            first
+            and server.process is None
+            and server.weights_checksum(TARGET, timeout) != self.base_checksum()
+        ):
+            server.update_weights_from_disk(Path(self.config.model.path).resolve(), timeout)
+        server.set_lora(self.weights_dir, NICKNAME, TARGET, timeout)
+        applied = ((server.lora_status(timeout).get("active") or {}).get(TARGET) or [{}])[0]
+        if (applied.get("path"), applied.get("mode"), applied.get("strength")) != (
+            str(self.weights_dir),
+            "unmerged",
+            1.0,
+        ):
+            raise EngineServerError(
+                f"weight sync: after /v1/set_lora the sglang server at {server.url} applies {applied} to "
+                f"its transformer, not the adapter {self.weights_dir} unmerged at strength 1"
+            )
+        if first:
+            state = served_state(self.module, self.adapter, self.dtype)
+            expected, held = state_checksum(state), server.weights_checksum(TARGET, timeout)
+            if held != expected:
+                _, message = server.check_tensors(
+                    TARGET, {k: tensor_sha256(v) for k, v in state.items()}, timeout
+                )
+                raise EngineServerError(
+                    f"weight sync (rollout.engine_options.sync: lora): with the adapter set, the sglang "
+                    f"server at {server.url} holds transformer weights with checksum {held[:16]}..., not "
+                    f"{expected[:16]}... (model.path's weights in {self.precision} under sglang's LoRA "
+                    f"layers, and the adapter); its check of each tensor: {message}. The server must "
+                    "serve model.path in that precision; where this sglang wraps other layers than "
+                    "diffrl expects, set rollout.engine_options.sync: merged"
+                )
+            self.checked.add(i)
+            return
+        ok, message = server.check_tensors(
+            TARGET, {k: tensor_sha256(v) for k, v in self.adapter.served().items()}, timeout
+        )
+        if not ok:
+            raise EngineServerError(
+                f"weight sync: the sglang server at {server.url} does not hold the adapter sent: {message}"
+            )
+
+    def base_checksum(self) -> str:
+        """``/get_weights_checksum`` of a server holding ``model.path``'s transformer in the
+        server's precision, no adapter set (the base weights do not train with LoRA: once)."""
+        if self._base_checksum is None:
+            state = {
+                n.replace(".base_layer.", "."): p.detach().to("cpu", self.dtype).contiguous()
+                for n, p in self.module.named_parameters()
+                if "lora_" not in n
+            }
+            self._base_checksum = state_checksum(state)
+        return self._base_checksum
 
     # ---- rollouts --------------------------------------------------------------------------------
     def plan(self, rollout_id: int) -> RolloutPlan:

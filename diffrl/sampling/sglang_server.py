@@ -10,7 +10,10 @@ The server is sglang's own process (``sglang serve``, in an environment of its o
 - ``POST /update_weights_from_disk {"model_path", "target_modules"}``;
 - ``POST /get_weights_checksum {"module_names"}`` -> ``{name: sha256}``: sha256 over the module's
   parameters sorted by name, each the name's bytes then the tensor's raw bytes
-  (``loader/weight_utils.py::compute_weights_checksum``).
+  (``loader/weight_utils.py::compute_weights_checksum``);
+- ``POST /v1/set_lora``, ``GET /v1/list_loras`` (``entrypoints/openai/common_api.py``) and
+  ``POST /update_weights_from_tensor_checker`` (``post_training/tensor_update_checker.py``): the
+  LoRA sync's (:mod:`diffrl.sampling.sglang_lora`).
 
 Nothing here loads a model: the server does.
 """
@@ -328,6 +331,42 @@ class Server:
     def weights_checksum(self, module: str, timeout_s: float) -> str:
         answer = json.loads(self.post("/get_weights_checksum", {"module_names": [module]}, timeout_s))
         return str(answer.get(module, answer))
+
+    def set_lora(self, folder: Path, nickname: str, target: str, timeout_s: float) -> None:
+        """``POST /v1/set_lora``: the diffusers-format adapter in ``folder`` on ``target``, applied
+        unmerged (``merge_mode: dynamic``) at strength 1; alpha from the file's metadata."""
+        body = {
+            "lora_nickname": nickname,
+            "lora_path": str(folder),
+            "target": target,
+            "strength": 1.0,
+            "merge_mode": "dynamic",
+        }
+        self.post("/v1/set_lora", body, timeout_s)
+
+    def lora_status(self, timeout_s: float) -> dict[str, Any]:
+        """``GET /v1/list_loras``: ``{"loaded_adapters": [...], "active": {module: [{"nickname",
+        "path", "mode", "strength", ...}]}}``."""
+        status, payload, _ = self.request("GET", "/v1/list_loras", None, timeout_s)
+        if status != 200:
+            raise EngineServerError(f"{self.url}/v1/list_loras answered {status}: {payload[:500]!r}")
+        return json.loads(payload)
+
+    def check_tensors(self, module: str, expected: dict[str, str], timeout_s: float) -> tuple[bool, str]:
+        """``POST /update_weights_from_tensor_checker``: whether ``module`` holds a tensor of each
+        name with that sha256 (dtype, shape, bytes), and the server's message (the first names
+        missing or different)."""
+        body = {"target_module": module, "expected_named_tensors_sha256": expected}
+        status, payload, _ = self.request("POST", "/update_weights_from_tensor_checker", body, timeout_s)
+        try:
+            answer = json.loads(payload)
+        except ValueError:
+            answer = {}
+        if status not in (200, 400) or not isinstance(answer, dict):
+            raise EngineServerError(
+                f"{self.url}/update_weights_from_tensor_checker answered {status}: {payload[:500]!r}"
+            )
+        return bool(answer.get("success")), str(answer.get("message"))
 
 
 def decode_tensors(obj: Any) -> Any:

@@ -1,8 +1,10 @@
 """``rollout.engine: sglang`` against a real sglang-diffusion server on the CPU (a tiny random FLUX.1
 written by ``save_pretrained``), through the Ray runner: Flow-GRPO replays the server's transitions
 (its recorded log-probs against diffrl's replay), DiffusionNFT trains on its final samples, the
-server holds exactly the trainer's weights after each sync, and a server killed mid-rollout is
-restarted with nothing lost.
+server holds exactly the trainer's weights after each sync (the LoRA adapter alone by default, the
+merged transformer with ``sync: merged``), a server killed mid-rollout is restarted with nothing
+lost (the base weights and the last adapter), and rollouts drawn one update ahead
+(``train.off_policy_steps: 1``) are the server's with the weights the driver says.
 
 The server runs in sglang's own environment (``.ci/sglang-env`` makes it; ``$DIFFRL_SGLANG``
 names its ``sglang`` command). Without one these tests are skipped; ``.ci/run`` always has one.
@@ -24,12 +26,13 @@ from safetensors.torch import load_file
 
 from diffrl.config.schema import LoraConfig
 from diffrl.core.parallel import state_checksum
+from diffrl.distributed.ray.weight_sync import load_state
 from diffrl.launch import train
 from diffrl.models.flux import FluxFamily
-from diffrl.sampling.sglang import merged_state
+from diffrl.sampling.sglang_lora import sampling_adapter, served_state
 from diffrl.sampling.sglang_server import ServeCommand, Server
 from diffrl.train.actor import apply_lora
-from diffrl.train.checkpoint import load_trainable_state
+from diffrl.train.checkpoint import ROLLOUT_WEIGHTS, load_trainable_state
 from tests.integration.family_checks import family_config
 from tests.integration.test_flux import SIZE, write_tiny_flux
 
@@ -45,8 +48,10 @@ pytestmark = [
 ]
 # one xdist worker runs the whole module (tests/conftest.py): its server and reference run are built once
 ALIGNMENT = 1e-6
-"""fp32 server, fp32 replay: ``train/log_prob_mean_abs_diff`` measured 3e-8 to 6e-8 (the LoRA is
-merged into the server's weights, unmerged in diffrl's forward: the last bits differ)."""
+"""fp32 server, fp32 replay: ``train/log_prob_mean_abs_diff`` measured 3e-8 to 6e-8 with the merged
+sync (the LoRA merged into the server's weights, unmerged in diffrl's forward), 4.1e-8 and 6.0e-8
+with the adapter (unmerged on both sides: the server's kernel and encoders still differ in the last
+bits)."""
 
 
 @pytest.fixture(scope="module")
@@ -86,14 +91,27 @@ def config(tmp_path, flux_dir, algorithm: str, engine_options: str, **extra):
     return family_config(tmp_path, family, **{**settings, **extra})
 
 
-def held_weights(flux_dir, checkpoint: Path) -> str:
-    """The checksum of the sampling weights of ``checkpoint``, merged as the engine sends them."""
+def held_weights(flux_dir, checkpoint: Path, rollout: bool = False) -> str:
+    """What a server holding the sampling weights of ``checkpoint`` reports: the trained LoRA (or
+    with ``rollout`` a pipelined run's next rollout's, ``rollout_weights.safetensors``), as the
+    adapter on the base weights (the LoRA sync)."""
     family = FluxFamily.load(
         str(flux_dir), torch.device("cpu"), torch.float32, FluxFamily.description.Options()
     )
     apply_lora(family, LoraConfig(rank=4))
-    load_trainable_state(family, load_file(str(checkpoint / "trainable.safetensors")), lora=True)
-    return state_checksum(merged_state(family.transformer, torch.float32))
+    if rollout:
+        load_state(family.transformer, load_file(str(checkpoint / ROLLOUT_WEIGHTS)))
+    else:
+        load_trainable_state(family, load_file(str(checkpoint / "trainable.safetensors")), lora=True)
+    module = family.transformer
+    return state_checksum(served_state(module, sampling_adapter(module), torch.float32))
+
+
+def adapter_bytes(checkpoint: Path) -> int:
+    """Bytes of the trained adapter (float32): what a LoRA sync sends."""
+    return sum(
+        t.numel() * t.element_size() for t in load_file(str(checkpoint / "trainable.safetensors")).values()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +128,31 @@ def test_flow_grpo_replays_the_servers_transitions_and_the_server_holds_the_trai
     result = grpo_run
     for m in result.history:
         assert m["train/log_prob_mean_abs_diff"] < ALIGNMENT
-        assert m["sync/engine_bytes"] > 0 and m["perf/engine_sync_time"] > 0
+        # sync: auto with model.lora's integer alpha: the adapter alone
+        assert m["sync/engine_bytes"] == adapter_bytes(result.checkpoint) and m["perf/engine_sync_time"] > 0
         assert m["rollout/engine_restarts"] == 0
         assert torch.isfinite(torch.tensor(m["train/loss"])) and m["train/grad_norm"] > 0
-    # after the last update the engine sent the new weights: the server holds exactly them
+    # after the last update the engine sent the new adapter: the server holds exactly it, on the base
     assert server.weights_checksum("transformer", 60) == held_weights(flux_dir, result.checkpoint)
+    applied = server.lora_status(60)["active"]["transformer"][0]
+    assert applied["mode"] == "unmerged" and applied["strength"] == 1.0
+
+
+def test_the_merged_sync_sends_the_whole_transformer_and_draws_the_same_rollout(
+    ray_cluster, tmp_path, flux_dir, grpo_run
+):
+    """``sync: merged`` on a server of its own (a server that took an adapter keeps its layers
+    wrapped): the whole transformer, the LoRA merged in, checked by the server's checksum each sync;
+    the same seeds draw the same rollout as the adapter's (rewards to a uint8 level)."""
+    engine = f"{{command: '{SGLANG}', sync: merged}}"
+    run = train(config(tmp_path, flux_dir, "flow_grpo", engine))
+    lora = grpo_run.history
+    for m, a in zip(run.history, lora):
+        assert m["train/log_prob_mean_abs_diff"] < ALIGNMENT and m["rollout/engine_restarts"] == 0
+        assert m["sync/engine_bytes"] > 10 * a["sync/engine_bytes"]
+        assert m["rollout/reward/raw_mean"] == pytest.approx(a["rollout/reward/raw_mean"], rel=0, abs=1e-5)
+    base = load_file(str(flux_dir / "transformer" / "diffusion_pytorch_model.safetensors"))
+    assert run.history[0]["sync/engine_bytes"] == sum(t.numel() * 4 for t in base.values())
 
 
 def test_nft_trains_on_the_servers_final_samples(ray_cluster, tmp_path, flux_dir, server):
@@ -193,3 +231,28 @@ def test_a_server_spanning_two_ranks_rolls_out_for_sequence_parallel_trainer_ran
     assert m["train/loss"] == pytest.approx(grpo_run.history[0]["train/loss"], rel=1e-4, abs=1e-7)
     logs = list((tmp_path / "run" / "sglang").glob("server-*.log"))
     assert logs and "--ulysses-degree 2" in logs[0].read_text(errors="replace")
+
+
+def test_rollouts_drawn_one_update_ahead_are_the_servers_with_the_weights_of_their_version(
+    ray_cluster, tmp_path, flux_dir, server
+):
+    """``train.off_policy_steps: 1``: rollout 2 is drawn while the ranks train on rollout 1, with the
+    weights of one update earlier. The first is on-policy: the server's log-probs are diffrl's
+    replay's (< ALIGNMENT); the second is not (ρ = π_old/μ departs from 1 by far more), and after
+    the run the server holds exactly the weights the checkpoint says the engines hold (those of
+    the next rollout, one update behind the trained ones). The server given by URL took other
+    runs' adapters before (in the module's order): its checksum is not the base's, so the engine's
+    first sync reloads ``model.path`` into it and then checks the whole transformer."""
+    grpo = "{step_strategy: {name: sde_window, size: 2, range: [0, 3]}, rollout_correction: tis}"
+    ahead = {"train.off_policy_steps": 1, "train.lr": 1e-3, "algorithm.params": grpo}
+    run = train(config(tmp_path, flux_dir, "flow_grpo", f"{{urls: ['{server.url}']}}", **ahead))
+    rows = run.history
+    assert [r["rollout/staleness_max"] for r in rows] == [0.0, 1.0]
+    assert rows[0]["train/rollout_log_prob_abs_diff"] < ALIGNMENT
+    assert rows[1]["train/rollout_log_prob_abs_diff"] > 10 * ALIGNMENT  # measured 1.8e-4 (4.1e-8 on-policy)
+    assert rows[1]["train/rollout_is_raw_mean"] != 1.0
+    for r in rows:
+        assert r["train/ratio_abs_minus_1"] == 0.0 and r["rollout/engine_restarts"] == 0
+    held = server.weights_checksum("transformer", 60)
+    assert held == held_weights(flux_dir, run.checkpoint, rollout=True)
+    assert held != held_weights(flux_dir, run.checkpoint)  # the trained weights are one update ahead

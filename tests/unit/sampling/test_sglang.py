@@ -1,7 +1,9 @@
 """The sglang engine's contract on recorded ``/rollout/generate`` exchanges (``tests/data/sglang/``,
 recorded from a real sglang 0.5.23 server by ``tests/data/sglang/record.py``): the requests diffrl
 builds from a rollout plan, the answers mapped to a :class:`RolloutBatch`, and the alignment of
-diffrl's kernels and forward with the server's on the recorded transitions. No server runs here."""
+diffrl's kernels and forward with the server's on the recorded transitions; and the LoRA sync's
+adapter folder and the checksums it is checked by, against what the server held after
+``/v1/set_lora``. No server runs here."""
 
 from __future__ import annotations
 
@@ -9,17 +11,24 @@ import json
 import socket
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from peft import LoraConfig as PeftLoraConfig
+from safetensors import safe_open
 
 from diffrl.algorithms.registry import build_algorithm
-from diffrl.core.parallel import LISTEN_PORTS_FROM, ephemeral_ports
+from diffrl.config import ConfigError
+from diffrl.config.schema import LoraConfig
+from diffrl.core.parallel import LISTEN_PORTS_FROM, ephemeral_ports, state_checksum
 from diffrl.data.prompts import load_prompts
+from diffrl.models.flux import FluxFamily
 from diffrl.models.registry import load_family
 from diffrl.sampling.kernels import resolve_kernel
-from diffrl.sampling.sglang import SglangEngine, default_model_id
+from diffrl.sampling.sglang import SglangEngine, default_model_id, sync_mode
+from diffrl.sampling.sglang_lora import sampling_adapter, served_state, tensor_sha256
 from diffrl.sampling.sglang_server import (
     LAUNCH_TRIES,
     EngineServerError,
@@ -30,6 +39,7 @@ from diffrl.sampling.sglang_server import (
     decode_rollout,
     server_ports,
 )
+from diffrl.train.actor import apply_lora
 from tests.integration.family_checks import family_config
 from tests.integration.test_flux import SIZE, write_tiny_flux
 
@@ -78,6 +88,25 @@ def flux_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny_flux")
     write_tiny_flux(path)
     return path
+
+
+LORA = LoraConfig(rank=4, alpha=8.0)
+"""The recorded adapter's settings: alpha is not the rank, so the scale alpha / r is in play."""
+
+
+def lora_family(flux_dir: Path) -> FluxFamily:
+    """The tiny FLUX.1 with a rank-4 adapter whose A and B are drawn from a seeded generator (what
+    ``record.py`` sent the server)."""
+    family = FluxFamily.load(
+        str(flux_dir), torch.device("cpu"), torch.float32, FluxFamily.description.Options()
+    )
+    apply_lora(family, LORA)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in sorted(family.transformer.named_parameters()):
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return family
 
 
 @pytest.mark.parametrize("name", list(EXCHANGES))
@@ -244,3 +273,87 @@ def test_an_answer_that_breaks_off_reads_as_an_unreachable_server():
     finally:
         server.join()
         listener.close()
+
+
+def test_the_lora_sync_computes_what_the_server_held_after_set_lora(flux_dir):
+    """``flux_lora.json``: the server's ``/get_weights_checksum`` after ``/v1/set_lora`` (dynamic)
+    of this adapter, the names its tensor checker accepted with their sha256, and the adapter's
+    own. The engine checks a server's first adapter with the first, later ones with the last."""
+    recorded = json.loads((DATA / "flux_lora.json").read_text())
+    family = lora_family(flux_dir)
+    adapter = sampling_adapter(family.transformer)
+    state = served_state(family.transformer, adapter, torch.float32)
+    # sglang's names: every linear layer wrapped (its weight under base_layer), the adapter beside it
+    assert sorted(state) == recorded["names"]
+    assert "transformer_blocks.0.attn.to_q.base_layer.weight" in state
+    assert (
+        "transformer_blocks.0.attn.to_q.lora_A" in state
+        and "transformer_blocks.0.norm1.linear.base_layer.bias" in state
+    )
+    assert {k: tensor_sha256(v) for k, v in adapter.served().items()} == recorded["adapter_sha256"]
+    assert state_checksum(state) == recorded["checksum"]
+    # a bf16 server holds the base in bf16 and the adapter as sent (float32)
+    half = served_state(family.transformer, adapter, torch.bfloat16)
+    assert half["proj_out.base_layer.weight"].dtype == torch.bfloat16
+    assert half["transformer_blocks.0.attn.to_q.lora_B"].dtype == torch.float32
+
+
+def test_the_adapter_folder_is_a_diffusers_lora_that_diffusers_reads_back(tmp_path, flux_dir):
+    family = lora_family(flux_dir)
+    adapter = sampling_adapter(family.transformer)
+    folder = adapter.write(tmp_path / "adapter")
+    with safe_open(str(folder / "pytorch_lora_weights.safetensors"), "pt") as f:
+        keys, meta = set(f.keys()), json.loads(f.metadata()["lora_adapter_metadata"])
+    assert keys == {f"transformer.{k}" for k in adapter.layers}
+    assert meta["transformer.lora_alpha"] == 8 and meta["transformer.r"] == 4  # sglang reads alpha here
+    from diffusers import FluxPipeline
+
+    read = FluxPipeline.lora_state_dict(str(folder))
+    read = read[0] if isinstance(read, tuple) else read
+    assert set(read) == keys and all(
+        torch.equal(read[f"transformer.{k}"], v) for k, v in adapter.layers.items()
+    )
+    assert adapter.nbytes == sum(v.numel() * 4 for v in adapter.layers.values())
+
+
+def test_the_adapter_sent_is_the_one_the_transformer_samples_with(flux_dir):
+    """DiffusionNFT samples with a second adapter (``old``): that one is sent, under the same names."""
+    family = lora_family(flux_dir)
+    live = sampling_adapter(family.transformer)
+    with warnings.catch_warnings():  # peft warns about a second adapter: here it is the point
+        warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+        family.transformer.add_adapter(
+            PeftLoraConfig(r=LORA.rank, lora_alpha=LORA.alpha, target_modules=family.lora_targets(None)),
+            adapter_name="old",
+        )
+    family.transformer.set_adapter("old")
+    old = sampling_adapter(family.transformer)
+    assert set(old.layers) == set(live.layers)
+    assert not any(torch.equal(old.layers[k], live.layers[k]) for k in live.layers if "lora_A" in k)
+    params = dict(family.transformer.named_parameters())
+    k = "transformer_blocks.0.attn.to_q.lora_A.weight"
+    assert torch.equal(old.layers[k], params[k.replace(".weight", ".old.weight")])
+
+
+def test_sync_lora_needs_an_adapter_sglang_loads(tmp_path, flux_dir):
+    """``sync: lora`` is refused before anything loads without LoRA, or with an alpha sglang refuses
+    (its peft_adapter.py: a positive integer); ``auto`` sends the adapter where it can."""
+    family = {
+        "model.family": "flux",
+        "model.path": str(flux_dir),
+        "sampling.guidance_scale": 1.0,
+        "rollout.engine": "sglang",
+    }
+    lora = {**family, "rollout.engine_options": "{sync: lora, urls: ['http://127.0.0.1:9']}"}
+    with pytest.raises(ConfigError, match=r"sync=lora sends the LoRA adapter, and model.lora is null"):
+        family_config(tmp_path, lora, **{"model.lora": "null"})
+    with pytest.raises(ConfigError, match=r"integer alpha only, and model.lora.alpha is 2.5.*e.g. 2\)"):
+        family_config(tmp_path, lora, **{"model.lora": "{rank: 4, alpha: 2.5}"})
+    assert family_config(tmp_path, lora).rollout.engine_options["sync"] == "lora"
+    auto = {**family, "rollout.engine_options": "{urls: ['http://127.0.0.1:9']}"}
+    for setting, mode in [
+        ("{rank: 4, alpha: 8}", "lora"),
+        ("{rank: 4, alpha: 2.5}", "merged"),
+        ("null", "merged"),
+    ]:
+        assert sync_mode(family_config(tmp_path, auto, **{"model.lora": setting}), "auto") == mode
