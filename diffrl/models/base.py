@@ -153,6 +153,11 @@ class Planned:
     guided_rows: int = 2
     """Transformer rows of one guided velocity of one sample: the negative and the positive
     prompt's; more where the family's guidance adds passes (LTX-2's modality isolation, STG)."""
+    guided: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    """``(module, x_t (B, *latent_shape), sigma (B,)) -> velocity``: the guided velocity of B samples
+    as training runs it, every pass with gradient, on the zero conditioning, where the family's
+    guidance is more than one batched forward of [negative, positive] rows (LTX-2's STG and
+    modality-isolation passes); None: ``forward`` of the ``guided_rows x B`` rows."""
 
 
 class FamilyDescription:

@@ -485,19 +485,41 @@ class LTX2Description(DiffusersFolderDescription):
         tokens, text_dtype = options.max_sequence_length, DTYPES[options.text_encoder_dtype]
         widths = connectors.video_connector.inner_dim, connectors.audio_connector.inner_dim
 
-        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        def forward(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor, **variant) -> torch.Tensor:
             b = len(x_t)
             tensors = {
                 "encoder_hidden_states": x_t.new_zeros(b, tokens, widths[0], dtype=text_dtype),
                 "audio_encoder_hidden_states": x_t.new_zeros(b, tokens, widths[1], dtype=text_dtype),
                 "encoder_attention_mask": x_t.new_ones(b, tokens, dtype=torch.int64),
             }
-            return LTX2Family.call_transformer(m, x_t, sigma, tensors, grid, options, steps)
+            return LTX2Family.call_transformer(m, x_t, sigma, tensors, grid, options, steps, **variant)
 
         s = LTX2Family.scales_of(options, config.sampling.guidance_scale or cls.default_guidance)
-        rows = 1 + int(s.do_cfg) + int(s.do_stg) + int(s.do_modality)  # the guided velocity's passes
+        do_stg = s.do_stg and bool(module.config.perturbed_attn)  # as velocity(): LTX-2.0's STG is no pass
+
+        def guided(m: nn.Module, x_t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+            """:meth:`LTX2Family.velocity`'s passes. The STG pass runs unperturbed: on fake tensors
+            diffusers' ``if all_perturbed`` (``transformer_ltx2.py``), by which the STG blocks skip
+            their self-attention in that pass, cannot be decided; the plan is that much over."""
+            v_neg = None
+            if s.do_cfg:
+                v_neg, v_pos = forward(m, torch.cat([x_t, x_t]), torch.cat([sigma, sigma])).chunk(2)
+            else:
+                v_pos = forward(m, x_t, sigma)
+            v_stg = forward(m, x_t, sigma) if do_stg else None
+            v_iso = forward(m, x_t, sigma, isolate=True) if s.do_modality else None
+            return LTX2Family.guide_passes(x_t, sigma, grid, s, v_pos, v_neg, v_stg, v_iso)
+
+        rows = 1 + int(s.do_cfg) + int(do_stg) + int(s.do_modality)  # the guided velocity's passes
         description = "LTX2VideoTransformer3DModel (video + audio streams)"
-        return Planned(module, (grid.size,), forward, description, guided_rows=max(2, rows))
+        return Planned(
+            module,
+            (grid.size,),
+            forward,
+            description,
+            guided_rows=max(2, rows),
+            guided=None if rows == 2 and s.do_cfg else guided,  # CFG alone: one forward of both rows
+        )
 
 
 class LTX2Family(DiffusersFolderFamily):
@@ -747,9 +769,24 @@ class LTX2Family(DiffusersFolderFamily):
         do_stg = s.do_stg and bool(self.transformer.config.perturbed_attn)
         v_stg = self._pass(module, x_t, sigma, cond, stg=True) if do_stg else None
         v_iso = self._pass(module, x_t, sigma, cond, isolate=True) if s.do_modality else None
-        grid = self.grid_of(x_t)
-        x, sig = self.split(x_t.float(), grid), sigma.float().view(-1, 1, 1)
-        parts = [self.split(v, grid) if v is not None else (None, None) for v in (v_pos, v_neg, v_stg, v_iso)]
+        return self.guide_passes(x_t, sigma, self.grid_of(x_t), s, v_pos, v_neg, v_stg, v_iso)
+
+    @classmethod
+    def guide_passes(
+        cls,
+        x_t: torch.Tensor,
+        sigma: torch.Tensor,
+        grid: Grid,
+        s: Scales,
+        v_pos: torch.Tensor,
+        v_neg: torch.Tensor | None,
+        v_stg: torch.Tensor | None,
+        v_iso: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The guided velocity ``(B, N)`` float32 from its passes' velocities (None: a pass not run),
+        on the x0 predictions of each stream (``pipeline_ltx2.py:1404-1590``)."""
+        x, sig = cls.split(x_t.float(), grid), sigma.float().view(-1, 1, 1)
+        parts = [cls.split(v, grid) if v is not None else (None, None) for v in (v_pos, v_neg, v_stg, v_iso)]
         out = []
         for k in range(2):  # video, then audio
             pos, neg, stg, iso = (None if p[k] is None else x[k] - p[k] * sig for p in parts)
@@ -763,7 +800,7 @@ class LTX2Family(DiffusersFolderFamily):
             if s.rescale[k] > 0:
                 x0 = rescale_noise_cfg(x0, pos, guidance_rescale=s.rescale[k])
             out.append((x[k] - x0) / sig)
-        return self.join(*out)
+        return cls.join(*out)
 
     # ---- pixels <-> latents --------------------------------------------------------------------
     @torch.no_grad()

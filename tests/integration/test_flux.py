@@ -30,9 +30,12 @@ from tests.integration.family_checks import (
 SIZE = 16  # pixels: the tiny VAE halves them to 8 x 8 latents, packed 2 x 2 -> 16 tokens
 
 
-def write_tiny_flux(path, guidance_embeds: bool = True, pipeline: str = "FluxPipeline") -> None:
+def write_tiny_flux(
+    path, guidance_embeds: bool = True, pipeline: str = "FluxPipeline", size: int = SIZE, **transformer
+) -> None:
     """A random FLUX.1 with every part of the real one, sized for a CPU, saved by the pipeline
-    (``pipeline``: FluxPipeline, or FluxKontextPipeline, whose parts are the same)."""
+    (``pipeline``: FluxPipeline, or FluxKontextPipeline, whose parts are the same; ``transformer``:
+    settings of the transformer's over the tiny ones; ``size``: the VAE's pixels)."""
     import diffusers
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5EncoderModel
@@ -41,19 +44,20 @@ def write_tiny_flux(path, guidance_embeds: bool = True, pipeline: str = "FluxPip
     tok = tiny_parts.tokenizer()
     clip = CLIPTextModel(tiny_parts.clip_config(len(tok)))
     t5 = T5EncoderModel(tiny_parts.t5_config(len(tok), d_model=32))
-    transformer = FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=16,  # 4 latent channels x a 2 x 2 patch
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=32,
-        pooled_projection_dim=32,
-        guidance_embeds=guidance_embeds,
-        axes_dims_rope=(4, 6, 6),
-    )
-    vae = tiny_parts.autoencoder_kl(4, scaling_factor=0.3611, shift_factor=0.1159, size=SIZE)
+    settings = {
+        "patch_size": 1,
+        "in_channels": 16,  # 4 latent channels x a 2 x 2 patch
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "attention_head_dim": 16,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 32,
+        "pooled_projection_dim": 32,
+        "guidance_embeds": guidance_embeds,
+        "axes_dims_rope": (4, 6, 6),
+    }
+    transformer = FluxTransformer2DModel(**{**settings, **transformer})
+    vae = tiny_parts.autoencoder_kl(4, scaling_factor=0.3611, shift_factor=0.1159, size=size)
     scheduler = FlowMatchEulerDiscreteScheduler(  # FLUX.1-dev's scheduler config
         shift=3.0,
         use_dynamic_shifting=True,

@@ -21,30 +21,32 @@ from tests.integration.family_checks import (
 SIZE = 16  # pixels: the tiny VAE halves them, patch 2 -> 4 x 4 tokens
 
 
-def write_tiny_sd3(path) -> None:
-    """A random SD3 with every part of the real one, sized for a CPU, saved by the pipeline."""
+def write_tiny_sd3(path, size: int = SIZE, **transformer) -> None:
+    """A random SD3 with every part of the real one, sized for a CPU, saved by the pipeline
+    (``transformer``: settings of the transformer's over the tiny ones; ``size``: the VAE's pixels)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
     from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
     torch.manual_seed(0)
     tok = tiny_parts.tokenizer()
-    transformer = SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=16,
-        out_channels=16,
-        num_layers=2,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=64,
-        caption_projection_dim=16,
-        pooled_projection_dim=64,
-        pos_embed_max_size=16,
-    )
+    settings = {
+        "sample_size": 8,
+        "patch_size": 2,
+        "in_channels": 16,
+        "out_channels": 16,
+        "num_layers": 2,
+        "attention_head_dim": 8,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 64,
+        "caption_projection_dim": 16,
+        "pooled_projection_dim": 64,
+        "pos_embed_max_size": 16,
+    }
+    transformer = SD3Transformer2DModel(**{**settings, **transformer})
     StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=tiny_parts.autoencoder_kl(16, scaling_factor=1.5305, shift_factor=0.0609, size=SIZE),
+        vae=tiny_parts.autoencoder_kl(16, scaling_factor=1.5305, shift_factor=0.0609, size=size),
         text_encoder=CLIPTextModelWithProjection(tiny_parts.clip_config(len(tok))),
         tokenizer=tok,
         text_encoder_2=CLIPTextModelWithProjection(tiny_parts.clip_config(len(tok))),

@@ -37,15 +37,15 @@ BOUNDARY = 0.7  # with shift 3: sigmas 1, .86 | .6, .003 (4 steps), 1, .86 | .6 
 ATOL = 1e-5  # float32 on CPU
 
 
-def write_tiny_wan(path, two_experts: bool) -> None:
-    """A random Wan with every part of the real one, sized for a CPU, saved by the pipeline."""
+def write_tiny_wan(path, two_experts: bool, **transformer) -> None:
+    """A random Wan with every part of the real one, sized for a CPU, saved by the pipeline
+    (``transformer``: each expert's settings over the tiny ones)."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
     from transformers import UMT5EncoderModel
 
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
     umt5 = UMT5EncoderModel(tiny_parts.t5_config(len(tokenizer), d_model=32, d_ff=32, umt5=True))
-    transformer = tiny_parts.wan_transformer
 
     # the real 16-channel latent statistics (AutoencoderKLWan's defaults) on a 3-wide VAE
     vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
@@ -57,8 +57,8 @@ def write_tiny_wan(path, two_experts: bool) -> None:
         scheduler=UniPCMultistepScheduler(
             prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=3.0
         ),
-        transformer=transformer(),
-        transformer_2=transformer() if two_experts else None,
+        transformer=tiny_parts.wan_transformer(**transformer),
+        transformer_2=tiny_parts.wan_transformer(**transformer) if two_experts else None,
         boundary_ratio=BOUNDARY if two_experts else None,
     ).save_pretrained(path)
 

@@ -101,22 +101,24 @@ def t5_config(vocab_size: int, d_model: int, d_ff: int = 64, umt5: bool = False)
     )
 
 
-def wan_transformer():
-    """A 2-block ``WanTransformer3DModel`` of 2 heads of 12 (Wan's 16 latent channels, text of 32)."""
+def wan_transformer(**settings):
+    """A 2-block ``WanTransformer3DModel`` of 2 heads of 12 (Wan's 16 latent channels, text of 32);
+    ``settings`` over those."""
     from diffusers import WanTransformer3DModel
 
-    return WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=12,
-        in_channels=16,
-        out_channels=16,
-        text_dim=32,
-        freq_dim=32,
-        ffn_dim=32,
-        num_layers=2,
-        rope_max_seq_len=32,
-    )
+    tiny = {
+        "patch_size": (1, 2, 2),
+        "num_attention_heads": 2,
+        "attention_head_dim": 12,
+        "in_channels": 16,
+        "out_channels": 16,
+        "text_dim": 32,
+        "freq_dim": 32,
+        "ffn_dim": 32,
+        "num_layers": 2,
+        "rope_max_seq_len": 32,
+    }
+    return WanTransformer3DModel(**{**tiny, **settings})
 
 
 def autoencoder_kl(latent_channels: int, scaling_factor: float, shift_factor: float, size: int):
