@@ -16,10 +16,20 @@ result = launch.train(load_config("recipes/tiny_demo.yaml", ["train.iterations=2
 from __future__ import annotations
 
 from diffrl.config import Config, ParallelConfig
-from diffrl.core.registry import Registry
+from diffrl.core.registry import Registry, call_problem, override_problems
 from diffrl.train import loop
 from diffrl.train.runner import Runner
 from diffrl.train.state import TrainResult
+
+
+def _runner_problem(obj: object) -> str | None:
+    """What keeps ``obj`` from being a runner diffrl can call (a dotted path's class)."""
+    if not isinstance(obj, type):
+        return "is not a class: a runner is a class, built as Runner(config, algorithm, spec)"
+    problems = [call_problem(obj, "Runner(config, algorithm, spec)", ("config", "algorithm", "spec"))]
+    problems += override_problems(obj, Runner)
+    return "; ".join(p for p in problems if p) or None
+
 
 RUNNERS = Registry(
     "runner",
@@ -27,6 +37,7 @@ RUNNERS = Registry(
         "local": "diffrl.train.runner:LocalRunner",
         "ray": "diffrl.distributed.ray.runner:RayRunner",
     },
+    check=_runner_problem,
 )
 """``runner:`` -> its class: ``local`` (:class:`~diffrl.train.runner.LocalRunner`), ``ray``
 (:class:`~diffrl.distributed.ray.runner.RayRunner`), or ``my_pkg.my_runner:MyRunner``."""

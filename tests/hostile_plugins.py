@@ -16,6 +16,7 @@ from diffrl.algorithms.sft import SFT
 from diffrl.core.rollout import TrainSignals
 from diffrl.models.tiny import TinyDescription, TinyFamily
 from diffrl.rewards.base import Reward
+from diffrl.sampling.kernels import FlowSDE
 
 # ---- an algorithm's compute_loss: (a 0-dim float tensor with gradients, {str: float}) ---------
 
@@ -212,3 +213,45 @@ def drops_an_exiting_object(args, inputs) -> int:
     """A command body (``diffrl recipes``'s) whose plugin object calls sys.exit() in __del__."""
     ExitsWhenCollected()  # collected at once
     return 0
+
+
+# ---- plugins whose call signature is not the one diffrl calls (issue 53, class 1): refused where
+# the dotted path is resolved, before anything loads, naming the expected call
+
+
+class RunnerTakesNothing:
+    def __init__(self):
+        pass
+
+
+def strategy_of_one_argument(num_steps):
+    return [0]
+
+
+class LossTakesNothing(SFT):
+    def compute_loss(self):  # the driver calls compute_loss(policy, examples)
+        raise AssertionError("never called")
+
+
+class VelocityTakesNothing(TinyFamily):
+    def velocity(self):
+        raise AssertionError("never called")
+
+
+class StepTakesNothing(FlowSDE):
+    def step(self):
+        raise AssertionError("never called")
+
+
+class EngineTakesNothing:
+    def __init__(self):
+        pass
+
+
+def reward_of_images_only(images):
+    return [0.0] * len(images)
+
+
+class RewardCallTakesImagesOnly(Reward):
+    def __call__(self, images):
+        return torch.zeros(len(images))

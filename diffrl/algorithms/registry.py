@@ -7,7 +7,7 @@ import inspect
 
 from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.config import Config, ConfigError, bind_dataclass
-from diffrl.core.registry import Registry, RegistryError
+from diffrl.core.registry import Registry, RegistryError, call_problem, override_problems
 from diffrl.core.user_code import kind
 
 ALGORITHMS = Registry(
@@ -19,6 +19,20 @@ ALGORITHMS = Registry(
         "awm": "diffrl.algorithms.awm:AWM",
         "dpo": "diffrl.algorithms.dpo:DPO",
     },
+    # a dotted path's subclass: each method it overrides takes the call diffrl makes of it
+    check=lambda obj: (
+        "; ".join(
+            p
+            for p in [
+                call_problem(obj, "Algorithm(params, config)", ("params", "config")),
+                *override_problems(obj, DiffusionAlgorithm),
+            ]
+            if p
+        )
+        or None
+        if isinstance(obj, type) and issubclass(obj, DiffusionAlgorithm)
+        else None  # not a subclass at all: build_algorithm says so
+    ),
 )
 
 

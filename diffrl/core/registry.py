@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -105,3 +106,72 @@ class Registry:
             f"unknown {self.kind} {name!r}.{did_you_mean(name, self.names())} "
             f"Known: {', '.join(self.names())}; or give a dotted path 'package.module:Name'."
         )
+
+
+# ---- a plugin's call signatures, checked where it is resolved --------------------------------------
+
+
+def _signature(obj: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(obj)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to read, nothing refused
+        return None
+
+
+def call_problem(
+    fn: Callable[..., Any], call: str, args: tuple[str, ...], kwargs: tuple[str, ...] = ()
+) -> str | None:
+    """Why ``fn`` cannot be called as diffrl calls it, ``call`` (shown), with the positional
+    arguments ``args`` and the keywords ``kwargs`` (names only); None when it can. A class: its
+    constructor."""
+    sig = _signature(fn)
+    if sig is None:
+        return None
+    try:
+        sig.bind(*args, **dict.fromkeys(kwargs))
+    except TypeError as e:
+        name = getattr(fn, "__qualname__", repr(fn))
+        return f"cannot be called as diffrl calls it, {call}: its signature is {name}{sig} ({e})"
+    return None
+
+
+def override_problems(cls: type, base: type, names: tuple[str, ...] | None = None) -> list[str]:
+    """The methods of ``base`` (``names``; None: every public method and ``__call__`` it defines; a
+    constructor diffrl calls is checked by :func:`call_problem`) that ``cls`` defines anew with a signature diffrl's call cannot bind: diffrl calls
+    each with at least the parameters ``base`` requires (its positional ones by position, its
+    keyword-only ones by keyword), so an override must accept that call; the parameters ``base``
+    gives defaults diffrl may leave out (an override need not take them)."""
+    if names is None:
+        names = tuple(
+            n
+            for n, v in vars(base).items()
+            if callable(v) and (not n.startswith("_") or n == "__call__")
+        )
+    problems = []
+    for name in names:
+        mine, theirs = inspect.getattr_static(cls, name, None), inspect.getattr_static(base, name, None)
+        if mine is None or theirs is None or mine is theirs:
+            continue
+        if isinstance(mine, staticmethod | classmethod) != isinstance(theirs, staticmethod | classmethod):
+            continue  # a different kind of method: nothing to compare by parameters
+        mine_fn, base_fn = getattr(mine, "__func__", mine), getattr(theirs, "__func__", theirs)
+        if not (callable(mine_fn) and callable(base_fn)):
+            continue
+        base_sig, sig = _signature(base_fn), _signature(mine_fn)
+        if base_sig is None or sig is None:
+            continue
+        args, kwargs = [], []
+        for p in base_sig.parameters.values():  # the required ones: diffrl may leave out the others
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty:
+                args.append(p.name)
+            elif p.kind == p.KEYWORD_ONLY and p.default is p.empty:
+                kwargs.append(p.name)
+        try:
+            sig.bind(*args, **dict.fromkeys(kwargs))
+        except TypeError as e:
+            shown = ", ".join([*args[1:], *(f"{k}=..." for k in kwargs)]) if args else ", ".join(kwargs)
+            problems.append(
+                f"its {name}{sig} cannot take diffrl's call {name}({shown}) ({e}); "
+                f"give it {base.__name__}.{name}'s parameters {base_sig}"
+            )
+    return problems

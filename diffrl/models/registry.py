@@ -6,7 +6,7 @@ import torch
 
 from diffrl.config import Config
 from diffrl.core import torch_state
-from diffrl.core.registry import Registry
+from diffrl.core.registry import Registry, override_problems
 from diffrl.core.user_code import kind, plugin_named, returned_wrong
 from diffrl.logging.quiet import quiet_libraries
 from diffrl.models.base import DTYPES, ModelFamily
@@ -27,6 +27,11 @@ FAMILIES = Registry(
         "ltx2": "diffrl.models.ltx2:LTX2Family",
         "z_image": "diffrl.models.z_image:ZImageFamily",
     },
+    check=lambda obj: (
+        "; ".join(override_problems(obj, ModelFamily)) or None
+        if isinstance(obj, type) and issubclass(obj, ModelFamily)
+        else None  # not a subclass at all: the model checks say so
+    ),
 )
 # DTYPES lives in base (the families import it from there); it is imported here for load_family
 

@@ -8,7 +8,7 @@ import re
 from diffrl.config import Config, RewardConfig
 from diffrl.config.binding import signature_problems
 from diffrl.core.errors import quoted
-from diffrl.core.registry import RegistryError
+from diffrl.core.registry import RegistryError, call_problem, override_problems
 from diffrl.core.user_code import checked_problems
 from diffrl.models.registry import FAMILIES
 from diffrl.rewards.base import Reward, param_name_problems
@@ -29,6 +29,7 @@ def reward_problems(where: str, rewards: list[RewardConfig], check_files: bool) 
             continue
         problems = param_name_problems(obj, r.params)
         is_reward = isinstance(obj, type) and issubclass(obj, Reward)
+        problems += _call_problems(obj, is_reward, r.params)
         typed: list[str] = []
         if not problems:  # each param's type and range, as its annotation declares them
             fn = obj.__init__ if is_reward else obj
@@ -43,6 +44,19 @@ def reward_problems(where: str, rewards: list[RewardConfig], check_files: bool) 
             ]
         errors += [f"{where}[{i}] ({r.name}).params: {p}" for p in problems] + typed
     return errors
+
+
+def _call_problems(obj: object, is_reward: bool, params: dict) -> list[str]:
+    """A reward class whose methods cannot take diffrl's calls, or a function that cannot be called
+    as ``fn(images, prompts, metadata, **params)`` (``audio=`` too when it hears)."""
+    if is_reward:
+        return override_problems(obj, Reward)
+    if isinstance(obj, type) or not callable(obj):
+        return []  # not a reward at all: reported where the reward is built
+    hears = ("audio",) if getattr(obj, "audio", False) else ()
+    shown = "fn(images, prompts, metadata" + (", audio=..." if hears else "") + ", **params)"
+    problem = call_problem(obj, shown, ("images", "prompts", "metadata"), (*hears, *params))
+    return [problem] if problem else []
 
 
 def hearing_problems(config: Config, rewards: bool, eval_rewards: bool) -> list[str]:

@@ -25,7 +25,7 @@ from torch import nn
 
 from diffrl.config import Config, ConfigError
 from diffrl.config.binding import bind_dataclass
-from diffrl.core.registry import Registry, RegistryError
+from diffrl.core.registry import Registry, RegistryError, call_problem, override_problems
 from diffrl.core.rollout import CollectionSpec, RolloutBatch
 from diffrl.data.offline import build_offline_dataset
 from diffrl.data.prompts import PromptSet, load_prompts
@@ -39,7 +39,20 @@ ENGINES = Registry(
         "diffrl": "diffrl.sampling.collector:OnlineCollector",
         "sglang": "diffrl.sampling.sglang:SglangEngine",
     },
+    check=lambda obj: _engine_problem(obj),
 )
+
+
+def _engine_problem(obj: object) -> str | None:
+    """What keeps ``obj`` (a dotted path's) from being an engine diffrl can build and call."""
+    if not isinstance(obj, type):
+        return "is not a class: an engine is a class, built as Engine(config, family, spec, prompts)"
+    call = "Engine(config, family, spec, prompts)"
+    problems = [
+        call_problem(obj, call, ("config", "family", "spec", "prompts")),
+        *override_problems(obj, Engine),
+    ]
+    return "; ".join(p for p in problems if p) or None
 
 
 class Engine(Protocol):

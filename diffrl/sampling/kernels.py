@@ -36,7 +36,7 @@ from typing import ClassVar
 
 import torch
 
-from diffrl.core.registry import Registry, RegistryError
+from diffrl.core.registry import Registry, RegistryError, override_problems
 
 
 @dataclass
@@ -207,6 +207,11 @@ KERNELS = Registry(
         "cps": "diffrl.sampling.kernels:CPS",
         "heun": "diffrl.sampling.kernels:Heun",
     },
+    check=lambda obj: (
+        "; ".join(override_problems(obj, Kernel)) or None
+        if isinstance(obj, type) and issubclass(obj, Kernel)
+        else None  # not a subclass at all: resolve_kernel says so
+    ),
 )
 
 

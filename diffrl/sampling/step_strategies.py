@@ -29,7 +29,7 @@ from typing import Annotated, Any
 
 from diffrl.config import Range, bind_dataclass
 from diffrl.config.schema import MAX_COUNT
-from diffrl.core.registry import Registry, RegistryError
+from diffrl.core.registry import Registry, RegistryError, call_problem
 from diffrl.core.seeding import derive_seed
 
 MAX_STEPS = 1000
@@ -202,7 +202,22 @@ def build_step_strategy(spec: dict[str, Any], num_steps: int, where: str = "step
         return None, [f"{where}.name: {e}"]
     if dataclasses.is_dataclass(found) and isinstance(found, type):  # a strategy class: bind its params
         strategy = bind_dataclass(found, params, where, errors)
+        for method, call, args in (
+            ("__call__", "strategy(num_steps, rollout_id, seed)", ("num_steps", "rollout_id", "seed")),
+            ("check", "strategy.check(num_steps)", ("num_steps",)),
+        ):
+            bound = getattr(strategy, method, None) if not errors else None
+            if bound is not None and (problem := call_problem(bound, call, args)):
+                errors.append(f"{where}.name: {name!r}: its {method} {problem}")
     elif callable(found):
+        problem = call_problem(
+            found,
+            "fn(num_steps, rollout_id, seed, **params)",
+            ("num_steps", "rollout_id", "seed"),
+            tuple(params),
+        )
+        if problem:
+            return None, [f"{where}.name: {name!r} {problem}"]
         strategy = FunctionStrategy(found, params)
     else:
         return None, [f"{where}.name: {name!r} is neither a strategy dataclass nor a function"]

@@ -49,6 +49,7 @@ SFT1 = [
     "eval.enabled=false",
 ]
 NFT1 = ["train", NFT, "run.output_dir={tmp}/run", *TINY, "train.iterations=1"]
+GRPO1 = ["train", "recipes/tiny_grpo_ocr_small.yaml", "run.output_dir={tmp}/run", *TINY, "train.iterations=1"]
 """The tiny NFT run of test_plugin_exits, one iteration (the last of a key given twice wins)."""
 LOSS = "it must return (loss, metrics): loss a 0-dim floating-point tensor with gradients"
 PROBLEMS = "it must return a list of str, one message per problem ([] when there is none)"
@@ -94,6 +95,15 @@ CASES: list[Case] = [
     # ---- trackers without the methods the driver calls (was exit 70 at the first log)
     Case("c1-tracker-without-methods", [*SFT1, f"run.loggers=[{H}:TrackerWithoutMethods]"], BAD, f"run.loggers[0]: '{H}:TrackerWithoutMethods' has no log_scalars, log_image, log_metadata, close method"),
     # ---- torch's process-wide settings changed by a plugin (was: trained on, silently changed)
+    # ---- a plugin whose signature is not the call diffrl makes (was exit 70: "unexpected TypeError ... a bug in diffrl")
+    Case("c1-runner-init-takes-nothing", [*SFT1, f"runner={H}:RunnerTakesNothing"], BAD, f"runner: '{H}:RunnerTakesNothing' cannot be called as diffrl calls it, Runner(config, algorithm, spec): its signature is RunnerTakesNothing() (too many positional arguments)"),
+    Case("c1-step-strategy-one-argument", [*GRPO1, f"algorithm.params.step_strategy={{name: {H}:strategy_of_one_argument}}"], BAD, f"'{H}:strategy_of_one_argument' cannot be called as diffrl calls it, fn(num_steps, rollout_id, seed, **params): its signature is strategy_of_one_argument(num_steps)"),
+    Case("c1-algorithm-loss-takes-nothing", algo("LossTakesNothing"), BAD, f"'{H}:LossTakesNothing' its compute_loss(self) cannot take diffrl's call compute_loss(policy, examples)"),
+    Case("c1-family-velocity-takes-nothing", [*SFT1, f"model.family={H}:VelocityTakesNothing"], BAD, f"'{H}:VelocityTakesNothing' its velocity(self) cannot take diffrl's call velocity("),
+    Case("c1-kernel-step-takes-nothing", [*NFT1, f"algorithm.params.sampler={H}:StepTakesNothing"], BAD, f"'{H}:StepTakesNothing' its step(self) cannot take diffrl's call step(x_t, velocity, sigma, sigma_next"),
+    Case("c1-engine-init-takes-nothing", [*NFT1, f"rollout.engine={H}:EngineTakesNothing"], BAD, f"'{H}:EngineTakesNothing' cannot be called as diffrl calls it, Engine(config, family, spec, prompts)"),
+    Case("c1-reward-function-images-only", [*NFT1, f"rewards=[{{name: {H}:reward_of_images_only}}]"], BAD, "cannot be called as diffrl calls it, fn(images, prompts, metadata, **params): its signature is reward_of_images_only(images)"),
+    Case("c1-reward-call-images-only", [*NFT1, f"rewards=[{{name: {H}:RewardCallTakesImagesOnly}}]"], BAD, "its __call__(self, images) cannot take diffrl's call __call__(images, prompts, metadata)"),
     Case("c1-algorithm-sets-default-dtype", algo("SetsDefaultDtype"), BAD, f"plugin '{H}:SetsDefaultDtype' {SETTINGS}: default_dtype torch.float32 -> torch.float64 (torch.set_default_dtype)", trains=True),
     Case("c1-algorithm-sets-num-threads", algo("SetsThreads"), BAD, f"plugin '{H}:SetsThreads' {SETTINGS}: num_threads", trains=True),
     Case("c1-reward-sets-default-dtype", [*NFT1, f"rewards=[{{name: {H}:sets_default_dtype}}]"], BAD, f"plugin '{H}:sets_default_dtype' {SETTINGS}: default_dtype torch.float32 -> torch.float64", trains=True),

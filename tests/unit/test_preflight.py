@@ -209,3 +209,6 @@ def test_off_policy_steps_are_checked_before_anything_starts():
 
 class PlainRunner:
     """A user's runner that does not pipeline (no ``end_rollout``)."""
+
+    def __init__(self, config, algorithm, spec):
+        pass

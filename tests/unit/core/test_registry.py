@@ -7,7 +7,7 @@ from diffrl.algorithms.base import DiffusionAlgorithm
 from diffrl.algorithms.registry import ALGORITHMS, build_algorithm
 from diffrl.algorithms.sft import SFT
 from diffrl.config import ConfigError, RewardConfig
-from diffrl.core.registry import RegistryError, import_object
+from diffrl.core.registry import RegistryError, call_problem, import_object, override_problems
 from diffrl.core.rollout import CollectionSpec
 from diffrl.preflight import load_config
 from diffrl.rewards.base import FunctionReward, build_reward
@@ -95,3 +95,52 @@ def test_reward_set_reports_failures():
     assert torch.isnan(out.total).all() and "scorer offline" in out.errors[0]
     with pytest.raises(RewardError, match="broken_reward.*scorer offline"):
         rs(torch.zeros(2, 3, 4, 4), ["a", "b"], [{}, {}])
+
+
+def test_every_shipped_plugin_passes_the_signature_checks_it_sets_for_others():
+    """The checks a dotted path's class or function gets (issue 53, class 1) pass every registered
+    one: they refuse only what diffrl's own call could not bind."""
+    from diffrl.algorithms.registry import ALGORITHMS
+    from diffrl.launch import RUNNERS
+    from diffrl.models.registry import FAMILIES
+    from diffrl.rewards.base import Reward
+    from diffrl.rewards.registry import REWARDS
+    from diffrl.sampling.engine import ENGINES
+    from diffrl.sampling.kernels import KERNELS
+
+    problems = {}
+    for registry in (ALGORITHMS, RUNNERS, FAMILIES, ENGINES, KERNELS):
+        for name in registry.names():
+            found = registry.check(registry.resolve(name))
+            if found:
+                problems[f"{registry.kind} {name}"] = found
+    for name in REWARDS.names():
+        found = override_problems(REWARDS.resolve(name), Reward)
+        if found:
+            problems[f"reward {name}"] = found
+    assert problems == {}
+
+
+def test_a_signature_that_cannot_take_the_call_is_named_with_the_call():
+    class Base:
+        def step(self, x, sigma, *, generator):
+            pass
+
+    class Fewer(Base):
+        def step(self, x):
+            pass
+
+    class Renamed(Base):  # diffrl passes them by position: other names still bind
+        def step(self, a, b, *, generator, extra=1):
+            pass
+
+    class MissingKeyword(Base):
+        def step(self, x, sigma):
+            pass
+
+    assert override_problems(Renamed, Base) == []
+    [few] = override_problems(Fewer, Base)
+    assert "cannot take diffrl's call step(x, sigma, generator=...)" in few and "give it Base.step's parameters" in few
+    assert override_problems(MissingKeyword, Base) and "generator" in override_problems(MissingKeyword, Base)[0]
+    assert call_problem(lambda a: a, "fn(a, b)", ("a", "b")).startswith("cannot be called as diffrl calls it, fn(a, b)")
+    assert call_problem(lambda a, b, **kw: a, "fn(a, b, **params)", ("a", "b"), ("c",)) is None
