@@ -103,11 +103,17 @@ def storage_failure(e: BaseException, what: str, fix: str) -> StorageError | Non
 def storage_errno(e: BaseException) -> int | None:
     """The errno of a storage failure ``e`` (an ``OSError``, or safetensors' own error, which
     carries the OS error in its message: ``IoError(Os { code: 28, ...``); None for anything else."""
-    if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
-        return e.errno
-    found = re.search(r"Os \{ code: (\d+)", str(e)) if type(e).__name__ == "SafetensorError" else None
-    if found and int(found.group(1)) in STORAGE_ERRNOS:
-        return int(found.group(1))
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:  # the error, and what it was raised from
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            return e.errno
+        if type(e).__name__ == "SafetensorError":  # Rust's io::Error, as Debug or as Display
+            found = re.search(r"Os \{ code: (\d+)|\(os error (\d+)\)", str(e))
+            code = int(next(g for g in found.groups() if g)) if found else None
+            if code in STORAGE_ERRNOS:
+                return code
+        e = e.__cause__
     return None
 
 

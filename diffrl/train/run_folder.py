@@ -260,19 +260,61 @@ class RunFolder:
 
     def begin(self, config: Config) -> tuple[Path | None, dict[str, Any] | None, str]:
         """Where this run starts: the checkpoint to continue from and its verified info (None, None
-        for a fresh start) and the run's id; drops the metric rows written after that checkpoint."""
+        for a fresh start) and the run's id; drops the metric rows written after that checkpoint.
+        A fresh start where ``train.resume=latest`` found no checkpoint keeps the rows an earlier
+        attempt logged, set aside (:meth:`set_aside_metrics`): nothing the folder held is lost."""
         resume_from, info = self.resume_point(config)
-        run_id = self.claim(config, info)
+        run_id = self.claim(config, info, resume_from)
+        if info is None and config.train.resume == "latest":
+            self.set_aside_metrics()
         step = int(info["iteration"]) if info else -1
         evaluated = bool(info) and any(e.get("step") == step for e in info["loop"].get("evals", []))
         self.keep_metrics_up_to(step, evaluated)
-        if not self.holds_run() or info is None:
+        if info is None or self.run_id() != run_id:
             self.set_run_id(run_id)
         return resume_from, info, run_id
 
-    def claim(self, config: Config, info: dict[str, Any] | None) -> str:
-        """This run's id; refuses a folder that holds another run."""
+    def set_aside_metrics(self) -> Path | None:
+        """Rename a non-empty ``metrics.jsonl`` to the first free ``metrics.earlier-N.jsonl`` and say
+        so: the rows of an attempt that left no checkpoint (killed before its first save, or its
+        ``checkpoints/`` removed), which a fresh run in this folder would otherwise replace."""
+        if not (self.metrics_file.is_file() and self.metrics_file.stat().st_size > 0):
+            return None
+        n = 1
+        while (self.path / f"metrics.earlier-{n}.jsonl").exists():
+            n += 1
+        kept = self.path / f"metrics.earlier-{n}.jsonl"
+        with self.metrics_file.open("rb") as f:
+            rows = sum(1 for line in f if line.strip())
+        self.metrics_file.rename(kept)
+        print(
+            f"train.resume=latest starts over: the {rows} metric row(s) an earlier attempt logged "
+            f"here, with no checkpoint to resume them from, are kept in {kept.name}",
+            flush=True,
+        )
+        return kept
+
+    def claim(self, config: Config, info: dict[str, Any] | None, path: Path | None = None) -> str:
+        """This run's id; refuses a folder that holds another run. A folder whose ``run.json`` is
+        gone, resuming a checkpoint of its own ``checkpoints/``, takes that checkpoint's run id."""
         held = self.run_id() if self.holds_run() else None
+        run_json = self.path / "run.json"
+        if info is not None and held is None and self.holds_run():
+            own = path is not None and path.resolve().parent == (self.path / "checkpoints").resolve()
+            if own and not run_json.exists() and not run_json.is_symlink():
+                print(
+                    f"{run_json} is missing: this folder's run id is taken from the checkpoint resumed "
+                    f"({path.name}) and run.json written again",
+                    flush=True,
+                )
+                return str(info.get("run_id", ""))
+            raise RunFolderError(
+                f"output folder {str(self.path)!r} holds run records but its run.json "
+                + ("is missing" if not run_json.exists() else "holds no run id diffrl wrote")
+                + f", so the checkpoint {str(path or config.train.resume)!r} cannot be matched to it: resume "
+                "a checkpoint of this folder's own checkpoints/ (train.resume=latest, or its path), or "
+                "resume into a new folder (run.name=OTHER)"
+            )
         if info is None:
             if self.holds_run() and config.train.resume != "latest":
                 raise RunFolderError(

@@ -158,8 +158,11 @@ def test_resume_latest_without_a_checkpoint_starts_fresh(tmp_path, uninterrupted
     out = tmp_path / "run"
     killed = run(out, "kill-rollout", 1)  # before the first checkpoint
     assert killed.returncode == -signal.SIGKILL
-    assert (out / "metrics.jsonl").read_text()  # it had logged something
+    logged = (out / "metrics.jsonl").read_text()
+    assert logged  # it had logged something
     fresh = run(out, "none", 0, "train.resume=latest")
     assert fresh.returncode == 0, fresh.stderr
     assert "no checkpoint in" in fresh.stdout and "starting a fresh run" in fresh.stdout
     assert_same(state(out), uninterrupted)
+    # what the killed attempt logged is kept, beside the fresh run's rows (issue 53, class 2)
+    assert (out / "metrics.earlier-1.jsonl").read_text() == logged and "metrics.earlier-1.jsonl" in fresh.stdout

@@ -226,3 +226,27 @@ def test_lora_checkpoint_roundtrip_and_family_check(tmp_path):
     other = OtherFamily.load("random", torch.device("cpu"), torch.float32, OtherDescription.Options())
     with pytest.raises(FamilyMismatchError, match="trained on the 'tiny' family, not 'other'"):
         load_weights_into(other, ckpt)
+
+
+def test_a_full_disk_is_recognised_in_each_form_safetensors_reports_it():
+    """safetensors carries the OS error in its message, as Rust's Debug (``Os { code: 28, ...``) or
+    Display (``... (os error 28)``) form; a wrapper raised from one is recognised through its cause;
+    an error that only mentions a number is not a full disk (issue 53, class 2)."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    from diffrl.train.checkpoint import storage_errno
+
+    debug = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "x" })')
+    display = SafetensorError("Error while serializing: No space left on device (os error 28)")
+    assert storage_errno(debug) == storage_errno(display) == errno.ENOSPC
+    try:
+        try:
+            raise display
+        except SafetensorError as e:
+            raise RuntimeError("the rank's save failed") from e
+    except RuntimeError as wrapped:
+        assert storage_errno(wrapped) == errno.ENOSPC
+    assert storage_errno(SafetensorError("header too large (os error 9999)")) is None
+    assert storage_errno(ValueError("No space left on device (os error 28)")) is None
