@@ -16,7 +16,9 @@ trainer). Weights are synced once before timing (not timed).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -33,6 +35,7 @@ from diffrl.models.registry import load_family  # noqa: E402
 from diffrl.preflight import load_config  # noqa: E402
 from diffrl.sampling.collector import OnlineCollector  # noqa: E402
 from diffrl.sampling.sglang import SglangEngine  # noqa: E402
+from diffrl.train.actor import apply_lora  # noqa: E402
 
 
 def main() -> None:
@@ -46,6 +49,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--threads", type=int, default=0, help="torch threads here (0: torch's default)")
+    p.add_argument("--out", default=None, help="write the timings as JSON here")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,6 +88,7 @@ def main() -> None:
             str(root / "recipes" / "tiny_grpo_ocr_small.yaml"), [f"{k}={v}" for k, v in overrides.items()]
         )
         family = load_family(config)
+        apply_lora(family, config.model.lora)  # as the actor adds it: the engines sample with the adapter
         spec = build_algorithm(config).collection_spec()
         prompts = load_prompts(config.data.prompts)
         engines = {"diffrl (in-process)": OnlineCollector(config, family, spec, prompts)}
@@ -91,9 +96,8 @@ def main() -> None:
         sglang = SglangEngine(config, family, spec, prompts)
         try:
             sglang.sync()
-            print(
-                f"sglang server ready in {time.perf_counter() - t0:.1f} s ({os.environ.get('DIFFRL_SGLANG', 'sglang')})"
-            )
+            ready_s = time.perf_counter() - t0
+            print(f"sglang server ready in {ready_s:.1f} s ({os.environ.get('DIFFRL_SGLANG', 'sglang')})")
             engines["sglang-diffusion (server)"] = sglang
             for e in engines.values():  # warm-up rollout each
                 e.collect(0)
@@ -117,6 +121,30 @@ def main() -> None:
         print(f"{k:28s} {med[k]:9.3f} {min(v):7.3f}-{max(v):<7.3f} {n / med[k]:8.1f}")
     a, b = names
     print(f"\nspeed of {b} relative to {a}: {med[a] / med[b]:.2f}x (ratio of median seconds)")
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "command": " ".join(["python", "benchmarks/engine_rollout.py", *sys.argv[1:]]),
+                    "machine": {
+                        "machine": platform.machine(),
+                        "cores": os.cpu_count(),
+                        "device": args.device,
+                    },
+                    "model": "tiny random FLUX.1" if args.model_path is None else args.model_path,
+                    "size": args.size,
+                    "steps": args.steps,
+                    "images_per_rollout": n,
+                    "precision": args.precision,
+                    "server_start_and_first_sync_s": ready_s,
+                    "seconds": times,
+                    "median_s": med,
+                    "images_per_s": {k: n / med[k] for k in med},
+                    "speed_of_server_over_in_process": med[a] / med[b],
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

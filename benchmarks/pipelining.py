@@ -2,7 +2,7 @@
 while the ranks train) against the synchronous one (``0``) at its best, measured side by side.
 
     python benchmarks/pipelining.py [--recipe recipes/tiny_demo.yaml] [--rounds 5] [--iterations 5]
-    python benchmarks/pipelining.py --curves [--grpo-iterations 8]
+    python benchmarks/pipelining.py --curves [--curve-recipes nft,grpo] [--seeds 0 1 2] [--against-base]
 
 The contenders (:data:`MODES`), each a ``diffrl`` training run of the recipe with no eval or
 checkpoints: the pipelined loop on ``runner: ray`` (1 rollout engine, 1 FSDP2 trainer rank, 1
@@ -26,7 +26,9 @@ ratio is printed too. Writes ``docs/results/pipelining.json``.
 ``--grpo-iterations``; at K = 1 with ``rollout_correction: tis``) train at K = 0 and K = 1 on the
 same Ray placement for the same samples, each in a process of its own; then the paired eval
 (``diffrl eval``: 100 test prompts x 4 seeds, the same noise for both) of each final checkpoint
-against the base, and of K = 1 against K = 0. Writes ``docs/results/pipelining_curves.json``.
+against the base (``--against-base``), and of K = 1 against K = 0, for each of ``--seeds``; over the
+seeds, the mean paired difference and its standard error. Writes ``pipelining_curves.json`` under
+``--out``.
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ def summary(rows: list[dict], samples: int) -> dict[str, float]:
     )
     return {
         "iteration_s": it,
+        "rollout_s": statistics.median(r.get("perf/rollout_time", 0.0) for r in rows),
+        "train_s": rank,
+        "reward_wait_s": statistics.median(r.get("perf/reward_wait_time", 0.0) for r in rows),
         "samples_per_s": samples / it,
         "rank_idle": max(0.0, 1.0 - rank / it),
         "engine_idle": max(0.0, 1.0 - engine / it),
@@ -150,64 +155,87 @@ def paired(target: Path, baseline: Path | str, out: Path) -> tuple[float, float]
     return float(m.group(1)), float(m.group(2))
 
 
-def curves(out: Path, grpo_iterations: int) -> None:
+def curves(out: Path, grpo_iterations: int, names: list[str], seeds: list[int], against_base: bool) -> Path:
+    """Each recipe of ``names`` at K = 0 and K = 1 for each of ``seeds`` (``run.seed``; the rollouts,
+    the initial noise and the eval's seeds follow it), the same samples each way; per seed the paired
+    eval of K = 1 against K = 0, and with ``against_base`` each run's against the base; over the seeds
+    the mean of the paired differences and its standard error (sample standard deviation / sqrt(n)).
+    Writes ``pipelining_curves.json`` under ``out``."""
     rows = []
-    for name, (recipe, both, ahead) in CURVES.items():
-        finals = {}
-        for k in (0, 1):
-            run_dir = out / f"{name}_k{k}"
-            shutil.rmtree(run_dir, ignore_errors=True)
-            extra = [f"train.iterations={grpo_iterations}"] if name == "grpo" else []
-            t0 = time.time()
-            diffrl(
-                "train",
-                recipe,
-                "runner=ray",
-                f"run.output_dir={run_dir}",
-                f"train.off_policy_steps={k}",
-                "train.save_every=0",
-                *both,
-                *extra,
-                *(ahead if k else []),
-            )
-            minutes = (time.time() - t0) / 60
-            finals[k] = run_dir / "checkpoints" / "final"
-            curve = json.loads((run_dir / "eval_curve.json").read_text())
-            gain, se = paired(finals[k], "base", run_dir / "paired_base")
-            rows.append(
-                {
+    for name in names:
+        recipe, both, ahead = CURVES[name]
+        differences = []
+        for seed in seeds:
+            finals = {}
+            for k in (0, 1):
+                run_dir = out / f"{name}_seed{seed}_k{k}"
+                shutil.rmtree(run_dir, ignore_errors=True)
+                extra = [f"train.iterations={grpo_iterations}"] if name == "grpo" else []
+                t0 = time.time()
+                diffrl(
+                    "train",
+                    recipe,
+                    "runner=ray",
+                    f"run.output_dir={run_dir}",
+                    f"run.seed={seed}",
+                    f"train.off_policy_steps={k}",
+                    "train.save_every=0",
+                    *both,
+                    *extra,
+                    *(ahead if k else []),
+                )
+                minutes = (time.time() - t0) / 60
+                finals[k] = run_dir / "checkpoints" / "final"
+                curve = json.loads((run_dir / "eval_curve.json").read_text())
+                row = {
                     "recipe": name,
+                    "seed": seed,
                     "k": k,
                     "minutes": minutes,
                     "curve": [(e["step"], e["eval/reward_mean"]) for e in curve],
-                    "gain": gain,
-                    "se": se,
                 }
-            )
-        diff, se = paired(finals[1], finals[0], out / f"{name}_k1_vs_k0")
-        rows.append({"recipe": name, "k1_minus_k0": diff, "se": se})
+                if against_base:
+                    row["gain"], row["se"] = paired(finals[k], "base", run_dir / "paired_base")
+                rows.append(row)
+            diff, se = paired(finals[1], finals[0], out / f"{name}_seed{seed}_k1_vs_k0")
+            differences.append(diff)
+            rows.append({"recipe": name, "seed": seed, "k1_minus_k0": diff, "se": se})
+        n = len(differences)
+        mean = statistics.fmean(differences)
+        se = statistics.stdev(differences) / n**0.5 if n > 1 else float("nan")
+        rows.append({"recipe": name, "seeds": seeds, "mean_k1_minus_k0": mean, "se_over_seeds": se})
     print()
-    print(
-        "| recipe | K | wall-clock (min) | in-run eval (64 prompts) by step | paired gain over base (100 x 4) |"
-    )
-    print("|---|---|---|---|---|")
+    print("| recipe | seed | K | wall-clock (min) | in-run eval (64 prompts) by step | paired (100 x 4) |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         if "k" in r:
             curve = ", ".join(f"{step}: {v:.3f}" for step, v in r["curve"])
+            gain = f"{r['gain']:+.4f} +- {r['se']:.4f} over base" if "gain" in r else ""
+            print(f"| {r['recipe']} | {r['seed']} | {r['k']} | {r['minutes']:.1f} | {curve} | {gain} |")
+        elif "k1_minus_k0" in r:
             print(
-                f"| {r['recipe']} | {r['k']} | {r['minutes']:.1f} | {curve} | {r['gain']:+.4f} +- {r['se']:.4f} |"
+                f"| {r['recipe']} | {r['seed']} | K=1 - K=0 | | | {r['k1_minus_k0']:+.4f} +- {r['se']:.4f} |"
             )
         else:
-            print(f"| {r['recipe']} | K=1 - K=0 (paired) | | | {r['k1_minus_k0']:+.4f} +- {r['se']:.4f} |")
-    path = Path("docs/results/pipelining_curves.json")
+            print(
+                f"| {r['recipe']} | {len(r['seeds'])} seeds | mean K=1 - K=0 | | | "
+                f"{r['mean_k1_minus_k0']:+.4f} +- {r['se_over_seeds']:.4f} (SE over the seeds) |"
+            )
+    path = out / "pipelining_curves.json"
     path.write_text(json.dumps(rows, indent=1))
     print(f"wrote {path}")
+    return path
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--curves", action="store_true", help="the learning curves instead of the speed")
     ap.add_argument("--grpo-iterations", type=int, default=8)
+    ap.add_argument("--curve-recipes", default="nft,grpo", help=f"with --curves: of {', '.join(CURVES)}")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="with --curves: run.seed of each pair")
+    ap.add_argument(
+        "--against-base", action="store_true", help="with --curves: each run's paired eval vs base"
+    )
     ap.add_argument("--recipe", default="recipes/tiny_demo.yaml")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iterations", type=int, default=5)
@@ -217,7 +245,11 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     if args.curves:
-        curves(out, args.grpo_iterations)
+        names = [n.strip() for n in args.curve_recipes.split(",") if n.strip()]
+        unknown = [n for n in names if n not in CURVES]
+        if unknown:
+            ap.error(f"--curve-recipes: unknown {unknown}; known: {', '.join(CURVES)}")
+        curves(out, args.grpo_iterations, names, args.seeds, args.against_base)
         return 0
     cfg = load_config(args.recipe, args.overrides)
     samples = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt

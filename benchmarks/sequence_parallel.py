@@ -19,6 +19,7 @@ import ctypes
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -126,6 +127,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="timed steps per process")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads in all")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--out", default=None, help="write the measurements as JSON here")
     args = p.parse_args()
     # a fixed glibc mmap threshold: tensors above it are mapped and unmapped, so the resident set
     # follows live memory (with the default, adaptive one a freed tensor's pages stay resident and
@@ -151,6 +153,21 @@ def main() -> None:
     m2 = statistics.median(x["peak_mb"] for x in results[2])
     ratios = [b["peak_mb"] / a["peak_mb"] for a, b in zip(results[1], results[2])]
     print(f"\nmemory per rank N=2 / N=1: {m2 / m1:.2f} (per round {min(ratios):.2f}-{max(ratios):.2f})")
+    if args.out:
+        from diffrl.core.pins import cpu_model
+
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "command": " ".join(["python", "benchmarks/sequence_parallel.py", *sys.argv[1:]]),
+                    "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "device": args.device},
+                    "tokens": tokens,
+                    "rounds": results,
+                    "memory_ratio_per_round": ratios,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -39,7 +39,13 @@ from diffrl.evaluation.evaluate import EvalResult
 from diffrl.logging import MetricsLogger, TrackerRun, console, start_trackers
 from diffrl.models.registry import resolve_device
 from diffrl.train.batches import describe_batches
-from diffrl.train.checkpoint import config_changes, iteration_of, prune_checkpoints, storage_failure
+from diffrl.train.checkpoint import (
+    StorageError,
+    config_changes,
+    iteration_of,
+    prune_checkpoints,
+    storage_failure,
+)
 from diffrl.train.hygiene import CheckedAlgorithm
 from diffrl.train.run_folder import RunFolder, write_atomic
 from diffrl.train.runner import Runner
@@ -216,6 +222,8 @@ def storage_errors(config: Config) -> Iterator[None]:
     to resume."""
     try:
         yield
+    except StorageError:  # said already, by the write that failed
+        raise
     except Exception as e:  # safetensors reports a full disk as its own error, not an OSError
         fix = (
             "the checkpoints already written are intact, so resuming is safe: free space (or fix the "

@@ -152,6 +152,10 @@ NOT_MEASURED: dict[tuple[str, str], str] = {
     ("docs/troubleshooting.md", "64 KiB"): _CONSTANT + "SAMPLE_BYTES, diffrl/train/manifest.py",
     ("docs/engines.md", "1e-4"): "another project's bound: 'the predecessor expects < 1e-4'",
     ("docs/engines.md", "24 GB"): "arithmetic: a 12B transformer's weights in bf16",
+    (
+        "docs/engines.md",
+        "5.9x",
+    ): "another project's number: sglang-diffusion's published speedups over diffusers",
     ("docs/scaling.md", "11 GB"): "arithmetic: UMT5-XXL's parameters in bf16",
     ("docs/scaling.md", "24 GB"): "arithmetic: Gemma 3 12B's parameters in bf16",
     ("docs/scaling.md", "20 GB"): "a quoted former hand estimate of a recipe's header, not a measurement",
@@ -377,116 +381,12 @@ def unsourced_figures() -> tuple[list[str], list[str]]:
                 continue
             for line, figure, bound in figures(block):
                 bound = bound or bool(SCIENTIFIC.match(figure))  # a tolerance, whatever words lead it
-                if (name, figure) in NOT_MEASURED or (name, figure) in UNSOURCED_PENDING:
+                if (name, figure) in NOT_MEASURED:
                     continue
                 if bound and _asserted_by_a_named_test(block, figure):
                     continue
                 unsourced.append(f"{name}:{line}: {figure}")
     return unsourced, unknown
-
-
-UNSOURCED_PENDING: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("docs/engines.md", "0.210-0.301"),
-        ("docs/engines.md", "0.257"),
-        ("docs/engines.md", "0.46x"),
-        ("docs/engines.md", "0.478-0.643"),
-        ("docs/engines.md", "0.554"),
-        ("docs/engines.md", "0.99967, 0.99991"),
-        ("docs/engines.md", "1.00000003, 1.00000001"),
-        ("docs/engines.md", "1.4e-3"),
-        ("docs/engines.md", "1.5e-6"),
-        ("docs/engines.md", "14.4"),
-        ("docs/engines.md", "1e-5"),
-        ("docs/engines.md", "1e-8"),
-        ("docs/engines.md", "2.5 minutes"),
-        ("docs/engines.md", "2.8e-4"),
-        ("docs/engines.md", "30-50 s"),
-        ("docs/engines.md", "31.2"),
-        ("docs/engines.md", "3e-8"),
-        ("docs/engines.md", "4e-4"),
-        ("docs/engines.md", "5.6e-4"),
-        ("docs/engines.md", "5.9x"),
-        ("docs/engines.md", "6.4e-7"),
-        ("docs/engines.md", "6.5 GB"),
-        ("docs/engines.md", "6e-8"),
-        ("docs/engines.md", "9.0e-4"),
-        ("docs/engines.md", "9.4e-4"),
-        ("docs/engines.md", "9e-4"),
-        ("docs/scaling.md", "0.3 MiB"),
-        ("docs/scaling.md", "0.50x"),
-        ("docs/scaling.md", "0.51x"),
-        ("docs/scaling.md", "0.57x"),
-        ("docs/scaling.md", "0.993x"),
-        ("docs/scaling.md", "0.998x"),
-        ("docs/scaling.md", "10.39 GiB"),
-        ("docs/scaling.md", "10.58 GiB"),
-        ("docs/scaling.md", "102"),
-        ("docs/scaling.md", "107 s"),
-        ("docs/scaling.md", "108.7 PFLOP"),
-        ("docs/scaling.md", "112.4 PFLOP"),
-        ("docs/scaling.md", "114 s"),
-        ("docs/scaling.md", "119"),
-        ("docs/scaling.md", "121 s"),
-        ("docs/scaling.md", "124 s"),
-        ("docs/scaling.md", "138.0 PFLOP"),
-        ("docs/scaling.md", "14.5 s"),
-        ("docs/scaling.md", "15.5 s"),
-        ("docs/scaling.md", "150.7 PFLOP"),
-        ("docs/scaling.md", "154 s"),
-        ("docs/scaling.md", "157 (157-157)"),
-        ("docs/scaling.md", "159"),
-        ("docs/scaling.md", "16.2 PFLOP"),
-        ("docs/scaling.md", "175"),
-        ("docs/scaling.md", "180.8 PFLOP"),
-        ("docs/scaling.md", "190.9 PFLOP"),
-        ("docs/scaling.md", "195.6 PFLOP"),
-        ("docs/scaling.md", "2.54 GiB"),
-        ("docs/scaling.md", "2.61 MiB"),
-        ("docs/scaling.md", "20.5 s"),
-        ("docs/scaling.md", "203"),
-        ("docs/scaling.md", "206 s"),
-        ("docs/scaling.md", "21.92 GiB"),
-        ("docs/scaling.md", "2134.4 PFLOP"),
-        ("docs/scaling.md", "220 s"),
-        ("docs/scaling.md", "275 s"),
-        ("docs/scaling.md", "29.3 PFLOP"),
-        ("docs/scaling.md", "3.449 (3.322-3.543)"),
-        ("docs/scaling.md", "3.4e-8"),
-        ("docs/scaling.md", "3.858 (3.788-4.048)"),
-        ("docs/scaling.md", "3.91 GiB"),
-        ("docs/scaling.md", "325.3 PFLOP"),
-        ("docs/scaling.md", "337.2 PFLOP"),
-        ("docs/scaling.md", "35.5 s"),
-        ("docs/scaling.md", "4.00 MiB"),
-        ("docs/scaling.md", "40"),
-        ("docs/scaling.md", "43.6 s"),
-        ("docs/scaling.md", "46.0 PFLOP"),
-        ("docs/scaling.md", "48.9 PFLOP"),
-        ("docs/scaling.md", "487.4 PFLOP"),
-        ("docs/scaling.md", "5.11 s"),
-        ("docs/scaling.md", "5.13 s"),
-        ("docs/scaling.md", "51"),
-        ("docs/scaling.md", "59"),
-        ("docs/scaling.md", "64.7 PFLOP"),
-        ("docs/scaling.md", "674 s"),
-        ("docs/scaling.md", "68.7 s"),
-        ("docs/scaling.md", "695.4 PFLOP"),
-        ("docs/scaling.md", "70"),
-        ("docs/scaling.md", "76"),
-        ("docs/scaling.md", "81 (81-81)"),
-        ("docs/scaling.md", "870.7 PFLOP"),
-        ("docs/scaling.md", "9.1 MiB"),
-        ("docs/scaling.md", "9.10 GiB"),
-        ("docs/scaling.md", "9.26 s"),
-        ("docs/scaling.md", "95.2 s"),
-    }
-)
-"""Figures this rule found without a results file on the two pages whose measurements issue 52 is
-remaking (the sglang engine's LoRA sync: docs/engines.md; the planner against what was allocated:
-docs/scaling.md), listed when the rule landed so that it guards every other page now: each is to be
-sourced (its results file linked) or removed, and the list only shrinks
-(:func:`test_the_pending_figures_are_still_on_their_pages` fails on an entry whose figure is gone)."""
 
 
 def test_every_figure_in_the_docs_names_its_results_file():
@@ -498,12 +398,3 @@ def test_every_figure_in_the_docs_names_its_results_file():
         "docs/results/README.md with its commit and command), or remove the figure (the rule is "
         "above this test):\n" + "\n".join(unsourced)
     )
-
-
-def test_the_pending_figures_are_still_on_their_pages():
-    gone = [
-        f"{page}: {figure}"
-        for page, figure in sorted(UNSOURCED_PENDING)
-        if figure not in (ROOT / page).read_text()
-    ]
-    assert not gone, "sourced or removed: take these out of UNSOURCED_PENDING:\n" + "\n".join(gone)
